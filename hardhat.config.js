@@ -1,0 +1,33 @@
+// Hardhat 2 with the npm `solc` wasm compiler: this machine (and CI) cannot download solc.
+const path = require("path");
+const { subtask } = require("hardhat/config");
+const { TASK_COMPILE_SOLIDITY_GET_SOLC_BUILD } = require("hardhat/builtin-tasks/task-names");
+require("@nomicfoundation/hardhat-chai-matchers");
+require("@nomicfoundation/hardhat-ethers");
+
+const SOLC_VERSION = "0.8.28";
+
+subtask(TASK_COMPILE_SOLIDITY_GET_SOLC_BUILD, async (args, hre, runSuper) => {
+  if (args.solcVersion !== SOLC_VERSION) return runSuper();
+  const solc = require("solc");
+  return {
+    compilerPath: path.join(path.dirname(require.resolve("solc")), "soljson.js"),
+    isSolcJs: true,
+    version: SOLC_VERSION,
+    longVersion: solc.version(),
+  };
+});
+
+module.exports = {
+  solidity: {
+    version: SOLC_VERSION,
+    settings: {
+      evmVersion: "cancun",
+      optimizer: { enabled: true, runs: 200 },
+      viaIR: false,
+    },
+  },
+  paths: { sources: "./contracts", tests: "./test-contracts" },
+  networks: { hardhat: { chainId: 31337 } },
+  mocha: { timeout: 120000 },
+};
