@@ -1,0 +1,1029 @@
+// SPDX-License-Identifier: MIT
+pragma solidity 0.8.28;
+
+import {IERC20} from "@openzeppelin/contracts/token/ERC20/IERC20.sol";
+import {SafeERC20} from "@openzeppelin/contracts/token/ERC20/utils/SafeERC20.sol";
+import {SafeCast} from "@openzeppelin/contracts/utils/math/SafeCast.sol";
+import {AccessControl} from "@openzeppelin/contracts/access/AccessControl.sol";
+import {ReentrancyGuardTransient} from "@openzeppelin/contracts/utils/ReentrancyGuardTransient.sol";
+import {TypedSignatures} from "./TypedSignatures.sol";
+import {StakeManager} from "./StakeManager.sol";
+
+/// @title JobMarket
+/// @notice Escrow and settlement of Veritrain training orders. A buyer posts an order and escrows
+/// `units × (replicas × pricePerReplica + verifierFeePerUnit)`. The operator (the market service's
+/// relayer) assigns a unit to `replicas` distinct staked providers, each of whom accepted by EIP-712
+/// signature, and to a few staked verifiers. Providers commit to their result, then reveal it. Unanimous
+/// reveals are finalized by anyone (fast path); otherwise, or when the unit was drawn for a spot check,
+/// a quorum of the unit's verifiers signs a verdict per replica: accept (paid), fault (unpaid, never
+/// slashed) or fraud (slashed; a bounty goes to the signing verifiers, the rest to the buyer). A unit
+/// nobody settles expires after its verdict deadline and its budget returns to the order. All payouts
+/// are pull credits; tokens leave only through {withdrawCredit}.
+///
+/// @dev Time: every deadline is the last second at which its phase is open (inclusive), like an
+/// ERC-2612 deadline. Commit phase: now <= commitDeadline. Reveal phase: after all replicas committed or
+/// now > commitDeadline, until revealDeadline. Verdict: after all revealed or now > revealDeadline, until
+/// verdictDeadline = revealDeadline + verdictWindow. Expiry: now > verdictDeadline.
+///
+/// EIP-712 domain ("Veritrain JobMarket", "1", chainId, this). Typed messages:
+/// - `Accept(uint256 orderId,bytes32 unitKey,address provider,uint256 nonce,uint256 deadline)`
+/// - `Commit(uint256 unitId,address provider,bytes32 commitment,uint256 nonce,uint256 deadline)`
+/// - `Verdict(uint256 unitId,bytes32 outcomesHash,bytes32 reasonsHash,uint256 nonce,uint256 deadline)`
+///   with `outcomesHash = keccak256(abi.encodePacked(uint8[] outcomes))`; packed encoding pads array
+///   elements, so this is keccak256 of one 32-byte big-endian word per outcome
+/// - `WithdrawCredit(address account,uint256 nonce,uint256 deadline)`
+/// Commitment: `keccak256(abi.encode(bytes32 resultDigest, bytes32 salt, address provider, uint256 unitId))`
+/// (see {commitmentOf}).
+///
+/// Deviations from the agreed interface (contract_spec.md), and why:
+/// 1. Every `...WithSig` function and every signature struct passes the signed `nonce` explicitly
+///    (before `deadline`), so a replay reverts with {InvalidNonce}(account, expected, given) instead of a
+///    wrong-signer error: `commitWithSig(unitId, provider, commitment, nonce, deadline, sig)`,
+///    `withdrawCreditWithSig(account, nonce, deadline, sig)`.
+/// 2. `assign(orderId, unitKey, providers, verifiers, SignedApproval[] accepts)` with
+///    `SignedApproval{nonce, deadline, signature}` per provider, in provider order.
+/// 3. `submitVerdict(unitId, outcomes, reasonsHash, VerifierSignature[] signatures)` with
+///    `VerifierSignature{verifier, nonce, deadline, signature}`.
+/// 4. Order and unit ids start at 1 (0 means "none").
+/// 5. An order keeps a token `balance` (escrow not committed to an open unit) and a `delivered` count:
+///    {assign} needs `delivered + openUnits < units` and `balance >= unitCost`. Finalize returns the unit's
+///    verifier fee to the balance; a verdict returns unpaid replica prices; an expired unit returns its
+///    whole cost. So a unit whose replicas all failed can be re-assigned under a new unitKey while the
+///    balance covers it. {closeOrder} credits the balance to the buyer.
+/// 6. `specHash` and `unitKey` are kept only in the {OrderPosted}/{UnitAssigned} events (gas).
+/// 7. The operator's spot-check flag is {requestVerification}; a drawn unit can only settle by verdict
+///    or expiry. A verdict may mark `accept` or `fraud` only for replicas that revealed.
+/// 8. StakeManager's signed forms pass the nonce too: `requestUnstakeWithSig(staker, amount, nonce,
+///    deadline, sig)`, `withdrawWithSig(staker, nonce, deadline, sig)`; it adds the view `bondedOf`.
+/// 9. Fee-on-transfer tokens are refused ({TransferAmountMismatch}) instead of under-funding escrow.
+/// Nonces are sequential per account and shared by all of an account's signed messages in this
+/// contract (Accept, Commit, Verdict, WithdrawCredit): a relayer must submit them in nonce order.
+///
+/// Gas (3 replicas, 2 verifiers, steady state, test-contracts/gas.test.js): about 954k for post, assign,
+/// 3 relayed commits, 3 reveals, finalize and 3 withdrawals; 26 % is the 21k base of 12 transactions and
+/// about 25 % the 11 fresh storage slots (order 3, unit header 1, packed parties 4, commitments 3).
+contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
+    using SafeERC20 for IERC20;
+
+    /// @notice Role of the market service's relayer key, which proposes assignments and spot checks.
+    bytes32 public constant OPERATOR_ROLE = keccak256("OPERATOR_ROLE");
+    /// @notice Most replicas per unit.
+    uint256 public constant MAX_REPLICAS = 5;
+    /// @notice Most verifiers per unit.
+    uint256 public constant MAX_VERIFIERS = 5;
+    /// @notice Longest commit, reveal or verdict window (keeps every deadline far inside 40 bits).
+    uint64 public constant MAX_WINDOW = 365 days;
+    /// @notice Replica outcomes in a verdict.
+    uint8 public constant OUTCOME_ACCEPT = 0;
+    uint8 public constant OUTCOME_FAULT = 1;
+    uint8 public constant OUTCOME_FRAUD = 2;
+
+    bytes32 private constant ACCEPT_TYPEHASH =
+        keccak256("Accept(uint256 orderId,bytes32 unitKey,address provider,uint256 nonce,uint256 deadline)");
+    bytes32 private constant COMMIT_TYPEHASH =
+        keccak256("Commit(uint256 unitId,address provider,bytes32 commitment,uint256 nonce,uint256 deadline)");
+    bytes32 private constant VERDICT_TYPEHASH = keccak256(
+        "Verdict(uint256 unitId,bytes32 outcomesHash,bytes32 reasonsHash,uint256 nonce,uint256 deadline)"
+    );
+    bytes32 private constant WITHDRAW_CREDIT_TYPEHASH =
+        keccak256("WithdrawCredit(address account,uint256 nonce,uint256 deadline)");
+    uint256 private constant BPS = 10_000;
+    uint256 private constant ADDRESS_BYTES = 20;
+    uint256 private constant PARTY_WORDS = ((MAX_REPLICAS + MAX_VERIFIERS) * ADDRESS_BYTES + 31) / 32;
+
+    /// @notice Life cycle of a unit. `Committing` stays stored until every replica committed; after the
+    /// commit deadline such a unit is in its reveal phase all the same (see the time rules above).
+    enum UnitState {
+        None,
+        Committing,
+        Revealing,
+        Finalized,
+        Verdicted,
+        Expired
+    }
+
+    /// @notice Market parameters, fixed at deployment.
+    struct Params {
+        uint64 commitWindow;
+        uint64 revealWindow;
+        uint64 verdictWindow;
+        uint8 verifierQuorum;
+        uint16 bountyBps;
+        uint256 providerCollateral;
+        uint256 slashAmount;
+        uint256 minVerifierStake;
+    }
+
+    /// @notice An order (three storage slots).
+    struct Order {
+        address buyer;
+        uint64 deadline;
+        uint32 units;
+        uint128 pricePerReplica;
+        uint128 verifierFeePerUnit;
+        uint128 balance;
+        uint32 delivered;
+        uint32 openUnits;
+        uint8 replicas;
+        bool closed;
+    }
+
+    /// @notice A provider's acceptance of an assignment (EIP-712 `Accept`).
+    struct SignedApproval {
+        uint256 nonce;
+        uint256 deadline;
+        bytes signature;
+    }
+
+    /// @notice One verifier's signature over a verdict (EIP-712 `Verdict`).
+    struct VerifierSignature {
+        address verifier;
+        uint256 nonce;
+        uint256 deadline;
+        bytes signature;
+    }
+
+    /// @notice Read-only view of a unit.
+    struct UnitView {
+        uint256 orderId;
+        UnitState state;
+        uint8 replicas;
+        uint8 verifierCount;
+        uint8 committedMask;
+        uint8 revealedMask;
+        bool drawn;
+        uint64 commitDeadline;
+        uint64 revealDeadline;
+        uint64 verdictDeadline;
+    }
+
+    /// @dev One slot: everything every unit action reads or writes.
+    struct Unit {
+        uint64 orderId;
+        uint40 commitDeadline;
+        uint40 revealDeadline;
+        UnitState state;
+        uint8 replicas;
+        uint8 verifierCount;
+        uint8 committedMask;
+        uint8 revealedMask;
+        bool drawn;
+    }
+
+    /// @dev One slot per account: pull-payment credit and reputation counters.
+    struct Account {
+        uint128 credit;
+        uint32 valid;
+        uint32 fault;
+        uint32 fraud;
+        uint32 consecutiveValid;
+    }
+
+    /// @dev One slot: the two liabilities (solvency: token balance >= escrow + credits).
+    struct Totals {
+        uint128 escrow;
+        uint128 credits;
+    }
+
+    /// @notice The payment token.
+    IERC20 public immutable token;
+    /// @notice The stake registry that holds provider collateral and verifier stake.
+    StakeManager public immutable stakes;
+
+    uint64 private immutable _commitWindow;
+    uint64 private immutable _revealWindow;
+    uint64 private immutable _verdictWindow;
+    uint8 private immutable _verifierQuorum;
+    uint16 private immutable _bountyBps;
+    uint256 private immutable _providerCollateral;
+    uint256 private immutable _slashAmount;
+    uint256 private immutable _minVerifierStake;
+
+    uint256 private _orderCount;
+    uint256 private _unitCount;
+    Totals private _totals;
+    mapping(uint256 orderId => Order) private _orders;
+    mapping(uint256 unitId => Unit) private _units;
+    /// @dev A unit's providers then verifiers, packed as 20-byte addresses back to back (3 providers and
+    /// 2 verifiers take 4 slots instead of 5; see {_storeParties} and {_partyAt}).
+    mapping(uint256 unitId => bytes32[PARTY_WORDS]) private _parties;
+    /// @dev Holds a replica's commitment until it reveals, then its result digest.
+    mapping(uint256 unitId => bytes32[MAX_REPLICAS]) private _digests;
+    mapping(address account => Account) private _accounts;
+
+    /// @notice A constructor argument is unusable.
+    error InvalidParameter(string name);
+    /// @notice The order has no units.
+    error ZeroUnits();
+    /// @notice Replicas must be 1..MAX_REPLICAS.
+    error InvalidReplicaCount(uint8 replicas);
+    /// @notice The order deadline is not in the future.
+    error InvalidDeadline(uint64 deadline, uint256 now);
+    /// @notice The token moved a different amount than requested (fee-on-transfer tokens are unsupported).
+    error TransferAmountMismatch(uint256 expected, uint256 received);
+    /// @notice No order has this id.
+    error UnknownOrder(uint256 orderId);
+    /// @notice The order is closed.
+    error OrderNotOpen(uint256 orderId);
+    /// @notice The order's deadline has passed; it takes no more assignments.
+    error OrderExpired(uint256 orderId, uint64 deadline);
+    /// @notice The order has no unit left to assign, or its balance does not cover one.
+    error NoUnitBudget(uint256 orderId);
+    /// @notice The number of providers (or of their acceptances) differs from the order's replicas.
+    error ProviderCountMismatch(uint256 expected, uint256 given);
+    /// @notice Verifiers must number between the quorum and MAX_VERIFIERS.
+    error InvalidVerifierCount(uint256 given, uint256 min, uint256 max);
+    /// @notice An address appears twice among a unit's providers and verifiers, or signs a verdict twice.
+    error DuplicateParty(address account);
+    /// @notice A verifier's bonded stake is below the minimum.
+    error InsufficientVerifierStake(address verifier, uint256 bonded, uint256 required);
+    /// @notice The unit is not in a state that allows this action (`state` is a {UnitState}).
+    error InvalidUnitState(uint256 unitId, uint8 state);
+    /// @notice The unit was already finalized, verdicted or expired.
+    error UnitAlreadySettled(uint256 unitId);
+    /// @notice `account` is not one of the unit's providers.
+    error NotAssignedProvider(uint256 unitId, address account);
+    /// @notice `account` is not one of the unit's verifiers.
+    error NotAssignedVerifier(uint256 unitId, address account);
+    /// @notice The commit phase ended at `deadline`.
+    error CommitWindowClosed(uint256 unitId, uint64 deadline);
+    /// @notice The provider already committed.
+    error AlreadyCommitted(uint256 unitId, address provider);
+    /// @notice Reveals open once every replica committed or after `commitDeadline`.
+    error RevealWindowNotOpen(uint256 unitId, uint64 commitDeadline);
+    /// @notice The reveal phase ended at `deadline`.
+    error RevealWindowClosed(uint256 unitId, uint64 deadline);
+    /// @notice The provider never committed, so there is nothing to reveal.
+    error NotCommitted(uint256 unitId, address provider);
+    /// @notice The provider already revealed.
+    error AlreadyRevealed(uint256 unitId, address provider);
+    /// @notice The revealed digest and salt do not hash to the provider's commitment.
+    error RevealMismatch(uint256 unitId, address provider);
+    /// @notice Not every replica revealed yet.
+    error RevealsIncomplete(uint256 unitId);
+    /// @notice The revealed digests differ: the unit needs a verdict.
+    error NotUnanimous(uint256 unitId);
+    /// @notice The unit was drawn for a spot check: it settles by verdict (or expiry) only.
+    error UnitUnderVerification(uint256 unitId);
+    /// @notice Verdicts open once every replica revealed or after `revealDeadline`.
+    error VerdictWindowNotOpen(uint256 unitId, uint64 revealDeadline);
+    /// @notice The verdict phase ended at `deadline`.
+    error VerdictWindowClosed(uint256 unitId, uint64 deadline);
+    /// @notice A verdict needs one outcome per replica.
+    error OutcomeCountMismatch(uint256 expected, uint256 given);
+    /// @notice Outcome at `index` is unknown, or accept/fraud for a replica that never revealed.
+    error InvalidOutcome(uint256 index, uint8 outcome);
+    /// @notice Fewer than the quorum of the unit's verifiers signed.
+    error QuorumNotReached(uint256 unitId, uint256 valid, uint256 required);
+    /// @notice The unit can expire only after its verdict deadline.
+    error UnitNotExpired(uint256 unitId, uint64 verdictDeadline);
+    /// @notice Only the buyer may close the order before its deadline.
+    error OrderNotClosable(uint256 orderId, uint64 deadline);
+    /// @notice Units of the order are still open; settle or expire them first.
+    error UnitsStillOpen(uint256 orderId, uint256 open);
+    /// @notice The account has no credit.
+    error NothingToWithdraw(address account);
+    /// @notice Replica index out of range for the unit.
+    error ReplicaIndexOutOfRange(uint256 unitId, uint256 index);
+
+    /// @notice A buyer posted an order and escrowed `escrow` tokens.
+    event OrderPosted(
+        uint256 indexed orderId,
+        address indexed buyer,
+        bytes32 specHash,
+        uint32 units,
+        uint8 replicas,
+        uint256 pricePerReplica,
+        uint256 verifierFeePerUnit,
+        uint64 deadline,
+        uint256 escrow
+    );
+    /// @notice A unit of an order was assigned; its commit phase ends at `commitDeadline`.
+    event UnitAssigned(
+        uint256 indexed unitId,
+        uint256 indexed orderId,
+        bytes32 unitKey,
+        address[] providers,
+        address[] verifiers,
+        uint64 commitDeadline
+    );
+    /// @notice A replica committed to its result.
+    event ReplicaCommitted(uint256 indexed unitId, address indexed provider, bytes32 commitment);
+    /// @notice A replica revealed its result digest.
+    event ReplicaRevealed(uint256 indexed unitId, address indexed provider, bytes32 resultDigest);
+    /// @notice The operator drew the unit for a verifier spot check.
+    event VerificationRequested(uint256 indexed unitId);
+    /// @notice All replicas agreed on `resultDigest`; every replica was paid.
+    event UnitFinalized(uint256 indexed unitId, bytes32 resultDigest);
+    /// @notice A verifier quorum settled the unit with one outcome per replica.
+    event VerdictRecorded(uint256 indexed unitId, uint8[] outcomes, bytes32 reasonsHash, address[] verifiers);
+    /// @notice A replica judged fraudulent lost `amount` of stake.
+    event ReplicaSlashed(uint256 indexed unitId, address indexed provider, uint256 amount);
+    /// @notice Nobody settled the unit in time; its budget returned to the order.
+    event UnitExpired(uint256 indexed unitId);
+    /// @notice The order was closed and `refund` credited to its buyer.
+    event OrderClosed(uint256 indexed orderId, uint256 refund);
+    /// @notice `account` withdrew `amount` of credit.
+    event CreditWithdrawn(address indexed account, uint256 amount);
+
+    /// @param token_ Payment token (must equal the stake manager's token).
+    /// @param stakes_ Stake registry; grant this contract its MARKET_ROLE after deployment.
+    /// @param operator Holder of OPERATOR_ROLE (the deployer becomes admin).
+    /// @param params_ Market parameters (0 < windows <= MAX_WINDOW, 1 <= quorum <= MAX_VERIFIERS, slash <= collateral,
+    /// bounty <= 100 %).
+    constructor(IERC20 token_, StakeManager stakes_, address operator, Params memory params_)
+        TypedSignatures("Veritrain JobMarket", "1")
+    {
+        if (address(token_) == address(0) || address(stakes_.token()) != address(token_)) {
+            revert InvalidParameter("token");
+        }
+        if (operator == address(0)) revert InvalidParameter("operator");
+        if (params_.commitWindow == 0 || params_.commitWindow > MAX_WINDOW) revert InvalidParameter("commitWindow");
+        if (params_.revealWindow == 0 || params_.revealWindow > MAX_WINDOW) revert InvalidParameter("revealWindow");
+        if (params_.verdictWindow == 0 || params_.verdictWindow > MAX_WINDOW) {
+            revert InvalidParameter("verdictWindow");
+        }
+        if (params_.verifierQuorum == 0 || params_.verifierQuorum > MAX_VERIFIERS) {
+            revert InvalidParameter("verifierQuorum");
+        }
+        if (params_.bountyBps > BPS) revert InvalidParameter("bountyBps");
+        if (params_.slashAmount > params_.providerCollateral) revert InvalidParameter("slashAmount");
+        token = token_;
+        stakes = stakes_;
+        _commitWindow = params_.commitWindow;
+        _revealWindow = params_.revealWindow;
+        _verdictWindow = params_.verdictWindow;
+        _verifierQuorum = params_.verifierQuorum;
+        _bountyBps = params_.bountyBps;
+        _providerCollateral = params_.providerCollateral;
+        _slashAmount = params_.slashAmount;
+        _minVerifierStake = params_.minVerifierStake;
+        _grantRole(DEFAULT_ADMIN_ROLE, msg.sender);
+        _grantRole(OPERATOR_ROLE, operator);
+    }
+
+    // ----------------------------------------------------------------------------------------------
+    // Buyer
+    // ----------------------------------------------------------------------------------------------
+
+    /// @notice Posts an order and pulls its escrow from the caller (needs an allowance).
+    /// @param specHash Digest of the off-chain order specification (kept in the event only).
+    /// @param units Number of units to deliver.
+    /// @param replicas Replicas per unit, 1..MAX_REPLICAS.
+    /// @param pricePerReplica Paid to each accepted replica of a unit.
+    /// @param verifierFeePerUnit Shared by the signing verifiers when a unit needs a verdict.
+    /// @param deadline Last second at which units may be assigned; afterwards anyone may close the order.
+    /// @return orderId The new order's id.
+    function postOrder(
+        bytes32 specHash,
+        uint32 units,
+        uint8 replicas,
+        uint256 pricePerReplica,
+        uint256 verifierFeePerUnit,
+        uint64 deadline
+    ) external nonReentrant returns (uint256 orderId) {
+        if (units == 0) revert ZeroUnits();
+        if (replicas == 0 || replicas > MAX_REPLICAS) revert InvalidReplicaCount(replicas);
+        if (deadline <= block.timestamp) revert InvalidDeadline(deadline, block.timestamp);
+        uint256 escrow = uint256(units) * (uint256(replicas) * pricePerReplica + verifierFeePerUnit);
+        uint128 escrow128 = SafeCast.toUint128(escrow);
+        orderId = ++_orderCount;
+        _orders[orderId] = Order({
+            buyer: msg.sender,
+            deadline: deadline,
+            units: units,
+            pricePerReplica: uint128(pricePerReplica), // <= escrow
+            verifierFeePerUnit: uint128(verifierFeePerUnit), // <= escrow
+            balance: escrow128,
+            delivered: 0,
+            openUnits: 0,
+            replicas: replicas,
+            closed: false
+        });
+        _totals.escrow += escrow128;
+        emit OrderPosted(
+            orderId, msg.sender, specHash, units, replicas, pricePerReplica, verifierFeePerUnit, deadline, escrow
+        );
+        uint256 balanceBefore = token.balanceOf(address(this));
+        token.safeTransferFrom(msg.sender, address(this), escrow);
+        uint256 received = token.balanceOf(address(this)) - balanceBefore;
+        if (received != escrow) revert TransferAmountMismatch(escrow, received);
+    }
+
+    /// @notice Closes an order and credits its remaining balance to the buyer. The buyer may close at any
+    /// time, anyone else after the order deadline; no unit of the order may be open.
+    function closeOrder(uint256 orderId) external {
+        Order storage order = _orders[orderId];
+        address buyer = order.buyer;
+        if (buyer == address(0)) revert UnknownOrder(orderId);
+        if (order.closed) revert OrderNotOpen(orderId);
+        if (msg.sender != buyer && block.timestamp <= order.deadline) {
+            revert OrderNotClosable(orderId, order.deadline);
+        }
+        if (order.openUnits != 0) revert UnitsStillOpen(orderId, order.openUnits);
+        uint128 refund = order.balance;
+        order.balance = 0;
+        order.closed = true;
+        _accounts[buyer].credit += refund;
+        Totals memory totals = _totals;
+        totals.escrow -= refund;
+        totals.credits += refund;
+        _totals = totals;
+        emit OrderClosed(orderId, refund);
+    }
+
+    // ----------------------------------------------------------------------------------------------
+    // Operator
+    // ----------------------------------------------------------------------------------------------
+
+    /// @notice Assigns one unit of `orderId` to `providers` (one per replica, each accepting by signature,
+    /// each locking `providerCollateral` of free stake) and `verifiers` (staked >= minVerifierStake).
+    /// @param unitKey Off-chain identifier of the unit's work (round, shard); kept in the event only.
+    /// @param accepts The providers' `Accept` signatures, in provider order.
+    /// @return unitId The new unit's id.
+    function assign(
+        uint256 orderId,
+        bytes32 unitKey,
+        address[] calldata providers,
+        address[] calldata verifiers,
+        SignedApproval[] calldata accepts
+    ) external onlyRole(OPERATOR_ROLE) returns (uint256 unitId) {
+        uint8 replicas = _reserveUnitBudget(orderId, providers.length, accepts.length, verifiers.length);
+        unitId = ++_unitCount;
+        for (uint256 i; i < providers.length; ++i) {
+            address provider = providers[i];
+            for (uint256 j; j < i; ++j) {
+                if (providers[j] == provider) revert DuplicateParty(provider);
+            }
+            _acceptProvider(orderId, unitKey, provider, accepts[i]);
+        }
+        _checkVerifiers(providers, verifiers);
+        _storeParties(unitId, providers, verifiers);
+        uint40 commitDeadline = uint40(block.timestamp + _commitWindow);
+        _units[unitId] = Unit({
+            orderId: uint64(orderId), // ids are sequential, far below 2**64
+            commitDeadline: commitDeadline,
+            revealDeadline: commitDeadline + uint40(_revealWindow),
+            state: UnitState.Committing,
+            replicas: replicas,
+            verifierCount: uint8(verifiers.length),
+            committedMask: 0,
+            revealedMask: 0,
+            drawn: false
+        });
+        emit UnitAssigned(unitId, orderId, unitKey, providers, verifiers, commitDeadline);
+    }
+
+    /// @notice Draws an open unit for a verifier spot check, so it can no longer be finalized on the fast
+    /// path. Idempotent.
+    function requestVerification(uint256 unitId) external onlyRole(OPERATOR_ROLE) {
+        Unit storage unit = _units[unitId];
+        _requireOpen(unitId, unit.state);
+        unit.drawn = true;
+        emit VerificationRequested(unitId);
+    }
+
+    // ----------------------------------------------------------------------------------------------
+    // Providers
+    // ----------------------------------------------------------------------------------------------
+
+    /// @notice Commits the caller's result for `unitId`; see {commitmentOf}.
+    function commit(uint256 unitId, bytes32 commitment) external {
+        _commit(unitId, msg.sender, commitment);
+    }
+
+    /// @notice Signed form of {commit}; anyone may relay.
+    function commitWithSig(
+        uint256 unitId,
+        address provider,
+        bytes32 commitment,
+        uint256 nonce,
+        uint256 deadline,
+        bytes calldata signature
+    ) external {
+        _useNonce(provider, nonce);
+        _checkSignature(
+            provider,
+            keccak256(abi.encode(COMMIT_TYPEHASH, unitId, provider, commitment, nonce, deadline)),
+            deadline,
+            signature
+        );
+        _commit(unitId, provider, commitment);
+    }
+
+    /// @notice Reveals `provider`'s result digest. Permissionless: knowing the commitment's preimage
+    /// (digest and salt, bound to provider and unit) is the authorization, so any relayer may submit it
+    /// and nobody can reveal for another provider without that provider's salt.
+    function reveal(uint256 unitId, address provider, bytes32 resultDigest, bytes32 salt) external {
+        Unit storage unit = _units[unitId];
+        Unit memory u = unit;
+        _requireOpen(unitId, u.state);
+        if (u.state == UnitState.Committing && block.timestamp <= u.commitDeadline) {
+            revert RevealWindowNotOpen(unitId, u.commitDeadline);
+        }
+        if (block.timestamp > u.revealDeadline) revert RevealWindowClosed(unitId, u.revealDeadline);
+        uint256 index = _indexOfProvider(unitId, u.replicas, provider);
+        uint8 bit = uint8(1 << index);
+        if (u.committedMask & bit == 0) revert NotCommitted(unitId, provider);
+        if (u.revealedMask & bit != 0) revert AlreadyRevealed(unitId, provider);
+        bytes32[MAX_REPLICAS] storage digests = _digests[unitId];
+        if (commitmentOf(resultDigest, salt, provider, unitId) != digests[index]) {
+            revert RevealMismatch(unitId, provider);
+        }
+        digests[index] = resultDigest;
+        unit.revealedMask = u.revealedMask | bit;
+        emit ReplicaRevealed(unitId, provider, resultDigest);
+    }
+
+    // ----------------------------------------------------------------------------------------------
+    // Settlement
+    // ----------------------------------------------------------------------------------------------
+
+    /// @notice Settles a unit whose replicas all revealed the same digest and that was not drawn for a
+    /// spot check: pays every replica, releases collateral, returns the verifier fee to the order.
+    /// Permissionless.
+    function finalize(uint256 unitId) external {
+        Unit storage unit = _units[unitId];
+        Unit memory u = unit;
+        _requireOpen(unitId, u.state);
+        if (u.drawn) revert UnitUnderVerification(unitId);
+        uint8 replicas = u.replicas;
+        if (u.revealedMask != _fullMask(replicas)) revert RevealsIncomplete(unitId);
+        bytes32[MAX_REPLICAS] storage digests = _digests[unitId];
+        bytes32 digest = digests[0];
+        for (uint256 i = 1; i < replicas; ++i) {
+            if (digests[i] != digest) revert NotUnanimous(unitId);
+        }
+        unit.state = UnitState.Finalized;
+
+        Order storage order = _orders[u.orderId];
+        uint128 price = order.pricePerReplica;
+        for (uint256 i; i < replicas; ++i) {
+            address provider = _partyAt(unitId, i);
+            _payAccepted(provider, price);
+            stakes.unlock(provider, _providerCollateral);
+        }
+        order.balance += order.verifierFeePerUnit;
+        order.delivered += 1;
+        order.openUnits -= 1;
+        uint128 paid = price * replicas;
+        Totals memory totals = _totals;
+        totals.escrow -= paid;
+        totals.credits += paid;
+        _totals = totals;
+        emit UnitFinalized(unitId, digest);
+    }
+
+    /// @notice Settles a unit by a quorum of its verifiers' signatures, one outcome per replica in
+    /// assignment order: 0 accept (paid), 1 fault (unpaid, never slashed), 2 fraud (slashed). The
+    /// verifier fee and the slash bounty are split evenly among the signing verifiers (rounding dust and
+    /// the rest of the slash are credited to the buyer); unpaid prices return to the order. Anyone may
+    /// relay.
+    function submitVerdict(
+        uint256 unitId,
+        uint8[] calldata outcomes,
+        bytes32 reasonsHash,
+        VerifierSignature[] calldata signatures
+    ) external nonReentrant {
+        Unit storage unit = _units[unitId];
+        Unit memory u = unit;
+        _requireOpen(unitId, u.state);
+        _checkVerdictWindow(unitId, u);
+        bytes32 outcomesHash = _checkOutcomes(u, outcomes);
+        address[] memory signers =
+            _checkVerdictSignatures(unitId, u.replicas, u.verifierCount, outcomesHash, reasonsHash, signatures);
+        unit.state = UnitState.Verdicted;
+        _settleVerdict(unitId, u, outcomes, signers);
+        emit VerdictRecorded(unitId, outcomes, reasonsHash, signers);
+    }
+
+    /// @notice Expires a unit nobody settled by its verdict deadline: releases all collateral, counts a
+    /// fault for every replica that never revealed, and returns the unit's whole cost to the order.
+    /// Permissionless.
+    function expireUnit(uint256 unitId) external {
+        Unit storage unit = _units[unitId];
+        Unit memory u = unit;
+        _requireOpen(unitId, u.state);
+        uint64 verdictDeadline = uint64(u.revealDeadline) + _verdictWindow;
+        if (block.timestamp <= verdictDeadline) revert UnitNotExpired(unitId, verdictDeadline);
+        unit.state = UnitState.Expired;
+        for (uint256 i; i < u.replicas; ++i) {
+            address provider = _partyAt(unitId, i);
+            if (u.revealedMask & (1 << i) == 0) _recordFault(provider);
+            stakes.unlock(provider, _providerCollateral);
+        }
+        Order storage order = _orders[u.orderId];
+        order.balance += order.pricePerReplica * u.replicas + order.verifierFeePerUnit;
+        order.openUnits -= 1;
+        emit UnitExpired(unitId);
+    }
+
+    // ----------------------------------------------------------------------------------------------
+    // Credits
+    // ----------------------------------------------------------------------------------------------
+
+    /// @notice Withdraws all of the caller's credit.
+    function withdrawCredit() external nonReentrant {
+        _withdrawCredit(msg.sender);
+    }
+
+    /// @notice Signed form of {withdrawCredit}; anyone may relay, the tokens go to `account`.
+    function withdrawCreditWithSig(address account, uint256 nonce, uint256 deadline, bytes calldata signature)
+        external
+        nonReentrant
+    {
+        _useNonce(account, nonce);
+        _checkSignature(
+            account, keccak256(abi.encode(WITHDRAW_CREDIT_TYPEHASH, account, nonce, deadline)), deadline, signature
+        );
+        _withdrawCredit(account);
+    }
+
+    // ----------------------------------------------------------------------------------------------
+    // Views
+    // ----------------------------------------------------------------------------------------------
+
+    /// @notice The commitment a provider must submit for `resultDigest` with secret `salt` on `unitId`.
+    function commitmentOf(bytes32 resultDigest, bytes32 salt, address provider, uint256 unitId)
+        public
+        pure
+        returns (bytes32)
+    {
+        return keccak256(abi.encode(resultDigest, salt, provider, unitId));
+    }
+
+    /// @notice Withdrawable credit of `account`.
+    function credits(address account) external view returns (uint256) {
+        return _accounts[account].credit;
+    }
+
+    /// @notice Reputation counters of `account`.
+    function reputationOf(address account)
+        external
+        view
+        returns (uint64 valid, uint64 fault, uint64 fraud, uint64 consecutiveValid)
+    {
+        Account memory acc = _accounts[account];
+        return (acc.valid, acc.fault, acc.fraud, acc.consecutiveValid);
+    }
+
+    /// @notice The order `orderId` (all fields zero if unknown).
+    function getOrder(uint256 orderId) external view returns (Order memory) {
+        return _orders[orderId];
+    }
+
+    /// @notice The unit `unitId` (state None if unknown).
+    function getUnit(uint256 unitId) external view returns (UnitView memory) {
+        Unit memory u = _units[unitId];
+        return UnitView({
+            orderId: u.orderId,
+            state: u.state,
+            replicas: u.replicas,
+            verifierCount: u.verifierCount,
+            committedMask: u.committedMask,
+            revealedMask: u.revealedMask,
+            drawn: u.drawn,
+            commitDeadline: u.commitDeadline,
+            revealDeadline: u.revealDeadline,
+            verdictDeadline: u.state == UnitState.None ? 0 : uint64(u.revealDeadline) + _verdictWindow
+        });
+    }
+
+    /// @notice Replica `index` of `unitId`: its provider, its commitment (before reveal) or result digest
+    /// (after), and whether it committed and revealed.
+    function replicaOf(uint256 unitId, uint256 index)
+        external
+        view
+        returns (address provider, bytes32 commitmentOrDigest, bool committed, bool revealed)
+    {
+        Unit memory u = _units[unitId];
+        if (index >= u.replicas) revert ReplicaIndexOutOfRange(unitId, index);
+        return (
+            _partyAt(unitId, index),
+            _digests[unitId][index],
+            u.committedMask & (1 << index) != 0,
+            u.revealedMask & (1 << index) != 0
+        );
+    }
+
+    /// @notice The verifiers assigned to `unitId`.
+    function verifiersOf(uint256 unitId) external view returns (address[] memory verifiers) {
+        Unit memory u = _units[unitId];
+        verifiers = new address[](u.verifierCount);
+        for (uint256 i; i < u.verifierCount; ++i) {
+            verifiers[i] = _partyAt(unitId, u.replicas + i);
+        }
+    }
+
+    /// @notice Tokens escrowed for orders (order balances plus the cost of open units).
+    function totalEscrow() external view returns (uint256) {
+        return _totals.escrow;
+    }
+
+    /// @notice Sum of all withdrawable credits.
+    function totalCredits() external view returns (uint256) {
+        return _totals.credits;
+    }
+
+    /// @notice Number of orders posted (the last order id).
+    function orderCount() external view returns (uint256) {
+        return _orderCount;
+    }
+
+    /// @notice Number of units assigned (the last unit id).
+    function unitCount() external view returns (uint256) {
+        return _unitCount;
+    }
+
+    /// @notice The market parameters.
+    function params() external view returns (Params memory) {
+        return Params({
+            commitWindow: _commitWindow,
+            revealWindow: _revealWindow,
+            verdictWindow: _verdictWindow,
+            verifierQuorum: _verifierQuorum,
+            bountyBps: _bountyBps,
+            providerCollateral: _providerCollateral,
+            slashAmount: _slashAmount,
+            minVerifierStake: _minVerifierStake
+        });
+    }
+
+    // ----------------------------------------------------------------------------------------------
+    // Internals
+    // ----------------------------------------------------------------------------------------------
+
+    /// @dev Checks the order can take one more unit with these party counts and moves one unit's cost
+    /// from the order's balance into the open unit.
+    function _reserveUnitBudget(uint256 orderId, uint256 providerCount, uint256 acceptCount, uint256 verifierCount)
+        private
+        returns (uint8 replicas)
+    {
+        Order storage order = _orders[orderId];
+        if (order.buyer == address(0)) revert UnknownOrder(orderId);
+        if (order.closed) revert OrderNotOpen(orderId);
+        if (block.timestamp > order.deadline) revert OrderExpired(orderId, order.deadline);
+        replicas = order.replicas;
+        if (providerCount != replicas) revert ProviderCountMismatch(replicas, providerCount);
+        if (acceptCount != replicas) revert ProviderCountMismatch(replicas, acceptCount);
+        if (verifierCount < _verifierQuorum || verifierCount > MAX_VERIFIERS) {
+            revert InvalidVerifierCount(verifierCount, _verifierQuorum, MAX_VERIFIERS);
+        }
+        uint32 openUnits = order.openUnits;
+        if (order.delivered + openUnits >= order.units) revert NoUnitBudget(orderId);
+        uint128 unitCost = order.pricePerReplica * replicas + order.verifierFeePerUnit;
+        uint128 balance = order.balance;
+        if (unitCost > balance) revert NoUnitBudget(orderId);
+        order.balance = balance - unitCost;
+        order.openUnits = openUnits + 1;
+    }
+
+    /// @dev Checks `provider`'s `Accept` signature (consuming its nonce) and locks its collateral.
+    function _acceptProvider(uint256 orderId, bytes32 unitKey, address provider, SignedApproval calldata accept)
+        private
+    {
+        _useNonce(provider, accept.nonce);
+        _checkSignature(
+            provider,
+            keccak256(abi.encode(ACCEPT_TYPEHASH, orderId, unitKey, provider, accept.nonce, accept.deadline)),
+            accept.deadline,
+            accept.signature
+        );
+        stakes.lock(provider, _providerCollateral);
+    }
+
+    /// @dev Checks the unit's verifiers are distinct from each other and from the providers, and staked
+    /// enough.
+    function _checkVerifiers(address[] calldata providers, address[] calldata verifiers) private view {
+        for (uint256 i; i < verifiers.length; ++i) {
+            address verifier = verifiers[i];
+            for (uint256 j; j < providers.length; ++j) {
+                if (providers[j] == verifier) revert DuplicateParty(verifier);
+            }
+            for (uint256 j; j < i; ++j) {
+                if (verifiers[j] == verifier) revert DuplicateParty(verifier);
+            }
+            uint256 bonded = stakes.bondedOf(verifier);
+            if (bonded < _minVerifierStake || verifier == address(0)) {
+                revert InsufficientVerifierStake(verifier, bonded, _minVerifierStake);
+            }
+        }
+    }
+
+    /// @dev Writes providers then verifiers as consecutive 20-byte addresses into the unit's party words.
+    function _storeParties(uint256 unitId, address[] calldata providers, address[] calldata verifiers) private {
+        uint256 count = providers.length + verifiers.length;
+        uint256 words = (count * ADDRESS_BYTES + 31) / 32;
+        // One spare word: each 32-byte store of an address spills 12 zero bytes past it.
+        bytes memory packed = new bytes((words + 1) * 32);
+        for (uint256 i; i < count; ++i) {
+            address party = i < providers.length ? providers[i] : verifiers[i - providers.length];
+            uint256 offset = i * ADDRESS_BYTES;
+            assembly ("memory-safe") {
+                mstore(add(add(packed, 32), offset), shl(96, party))
+            }
+        }
+        bytes32[PARTY_WORDS] storage slots = _parties[unitId];
+        for (uint256 w; w < words; ++w) {
+            bytes32 word;
+            assembly ("memory-safe") {
+                word := mload(add(add(packed, 32), mul(w, 32)))
+            }
+            slots[w] = word;
+        }
+    }
+
+    /// @dev Party `index` of the unit: providers are 0..replicas-1, verifiers follow.
+    function _partyAt(uint256 unitId, uint256 index) private view returns (address) {
+        bytes32[PARTY_WORDS] storage slots = _parties[unitId];
+        uint256 offset = index * ADDRESS_BYTES;
+        uint256 wordIndex = offset / 32;
+        uint256 within = offset % 32;
+        uint256 word = uint256(slots[wordIndex]);
+        if (within <= 32 - ADDRESS_BYTES) return address(uint160(word >> ((32 - ADDRESS_BYTES - within) * 8)));
+        // The address straddles two words: its first bytes end this word, the rest start the next.
+        uint256 headBytes = 32 - within;
+        uint256 tailBytes = ADDRESS_BYTES - headBytes;
+        uint256 head = word & ((1 << (headBytes * 8)) - 1);
+        uint256 tail = uint256(slots[wordIndex + 1]) >> ((32 - tailBytes) * 8);
+        return address(uint160((head << (tailBytes * 8)) | tail));
+    }
+
+    function _commit(uint256 unitId, address provider, bytes32 commitment) private {
+        Unit storage unit = _units[unitId];
+        Unit memory u = unit;
+        _requireOpen(unitId, u.state);
+        if (block.timestamp > u.commitDeadline) revert CommitWindowClosed(unitId, u.commitDeadline);
+        uint256 index = _indexOfProvider(unitId, u.replicas, provider);
+        uint8 bit = uint8(1 << index);
+        if (u.committedMask & bit != 0) revert AlreadyCommitted(unitId, provider);
+        _digests[unitId][index] = commitment;
+        uint8 committedMask = u.committedMask | bit;
+        unit.committedMask = committedMask;
+        if (committedMask == _fullMask(u.replicas)) {
+            unit.state = UnitState.Revealing;
+            unit.revealDeadline = uint40(block.timestamp + _revealWindow);
+        }
+        emit ReplicaCommitted(unitId, provider, commitment);
+    }
+
+    /// @dev Verdicts open once all replicas revealed or after the reveal deadline, and close at the
+    /// verdict deadline.
+    function _checkVerdictWindow(uint256 unitId, Unit memory u) private view {
+        if (u.revealedMask != _fullMask(u.replicas) && block.timestamp <= u.revealDeadline) {
+            revert VerdictWindowNotOpen(unitId, u.revealDeadline);
+        }
+        uint64 verdictDeadline = uint64(u.revealDeadline) + _verdictWindow;
+        if (block.timestamp > verdictDeadline) revert VerdictWindowClosed(unitId, verdictDeadline);
+    }
+
+    /// @dev Checks one known outcome per replica (accept and fraud only for revealed replicas) and returns
+    /// the signed `outcomesHash` = keccak256(abi.encodePacked(outcomes)) (one 32-byte word per outcome).
+    function _checkOutcomes(Unit memory u, uint8[] calldata outcomes) private pure returns (bytes32) {
+        if (outcomes.length != u.replicas) revert OutcomeCountMismatch(u.replicas, outcomes.length);
+        for (uint256 i; i < outcomes.length; ++i) {
+            uint8 outcome = outcomes[i];
+            bool revealed = u.revealedMask & (1 << i) != 0;
+            if (outcome > OUTCOME_FRAUD || (outcome != OUTCOME_FAULT && !revealed)) {
+                revert InvalidOutcome(i, outcome);
+            }
+        }
+        return keccak256(abi.encodePacked(outcomes));
+    }
+
+    /// @dev Checks every signature is a distinct assigned verifier's valid `Verdict` signature (consuming
+    /// its nonce) and that they reach the quorum. Returns the signers.
+    function _checkVerdictSignatures(
+        uint256 unitId,
+        uint8 replicas,
+        uint8 verifierCount,
+        bytes32 outcomesHash,
+        bytes32 reasonsHash,
+        VerifierSignature[] calldata signatures
+    ) private returns (address[] memory signers) {
+        signers = new address[](signatures.length);
+        uint256 seen;
+        for (uint256 s; s < signatures.length; ++s) {
+            VerifierSignature calldata sig = signatures[s];
+            uint256 bit = 1 << _indexOfVerifier(unitId, replicas, verifierCount, sig.verifier);
+            if (seen & bit != 0) revert DuplicateParty(sig.verifier);
+            seen |= bit;
+            _useNonce(sig.verifier, sig.nonce);
+            _checkSignature(
+                sig.verifier,
+                keccak256(abi.encode(VERDICT_TYPEHASH, unitId, outcomesHash, reasonsHash, sig.nonce, sig.deadline)),
+                sig.deadline,
+                sig.signature
+            );
+            signers[s] = sig.verifier;
+        }
+        if (signatures.length < _verifierQuorum) {
+            revert QuorumNotReached(unitId, signatures.length, _verifierQuorum);
+        }
+    }
+
+    /// @dev Moves a verdicted unit's money: replica payouts and slashes, the verifiers' fee and bounty,
+    /// the buyer's share of slashes, and unpaid prices back to the order.
+    function _settleVerdict(uint256 unitId, Unit memory u, uint8[] calldata outcomes, address[] memory signers)
+        private
+    {
+        Order storage order = _orders[u.orderId];
+        uint128 price = order.pricePerReplica;
+        uint128 fee = order.verifierFeePerUnit;
+        (uint256 paidCount, uint256 slashedTotal) = _applyOutcomes(unitId, outcomes, price);
+        uint256 verifierPay = fee + (slashedTotal * _bountyBps) / BPS;
+        uint256 share = verifierPay / signers.length;
+        for (uint256 i; i < signers.length; ++i) {
+            _accounts[signers[i]].credit += SafeCast.toUint128(share);
+        }
+        uint256 toBuyer = slashedTotal + fee - share * signers.length;
+        if (toBuyer != 0) _accounts[order.buyer].credit += SafeCast.toUint128(toBuyer);
+
+        uint256 paid = paidCount * price;
+        order.balance += uint128((u.replicas - paidCount) * price);
+        if (paidCount != 0) order.delivered += 1;
+        order.openUnits -= 1;
+        Totals memory totals = _totals;
+        totals.escrow -= uint128(paid + fee);
+        totals.credits += SafeCast.toUint128(paid + fee + slashedTotal);
+        _totals = totals;
+    }
+
+    /// @dev Pays, releases and slashes each replica per its outcome. Returns how many were paid and the
+    /// total slashed (already received from the stake manager).
+    function _applyOutcomes(uint256 unitId, uint8[] calldata outcomes, uint128 price)
+        private
+        returns (uint256 paidCount, uint256 slashedTotal)
+    {
+        for (uint256 i; i < outcomes.length; ++i) {
+            address provider = _partyAt(unitId, i);
+            stakes.unlock(provider, _providerCollateral);
+            uint8 outcome = outcomes[i];
+            if (outcome == OUTCOME_ACCEPT) {
+                _payAccepted(provider, price);
+                ++paidCount;
+            } else if (outcome == OUTCOME_FAULT) {
+                _recordFault(provider);
+            } else {
+                Account storage acc = _accounts[provider];
+                acc.fraud += 1;
+                acc.consecutiveValid = 0;
+                uint256 slashed = stakes.slash(provider, _slashAmount, address(this));
+                slashedTotal += slashed;
+                emit ReplicaSlashed(unitId, provider, slashed);
+            }
+        }
+    }
+
+    function _payAccepted(address provider, uint128 price) private {
+        Account memory acc = _accounts[provider];
+        acc.credit += price;
+        acc.valid += 1;
+        acc.consecutiveValid += 1;
+        _accounts[provider] = acc;
+    }
+
+    function _recordFault(address provider) private {
+        Account storage acc = _accounts[provider];
+        acc.fault += 1;
+        acc.consecutiveValid = 0;
+    }
+
+    function _withdrawCredit(address account) private {
+        Account storage acc = _accounts[account];
+        uint128 amount = acc.credit;
+        if (amount == 0) revert NothingToWithdraw(account);
+        acc.credit = 0;
+        _totals.credits -= amount;
+        emit CreditWithdrawn(account, amount);
+        token.safeTransfer(account, amount);
+    }
+
+    /// @dev Reverts unless the unit exists and is not yet settled.
+    function _requireOpen(uint256 unitId, UnitState state) private pure {
+        if (state == UnitState.None) revert InvalidUnitState(unitId, uint8(state));
+        if (state > UnitState.Revealing) revert UnitAlreadySettled(unitId);
+    }
+
+    function _indexOfProvider(uint256 unitId, uint8 replicas, address provider) private view returns (uint256) {
+        for (uint256 i; i < replicas; ++i) {
+            if (_partyAt(unitId, i) == provider) return i;
+        }
+        revert NotAssignedProvider(unitId, provider);
+    }
+
+    function _indexOfVerifier(uint256 unitId, uint8 replicas, uint8 verifierCount, address verifier)
+        private
+        view
+        returns (uint256)
+    {
+        for (uint256 i; i < verifierCount; ++i) {
+            if (_partyAt(unitId, replicas + i) == verifier) return i;
+        }
+        revert NotAssignedVerifier(unitId, verifier);
+    }
+
+    function _fullMask(uint8 replicas) private pure returns (uint8) {
+        return uint8((1 << replicas) - 1);
+    }
+}

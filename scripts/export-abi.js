@@ -1,0 +1,53 @@
+#!/usr/bin/env node
+// Copy the compiled ABI and bytecode of the Veritrain contracts into the Python package
+// (veritrain/contracts_data/<Name>.json), so Python needs no Solidity compiler.
+//
+// Usage: node_modules/.bin/hardhat compile && node scripts/export-abi.js
+// Output per contract: {"contractName", "abi", "bytecode", "deployedBytecode", "solcVersion",
+// "sourceSha256"} with a stable key order and a trailing newline, so re-running it on unchanged
+// sources changes no byte. sourceSha256 is the sha256 of contracts/<Name>.sol as compiled.
+"use strict";
+
+const crypto = require("crypto");
+const fs = require("fs");
+const path = require("path");
+
+const ROOT = path.resolve(__dirname, "..");
+const CONTRACTS = ["VeriToken", "StakeManager", "JobMarket"];
+const OUT_DIR = path.join(ROOT, "veritrain", "contracts_data");
+
+function fail(message) {
+  process.stderr.write(`export-abi: ${message}\n`);
+  process.exit(2);
+}
+
+function readJson(file) {
+  if (!fs.existsSync(file)) fail(`missing ${path.relative(ROOT, file)}; run \`hardhat compile\` first`);
+  return JSON.parse(fs.readFileSync(file, "utf8"));
+}
+
+function exportContract(name) {
+  const artifactDir = path.join(ROOT, "artifacts", "contracts", `${name}.sol`);
+  const artifact = readJson(path.join(artifactDir, `${name}.json`));
+  const debug = readJson(path.join(artifactDir, `${name}.dbg.json`));
+  const buildInfo = readJson(path.resolve(artifactDir, debug.buildInfo));
+  const sourceName = `contracts/${name}.sol`;
+  const compiledSource = buildInfo.input.sources[sourceName];
+  if (!compiledSource) fail(`${sourceName} is not in its build info`);
+  const onDisk = fs.readFileSync(path.join(ROOT, sourceName), "utf8");
+  if (onDisk !== compiledSource.content) fail(`${sourceName} changed since the last compile; recompile`);
+  const data = {
+    contractName: artifact.contractName,
+    abi: artifact.abi,
+    bytecode: artifact.bytecode,
+    deployedBytecode: artifact.deployedBytecode,
+    solcVersion: buildInfo.solcLongVersion,
+    sourceSha256: crypto.createHash("sha256").update(compiledSource.content, "utf8").digest("hex"),
+  };
+  const outFile = path.join(OUT_DIR, `${name}.json`);
+  fs.writeFileSync(outFile, `${JSON.stringify(data, null, 2)}\n`);
+  process.stdout.write(`wrote ${path.relative(ROOT, outFile)}\n`);
+}
+
+fs.mkdirSync(OUT_DIR, { recursive: true });
+CONTRACTS.forEach(exportContract);
