@@ -1,0 +1,207 @@
+"""ChainClient end to end on both backends: happy flow, verifier path, expiry and every signed form."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import pytest
+
+from veritrain.chain.client import Outcome, UnitState
+
+pytestmark = pytest.mark.chain
+
+TOKEN = 10**18
+PRICE = 10 * TOKEN
+FEE = 3 * TOKEN
+
+
+def test_happy_flow_stake_post_assign_commit_reveal_finalize_withdraw(world: Any) -> None:
+    client, buyer, providers = world.client, world.buyer, world.providers[:3]
+    params = client.params
+
+    newcomer = world.outsider
+    client.stake(newcomer, 150 * TOKEN)
+    assert client.stake_of(newcomer).bonded == 150 * TOKEN
+
+    buyer_tokens = client.token_balance(buyer)
+    escrow_before = client.total_escrow()
+    order_id, receipt = client.post_order(buyer, os.urandom(32), 2, 3, PRICE, FEE, client.now() + 86_400)
+    escrow = 2 * (3 * PRICE + FEE)
+    assert receipt.event("OrderPosted").args["escrow"] == escrow
+    assert client.token_balance(buyer) == buyer_tokens - escrow
+    assert client.total_escrow() == escrow_before + escrow
+
+    unit_key = os.urandom(32)
+    deadline = client.now() + 3600
+    accepts = [client.sign_accept(provider, order_id, unit_key, deadline) for provider in providers]
+    unit_id, receipt = client.assign(order_id, unit_key, providers, world.verifiers[:2], accepts)
+    assigned = receipt.event("UnitAssigned").args
+    assert assigned["providers"] == [p.address for p in providers]
+    assert client.get_unit(unit_id).state == UnitState.COMMITTING
+    assert all(client.stake_of(p).locked == params.provider_collateral for p in providers)
+    assert client.verifiers_of(unit_id) == [v.address for v in world.verifiers[:2]]
+
+    digest = os.urandom(32)
+    salts = [os.urandom(32) for _ in providers]
+    # Provider 0 commits itself; the other two sign and the relayer submits (gasless providers).
+    client.commit(providers[0], unit_id, client.commitment(digest, salts[0], providers[0], unit_id))
+    for provider, salt in zip(providers[1:], salts[1:], strict=True):
+        commitment = client.commitment(digest, salt, provider, unit_id)
+        signed = client.sign_commit(provider, unit_id, commitment, deadline)
+        client.commit_with_sig(unit_id, provider, commitment, signed)
+    assert client.get_unit(unit_id).state == UnitState.REVEALING
+
+    for provider, salt in zip(providers, salts, strict=True):
+        client.reveal(unit_id, provider, digest, salt)
+    replica = client.replica(unit_id, 2)
+    assert replica.revealed and replica.commitment_or_digest == digest
+
+    receipt = client.finalize(unit_id)
+    assert receipt.event("UnitFinalized").args == {"unitId": unit_id, "resultDigest": digest}
+    unit = client.get_unit(unit_id)
+    assert unit.state == UnitState.FINALIZED and unit.revealed_mask == 0b111
+    order = client.get_order(order_id)
+    assert (order.delivered, order.open_units) == (1, 0)
+    assert order.balance == escrow - 3 * PRICE  # the unused verifier fee went back to the order
+    for provider in providers:
+        assert client.credits(provider) == PRICE
+        assert client.stake_of(provider).locked == 0
+        assert client.reputation(provider).valid == 1
+        assert client.reputation(provider).consecutive_valid == 1
+
+    tokens_before = [client.token_balance(p) for p in providers]
+    for provider, before in zip(providers, tokens_before, strict=True):
+        receipt = client.withdraw_credit(provider)
+        assert receipt.event("CreditWithdrawn").args["amount"] == PRICE
+        assert client.token_balance(provider) == before + PRICE
+        assert client.credits(provider) == 0
+    assert client.total_credits() == 0
+
+
+def test_verifier_path_slashes_fraud_and_pays_bounty(world: Any) -> None:
+    client = world.client
+    order_id = world.post_order()
+    unit_id = world.assign(order_id)
+    honest, other = os.urandom(32), os.urandom(32)
+    digests = [honest, honest, other]
+    salts = world.commit_all(unit_id, digests)
+    world.reveal_all(unit_id, digests, salts)
+
+    cheater = world.providers[2]
+    bonded_before = client.stake_of(cheater).bonded
+    outcomes = [Outcome.ACCEPT, Outcome.ACCEPT, Outcome.FRAUD]
+    reasons = os.urandom(32)
+    deadline = client.now() + 3600
+    verdicts = [client.sign_verdict(v, unit_id, outcomes, reasons, deadline) for v in world.verifiers[:2]]
+    receipt = client.submit_verdict(unit_id, outcomes, reasons, verdicts)
+
+    slash = client.params.slash_amount
+    assert receipt.event("ReplicaSlashed").args["amount"] == slash
+    assert receipt.event("VerdictRecorded").args["outcomes"] == [0, 0, 2]
+    assert client.get_unit(unit_id).state == UnitState.VERDICTED
+    assert client.stake_of(cheater).bonded == bonded_before - slash
+    assert client.reputation(cheater).fraud == 1
+    verifier_share = (FEE + slash * client.params.bounty_bps // 10_000) // 2
+    assert [client.credits(v) for v in world.verifiers[:2]] == [verifier_share, verifier_share]
+    assert client.credits(world.buyer) == slash + FEE - 2 * verifier_share
+    assert client.credits(world.providers[0]) == PRICE
+
+
+def test_expired_unit_returns_budget_and_order_closes_with_refund(world: Any) -> None:
+    client = world.client
+    order_id = world.post_order(units=1)
+    unit_id = world.assign(order_id)
+    unit = client.get_unit(unit_id)
+    client.advance_time(unit.verdict_deadline - client.now() + 1)
+    client.expire_unit(unit_id)
+    assert client.get_unit(unit_id).state == UnitState.EXPIRED
+    assert all(client.reputation(p).fault == 1 for p in world.providers[:3])
+    assert all(client.stake_of(p).locked == 0 for p in world.providers[:3])
+
+    receipt = client.close_order(order_id, sender=world.buyer)
+    assert receipt.event("OrderClosed").args["refund"] == 3 * PRICE + FEE
+    assert client.credits(world.buyer) == 3 * PRICE + FEE
+    assert client.get_order(order_id).closed
+
+
+def test_signed_forms_relayed_by_someone_else(world: Any) -> None:
+    client, relayer = world.client, world.deployer
+    staker = world.outsider
+    deadline = client.now() + 3600
+
+    permit = client.sign_permit(staker, client.deployment.stake_manager, 40 * TOKEN, deadline)
+    client.stake_with_permit(staker, 40 * TOKEN, permit, relayer=relayer)
+    assert client.stake_of(staker).bonded == 40 * TOKEN
+
+    signed = client.sign_request_unstake(staker, 15 * TOKEN, deadline)
+    client.request_unstake_with_sig(staker, 15 * TOKEN, signed, relayer=relayer)
+    position = client.stake_of(staker)
+    assert (position.bonded, position.unbonding) == (25 * TOKEN, 15 * TOKEN)
+
+    client.advance_time(client.deployment.unbonding_period + 1)
+    tokens = client.token_balance(staker)
+    signed = client.sign_withdraw_stake(staker, client.now() + 3600)
+    client.withdraw_stake_with_sig(staker, signed, relayer=relayer)
+    assert client.token_balance(staker) == tokens + 15 * TOKEN
+    assert client.stake_of(staker).unbonding == 0
+
+    order_id = world.post_order(units=1)
+    unit_id = world.assign(order_id)
+    digests = [b"\x07" * 32] * 3
+    world.reveal_all(unit_id, digests, world.commit_all(unit_id, digests))
+    client.finalize(unit_id, sender=world.outsider)
+    provider = world.providers[0]
+    tokens = client.token_balance(provider)
+    signed = client.sign_withdraw_credit(provider, client.now() + 3600)
+    client.withdraw_credit_with_sig(provider, signed, relayer=relayer)
+    assert client.token_balance(provider) == tokens + PRICE
+
+
+def test_plain_unstake_and_withdraw_after_thaw(world: Any) -> None:
+    client, staker = world.client, world.verifiers[2]
+    client.request_unstake(staker, 30 * TOKEN)
+    thaw_at = client.stake_of(staker).thaw_at
+    assert thaw_at >= client.now() + client.deployment.unbonding_period - 1
+    client.advance_time(client.deployment.unbonding_period + 1)
+    tokens = client.token_balance(staker)
+    client.withdraw_stake(staker)
+    assert client.token_balance(staker) == tokens + 30 * TOKEN
+
+
+def test_concurrent_senders_share_one_nonce_counter_per_key(world: Any) -> None:
+    client, sender = world.client, world.deployer
+    errors: list[BaseException] = []
+
+    def mint_some(index: int) -> None:
+        try:
+            for _ in range(3):
+                client.mint(world.outsider, index + 1, owner=sender)
+        except BaseException as err:  # collected and re-raised in the test thread
+            errors.append(err)
+
+    before = client.token_balance(world.outsider)
+    threads = [threading.Thread(target=mint_some, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert client.token_balance(world.outsider) == before + 3 * (1 + 2 + 3 + 4)
+
+
+def test_events_since_deployment_decode_in_chain_order(world: Any) -> None:
+    client = world.client
+    start = client.w3.eth.block_number + 1
+    order_id = world.post_order(units=1)
+    unit_id = world.assign(order_id)
+    events = client.events(from_block=start)
+    names = [event.name for event in events]
+    assert names.index("OrderPosted") < names.index("UnitAssigned")
+    assigned = next(event for event in events if event.name == "UnitAssigned")
+    assert assigned.args["unitId"] == unit_id and assigned.args["orderId"] == order_id
+    assert assigned.address == client.deployment.job_market
+    assert assigned.block_number >= start and assigned.tx_hash.startswith("0x")
+    assert all(event.block_number >= start for event in events)
+    assert any(event.name == "OrderPosted" for event in client.events())  # default: since deployment

@@ -1,0 +1,84 @@
+"""Deployments file: round trip, connecting by file, and refusing a node of another chain."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from veritrain.chain.backends import HardhatNode, InProcessBackend
+from veritrain.chain.client import ChainClient
+from veritrain.chain.deployment import Deployment, MarketParams
+from veritrain.chain.errors import DeploymentError, WrongChainId
+
+pytestmark = pytest.mark.chain
+
+
+def test_deploy_writes_a_file_that_connects_back(tmp_path: Path) -> None:
+    params = MarketParams(commit_window=120, verifier_quorum=3, slash_amount=7, provider_collateral=9)
+    path = tmp_path / "deployments.json"
+    with InProcessBackend(accounts=2) as backend:
+        deployer = backend.dev_accounts(2)[0]
+        client = ChainClient.deploy(backend, deployer, params=params, unbonding_period=99, save_to=path)
+        raw = json.loads(path.read_text())
+        assert raw["chainId"] == backend.chain_id
+        assert raw["addresses"]["JobMarket"] == client.deployment.job_market
+        assert raw["params"]["commitWindow"] == 120 and raw["params"]["unbondingPeriod"] == 99
+        loaded = Deployment.load(path)
+        assert loaded == client.deployment
+        again = ChainClient.connect(backend, path)
+        assert again.deployment == client.deployment
+        on_chain = again.market.functions.params().call()
+        assert tuple(on_chain) == params.as_tuple()
+
+
+@pytest.mark.node_backend
+def test_connecting_to_a_node_of_another_chain_raises_wrong_chain_id(
+    tmp_path: Path, hardhat_node: HardhatNode
+) -> None:
+    path = tmp_path / "deployments.json"
+    with InProcessBackend(accounts=1) as backend:
+        ChainClient.deploy(backend, backend.dev_accounts(1)[0], save_to=path)
+    with hardhat_node.backend() as rpc, pytest.raises(WrongChainId) as caught:
+        ChainClient.connect(rpc, path)
+    assert caught.value.actual == 31337 and caught.value.expected != 31337
+
+
+def test_connecting_where_no_contract_is_deployed_raises(tmp_path: Path) -> None:
+    path = tmp_path / "deployments.json"
+    with InProcessBackend(accounts=1) as backend:
+        ChainClient.deploy(backend, backend.dev_accounts(1)[0], save_to=path)
+    with InProcessBackend(accounts=1) as fresh, pytest.raises(DeploymentError, match="no VeriToken contract"):
+        ChainClient.connect(fresh, path)  # same chain id, empty chain
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda raw: raw.pop("addresses"),
+        lambda raw: raw["addresses"].update(JobMarket="0x1234"),
+        lambda raw: raw.update(chainId=-1),
+        lambda raw: raw.update(format=99),
+        lambda raw: raw["params"].update(surprise=1),
+    ],
+)
+def test_malformed_deployments_file_is_a_typed_error(tmp_path: Path, mutate: object) -> None:
+    good = Deployment(
+        chain_id=1,
+        token="0x" + "11" * 20,
+        stake_manager="0x" + "22" * 20,
+        job_market="0x" + "33" * 20,
+        block=5,
+        deployer="0x" + "44" * 20,
+        operator="0x" + "55" * 20,
+        unbonding_period=10,
+        params=MarketParams(),
+    )
+    raw = good.to_dict()
+    assert Deployment.from_dict(json.loads(json.dumps(raw))) == good
+    mutate(raw)  # type: ignore[operator]
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(DeploymentError):
+        Deployment.load(path)

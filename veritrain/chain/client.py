@@ -1,0 +1,776 @@
+"""`ChainClient`: one typed Python method per contract action of VeriToken, StakeManager and JobMarket.
+
+Every role (market service, provider and verifier agents, tests, demo) talks to the contracts through
+this class, on any backend (`veritrain.chain.backends`). Transactions are signed locally by the
+`LocalAccount` passed in; relayed actions (`..._with_sig`) take a `Signed` message made by the party with
+the matching `sign_...` method and are sent by a relayer (by default the client's `relayer`). Money is
+int base units everywhere. A revert raises the contract's own error class from `veritrain.chain.errors`.
+
+    with open_backend() as backend:  # a local hardhat node, started and stopped for you
+        deployer, buyer, p1, p2, p3, v1, v2 = backend.dev_accounts(7)
+        client = ChainClient.deploy(backend, deployer, save_to="deployments.json")
+        order_id, _ = client.post_order(buyer, spec_hash, units=1, replicas=3, ...)
+        accepts = [client.sign_accept(p, order_id, unit_key, deadline) for p in (p1, p2, p3)]
+        unit_id, _ = client.assign(order_id, unit_key, [p1, p2, p3], [v1, v2], accepts)
+        signed = client.sign_commit(p1, unit_id, client.commitment(digest, salt, p1, unit_id), deadline)
+        client.commit_with_sig(unit_id, p1, commitment, signed)  # relayed: p1 pays no gas
+        ...
+
+Another process attaches with `ChainClient.connect(RpcBackend(url), "deployments.json", relayer=key)`.
+Signed messages of one account share one nonce counter per contract: `sign_*` reads the next nonce from
+the chain unless `nonce=` is given (give it when signing several messages before any is submitted).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import IntEnum
+from pathlib import Path
+from typing import Any
+
+from eth_abi import encode as abi_encode
+from eth_account.signers.local import LocalAccount
+from eth_utils import to_checksum_address
+from web3.contract import Contract
+
+from veritrain.chain import eip712
+from veritrain.chain.artifacts import ContractData, load_all
+from veritrain.chain.backends import Backend
+from veritrain.chain.deployment import Deployment, MarketParams
+from veritrain.chain.errors import ChainError, DeploymentError, WrongChainId
+from veritrain.chain.revert import canonical_type
+from veritrain.chain.tx import Event, Receipt, Transactor
+from veritrain.errors import InvalidInput
+
+DEFAULT_UNBONDING_PERIOD = 7 * 24 * 3600
+
+# Fixed gas limits per function, so a transaction needs no eth_estimateGas round trip. Each is about twice
+# the worst case measured (`veritrain bench chain`: 3 replicas, 2 verifiers; cold storage), scaled for the
+# caps of 5 replicas and 5 verifiers. A limit only bounds the fee, unused gas is not charged. Functions not
+# listed (deployment, admin) are estimated.
+GAS_LIMITS: dict[str, int] = {
+    "mint": 150_000,
+    "approve": 100_000,
+    "stake": 200_000,
+    "stakeWithPermit": 250_000,
+    "requestUnstake": 150_000,
+    "requestUnstakeWithSig": 200_000,
+    "withdraw": 150_000,
+    "withdrawWithSig": 200_000,
+    "postOrder": 400_000,
+    "closeOrder": 150_000,
+    "assign": 1_500_000,
+    "requestVerification": 100_000,
+    "commit": 200_000,
+    "commitWithSig": 250_000,
+    "reveal": 150_000,
+    "finalize": 600_000,
+    "submitVerdict": 1_500_000,
+    "expireUnit": 500_000,
+    "withdrawCredit": 150_000,
+    "withdrawCreditWithSig": 200_000,
+}
+
+
+class UnitState(IntEnum):
+    """JobMarket's unit state machine."""
+
+    NONE = 0
+    COMMITTING = 1
+    REVEALING = 2
+    FINALIZED = 3
+    VERDICTED = 4
+    EXPIRED = 5
+
+
+class Outcome(IntEnum):
+    """Verdict per replica."""
+
+    ACCEPT = 0
+    FAULT = 1
+    FRAUD = 2
+
+
+@dataclass(frozen=True)
+class Signed:
+    """A party's EIP-712 signature with the nonce and deadline it covers (they travel with it)."""
+
+    signer: str
+    signature: bytes
+    nonce: int
+    deadline: int
+
+
+@dataclass(frozen=True)
+class StakePosition:
+    bonded: int
+    locked: int
+    unbonding: int
+    thaw_at: int
+
+    @property
+    def free(self) -> int:
+        return self.bonded - self.locked
+
+
+@dataclass(frozen=True)
+class Reputation:
+    valid: int
+    fault: int
+    fraud: int
+    consecutive_valid: int
+
+
+@dataclass(frozen=True)
+class OrderInfo:
+    """JobMarket `Order`: `balance` is escrow not yet committed to an open unit."""
+
+    order_id: int
+    buyer: str
+    deadline: int
+    units: int
+    price_per_replica: int
+    verifier_fee_per_unit: int
+    balance: int
+    delivered: int
+    open_units: int
+    replicas: int
+    closed: bool
+
+
+@dataclass(frozen=True)
+class UnitInfo:
+    """JobMarket `UnitView`; masks have bit i set for replica i."""
+
+    unit_id: int
+    order_id: int
+    state: UnitState
+    replicas: int
+    verifier_count: int
+    committed_mask: int
+    revealed_mask: int
+    drawn: bool
+    commit_deadline: int
+    reveal_deadline: int
+    verdict_deadline: int
+
+
+@dataclass(frozen=True)
+class ReplicaInfo:
+    """One replica: its provider, commitment (before reveal) or result digest (after)."""
+
+    provider: str
+    commitment_or_digest: bytes
+    committed: bool
+    revealed: bool
+
+
+@dataclass(frozen=True)
+class AccountBalances:
+    """Everything one account holds in the system, for demos and invariant checks."""
+
+    tokens: int
+    credits: int
+    bonded: int
+    locked: int
+    unbonding: int
+
+
+def _address(value: str | LocalAccount) -> str:
+    if isinstance(value, LocalAccount):
+        return str(value.address)
+    try:
+        return str(to_checksum_address(value))
+    except (ValueError, TypeError) as err:
+        raise InvalidInput(f"not an address: {value!r}") from err
+
+
+class ChainClient:
+    """Typed access to one Veritrain deployment on one backend."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        deployment: Deployment,
+        *,
+        relayer: LocalAccount | None = None,
+        contracts: dict[str, ContractData] | None = None,
+        check_chain_id: bool = True,
+    ) -> None:
+        if check_chain_id and backend.chain_id != deployment.chain_id:
+            raise WrongChainId(deployment.chain_id, backend.chain_id, "node vs deployments file")
+        self.backend = backend
+        self.w3 = backend.w3
+        self.deployment = deployment
+        self.contracts = contracts or load_all()
+        self.transactor = Transactor(backend, [data.abi for data in self.contracts.values()])
+        self.relayer = relayer
+        self.deploy_receipts: tuple[Receipt, ...] = ()  # set by deploy(): token, stakes, market, grantRole
+        self.token: Contract = self._bind("VeriToken", deployment.token)
+        self.stakes: Contract = self._bind("StakeManager", deployment.stake_manager)
+        self.market: Contract = self._bind("JobMarket", deployment.job_market)
+        self.market_domain = eip712.market_domain(deployment.chain_id, deployment.job_market)
+        self.stake_domain = eip712.stake_domain(deployment.chain_id, deployment.stake_manager)
+        self.token_domain = eip712.token_domain(deployment.chain_id, deployment.token)
+
+    def _bind(self, name: str, address: str) -> Contract:
+        return self.w3.eth.contract(address=to_checksum_address(address), abi=list(self.contracts[name].abi))
+
+    # ------------------------------------------------------------------ set-up
+
+    @classmethod
+    def deploy(
+        cls,
+        backend: Backend,
+        deployer: LocalAccount,
+        *,
+        operator: str | LocalAccount | None = None,
+        params: MarketParams | None = None,
+        unbonding_period: int = DEFAULT_UNBONDING_PERIOD,
+        save_to: Path | str | None = None,
+        contracts: dict[str, ContractData] | None = None,
+    ) -> ChainClient:
+        """Deploy token, stake manager and job market; grant the market its role; optionally write the file.
+
+        `operator` (default: the deployer) is the market service's relayer key that proposes assignments.
+        """
+        data = contracts or load_all()
+        market_params = params or MarketParams()
+        operator_address = _address(operator) if operator is not None else deployer.address
+        transactor = Transactor(backend, [item.abi for item in data.values()])
+
+        def create(name: str, *args: Any) -> Receipt:
+            constructor = next((item for item in data[name].abi if item.get("type") == "constructor"), None)
+            kinds = [canonical_type(arg) for arg in constructor["inputs"]] if constructor else []
+            return transactor.send(deployer, None, data[name].bytecode + abi_encode(kinds, list(args)))
+
+        token_receipt = create("VeriToken")
+        token = _created(token_receipt, "VeriToken")
+        stake_receipt = create("StakeManager", token, unbonding_period, deployer.address)
+        stake_manager = _created(stake_receipt, "StakeManager")
+        market_receipt = create("JobMarket", token, stake_manager, operator_address, market_params.as_tuple())
+        job_market = _created(market_receipt, "JobMarket")
+        deployment = Deployment(
+            chain_id=backend.chain_id,
+            token=token,
+            stake_manager=stake_manager,
+            job_market=job_market,
+            block=token_receipt.block_number,
+            deployer=deployer.address,
+            operator=operator_address,
+            unbonding_period=unbonding_period,
+            params=market_params,
+        )
+        client = cls(backend, deployment, relayer=deployer, contracts=data)
+        client.deploy_receipts = (token_receipt, stake_receipt, market_receipt)
+        role = client.stakes.functions.MARKET_ROLE().call()
+        grant = client.transactor.send(
+            deployer, stake_manager, _calldata(client.stakes, "grantRole", role, job_market)
+        )
+        client.deploy_receipts += (grant,)
+        if save_to is not None:
+            deployment.save(save_to)
+        return client
+
+    @classmethod
+    def connect(
+        cls, backend: Backend, deployment: Deployment | Path | str, *, relayer: LocalAccount | None = None
+    ) -> ChainClient:
+        """Attach to a deployment; WrongChainId if the node is another chain, DeploymentError if no code."""
+        loaded = deployment if isinstance(deployment, Deployment) else Deployment.load(deployment)
+        client = cls(backend, loaded, relayer=relayer)
+        for name, address in loaded.addresses.items():
+            if not client.w3.eth.get_code(to_checksum_address(address)):
+                raise DeploymentError(f"no {name} contract at {address} on chain {loaded.chain_id}")
+        return client
+
+    @property
+    def chain_id(self) -> int:
+        return self.deployment.chain_id
+
+    @property
+    def params(self) -> MarketParams:
+        return self.deployment.params
+
+    def now(self) -> int:
+        """Latest block timestamp (deadlines are compared with block time, not the wall clock)."""
+        return self.backend.latest_timestamp()
+
+    def advance_time(self, seconds: int) -> int:
+        """Dev chains only: move block time forward."""
+        return self.backend.advance_time(seconds)
+
+    def events(self, from_block: int | None = None, to_block: int | str = "latest") -> list[Event]:
+        """Decoded events of the three contracts in a block range (default: since deployment), in chain order.
+
+        For the market's chain sync: poll with from_block = last seen block + 1.
+        """
+        start = self.deployment.block if from_block is None else from_block
+        query: Any = {
+            "fromBlock": start,
+            "toBlock": to_block,
+            "address": [to_checksum_address(a) for a in self.deployment.addresses.values()],
+        }
+        logs = self.w3.eth.get_logs(query)
+        decoded = (self.transactor.event_decoder.decode(log) for log in logs)
+        return [event for event in decoded if event is not None]
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _send(self, sender: LocalAccount | None, contract: Contract, function: str, *args: Any) -> Receipt:
+        actor = sender or self.relayer
+        if actor is None:
+            raise ChainError(f"{function}: no sender given and the client has no relayer")
+        return self.transactor.send(
+            actor, contract.address, _calldata(contract, function, *args), gas=GAS_LIMITS.get(function)
+        )
+
+    def _view(self, contract: Contract, function: str, *args: Any) -> Any:
+        try:
+            return contract.functions[function](*args).call()
+        except Exception as err:
+            raise self.transactor._typed(err) from err
+
+    def _sign(
+        self, signer: LocalAccount, domain: eip712.Domain, primary: str, message: dict[str, Any]
+    ) -> Signed:
+        signature = eip712.sign_typed(signer, domain, primary, message)
+        return Signed(signer.address, signature, int(message["nonce"]), int(message["deadline"]))
+
+    # ------------------------------------------------------------------ VeriToken
+
+    def mint(self, to: str | LocalAccount, amount: int, *, owner: LocalAccount | None = None) -> Receipt:
+        """Development faucet (token owner = deployer)."""
+        return self._send(owner, self.token, "mint", _address(to), amount)
+
+    def approve(self, owner: LocalAccount, spender: str, amount: int) -> Receipt:
+        return self._send(owner, self.token, "approve", _address(spender), amount)
+
+    def token_balance(self, account: str | LocalAccount) -> int:
+        return int(self._view(self.token, "balanceOf", _address(account)))
+
+    def allowance(self, owner: str | LocalAccount, spender: str) -> int:
+        return int(self._view(self.token, "allowance", _address(owner), _address(spender)))
+
+    def token_nonce(self, account: str | LocalAccount) -> int:
+        """ERC-2612 permit nonce."""
+        return int(self._view(self.token, "nonces", _address(account)))
+
+    def sign_permit(
+        self, owner: LocalAccount, spender: str, value: int, deadline: int, *, nonce: int | None = None
+    ) -> Signed:
+        """ERC-2612 permit for `spender` (e.g. the stake manager) to pull `value` of the owner's tokens."""
+        message = {
+            "owner": owner.address,
+            "spender": _address(spender),
+            "value": value,
+            "nonce": self.token_nonce(owner) if nonce is None else nonce,
+            "deadline": deadline,
+        }
+        return self._sign(owner, self.token_domain, "Permit", message)
+
+    # ------------------------------------------------------------------ StakeManager
+
+    def stake(self, staker: LocalAccount, amount: int) -> Receipt:
+        """Bond `amount` (needs an allowance to the stake manager: see `approve`)."""
+        return self._send(staker, self.stakes, "stake", amount)
+
+    def stake_with_permit(
+        self, staker: str | LocalAccount, amount: int, permit: Signed, *, relayer: LocalAccount | None = None
+    ) -> Receipt:
+        """Bond by the staker's ERC-2612 permit (`sign_permit(staker, stake_manager, ...)`): gasless."""
+        v, r, s = eip712.split_signature(permit.signature)
+        return self._send(
+            relayer, self.stakes, "stakeWithPermit", _address(staker), amount, permit.deadline, v, r, s
+        )
+
+    def request_unstake(self, staker: LocalAccount, amount: int) -> Receipt:
+        return self._send(staker, self.stakes, "requestUnstake", amount)
+
+    def sign_request_unstake(
+        self, staker: LocalAccount, amount: int, deadline: int, *, nonce: int | None = None
+    ) -> Signed:
+        message = {
+            "staker": staker.address,
+            "amount": amount,
+            "nonce": self.stake_nonce(staker) if nonce is None else nonce,
+            "deadline": deadline,
+        }
+        return self._sign(staker, self.stake_domain, "RequestUnstake", message)
+
+    def request_unstake_with_sig(
+        self, staker: str | LocalAccount, amount: int, signed: Signed, *, relayer: LocalAccount | None = None
+    ) -> Receipt:
+        return self._send(
+            relayer,
+            self.stakes,
+            "requestUnstakeWithSig",
+            _address(staker),
+            amount,
+            signed.nonce,
+            signed.deadline,
+            signed.signature,
+        )
+
+    def withdraw_stake(self, staker: LocalAccount) -> Receipt:
+        """Withdraw all thawed unbonding stake."""
+        return self._send(staker, self.stakes, "withdraw")
+
+    def sign_withdraw_stake(self, staker: LocalAccount, deadline: int, *, nonce: int | None = None) -> Signed:
+        message = {
+            "staker": staker.address,
+            "nonce": self.stake_nonce(staker) if nonce is None else nonce,
+            "deadline": deadline,
+        }
+        return self._sign(staker, self.stake_domain, "Withdraw", message)
+
+    def withdraw_stake_with_sig(
+        self, staker: str | LocalAccount, signed: Signed, *, relayer: LocalAccount | None = None
+    ) -> Receipt:
+        return self._send(
+            relayer,
+            self.stakes,
+            "withdrawWithSig",
+            _address(staker),
+            signed.nonce,
+            signed.deadline,
+            signed.signature,
+        )
+
+    def stake_of(self, account: str | LocalAccount) -> StakePosition:
+        bonded, locked, unbonding, thaw_at = self._view(self.stakes, "stakeOf", _address(account))
+        return StakePosition(int(bonded), int(locked), int(unbonding), int(thaw_at))
+
+    def free_stake(self, account: str | LocalAccount) -> int:
+        return int(self._view(self.stakes, "freeStake", _address(account)))
+
+    def total_staked(self) -> int:
+        return int(self._view(self.stakes, "totalStaked"))
+
+    def stake_nonce(self, account: str | LocalAccount) -> int:
+        """Next nonce `account` must sign for the stake manager."""
+        return int(self._view(self.stakes, "nonces", _address(account)))
+
+    # ------------------------------------------------------------------ JobMarket: buyer
+
+    def post_order(
+        self,
+        buyer: LocalAccount,
+        spec_hash: bytes | str,
+        units: int,
+        replicas: int,
+        price_per_replica: int,
+        verifier_fee_per_unit: int,
+        deadline: int,
+    ) -> tuple[int, Receipt]:
+        """Post an order, escrowing units × (replicas × price + fee) (needs an allowance to the market)."""
+        receipt = self._send(
+            buyer,
+            self.market,
+            "postOrder",
+            eip712.as_bytes32(spec_hash, "spec_hash"),
+            units,
+            replicas,
+            price_per_replica,
+            verifier_fee_per_unit,
+            deadline,
+        )
+        return int(receipt.event("OrderPosted").args["orderId"]), receipt
+
+    def close_order(self, order_id: int, *, sender: LocalAccount | None = None) -> Receipt:
+        """Credit the order's remaining balance to its buyer (buyer any time, anyone after the deadline)."""
+        return self._send(sender, self.market, "closeOrder", order_id)
+
+    # ------------------------------------------------------------------ JobMarket: operator
+
+    def sign_accept(
+        self,
+        provider: LocalAccount,
+        order_id: int,
+        unit_key: bytes | str,
+        deadline: int,
+        *,
+        nonce: int | None = None,
+    ) -> Signed:
+        """The provider's acceptance of one unit of `order_id` (EIP-712 Accept)."""
+        message = {
+            "orderId": order_id,
+            "unitKey": eip712.as_bytes32(unit_key, "unit_key"),
+            "provider": provider.address,
+            "nonce": self.market_nonce(provider) if nonce is None else nonce,
+            "deadline": deadline,
+        }
+        return self._sign(provider, self.market_domain, "Accept", message)
+
+    def assign(
+        self,
+        order_id: int,
+        unit_key: bytes | str,
+        providers: Sequence[str | LocalAccount],
+        verifiers: Sequence[str | LocalAccount],
+        accepts: Sequence[Signed],
+        *,
+        operator: LocalAccount | None = None,
+    ) -> tuple[int, Receipt]:
+        """Assign one unit (operator only); `accepts[i]` is providers[i]'s `sign_accept`. Returns its id."""
+        approvals = [(signed.nonce, signed.deadline, signed.signature) for signed in accepts]
+        receipt = self._send(
+            operator,
+            self.market,
+            "assign",
+            order_id,
+            eip712.as_bytes32(unit_key, "unit_key"),
+            sequence_of_addresses(providers),
+            sequence_of_addresses(verifiers),
+            approvals,
+        )
+        return int(receipt.event("UnitAssigned").args["unitId"]), receipt
+
+    def request_verification(self, unit_id: int, *, operator: LocalAccount | None = None) -> Receipt:
+        """Draw the unit for a spot check (operator only): it can then settle only by verdict or expiry."""
+        return self._send(operator, self.market, "requestVerification", unit_id)
+
+    # ------------------------------------------------------------------ JobMarket: providers
+
+    def commitment(
+        self, result_digest: bytes | str, salt: bytes | str, provider: str | LocalAccount, unit_id: int
+    ) -> bytes:
+        """The commitment to submit for a result (computed locally; equals the contract's `commitmentOf`)."""
+        return eip712.commitment(result_digest, salt, _address(provider), unit_id)
+
+    def commit(self, provider: LocalAccount, unit_id: int, commitment: bytes | str) -> Receipt:
+        """The provider commits itself (pays gas)."""
+        return self._send(
+            provider, self.market, "commit", unit_id, eip712.as_bytes32(commitment, "commitment")
+        )
+
+    def sign_commit(
+        self,
+        provider: LocalAccount,
+        unit_id: int,
+        commitment: bytes | str,
+        deadline: int,
+        *,
+        nonce: int | None = None,
+    ) -> Signed:
+        message = {
+            "unitId": unit_id,
+            "provider": provider.address,
+            "commitment": eip712.as_bytes32(commitment, "commitment"),
+            "nonce": self.market_nonce(provider) if nonce is None else nonce,
+            "deadline": deadline,
+        }
+        return self._sign(provider, self.market_domain, "Commit", message)
+
+    def commit_with_sig(
+        self,
+        unit_id: int,
+        provider: str | LocalAccount,
+        commitment: bytes | str,
+        signed: Signed,
+        *,
+        relayer: LocalAccount | None = None,
+    ) -> Receipt:
+        """Relay a provider's signed commitment (`sign_commit`)."""
+        return self._send(
+            relayer,
+            self.market,
+            "commitWithSig",
+            unit_id,
+            _address(provider),
+            eip712.as_bytes32(commitment, "commitment"),
+            signed.nonce,
+            signed.deadline,
+            signed.signature,
+        )
+
+    def reveal(
+        self,
+        unit_id: int,
+        provider: str | LocalAccount,
+        result_digest: bytes | str,
+        salt: bytes | str,
+        *,
+        sender: LocalAccount | None = None,
+    ) -> Receipt:
+        """Reveal a replica's result; permissionless (the salt is the authorization), relayer by default."""
+        return self._send(
+            sender,
+            self.market,
+            "reveal",
+            unit_id,
+            _address(provider),
+            eip712.as_bytes32(result_digest, "result_digest"),
+            eip712.as_bytes32(salt, "salt"),
+        )
+
+    # ------------------------------------------------------------------ JobMarket: settlement
+
+    def finalize(self, unit_id: int, *, sender: LocalAccount | None = None) -> Receipt:
+        """Fast-path settlement of a unanimous, undrawn unit; permissionless."""
+        return self._send(sender, self.market, "finalize", unit_id)
+
+    def sign_verdict(
+        self,
+        verifier: LocalAccount,
+        unit_id: int,
+        outcomes: Sequence[int],
+        reasons_hash: bytes | str,
+        deadline: int,
+        *,
+        nonce: int | None = None,
+    ) -> Signed:
+        """A verifier's signature over per-replica outcomes (`Outcome`) and the hash of its reasons."""
+        message = {
+            "unitId": unit_id,
+            "outcomesHash": eip712.outcomes_hash(outcomes),
+            "reasonsHash": eip712.as_bytes32(reasons_hash, "reasons_hash"),
+            "nonce": self.market_nonce(verifier) if nonce is None else nonce,
+            "deadline": deadline,
+        }
+        return self._sign(verifier, self.market_domain, "Verdict", message)
+
+    def submit_verdict(
+        self,
+        unit_id: int,
+        outcomes: Sequence[int],
+        reasons_hash: bytes | str,
+        verdicts: Sequence[Signed],
+        *,
+        sender: LocalAccount | None = None,
+    ) -> Receipt:
+        """Relay a quorum of verifiers' `sign_verdict` signatures; settles the unit per outcome."""
+        signatures = [(signed.signer, signed.nonce, signed.deadline, signed.signature) for signed in verdicts]
+        return self._send(
+            sender,
+            self.market,
+            "submitVerdict",
+            unit_id,
+            [int(outcome) for outcome in outcomes],
+            eip712.as_bytes32(reasons_hash, "reasons_hash"),
+            signatures,
+        )
+
+    def expire_unit(self, unit_id: int, *, sender: LocalAccount | None = None) -> Receipt:
+        """Expire an unsettled unit after its verdict deadline; permissionless."""
+        return self._send(sender, self.market, "expireUnit", unit_id)
+
+    # ------------------------------------------------------------------ JobMarket: credits
+
+    def withdraw_credit(self, account: LocalAccount) -> Receipt:
+        """Pull all of the account's credit as tokens."""
+        return self._send(account, self.market, "withdrawCredit")
+
+    def sign_withdraw_credit(
+        self, account: LocalAccount, deadline: int, *, nonce: int | None = None
+    ) -> Signed:
+        message = {
+            "account": account.address,
+            "nonce": self.market_nonce(account) if nonce is None else nonce,
+            "deadline": deadline,
+        }
+        return self._sign(account, self.market_domain, "WithdrawCredit", message)
+
+    def withdraw_credit_with_sig(
+        self, account: str | LocalAccount, signed: Signed, *, relayer: LocalAccount | None = None
+    ) -> Receipt:
+        """Relay a signed withdrawal; the tokens go to `account`, the relayer pays the gas."""
+        return self._send(
+            relayer,
+            self.market,
+            "withdrawCreditWithSig",
+            _address(account),
+            signed.nonce,
+            signed.deadline,
+            signed.signature,
+        )
+
+    # ------------------------------------------------------------------ JobMarket: views
+
+    def credits(self, account: str | LocalAccount) -> int:
+        return int(self._view(self.market, "credits", _address(account)))
+
+    def reputation(self, account: str | LocalAccount) -> Reputation:
+        valid, fault, fraud, consecutive = self._view(self.market, "reputationOf", _address(account))
+        return Reputation(int(valid), int(fault), int(fraud), int(consecutive))
+
+    def get_order(self, order_id: int) -> OrderInfo:
+        raw = self._view(self.market, "getOrder", order_id)
+        return OrderInfo(
+            order_id=order_id,
+            buyer=to_checksum_address(raw[0]),
+            deadline=int(raw[1]),
+            units=int(raw[2]),
+            price_per_replica=int(raw[3]),
+            verifier_fee_per_unit=int(raw[4]),
+            balance=int(raw[5]),
+            delivered=int(raw[6]),
+            open_units=int(raw[7]),
+            replicas=int(raw[8]),
+            closed=bool(raw[9]),
+        )
+
+    def get_unit(self, unit_id: int) -> UnitInfo:
+        raw = self._view(self.market, "getUnit", unit_id)
+        return UnitInfo(
+            unit_id=unit_id,
+            order_id=int(raw[0]),
+            state=UnitState(int(raw[1])),
+            replicas=int(raw[2]),
+            verifier_count=int(raw[3]),
+            committed_mask=int(raw[4]),
+            revealed_mask=int(raw[5]),
+            drawn=bool(raw[6]),
+            commit_deadline=int(raw[7]),
+            reveal_deadline=int(raw[8]),
+            verdict_deadline=int(raw[9]),
+        )
+
+    def replica(self, unit_id: int, index: int) -> ReplicaInfo:
+        provider, digest, committed, revealed = self._view(self.market, "replicaOf", unit_id, index)
+        return ReplicaInfo(to_checksum_address(provider), bytes(digest), bool(committed), bool(revealed))
+
+    def verifiers_of(self, unit_id: int) -> list[str]:
+        return [to_checksum_address(item) for item in self._view(self.market, "verifiersOf", unit_id)]
+
+    def total_escrow(self) -> int:
+        return int(self._view(self.market, "totalEscrow"))
+
+    def total_credits(self) -> int:
+        return int(self._view(self.market, "totalCredits"))
+
+    def order_count(self) -> int:
+        return int(self._view(self.market, "orderCount"))
+
+    def unit_count(self) -> int:
+        return int(self._view(self.market, "unitCount"))
+
+    def market_nonce(self, account: str | LocalAccount) -> int:
+        """Next job-market nonce of `account` (one counter: Accept, Commit, Verdict, WithdrawCredit)."""
+        return int(self._view(self.market, "nonces", _address(account)))
+
+    def balances(self, account: str | LocalAccount) -> AccountBalances:
+        """Tokens in the wallet, credit in the market and stake in the stake manager of one account."""
+        position = self.stake_of(account)
+        return AccountBalances(
+            tokens=self.token_balance(account),
+            credits=self.credits(account),
+            bonded=position.bonded,
+            locked=position.locked,
+            unbonding=position.unbonding,
+        )
+
+
+def _calldata(contract: Contract, function: str, *args: Any) -> bytes:
+    return bytes.fromhex(contract.encode_abi(function, args=list(args))[2:])
+
+
+def _created(receipt: Receipt, name: str) -> str:
+    if receipt.contract_address is None:
+        raise DeploymentError(f"deploying {name} created no contract (tx {receipt.tx_hash})")
+    return receipt.contract_address
+
+
+def sequence_of_addresses(values: Sequence[str | LocalAccount]) -> list[str]:
+    return [_address(value) for value in values]
