@@ -88,7 +88,7 @@ class DatasetMismatch(InvalidInput):
 
 
 class InvalidState(InvalidInput):
-    """A training state (weights + optimizer state) does not fit its recipe: missing, extra or misshaped tensors."""
+    """A training state (weights + optimizer state) does not fit its recipe: missing, extra or misshaped."""
 
 
 class CheckpointError(InvalidInput):
