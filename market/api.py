@@ -1,0 +1,147 @@
+"""HTTP API of the market (FastAPI; OpenAPI at /openapi.json, docs at /docs).
+
+Every route is a thin call into :class:`market.service.MarketService`; errors map to 4xx by type so a
+client learns exactly what was wrong, and since the service checks everything before writing, a 4xx
+never leaves a change behind.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import FastAPI, Request, status
+from fastapi import Path as FastApiPath
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from market.service import MarketService
+from veritrain.errors import (
+    IllegalTransition,
+    InvalidInput,
+    InvalidSignature,
+    MarketError,
+    NotFound,
+    ReplayedMessage,
+    UnderfundedOrder,
+    VeritrainError,
+)
+from veritrain.messages import (
+    AcceptSubmission,
+    Ack,
+    AgentInfo,
+    AgentRole,
+    CommitSubmission,
+    Heartbeat,
+    HeartbeatReply,
+    Offer,
+    OrderRequest,
+    OrderStatus,
+    Registration,
+    RevealSubmission,
+    Signed,
+    VerdictSubmission,
+    VerificationJobsReply,
+)
+
+
+class ErrorBody(BaseModel):
+    error: str
+    detail: str
+
+
+# Most specific first: the first matching class decides the status.
+ERROR_STATUS: tuple[tuple[type[VeritrainError], int], ...] = (
+    (InvalidSignature, status.HTTP_401_UNAUTHORIZED),
+    (ReplayedMessage, status.HTTP_409_CONFLICT),
+    (UnderfundedOrder, status.HTTP_402_PAYMENT_REQUIRED),
+    (InvalidInput, status.HTTP_400_BAD_REQUEST),
+    (NotFound, status.HTTP_404_NOT_FOUND),
+    (IllegalTransition, status.HTTP_409_CONFLICT),
+    (MarketError, status.HTTP_503_SERVICE_UNAVAILABLE),
+)
+
+_ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorBody} for code in (400, 401, 402, 404, 409)}
+
+
+def status_for(exc: VeritrainError) -> int:
+    for cls, code in ERROR_STATUS:
+        if isinstance(exc, cls):
+            return code
+    return status.HTTP_500_INTERNAL_SERVER_ERROR
+
+
+def create_app(service: MarketService) -> FastAPI:
+    app = FastAPI(
+        title="Veritrain market",
+        version="1",
+        description="Control plane: agents register and pull work by signed heartbeats; buyers post orders.",
+    )
+    app.state.service = service
+
+    @app.exception_handler(VeritrainError)
+    async def _veritrain_error(_request: Request, exc: VeritrainError) -> JSONResponse:
+        body = ErrorBody(error=type(exc).__name__, detail=str(exc))
+        return JSONResponse(status_code=status_for(exc), content=body.model_dump())
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """Framework-level refusals (unparsable body, unknown route) in the same documented shape."""
+        body = ErrorBody(error="HTTPException", detail=str(exc.detail))
+        return JSONResponse(status_code=exc.status_code, content=body.model_dump(), headers=exc.headers)
+
+    @app.get("/health")
+    def health() -> Ack:
+        return Ack(detail="ok")
+
+    @app.post("/agents/register", responses=_ERRORS)
+    def register(signed: Signed[Registration]) -> AgentInfo:
+        row = service.register(signed)
+        return AgentInfo(
+            address=row.address, role=AgentRole(row.role), operator=row.operator, online=row.online
+        )
+
+    @app.post("/agents/heartbeat", responses=_ERRORS)
+    def heartbeat(signed: Signed[Heartbeat]) -> HeartbeatReply:
+        return service.heartbeat(signed)
+
+    @app.post("/agents/offer", responses=_ERRORS)
+    def offer(signed: Signed[Offer]) -> Ack:
+        row = service.post_offer(signed)
+        return Ack(detail=f"offer of {row.agent} at {row.price_per_pflop}/PFLOP until {row.expires_at}")
+
+    @app.post("/assignments/accept", responses=_ERRORS)
+    def accept(submission: AcceptSubmission) -> Ack:
+        unit = service.accept(submission)
+        return Ack(detail=f"unit {unit.id} is {unit.state}")
+
+    @app.post("/assignments/commit", responses=_ERRORS)
+    def commit(submission: CommitSubmission) -> Ack:
+        unit = service.commit(submission)
+        return Ack(detail=f"unit {unit.id} is {unit.state}")
+
+    @app.post("/assignments/reveal", responses=_ERRORS)
+    def reveal(submission: RevealSubmission) -> Ack:
+        unit = service.reveal(submission)
+        return Ack(detail=f"unit {unit.id} is {unit.state}")
+
+    @app.post("/verification/jobs", responses=_ERRORS)
+    def verification_jobs(signed: Signed[Heartbeat]) -> VerificationJobsReply:
+        return service.pull_jobs(signed)
+
+    @app.post("/verification/verdict", responses=_ERRORS)
+    def verdict(submission: VerdictSubmission) -> Ack:
+        job = service.submit_verdict(submission)
+        return Ack(detail=f"verification job {job.id} is {job.state}")
+
+    @app.post("/orders", status_code=status.HTTP_201_CREATED, responses=_ERRORS)
+    def post_order(request: OrderRequest) -> OrderStatus:
+        order = service.post_order(request)
+        assert order.id is not None
+        return service.order_status(order.id)
+
+    @app.get("/orders/{order_id}", responses=_ERRORS)
+    def order_status(order_id: Annotated[int, FastApiPath(ge=1, le=2**63 - 1)]) -> OrderStatus:
+        return service.order_status(order_id)
+
+    return app

@@ -1,0 +1,139 @@
+"""The market's :class:`market.ports.SettlementPort` over :class:`veritrain.chain.client.ChainClient`.
+
+The market is the JobMarket operator: it proposes assignments and relays the parties' signed forms,
+paying their gas with its own key (``VERITRAIN_OPERATOR_KEY``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from eth_account import Account
+
+from market.domain.replication import Reputation
+from market.ports import ChainEvent, ChainOrder, MarketTerms, SignedAccept, SignedVerdict
+from veritrain.chain.client import ChainClient, Signed
+from veritrain.errors import MarketError
+from veritrain.settings import Settings
+
+ZERO_ADDRESS = "0x" + "0" * 40
+
+
+def _sig(hex_signature: str) -> bytes:
+    return bytes.fromhex(hex_signature.removeprefix("0x"))
+
+
+def _hex(value: Any) -> Any:
+    return "0x" + bytes(value).hex() if isinstance(value, bytes | bytearray) else value
+
+
+class ChainClientSettlement:
+    def __init__(self, client: ChainClient) -> None:
+        if client.relayer is None:
+            raise MarketError("the market's chain client needs the operator key as its relayer")
+        self.client = client
+        self.chain_id = client.chain_id
+        self.job_market_address = client.deployment.job_market
+
+    def get_order(self, order_id: int) -> ChainOrder | None:
+        info = self.client.get_order(order_id)
+        if int(info.buyer, 16) == 0 or info.closed:
+            return None
+        posted = [
+            e for e in self.client.events() if e.name == "OrderPosted" and int(e.args["orderId"]) == order_id
+        ]
+        if not posted:
+            return None
+        return ChainOrder(
+            order_id=order_id,
+            buyer=info.buyer,
+            spec_hash=_hex(posted[0].args["specHash"]),
+            units=info.units,
+            replicas=info.replicas,
+            price_per_replica=info.price_per_replica,
+            verifier_fee_per_unit=info.verifier_fee_per_unit,
+            deadline=info.deadline,
+        )
+
+    def free_stake(self, account: str) -> int:
+        return self.client.free_stake(account)
+
+    def reputation_of(self, account: str) -> Reputation:
+        rep = self.client.reputation(account)
+        return Reputation(rep.valid, rep.fault, rep.fraud, rep.consecutive_valid)
+
+    def terms(self) -> MarketTerms:
+        params = self.client.params
+        return MarketTerms(
+            commit_window_s=params.commit_window,
+            reveal_window_s=params.reveal_window,
+            verdict_window_s=params.verdict_window,
+            verifier_quorum=params.verifier_quorum,
+            provider_collateral=params.provider_collateral,
+        )
+
+    def assign(
+        self,
+        order_id: int,
+        unit_key: str,
+        providers: Sequence[str],
+        verifiers: Sequence[str],
+        accepts: Sequence[SignedAccept],
+    ) -> int:
+        signed = [Signed(a.provider, _sig(a.signature), a.nonce, a.deadline) for a in accepts]
+        unit_id, _ = self.client.assign(order_id, unit_key, list(providers), list(verifiers), signed)
+        return unit_id
+
+    def commit_with_sig(
+        self, unit_id: int, provider: str, commitment: str, nonce: int, deadline: int, signature: str
+    ) -> str:
+        signed = Signed(provider, _sig(signature), nonce, deadline)
+        return self.client.commit_with_sig(unit_id, provider, commitment, signed).tx_hash
+
+    def reveal(self, unit_id: int, provider: str, result_digest: str, salt: str) -> str:
+        return self.client.reveal(unit_id, provider, result_digest, salt).tx_hash
+
+    def request_verification(self, unit_id: int) -> str:
+        return self.client.request_verification(unit_id).tx_hash
+
+    def finalize(self, unit_id: int) -> str:
+        return self.client.finalize(unit_id).tx_hash
+
+    def submit_verdict(
+        self, unit_id: int, outcomes: Sequence[int], reasons_hash: str, verdicts: Sequence[SignedVerdict]
+    ) -> str:
+        signed = [Signed(v.verifier, _sig(v.signature), v.nonce, v.deadline) for v in verdicts]
+        return self.client.submit_verdict(unit_id, list(outcomes), reasons_hash, signed).tx_hash
+
+    def expire_unit(self, unit_id: int) -> str:
+        return self.client.expire_unit(unit_id).tx_hash
+
+    def block_number(self) -> int:
+        return int(self.client.w3.eth.block_number)
+
+    def block_hash(self, block_number: int) -> str:
+        return "0x" + bytes(self.client.w3.eth.get_block(block_number)["hash"]).hex()
+
+    def events(self, from_block: int, to_block: int) -> list[ChainEvent]:
+        start = max(from_block, self.client.deployment.block)
+        if start > to_block:
+            return []
+        return [
+            ChainEvent(e.block_number, e.log_index, e.name, {k: _hex(v) for k, v in e.args.items()})
+            for e in self.client.events(start, to_block)
+        ]
+
+
+def connect_chain(settings: Settings) -> ChainClientSettlement:
+    """Attach to the deployment in ``settings.deployments_file`` at ``settings.chain_rpc_url``."""
+    from veritrain.chain.backends import RpcBackend
+
+    if settings.deployments_file is None:
+        raise MarketError("set VERITRAIN_DEPLOYMENTS_FILE to the deployments JSON the chain client wrote")
+    key = settings.operator_key.get_secret_value()
+    if not key:
+        raise MarketError("set VERITRAIN_OPERATOR_KEY to the market operator's private key")
+    backend = RpcBackend(settings.chain_rpc_url)
+    client = ChainClient.connect(backend, settings.deployments_file, relayer=Account.from_key(key))
+    return ChainClientSettlement(client)

@@ -1,0 +1,103 @@
+"""HTTP client of the market API for agents, buyers and the demo (typed requests and replies).
+
+A refused request raises :class:`MarketRefused` carrying the HTTP status, the error type name and the
+market's message, so an agent can tell "my nonce was replayed" (409) from "bad signature" (401).
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import httpx
+from pydantic import BaseModel
+
+from veritrain.errors import MarketError
+from veritrain.messages import (
+    AcceptSubmission,
+    Ack,
+    AgentInfo,
+    CommitSubmission,
+    Heartbeat,
+    HeartbeatReply,
+    Offer,
+    OrderRequest,
+    OrderStatus,
+    Registration,
+    RevealSubmission,
+    Signed,
+    VerdictSubmission,
+    VerificationJobsReply,
+)
+
+ReplyT = TypeVar("ReplyT", bound=BaseModel)
+
+
+class MarketRefused(MarketError):
+    """The market answered with a 4xx/5xx; ``status``, ``error`` and ``detail`` say why."""
+
+    def __init__(self, status: int, error: str, detail: str) -> None:
+        self.status = status
+        self.error = error
+        self.detail = detail
+        super().__init__(f"market refused ({status} {error}): {detail}")
+
+
+class MarketClient:
+    """One HTTP connection pool to a market; pass ``http`` to reuse a client (or FastAPI's TestClient)."""
+
+    def __init__(
+        self, base_url: str = "", *, http: httpx.Client | None = None, timeout: float = 10.0
+    ) -> None:
+        self.http = http or httpx.Client(base_url=base_url, timeout=timeout)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> MarketClient:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def _call(self, method: str, path: str, reply: type[ReplyT], body: BaseModel | None = None) -> ReplyT:
+        payload: Any = body.model_dump(mode="json") if body is not None else None
+        response = self.http.request(method, path, json=payload)
+        if response.status_code >= 400:
+            try:
+                data = response.json()
+            except ValueError:
+                data = {}
+            error = data.get("error", "HTTPError") if isinstance(data, dict) else "HTTPError"
+            detail = data.get("detail", response.text) if isinstance(data, dict) else response.text
+            raise MarketRefused(response.status_code, str(error), str(detail))
+        return reply.model_validate(response.json())
+
+    def register(self, signed: Signed[Registration]) -> AgentInfo:
+        return self._call("POST", "/agents/register", AgentInfo, signed)
+
+    def heartbeat(self, signed: Signed[Heartbeat]) -> HeartbeatReply:
+        return self._call("POST", "/agents/heartbeat", HeartbeatReply, signed)
+
+    def offer(self, signed: Signed[Offer]) -> Ack:
+        return self._call("POST", "/agents/offer", Ack, signed)
+
+    def accept(self, submission: AcceptSubmission) -> Ack:
+        return self._call("POST", "/assignments/accept", Ack, submission)
+
+    def commit(self, submission: CommitSubmission) -> Ack:
+        return self._call("POST", "/assignments/commit", Ack, submission)
+
+    def reveal(self, submission: RevealSubmission) -> Ack:
+        return self._call("POST", "/assignments/reveal", Ack, submission)
+
+    def verification_jobs(self, signed: Signed[Heartbeat]) -> VerificationJobsReply:
+        return self._call("POST", "/verification/jobs", VerificationJobsReply, signed)
+
+    def verdict(self, submission: VerdictSubmission) -> Ack:
+        return self._call("POST", "/verification/verdict", Ack, submission)
+
+    def post_order(self, request: OrderRequest) -> OrderStatus:
+        return self._call("POST", "/orders", OrderStatus, request)
+
+    def order_status(self, order_id: int) -> OrderStatus:
+        return self._call("GET", f"/orders/{order_id}", OrderStatus)

@@ -1,0 +1,50 @@
+"""Prices per PFLOP of training compute (6 · parameters · tokens), in integer token base units.
+
+Pricing by compute instead of by time lets a fast and a slow device compete on one scale; rounding is
+always up so escrow never falls short by a base unit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from veritrain.messages import OrderSpec
+
+FLOPS_PER_PFLOP = 10**15
+
+
+def training_flops(parameters: int, tokens: int) -> int:
+    """Forward + backward compute of a dense model: 6 · parameters · tokens (Kaplan et al. 2020)."""
+    if parameters < 0 or tokens < 0:
+        raise ValueError("parameters and tokens must be non-negative")
+    return 6 * parameters * tokens
+
+
+def price_for_flops(price_per_pflop: int, flops: int) -> int:
+    """Cost of ``flops`` at ``price_per_pflop`` base units, rounded up."""
+    return -(-price_per_pflop * flops // FLOPS_PER_PFLOP)
+
+
+@dataclass(frozen=True, slots=True)
+class EscrowPlan:
+    """What the on-chain order must carry for a spec: the ``postOrder`` arguments and its total."""
+
+    units: int
+    replicas: int
+    price_per_replica: int
+    verifier_fee_per_unit: int
+
+    @property
+    def total(self) -> int:
+        return self.units * (self.replicas * self.price_per_replica + self.verifier_fee_per_unit)
+
+
+def escrow_plan(spec: OrderSpec, flops_per_step: int) -> EscrowPlan:
+    """Escrow at the buyer's max price: every unit paid for ``replicas`` replicas plus its verifier fee."""
+    unit_flops = flops_per_step * spec.unit_steps
+    return EscrowPlan(
+        units=spec.unit_count,
+        replicas=spec.replicas,
+        price_per_replica=price_for_flops(spec.max_price_per_pflop, unit_flops),
+        verifier_fee_per_unit=spec.verifier_fee_per_unit,
+    )

@@ -1,0 +1,63 @@
+"""Adaptive replication and spot checks (BOINC's adaptive replication plus random audits).
+
+A provider with a long streak of valid units and no fraud earns k = 1 with a raised audit rate;
+newcomers and anyone with a fault/fraud history get 3–5 replicas. The spot-check draw uses randomness
+that is fixed only after the commit phase, so a provider cannot know at commit time whether its unit
+will be checked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from eth_utils import keccak
+
+PPM = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Reputation:
+    """On-chain reputation counters (JobMarket.reputationOf)."""
+
+    valid: int = 0
+    fault: int = 0
+    fraud: int = 0
+    consecutive_valid: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicationPolicy:
+    trusted_streak: int = 20  # consecutive valid units for k = 1
+    newcomer_k: int = 3
+    suspect_k: int = 5  # any fraud on record, or faults outnumbering valid units
+    base_audit_ppm: int = 50_000  # 5 % of units with k > 1 go to a verifier anyway
+    trusted_audit_ppm: int = 200_000  # 20 % of k = 1 units are audited
+
+
+DEFAULT_POLICY = ReplicationPolicy()
+NO_REPUTATION = Reputation()
+
+
+def replication_factor(reputation: Reputation, max_k: int, policy: ReplicationPolicy = DEFAULT_POLICY) -> int:
+    """Replicas a unit needs when ``reputation`` belongs to its best candidate, capped by the order's max."""
+    if reputation.fraud > 0 or reputation.fault > reputation.valid:
+        k = policy.suspect_k
+    elif reputation.consecutive_valid >= policy.trusted_streak:
+        k = 1
+    else:
+        k = policy.newcomer_k
+    return max(1, min(k, max_k))
+
+
+def audit_rate_ppm(k: int, policy: ReplicationPolicy = DEFAULT_POLICY) -> int:
+    """Spot-check probability in parts per million; single-replica units are audited more often."""
+    return policy.trusted_audit_ppm if k == 1 else policy.base_audit_ppm
+
+
+def spot_check_drawn(randomness: str, unit_key: str, rate_ppm: int) -> bool:
+    """Deterministic draw: keccak(randomness ‖ unit_key) mod 10⁶ < rate. ``randomness`` must be fixed
+    after the unit's commit phase (a block hash after the last commit), so nobody can grind it."""
+    if not 0 <= rate_ppm <= PPM:
+        raise ValueError(f"rate_ppm must be within [0, {PPM}], got {rate_ppm}")
+    digest = keccak(bytes.fromhex(randomness.removeprefix("0x")) + bytes.fromhex(unit_key.removeprefix("0x")))
+    return int.from_bytes(digest, "big") % PPM < rate_ppm

@@ -1,0 +1,138 @@
+"""The market's small interfaces to the outside: the chain it settles on and the recipe registry.
+
+The service and the Celery tasks talk only to these Protocols, so the same code runs against the
+in-process EVM in tests, a hardhat node in the demo and any JSON-RPC node in production; adapters live
+next to the client they wrap (:mod:`market.chain_adapter` for :mod:`veritrain.chain`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Protocol
+
+from market.domain.replication import Reputation
+
+
+@dataclass(frozen=True, slots=True)
+class ChainOrder:
+    """An order as the JobMarket holds it (what the buyer escrowed)."""
+
+    order_id: int
+    buyer: str
+    spec_hash: str
+    units: int
+    replicas: int
+    price_per_replica: int
+    verifier_fee_per_unit: int
+    deadline: int
+
+
+@dataclass(frozen=True, slots=True)
+class MarketTerms:
+    """JobMarket parameters the market schedules by (seconds, counts, token base units)."""
+
+    commit_window_s: int
+    reveal_window_s: int
+    verdict_window_s: int
+    verifier_quorum: int
+    provider_collateral: int
+
+
+@dataclass(frozen=True, slots=True)
+class SignedAccept:
+    """A provider's Accept signature with the nonce and deadline it signed."""
+
+    provider: str
+    nonce: int
+    deadline: int
+    signature: str
+
+
+@dataclass(frozen=True, slots=True)
+class SignedVerdict:
+    verifier: str
+    nonce: int
+    deadline: int
+    signature: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChainEvent:
+    """A decoded JobMarket event; ``(block_number, log_index)`` orders and identifies it."""
+
+    block_number: int
+    log_index: int
+    name: str
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+class SettlementPort(Protocol):
+    """What the market needs from the chain. Write methods return a transaction hash; a revert raises a
+    :class:`veritrain.chain.errors.ContractReverted` subclass."""
+
+    chain_id: int
+    job_market_address: str
+
+    def get_order(self, order_id: int) -> ChainOrder | None: ...
+    def free_stake(self, account: str) -> int: ...
+    def reputation_of(self, account: str) -> Reputation: ...
+    def terms(self) -> MarketTerms: ...
+    def assign(
+        self,
+        order_id: int,
+        unit_key: str,
+        providers: Sequence[str],
+        verifiers: Sequence[str],
+        accepts: Sequence[SignedAccept],
+    ) -> str: ...
+    def commit_with_sig(
+        self, unit_id: int, provider: str, commitment: str, nonce: int, deadline: int, signature: str
+    ) -> str: ...
+    def reveal(self, unit_id: int, provider: str, result_digest: str, salt: str) -> str: ...
+    def request_verification(self, unit_id: int) -> str: ...
+    def finalize(self, unit_id: int) -> str: ...
+    def submit_verdict(
+        self, unit_id: int, outcomes: Sequence[int], reasons_hash: str, verdicts: Sequence[SignedVerdict]
+    ) -> str: ...
+    def expire_unit(self, unit_id: int) -> str: ...
+    def block_number(self) -> int: ...
+    def block_hash(self, block_number: int) -> str: ...
+    def events(self, from_block: int, to_block: int) -> list[ChainEvent]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RecipeInfo:
+    """What matching and pricing need from a recipe."""
+
+    name: str
+    flops_per_step: int
+    min_memory_mb: int
+
+
+class RecipeCatalog(Protocol):
+    def lookup(self, name: str) -> RecipeInfo:
+        """The recipe's needs; raises :class:`veritrain.errors.UnknownRecipe` for a name not registered."""
+        ...
+
+
+class RegistryRecipeCatalog:
+    """Recipes from :mod:`veritrain.recipes` (parameter count is computed by building the model once)."""
+
+    def lookup(self, name: str) -> RecipeInfo:
+        return _registry_recipe(name)
+
+
+BYTES_PER_PARAMETER_TRAINING = 16  # fp32 weights + gradients + two AdamW moments
+RUNTIME_OVERHEAD_MB = 256
+
+
+@lru_cache(maxsize=64)
+def _registry_recipe(name: str) -> RecipeInfo:
+    from veritrain.recipes import get_recipe
+
+    recipe = get_recipe(name)
+    params = recipe.param_count()
+    memory_mb = -(-params * BYTES_PER_PARAMETER_TRAINING // 2**20) + RUNTIME_OVERHEAD_MB
+    return RecipeInfo(name=name, flops_per_step=recipe.flops_per_step(), min_memory_mb=memory_mb)

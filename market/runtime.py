@@ -1,0 +1,69 @@
+"""Composition root: build the store, chain port and service from :class:`veritrain.settings.Settings`.
+
+The API process and every Celery worker call :func:`build_service` with the same settings, so both
+sides agree on the database, the chain and the recipes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+from typing import cast
+
+from market.ports import RegistryRecipeCatalog, SettlementPort
+from market.service import MarketConfig, MarketService
+from market.store import MarketStore
+from veritrain.errors import MarketError
+from veritrain.settings import Settings, load_settings
+
+log = logging.getLogger(__name__)
+
+
+def load_chain(settings: Settings) -> SettlementPort | None:
+    """The chain port named by ``settings.chain_factory`` ("module:callable" taking the settings), or
+    the :mod:`veritrain.chain` adapter when a deployments file is set.
+
+    Neither means "not configured": the market still serves agents and matching, and refuses orders
+    (it cannot check their escrow) with a clear error.
+    """
+    spec = settings.chain_factory
+    if not spec and settings.deployments_file is not None:
+        spec = "market.chain_adapter:connect_chain"
+    if not spec:
+        return None
+    module_name, _, attribute = spec.partition(":")
+    if not attribute:
+        raise MarketError(f"chain_factory must look like 'module:callable', got {spec!r}")
+    module = importlib.import_module(module_name)
+    factory = cast(Callable[[Settings], SettlementPort], getattr(module, attribute))
+    return factory(settings)
+
+
+def build_service(settings: Settings | None = None, *, create_schema: bool = True) -> MarketService:
+    settings = settings or load_settings()
+    settings.ensure_dirs()
+    store = MarketStore(settings.database_url)
+    if create_schema:
+        store.create_schema()
+    chain = load_chain(settings)
+    if chain is None:
+        log.warning("no chain configured (VERITRAIN_CHAIN_FACTORY); orders will be refused")
+    config = MarketConfig(
+        chain_id=chain.chain_id if chain else settings.chain_id,
+        heartbeat_timeout_s=settings.heartbeat_timeout_s,
+        accept_timeout_s=settings.accept_timeout_s,
+        max_skew_s=settings.message_max_skew_s,
+    )
+    if chain is not None:  # schedule by the contract's own windows and quorum
+        terms = chain.terms()
+        config = replace(
+            config,
+            commit_window_s=terms.commit_window_s,
+            reveal_window_s=terms.reveal_window_s,
+            verdict_window_s=terms.verdict_window_s,
+            verifier_quorum=terms.verifier_quorum,
+            verifiers_per_unit=max(config.verifiers_per_unit, terms.verifier_quorum),
+        )
+    return MarketService(store, RegistryRecipeCatalog(), chain, config)

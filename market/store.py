@@ -1,0 +1,542 @@
+"""The market's state in SQL (SQLModel): SQLite by default, PostgreSQL by URL; one repository class.
+
+Why uint256 columns are decimal strings: SQLite has no 256-bit integers and its NUMERIC loses precision
+above 2⁵³, so money is stored as text and converted back to ``int`` at the boundary (never a float).
+Uniqueness that makes retries harmless lives in the schema: one outbox row per (unit, action), one
+replica per (unit, provider), one verdict signature per (job, verifier), one chain unit per market unit.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import String, Table, TypeDecorator, UniqueConstraint, bindparam, event, func
+from sqlalchemy.engine import Dialect, Engine
+from sqlalchemy.pool import StaticPool
+from sqlmodel import Field, Session, SQLModel, col, create_engine, select
+
+from market.domain.states import OrderState, ReplicaState, RoundState, UnitState
+from veritrain.errors import NotFound
+
+
+class Uint256Text(TypeDecorator[int]):
+    """An unsigned 256-bit integer stored as its decimal string on every backend."""
+
+    impl = String(78)
+    cache_ok = True
+
+    def process_bind_param(self, value: int | None, dialect: Dialect) -> str | None:
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**256:
+            raise ValueError(f"not a uint256: {value!r}")
+        return str(value)
+
+    def process_result_value(self, value: str | None, dialect: Dialect) -> int | None:
+        return None if value is None else int(value)
+
+
+# --- tables -------------------------------------------------------------------------------------------
+
+
+class AgentRow(SQLModel, table=True):
+    """A registered provider or verifier (from its signed Registration) and cached chain facts."""
+
+    __tablename__ = "agents"
+
+    address: str = Field(primary_key=True, max_length=42)
+    role: str = Field(index=True, max_length=16)
+    operator: str = Field(index=True, max_length=42)
+    memory_mb: int
+    gflops: int
+    hardware_class: str = Field(max_length=128)
+    recipes_json: str = "[]"
+    p2p_addr: str = Field(default="", max_length=512)
+    registered_at: int
+    online: bool = True
+    capacity: int = 1  # concurrent units; the current load is counted from replicas, never stored
+    free_stake: int = Field(default=0, sa_type=Uint256Text)
+    rep_valid: int = 0
+    rep_fault: int = 0
+    rep_fraud: int = 0
+    rep_consecutive_valid: int = 0
+
+    @property
+    def recipes(self) -> tuple[str, ...]:
+        return tuple(json.loads(self.recipes_json))
+
+
+class HeartbeatRow(SQLModel, table=True):
+    """Latest accepted signed message per agent: the replay guard and the liveness clock."""
+
+    __tablename__ = "heartbeats"
+
+    agent: str = Field(primary_key=True, max_length=42)
+    last_nonce: int = Field(default=0, sa_type=Uint256Text)
+    last_timestamp: int = 0
+    received_at: int = Field(default=0, index=True)
+
+
+class OfferRow(SQLModel, table=True):
+    __tablename__ = "offers"
+
+    agent: str = Field(primary_key=True, max_length=42)
+    price_per_pflop: int = Field(sa_type=Uint256Text)
+    expires_at: int
+    signed_at: int
+
+
+class OrderRow(SQLModel, table=True):
+    __tablename__ = "orders"
+
+    id: int | None = Field(default=None, primary_key=True)
+    chain_order_id: int = Field(sa_type=Uint256Text, unique=True)
+    buyer: str = Field(index=True, max_length=42)
+    spec_json: str
+    spec_hash: str = Field(max_length=66)
+    recipe: str = Field(max_length=128)
+    state: str = Field(default=OrderState.OPEN.value, index=True, max_length=16)
+    rounds_total: int
+    rounds_accepted: int = 0
+    current_state_digest: str | None = Field(default=None, max_length=66)
+    flops_per_step: int = Field(sa_type=Uint256Text)
+    min_memory_mb: int
+    price_per_replica: int = Field(sa_type=Uint256Text)
+    max_price_per_pflop: int = Field(sa_type=Uint256Text)
+    deadline: int
+    created_at: int
+
+
+class RoundRow(SQLModel, table=True):
+    __tablename__ = "rounds"
+    __table_args__ = (UniqueConstraint("order_id", "index"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    order_id: int = Field(foreign_key="orders.id", index=True)
+    index: int
+    state: str = Field(default=RoundState.OPEN.value, max_length=16)
+    start_state_digest: str | None = Field(default=None, max_length=66)
+    next_state_digest: str | None = Field(default=None, max_length=66)
+
+
+class UnitRow(SQLModel, table=True):
+    __tablename__ = "units"
+
+    id: int | None = Field(default=None, primary_key=True)
+    order_id: int = Field(foreign_key="orders.id", index=True)
+    round_id: int = Field(foreign_key="rounds.id", index=True)
+    round_index: int
+    shard: int = 0
+    attempt: int = 0
+    unit_key: str = Field(unique=True, max_length=66)
+    state: str = Field(default=UnitState.PENDING.value, index=True, max_length=16)
+    k: int
+    start_step: int
+    steps: int
+    chain_unit_id: int | None = Field(default=None, sa_type=Uint256Text, unique=True)
+    accept_deadline: int = 0
+    commit_deadline: int = 0
+    verifiers_json: str = "[]"
+    randomness: str | None = Field(default=None, max_length=66)
+    spot_checked: bool = False
+    updated_at: int = 0
+
+
+class ReplicaRow(SQLModel, table=True):
+    __tablename__ = "replicas"
+    __table_args__ = (UniqueConstraint("unit_id", "provider"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    unit_id: int = Field(foreign_key="units.id", index=True)
+    index: int
+    provider: str = Field(index=True, max_length=42)
+    state: str = Field(default=ReplicaState.PROPOSED.value, max_length=16)
+    accept_nonce: int | None = Field(default=None, sa_type=Uint256Text)
+    accept_deadline: int | None = Field(default=None, sa_type=Uint256Text)
+    accept_signature: str | None = Field(default=None, max_length=132)
+    commitment: str | None = Field(default=None, max_length=66)
+    commit_nonce: int | None = Field(default=None, sa_type=Uint256Text)
+    commit_deadline: int | None = Field(default=None, sa_type=Uint256Text)
+    commit_signature: str | None = Field(default=None, max_length=132)
+    result_digest: str | None = Field(default=None, max_length=66)
+    salt: str | None = Field(default=None, max_length=66)
+    state_digest: str | None = Field(default=None, max_length=66)
+    transcript_root: str | None = Field(default=None, max_length=66)
+
+
+class MatchLogRow(SQLModel, table=True):
+    """Every matching decision with the reason each examined candidate was declined."""
+
+    __tablename__ = "match_log"
+
+    id: int | None = Field(default=None, primary_key=True)
+    unit_id: int = Field(index=True)
+    at: int
+    selected_json: str
+    declines_json: str
+
+
+class VerificationJobRow(SQLModel, table=True):
+    __tablename__ = "verification_jobs"
+
+    id: int | None = Field(default=None, primary_key=True)
+    unit_id: int = Field(foreign_key="units.id", unique=True)
+    reason: str = Field(max_length=64)
+    randomness: str = Field(max_length=66)
+    state: str = Field(default="open", index=True, max_length=16)  # open -> quorum -> relayed
+    created_at: int
+
+
+class VerdictSignatureRow(SQLModel, table=True):
+    __tablename__ = "verdict_signatures"
+    __table_args__ = (UniqueConstraint("job_id", "verifier"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: int = Field(foreign_key="verification_jobs.id", index=True)
+    verifier: str = Field(max_length=42)
+    outcomes_json: str
+    reasons_hash: str = Field(max_length=66)
+    nonce: int = Field(sa_type=Uint256Text)
+    deadline: int = Field(sa_type=Uint256Text)
+    signature: str = Field(max_length=132)
+
+
+class OutboxRow(SQLModel, table=True):
+    """A settlement intent: written in the same transaction as the state change that needs it, sent by
+    one task, confirmed from chain events. The (unit, action) key makes a duplicate intent impossible."""
+
+    __tablename__ = "settlement_outbox"
+    __table_args__ = (UniqueConstraint("unit_id", "action"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    unit_id: int = Field(foreign_key="units.id", index=True)
+    action: str = Field(max_length=80)
+    payload_json: str
+    state: str = Field(default="pending", index=True, max_length=16)  # pending -> sent -> confirmed | dead
+    attempts: int = 0
+    tx_hash: str | None = Field(default=None, max_length=66)
+    last_error: str | None = None
+    created_at: int
+    updated_at: int
+
+
+class ChainCursorRow(SQLModel, table=True):
+    __tablename__ = "chain_cursor"
+
+    name: str = Field(primary_key=True, max_length=64)
+    next_block: int = 0
+
+
+ACTIVE_REPLICA_STATES = (
+    ReplicaState.PROPOSED.value,
+    ReplicaState.SIGNED.value,
+    ReplicaState.COMMITTED.value,
+    ReplicaState.REVEALED.value,
+)
+
+
+def _table(model: type[SQLModel]) -> Table:
+    return model.__table__  # type: ignore[attr-defined]
+
+
+# --- repository ---------------------------------------------------------------------------------------
+
+
+def make_engine(url: str) -> Engine:
+    """Engine for ``url``; SQLite gets WAL, a busy timeout and foreign keys (API and worker share it)."""
+    if url.startswith("sqlite"):
+        in_memory = url in ("sqlite://", "sqlite:///:memory:")
+        engine = create_engine(
+            url,
+            connect_args={"check_same_thread": False, "timeout": 30},
+            poolclass=StaticPool if in_memory else None,
+        )
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+            cursor = dbapi_connection.cursor()
+            if not in_memory:
+                cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.close()
+
+        return engine
+    return create_engine(url, pool_pre_ping=True)
+
+
+class MarketStore:
+    """One repository over all market tables. Methods that change state take an open session so the
+    service can make several changes (and their outbox intents) in one transaction."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.engine = make_engine(url)
+
+    def create_schema(self) -> None:
+        SQLModel.metadata.create_all(self.engine)
+
+    def drop_schema(self) -> None:
+        SQLModel.metadata.drop_all(self.engine)
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+    @contextmanager
+    def transaction(self) -> Iterator[Session]:
+        """A session whose changes commit together at the end, or roll back on any exception."""
+        with Session(self.engine, expire_on_commit=False) as session:
+            try:
+                yield session
+                session.commit()
+            except BaseException:
+                session.rollback()
+                raise
+
+    # --- agents ---
+
+    def get_agent(self, session: Session, address: str) -> AgentRow:
+        row = session.get(AgentRow, address)
+        if row is None:
+            raise NotFound(f"agent {address} is not registered")
+        return row
+
+    def find_agent(self, session: Session, address: str) -> AgentRow | None:
+        return session.get(AgentRow, address)
+
+    def agents(self, session: Session, role: str | None = None) -> Sequence[AgentRow]:
+        query = select(AgentRow)
+        if role is not None:
+            query = query.where(AgentRow.role == role)
+        return session.exec(query.order_by(col(AgentRow.address))).all()
+
+    def heartbeat_of(
+        self, session: Session, address: str, *, for_update: bool = False
+    ) -> HeartbeatRow | None:
+        query = select(HeartbeatRow).where(HeartbeatRow.agent == address)
+        if for_update:
+            query = query.with_for_update()
+        return session.exec(query).first()
+
+    def stale_agents(self, session: Session, received_before: int) -> Sequence[AgentRow]:
+        """Online agents whose last accepted message is older than ``received_before``."""
+        query = (
+            select(AgentRow)
+            .join(HeartbeatRow, col(HeartbeatRow.agent) == col(AgentRow.address))
+            .where(col(AgentRow.online).is_(True), col(HeartbeatRow.received_at) < received_before)
+        )
+        return session.exec(query).all()
+
+    def offer_of(self, session: Session, address: str) -> OfferRow | None:
+        return session.get(OfferRow, address)
+
+    def offers(self, session: Session) -> dict[str, OfferRow]:
+        return {row.agent: row for row in session.exec(select(OfferRow)).all()}
+
+    # --- orders, rounds, units ---
+
+    def get_order(self, session: Session, order_id: int, *, for_update: bool = False) -> OrderRow:
+        query = select(OrderRow).where(OrderRow.id == order_id)
+        if for_update:
+            query = query.with_for_update()
+        row = session.exec(query).first()
+        if row is None:
+            raise NotFound(f"order {order_id} does not exist")
+        return row
+
+    def order_by_chain_id(self, session: Session, chain_order_id: int) -> OrderRow | None:
+        return session.exec(select(OrderRow).where(OrderRow.chain_order_id == chain_order_id)).first()
+
+    def orders_in(self, session: Session, states: Sequence[str]) -> Sequence[OrderRow]:
+        return session.exec(
+            select(OrderRow).where(col(OrderRow.state).in_(states)).order_by(col(OrderRow.id))
+        ).all()
+
+    def round_of(self, session: Session, order_id: int, index: int) -> RoundRow | None:
+        query = select(RoundRow).where(RoundRow.order_id == order_id, RoundRow.index == index)
+        return session.exec(query).first()
+
+    def get_round(self, session: Session, round_id: int) -> RoundRow:
+        row = session.get(RoundRow, round_id)
+        if row is None:
+            raise NotFound(f"round {round_id} does not exist")
+        return row
+
+    def get_unit(self, session: Session, unit_id: int, *, for_update: bool = False) -> UnitRow:
+        query = select(UnitRow).where(UnitRow.id == unit_id)
+        if for_update:
+            query = query.with_for_update()
+        row = session.exec(query).first()
+        if row is None:
+            raise NotFound(f"unit {unit_id} does not exist")
+        return row
+
+    def unit_by_chain_id(self, session: Session, chain_unit_id: int) -> UnitRow | None:
+        return session.exec(select(UnitRow).where(UnitRow.chain_unit_id == chain_unit_id)).first()
+
+    def unit_by_key(self, session: Session, unit_key: str) -> UnitRow | None:
+        return session.exec(select(UnitRow).where(UnitRow.unit_key == unit_key)).first()
+
+    def units_in(
+        self, session: Session, states: Sequence[str], limit: int | None = None
+    ) -> Sequence[UnitRow]:
+        query = select(UnitRow).where(col(UnitRow.state).in_(states)).order_by(col(UnitRow.id))
+        if limit is not None:
+            query = query.limit(limit)
+        return session.exec(query).all()
+
+    def units_of_order(self, session: Session, order_id: int) -> Sequence[UnitRow]:
+        return session.exec(
+            select(UnitRow).where(UnitRow.order_id == order_id).order_by(col(UnitRow.id))
+        ).all()
+
+    def units_of_round(self, session: Session, round_id: int) -> Sequence[UnitRow]:
+        return session.exec(
+            select(UnitRow).where(UnitRow.round_id == round_id).order_by(col(UnitRow.id))
+        ).all()
+
+    def replicas_of(self, session: Session, unit_id: int) -> Sequence[ReplicaRow]:
+        query = select(ReplicaRow).where(ReplicaRow.unit_id == unit_id).order_by(col(ReplicaRow.index))
+        return session.exec(query).all()
+
+    def active_load(self, session: Session, provider: str | None = None) -> dict[str, int]:
+        """Units each provider is busy with: its unsettled replicas (derived, so no counter can drift)."""
+        query = (
+            select(ReplicaRow.provider, func.count())
+            .where(col(ReplicaRow.state).in_(ACTIVE_REPLICA_STATES))
+            .group_by(col(ReplicaRow.provider))
+        )
+        if provider is not None:
+            query = query.where(ReplicaRow.provider == provider)
+        return {address: int(count) for address, count in session.exec(query).all()}
+
+    def replicas_of_units(self, session: Session, unit_ids: Sequence[int]) -> dict[int, list[ReplicaRow]]:
+        """Replicas of many units in one query, grouped by unit, in replica order."""
+        grouped: dict[int, list[ReplicaRow]] = {}
+        if not unit_ids:
+            return grouped
+        query = (
+            select(ReplicaRow).where(col(ReplicaRow.unit_id).in_(unit_ids)).order_by(col(ReplicaRow.index))
+        )
+        for row in session.exec(query).all():
+            grouped.setdefault(row.unit_id, []).append(row)
+        return grouped
+
+    def orders_by_ids(self, session: Session, order_ids: set[int]) -> Sequence[OrderRow]:
+        return session.exec(select(OrderRow).where(col(OrderRow.id).in_(sorted(order_ids)))).all()
+
+    def write_matches(
+        self,
+        session: Session,
+        replicas: Sequence[dict[str, Any]],
+        logs: Sequence[dict[str, Any]],
+        units: Sequence[dict[str, Any]],
+        orders_started: set[int],
+    ) -> None:
+        """Persist a matching pass with one executemany per table (ORM objects cost ~0.5 ms each here).
+
+        ``units`` rows carry ``target`` (the unit id) and the new column values.
+        """
+        session.flush()  # earlier ORM changes first; the statements below bypass the unit of work
+        if replicas:
+            session.execute(_table(ReplicaRow).insert(), list(replicas))
+        if logs:
+            session.execute(_table(MatchLogRow).insert(), list(logs))
+        if units:
+            table = _table(UnitRow)
+            columns: dict[str, Any] = {name: bindparam(name) for name in units[0] if name != "target"}
+            session.execute(
+                table.update().where(table.c.id == bindparam("target")).values(**columns), list(units)
+            )
+        if orders_started:
+            table = _table(OrderRow)
+            session.execute(
+                table.update()
+                .where(table.c.id.in_(sorted(orders_started)))
+                .values(state=OrderState.RUNNING.value)
+            )
+        session.expire_all()  # loaded rows are stale now; nothing is pending after the flush above
+
+    def replica(self, session: Session, unit_id: int, provider: str) -> ReplicaRow:
+        query = select(ReplicaRow).where(ReplicaRow.unit_id == unit_id, ReplicaRow.provider == provider)
+        row = session.exec(query).first()
+        if row is None:
+            raise NotFound(f"{provider} holds no replica of unit {unit_id}")
+        return row
+
+    def replicas_of_provider(
+        self, session: Session, provider: str, states: Sequence[str]
+    ) -> Sequence[ReplicaRow]:
+        query = select(ReplicaRow).where(ReplicaRow.provider == provider, col(ReplicaRow.state).in_(states))
+        return session.exec(query.order_by(col(ReplicaRow.id))).all()
+
+    # --- verification ---
+
+    def job_for_unit(self, session: Session, unit_id: int) -> VerificationJobRow | None:
+        return session.exec(select(VerificationJobRow).where(VerificationJobRow.unit_id == unit_id)).first()
+
+    def get_job(self, session: Session, job_id: int) -> VerificationJobRow:
+        row = session.get(VerificationJobRow, job_id)
+        if row is None:
+            raise NotFound(f"verification job {job_id} does not exist")
+        return row
+
+    def open_jobs(self, session: Session, limit: int = 10) -> Sequence[VerificationJobRow]:
+        query = select(VerificationJobRow).where(VerificationJobRow.state == "open")
+        return session.exec(query.order_by(col(VerificationJobRow.id)).limit(limit)).all()
+
+    def verdicts_of(self, session: Session, job_id: int) -> Sequence[VerdictSignatureRow]:
+        query = select(VerdictSignatureRow).where(VerdictSignatureRow.job_id == job_id)
+        return session.exec(query.order_by(col(VerdictSignatureRow.id))).all()
+
+    # --- settlement outbox ---
+
+    def enqueue(
+        self, session: Session, unit_id: int, action: str, payload: dict[str, Any], now: int
+    ) -> OutboxRow:
+        """Add a settlement intent unless (unit, action) already has one; returns the existing or new row."""
+        existing = self.outbox_entry(session, unit_id, action)
+        if existing is not None:
+            return existing
+        row = OutboxRow(
+            unit_id=unit_id,
+            action=action,
+            payload_json=json.dumps(payload, sort_keys=True),
+            created_at=now,
+            updated_at=now,
+        )
+        session.add(row)
+        session.flush()
+        return row
+
+    def outbox_entry(self, session: Session, unit_id: int, action: str) -> OutboxRow | None:
+        query = select(OutboxRow).where(OutboxRow.unit_id == unit_id, OutboxRow.action == action)
+        return session.exec(query).first()
+
+    def get_outbox(self, session: Session, entry_id: int, *, for_update: bool = False) -> OutboxRow:
+        query = select(OutboxRow).where(OutboxRow.id == entry_id)
+        if for_update:
+            query = query.with_for_update()
+        row = session.exec(query).first()
+        if row is None:
+            raise NotFound(f"outbox entry {entry_id} does not exist")
+        return row
+
+    def outbox_in(self, session: Session, states: Sequence[str], limit: int = 100) -> Sequence[OutboxRow]:
+        query = (
+            select(OutboxRow).where(col(OutboxRow.state).in_(states)).order_by(col(OutboxRow.id)).limit(limit)
+        )
+        return session.exec(query).all()
+
+    # --- chain cursor ---
+
+    def cursor(self, session: Session, name: str = "job_market") -> ChainCursorRow:
+        row = session.get(ChainCursorRow, name)
+        if row is None:
+            row = ChainCursorRow(name=name, next_block=0)
+            session.add(row)
+            session.flush()
+        return row

@@ -1,0 +1,76 @@
+"""Celery tasks of the market: short, idempotent wrappers around :class:`market.service.MarketService`.
+
+Import this module on both sides (the API to send, ``veritrain market worker`` to run); the app is
+configured from :func:`veritrain.settings.load_settings` by :mod:`market.celery_config`.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from celery import Celery
+
+from market.celery_config import celery_settings
+from market.runtime import build_service
+from market.service import MarketService
+from veritrain.settings import load_settings
+
+app = Celery("veritrain-market")
+app.config_from_object(celery_settings(load_settings()))
+
+
+@lru_cache(maxsize=1)
+def service() -> MarketService:
+    """One service per worker process (its candidate pool survives between tasks)."""
+    return build_service(load_settings())
+
+
+@app.task(name="market.match_units")
+def match_units(limit: int = 500) -> int:
+    """Match pending units; returns how many got a complete set of replicas."""
+    return sum(1 for match in service().match_pending(limit) if match.complete)
+
+
+@app.task(name="market.advance_orders")
+def advance_orders() -> int:
+    return service().advance_orders()
+
+
+@app.task(name="market.sweep_heartbeats")
+def sweep_heartbeats() -> dict[str, object]:
+    result = service().sweep()
+    return {
+        "lost_agents": result.lost_agents,
+        "dropped_replicas": result.dropped_replicas,
+        "expiring_units": result.expiring_units,
+    }
+
+
+@app.task(name="market.send_settlement")
+def send_settlement(entry_id: int) -> dict[str, object]:
+    """Send one outbox entry; a duplicate delivery finds it claimed or done and has no effect."""
+    result = service().send_outbox_entry(entry_id)
+    return {"entry_id": result.entry_id, "state": result.state, "sent": result.sent, "detail": result.detail}
+
+
+@app.task(name="market.drain_outbox")
+def drain_outbox(limit: int = 100) -> int:
+    """Dispatch a send task per pending entry (each is idempotent: overlapping drains are harmless)."""
+    entries = service().pending_outbox(limit)
+    for entry_id in entries:
+        send_settlement.apply_async((entry_id,), ignore_result=True)
+    return len(entries)
+
+
+@app.task(name="market.sync_chain_events")
+def sync_chain_events() -> int:
+    svc = service()
+    return svc.sync_chain_events() if svc.chain is not None else 0
+
+
+@app.task(name="market.tick", ignore_result=True)
+def tick() -> None:
+    """Periodic heartbeat of the control plane (celery beat): each step is its own task; nobody reads
+    their results, so none are stored."""
+    for task in (sweep_heartbeats, sync_chain_events, match_units, advance_orders, drain_outbox):
+        task.apply_async(ignore_result=True)

@@ -1,0 +1,141 @@
+"""Helpers that drive the market through its HTTP API like agents and a buyer would."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agents import AgentKey, Clock, chain_order_for, order_spec
+from chain_double import LedgerChain
+from fastapi.testclient import TestClient
+from sqlalchemy import text
+
+from market.service import MarketService
+from market.store import MarketStore
+from veritrain.chain.eip712 import commitment
+from veritrain.messages import AgentRole, OrderRequest
+
+
+def snapshot(store: MarketStore) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every market table, for 'nothing changed' assertions."""
+    from sqlmodel import SQLModel
+
+    with store.engine.connect() as conn:
+        return {
+            name: sorted(tuple(str(v) for v in row) for row in conn.execute(text(f'SELECT * FROM "{name}"')))
+            for name in SQLModel.metadata.tables
+        }
+
+
+def register_market(
+    client: TestClient, make_agent: Any, providers: int = 5, verifiers: int = 2
+) -> tuple[list[AgentKey], list[AgentKey]]:
+    provider_keys = [make_agent() for _ in range(providers)]
+    verifier_keys = [make_agent() for _ in range(verifiers)]
+    for i, key in enumerate(provider_keys):
+        assert (
+            client.post("/agents/register", json=key.registration().model_dump(mode="json")).status_code
+            == 200
+        )
+        offer = key.offer(price_per_pflop=10**17 + i)
+        assert client.post("/agents/offer", json=offer.model_dump(mode="json")).status_code == 200
+    for key in verifier_keys:
+        body = key.registration(AgentRole.VERIFIER).model_dump(mode="json")
+        assert client.post("/agents/register", json=body).status_code == 200
+    return provider_keys, verifier_keys
+
+
+def post_order(
+    client: TestClient,
+    ledger: LedgerChain,
+    buyer: AgentKey,
+    clock: Clock,
+    chain_order_id: int = 1,
+    **overrides: Any,
+) -> dict[str, Any]:
+    spec = order_spec(buyer.address, clock, **overrides)
+    ledger.add_order(chain_order_for(spec, chain_order_id))
+    response = client.post(
+        "/orders", json=OrderRequest(spec=spec, chain_order_id=chain_order_id).model_dump(mode="json")
+    )
+    assert response.status_code == 201, response.text
+    return dict(response.json())
+
+
+def pull(client: TestClient, key: AgentKey) -> list[dict[str, Any]]:
+    response = client.post("/agents/heartbeat", json=key.heartbeat().model_dump(mode="json"))
+    assert response.status_code == 200, response.text
+    return list(response.json()["assignments"])
+
+
+def drain_outbox(service: MarketService) -> None:
+    for _ in range(20):
+        pending = service.pending_outbox()
+        if not pending:
+            return
+        for entry_id in pending:
+            service.send_outbox_entry(entry_id)
+    raise AssertionError("outbox did not drain")
+
+
+def run_unit(
+    client: TestClient,
+    service: MarketService,
+    keys: dict[str, AgentKey],
+    results: dict[str, str],
+    drain_after: bool = True,
+) -> int:
+    """Drive one proposed unit through accept, assign, commit and reveal; returns the market unit id."""
+    selected = [a for a in keys if any(x["phase"] == "accept" for x in pull(client, keys[a]))]
+    unit_id = 0
+    for address in selected:
+        key = keys[address]
+        (assignment,) = [x for x in pull(client, key) if x["phase"] == "accept"]
+        unit_id = assignment["unit_id"]
+        sub = key.accept(unit_id, assignment["chain_order_id"], assignment["unit_key"])
+        assert client.post("/assignments/accept", json=sub.model_dump(mode="json")).status_code == 200
+    drain_outbox(service)  # assign
+    salts = {}
+    for address in selected:
+        key = keys[address]
+        (assignment,) = [x for x in pull(client, key) if x["phase"] == "run"]
+        chain_unit = assignment["chain_unit_id"]
+        salt = "0x" + f"{int(address, 16) % 997:064x}"
+        salts[address] = salt
+        digest = results.get(address, results["default"])
+        commit = "0x" + commitment(digest, salt, address, chain_unit).hex()
+        deadline = key.clock.now + 600
+        signature = key.sign(
+            "Commit",
+            {
+                "unitId": chain_unit,
+                "provider": address,
+                "commitment": commit,
+                "nonce": 0,
+                "deadline": deadline,
+            },
+        )
+        body = {
+            "unit_id": unit_id,
+            "provider": address,
+            "commitment": commit,
+            "nonce": 0,
+            "deadline": deadline,
+            "signature": signature,
+        }
+        assert client.post("/assignments/commit", json=body).status_code == 200
+    for address in selected:
+        key = keys[address]
+        (assignment,) = [x for x in pull(client, key) if x["phase"] == "reveal"]
+        digest = results.get(address, results["default"])
+        body = {
+            "unit_id": unit_id,
+            "provider": address,
+            "result_digest": digest,
+            "salt": salts[address],
+            "state_digest": digest,
+            "transcript_root": "0x" + "77" * 32,
+        }
+        assert client.post("/assignments/reveal", json=body).status_code == 200, body
+    if drain_after:
+        drain_outbox(service)  # commits, reveals, finalize
+    return unit_id

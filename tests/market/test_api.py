@@ -1,0 +1,562 @@
+"""The market API end to end over HTTP (FastAPI TestClient) on SQLite and PostgreSQL, with the chain double.
+
+Covers the whole unit lifecycle (match → accept → assign → commit → reveal → finalize / verify → next
+round), migration away from a silent provider, settlement idempotency, and the bad-input contract:
+a 4xx with a clear message and no state change.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import pytest
+from agents import CHAIN_ID, Clock, chain_order_for, order_spec
+from chain_double import LedgerChain
+from fastapi.testclient import TestClient
+from market_flow import drain_outbox, post_order, pull, register_market, run_unit, snapshot
+
+from market.api import create_app
+from market.domain.replication import ReplicationPolicy
+from market.service import OUTBOX_MAX_ATTEMPTS, MarketConfig, MarketService
+from market.store import MarketStore
+from veritrain.chain.eip712 import commitment, outcomes_hash
+from veritrain.messages import Heartbeat, OrderRequest, sign_message
+
+
+@pytest.fixture
+def client(service: MarketService) -> TestClient:
+    return TestClient(create_app(service))
+
+
+def no_audit(service: MarketService, rate_ppm: int = 0) -> None:
+    service.config = MarketConfig(
+        chain_id=CHAIN_ID,
+        verifier_quorum=1,
+        verifiers_per_unit=2,
+        policy=ReplicationPolicy(base_audit_ppm=rate_ppm, trusted_audit_ppm=rate_ppm),
+    )
+
+
+def test_two_round_order_runs_to_completion_on_the_fast_path(
+    client: TestClient, service: MarketService, ledger: LedgerChain, make_agent: Any, clock: Clock
+) -> None:
+    no_audit(service)
+    providers, _ = register_market(client, make_agent)
+    keys = {k.address: k for k in providers}
+    order = post_order(client, ledger, make_agent(), clock)
+    assert order["state"] == "open" and order["rounds_total"] == 2
+
+    digests = ["0x" + "a1" * 32, "0x" + "b2" * 32]
+    for round_index, digest in enumerate(digests):
+        (match,) = service.match_pending()
+        assert match.complete and len(match.selected) == 3
+        if round_index == 1:  # the next unit starts from the accepted state, served by its producers
+            (assignment,) = pull(client, keys[match.selected[0]])
+            assert assignment["start_state"]["state_digest"] == digests[0]
+            assert assignment["start_state"]["holders"] and assignment["start_step"] == 20
+        unit_id = run_unit(client, service, keys, {"default": digest})
+        status = client.get(f"/orders/{order['order_id']}").json()
+        unit = next(u for u in status["units"] if u["unit_id"] == unit_id)
+        assert unit["state"] == "accepted" and unit["accepted_state_digest"] == digest
+        assert service.advance_orders() == 1
+
+    final = client.get(f"/orders/{order['order_id']}").json()
+    assert final["state"] == "completed" and final["rounds_accepted"] == 2
+    assert final["current_state_digest"] == digests[-1]
+    assert len(ledger.effects("UnitFinalized")) == 2
+    assert len(ledger.effects("UnitAssigned")) == 2
+
+
+def test_disagreeing_replicas_go_to_verifiers_and_a_quorum_verdict_settles(
+    client: TestClient, service: MarketService, ledger: LedgerChain, make_agent: Any, clock: Clock
+) -> None:
+    no_audit(service)
+    providers, verifiers = register_market(client, make_agent)
+    keys = {k.address: k for k in providers}
+    post_order(client, ledger, make_agent(), clock, total_steps=20)
+    (match,) = service.match_pending()
+    cheat = match.selected[1]
+    unit_id = run_unit(client, service, keys, {"default": "0x" + "11" * 32, cheat: "0x" + "66" * 32})
+
+    pulled = {}
+    for verifier in verifiers:
+        reply = client.post("/verification/jobs", json=verifier.heartbeat().model_dump(mode="json"))
+        assert reply.status_code == 200
+        pulled[verifier.address] = reply.json()["jobs"]
+    (job,) = next(jobs for jobs in pulled.values() if jobs)
+    assert job["reason"] == "digests_differ" and len(job["replicas"]) == 3
+    signer = next(v for v in verifiers if v.address in {a for a, jobs in pulled.items() if jobs})
+    outcomes = [2 if r["provider"] == cheat else 0 for r in job["replicas"]]
+    reasons = "0x" + "99" * 32
+    deadline = clock.now + 600
+    signature = signer.sign(
+        "Verdict",
+        {
+            "unitId": job["chain_unit_id"],
+            "outcomesHash": outcomes_hash(outcomes),
+            "reasonsHash": reasons,
+            "nonce": 0,
+            "deadline": deadline,
+        },
+    )
+    body = {
+        "job_id": job["job_id"],
+        "verifier": signer.address,
+        "outcomes": outcomes,
+        "reasons_hash": reasons,
+        "nonce": 0,
+        "deadline": deadline,
+        "signature": signature,
+    }
+    assert client.post("/verification/verdict", json=body).status_code == 200
+    drain_outbox(service)
+    (recorded,) = ledger.effects("VerdictRecorded")
+    assert recorded["outcomes"] == outcomes
+    status = service.order_status(_order_id(service))
+    unit = next(u for u in status.units if u.unit_id == unit_id)
+    assert unit.state == "accepted"
+    assert service.advance_orders() == 1 and service.order_status(_order_id(service)).state == "completed"
+
+
+def _order_id(service: MarketService) -> int:
+    with service.store.transaction() as session:
+        (order,) = service.store.orders_in(session, ["open", "running", "completed", "expired"])
+        assert order.id is not None
+        return order.id
+
+
+def test_spot_check_sends_a_unanimous_unit_to_verification(
+    client: TestClient, service: MarketService, ledger: LedgerChain, make_agent: Any, clock: Clock
+) -> None:
+    no_audit(service, rate_ppm=1_000_000)
+    providers, _ = register_market(client, make_agent)
+    post_order(client, ledger, make_agent(), clock, total_steps=20)
+    service.match_pending()
+    run_unit(client, service, {k.address: k for k in providers}, {"default": "0x" + "12" * 32})
+    assert len(ledger.effects("VerificationRequested")) == 1
+    assert not ledger.effects("UnitFinalized")
+
+
+def test_silent_provider_is_replaced_before_the_unit_goes_on_chain(
+    client: TestClient, service: MarketService, ledger: LedgerChain, make_agent: Any, clock: Clock
+) -> None:
+    providers, verifiers = register_market(client, make_agent)
+    keys = {k.address: k for k in [*providers, *verifiers]}
+    post_order(client, ledger, make_agent(), clock, total_steps=20)
+    (match,) = service.match_pending()
+    lost = match.selected[0]
+    clock.now += 20
+    for address in keys:
+        if address != lost:
+            pull(client, keys[address])
+    clock.now += 15  # the lost one is 35 s silent (> 30 s timeout), the others 15 s
+    swept = service.sweep()
+    assert swept.lost_agents == [lost] and swept.dropped_replicas == 1
+    (refill,) = service.match_pending()
+    assert refill.complete and len(refill.selected) == 1 and refill.selected[0] != lost
+    status = service.order_status(_order_id(service))
+    assert lost not in status.units[0].providers and len(status.units[0].providers) == 3
+    assert service.match_pending() == []  # nothing left to match
+
+
+def test_failed_unit_is_retried_under_a_new_unit_key(
+    client: TestClient, service: MarketService, ledger: LedgerChain, make_agent: Any, clock: Clock
+) -> None:
+    providers, _ = register_market(client, make_agent)
+    keys = {k.address: k for k in providers}
+    post_order(client, ledger, make_agent(), clock, total_steps=20)
+    service.match_pending()
+    for key in keys.values():
+        for assignment in pull(client, key):
+            sub = key.accept(assignment["unit_id"], assignment["chain_order_id"], assignment["unit_key"])
+            client.post("/assignments/accept", json=sub.model_dump(mode="json"))
+    drain_outbox(service)
+    clock.now += 4000  # nobody commits; past commit + reveal + verdict windows
+    for key in providers:
+        pull(client, key)
+    assert service.sweep().expiring_units == 1
+    drain_outbox(service)
+    assert len(ledger.effects("UnitExpired")) == 1
+    assert service.advance_orders() == 1
+    units = service.order_status(_order_id(service)).units
+    assert [u.state for u in units] == ["failed", "pending"] and units[1].attempt == 1
+
+
+def test_settlement_intent_has_one_effect_when_sent_twice_or_concurrently(
+    client: TestClient, service: MarketService, ledger: LedgerChain, make_agent: Any, clock: Clock
+) -> None:
+    no_audit(service)
+    providers, _ = register_market(client, make_agent)
+    post_order(client, ledger, make_agent(), clock, total_steps=20)
+    service.match_pending()
+    run_unit(client, service, {k.address: k for k in providers}, {"default": "0x" + "31" * 32})
+    with service.store.transaction() as session:
+        (finalize,) = [
+            e for e in service.store.outbox_in(session, ["confirmed", "sent"]) if e.action == "finalize"
+        ]
+        entry_id = finalize.id
+        # simulate a redelivered task whose first run crashed after sending but before recording
+        finalize.state = "pending"
+        session.add(finalize)
+    assert entry_id is not None
+    results = []
+    threads = [
+        threading.Thread(target=lambda: results.append(service.send_outbox_entry(entry_id))) for _ in range(4)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(ledger.effects("UnitFinalized")) == 1  # the chain saw one finalize
+    with service.store.transaction() as session:
+        assert service.store.get_outbox(session, entry_id).state in ("confirmed", "sent")
+    assert service.send_outbox_entry(entry_id).sent is False
+
+
+def test_chain_events_confirm_what_another_relayer_did(
+    client: TestClient, service: MarketService, ledger: LedgerChain, make_agent: Any, clock: Clock
+) -> None:
+    providers, _ = register_market(client, make_agent)
+    keys = {k.address: k for k in providers}
+    post_order(client, ledger, make_agent(), clock, total_steps=20)
+    service.match_pending()
+    for key in keys.values():
+        for assignment in pull(client, key):
+            sub = key.accept(assignment["unit_id"], assignment["chain_order_id"], assignment["unit_key"])
+            client.post("/assignments/accept", json=sub.model_dump(mode="json"))
+    with service.store.transaction() as session:
+        (entry,) = service.store.outbox_in(session, ["pending"])
+        payload = json.loads(entry.payload_json)
+    # someone else relays the same signatures first
+    ledger.assign(payload["order_id"], payload["unit_key"], payload["providers"], payload["verifiers"], [])
+    assert service.sync_chain_events() == 1
+    status = service.order_status(_order_id(service))
+    assert status.units[0].state == "committing" and status.units[0].chain_unit_id == 1
+    assert service.pending_outbox() == []
+    assert len(ledger.effects("UnitAssigned")) == 1
+
+
+# --- bad input: 4xx, a clear message, and nothing changes --------------------------------------------
+
+
+def test_bad_input_is_refused_with_4xx_and_changes_nothing(
+    client: TestClient,
+    service: MarketService,
+    store: MarketStore,
+    ledger: LedgerChain,
+    make_agent: Any,
+    clock: Clock,
+) -> None:
+    providers, _ = register_market(client, make_agent)
+    agent = providers[0]
+    buyer = make_agent()
+    good_heartbeat = agent.heartbeat()
+    assert client.post("/agents/heartbeat", json=good_heartbeat.model_dump(mode="json")).status_code == 200
+
+    spec = order_spec(buyer.address, clock)
+    ledger.add_order(
+        chain_order_for(spec, 5, price_per_replica=chain_order_for(spec, 5).price_per_replica - 1)
+    )
+    unknown = order_spec(buyer.address, clock, recipe="gpt-17")
+    wrong_chain = sign_message(
+        Heartbeat(agent=agent.address, nonce=10**6, timestamp=clock.now), agent.account.key, 1
+    )
+    forged = good_heartbeat.model_copy(
+        update={"message": good_heartbeat.message.model_copy(update={"nonce": 10**6})}
+    )
+    stranger = make_agent()
+
+    cases: list[tuple[str, str, Any, int, str]] = [
+        (
+            "malformed body",
+            "/agents/heartbeat",
+            {"message": {"agent": "0x12"}, "signature": "0x00"},
+            422,
+            "agent",
+        ),
+        (
+            "extra field",
+            "/agents/heartbeat",
+            {**good_heartbeat.model_dump(mode="json"), "extra": 1},
+            422,
+            "extra",
+        ),
+        ("not json", "/orders", "{{{", 422, "JSON"),
+        ("replayed heartbeat", "/agents/heartbeat", good_heartbeat.model_dump(mode="json"), 409, "nonce"),
+        (
+            "older timestamp",
+            "/agents/heartbeat",
+            agent.heartbeat(nonce=10**5, timestamp=clock.now - 1).model_dump(mode="json"),
+            409,
+            "older",
+        ),
+        ("other chain id", "/agents/heartbeat", wrong_chain.model_dump(mode="json"), 401, "signed by"),
+        ("tampered message", "/agents/heartbeat", forged.model_dump(mode="json"), 401, "signed by"),
+        (
+            "unknown agent",
+            "/agents/heartbeat",
+            stranger.heartbeat().model_dump(mode="json"),
+            404,
+            "not registered",
+        ),
+        (
+            "unknown recipe",
+            "/orders",
+            OrderRequest(spec=unknown, chain_order_id=6).model_dump(mode="json"),
+            400,
+            "unknown recipe",
+        ),
+        (
+            "underfunded order",
+            "/orders",
+            OrderRequest(spec=spec, chain_order_id=5).model_dump(mode="json"),
+            402,
+            "need",
+        ),
+        (
+            "no such chain order",
+            "/orders",
+            OrderRequest(spec=spec, chain_order_id=77).model_dump(mode="json"),
+            400,
+            "no order 77",
+        ),
+        (
+            "negative price",
+            "/orders",
+            {"spec": {**spec.model_dump(mode="json"), "max_price_per_pflop": -1}, "chain_order_id": 5},
+            422,
+            "greater",
+        ),
+        (
+            "uint256 overflow",
+            "/orders",
+            {"spec": {**spec.model_dump(mode="json"), "max_price_per_pflop": 2**256}, "chain_order_id": 5},
+            422,
+            "less",
+        ),
+        ("unknown order", "/orders/999", None, 404, "does not exist"),
+    ]
+    before = snapshot(store)
+    for name, path, body, expected, needle in cases:
+        if body is None:
+            response = client.get(path)
+        elif isinstance(body, str):
+            response = client.post(path, content=body, headers={"content-type": "application/json"})
+        else:
+            response = client.post(path, json=body)
+        assert response.status_code == expected, (name, response.text)
+        assert needle.lower() in response.text.lower(), (name, response.text)
+        assert snapshot(store) == before, f"{name} changed the store"
+
+
+def test_bad_settlement_forms_are_refused_and_change_nothing(
+    client: TestClient,
+    service: MarketService,
+    store: MarketStore,
+    ledger: LedgerChain,
+    make_agent: Any,
+    clock: Clock,
+) -> None:
+    providers, _ = register_market(client, make_agent)
+    keys = {k.address: k for k in providers}
+    post_order(client, ledger, make_agent(), clock, total_steps=20)
+    (match,) = service.match_pending()
+    chosen, outsider = keys[match.selected[0]], next(k for a, k in keys.items() if a not in match.selected)
+    (assignment,) = pull(client, chosen)
+    good = chosen.accept(assignment["unit_id"], assignment["chain_order_id"], assignment["unit_key"])
+    by_other_key = outsider.accept(
+        assignment["unit_id"], assignment["chain_order_id"], assignment["unit_key"]
+    )
+    before = snapshot(store)
+    cases = [
+        ("accept signed by another key", good.model_copy(update={"signature": by_other_key.signature}), 401),
+        ("accept by a provider not on the unit", by_other_key, 404),
+        ("accept with a changed nonce", good.model_copy(update={"nonce": 5}), 401),
+    ]
+    for name, sub, expected in cases:
+        response = client.post("/assignments/accept", json=sub.model_dump(mode="json"))
+        assert response.status_code == expected, (name, response.text)
+        assert snapshot(store) == before, name
+    assert client.post("/assignments/accept", json=good.model_dump(mode="json")).status_code == 200
+    again = client.post("/assignments/accept", json=good.model_dump(mode="json"))
+    assert again.status_code == 409 and "proposed" in again.text
+    commit = {
+        "unit_id": assignment["unit_id"],
+        "provider": chosen.address,
+        "commitment": "0x" + "00" * 32,
+        "nonce": 0,
+        "deadline": clock.now + 60,
+        "signature": good.signature,
+    }
+    response = client.post("/assignments/commit", json=commit)
+    assert response.status_code == 409 and "committing" in response.text  # not on chain yet
+
+
+def test_openapi_lists_every_route() -> None:
+    from market.api import create_app as make
+
+    schema = make(None).openapi()  # type: ignore[arg-type]
+    paths = set(schema["paths"])
+    assert {
+        "/agents/register",
+        "/agents/heartbeat",
+        "/agents/offer",
+        "/assignments/accept",
+        "/assignments/commit",
+        "/assignments/reveal",
+        "/verification/jobs",
+        "/verification/verdict",
+        "/orders",
+        "/orders/{order_id}",
+    } <= paths
+
+
+def test_a_settlement_that_keeps_failing_is_dead_lettered_not_retried_forever(
+    client: TestClient,
+    service: MarketService,
+    ledger: LedgerChain,
+    make_agent: Any,
+    clock: Clock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SECURITY.md C3: an intent that fails every time stops after its attempt cap (no infinite requeue)."""
+    no_audit(service)
+    providers, _ = register_market(client, make_agent)
+    post_order(client, ledger, make_agent(), clock, total_steps=20)
+    service.match_pending()
+    calls = []
+
+    def rpc_down(unit_id: int) -> str:
+        calls.append(unit_id)
+        raise ConnectionError("RPC node unreachable")
+
+    monkeypatch.setattr(ledger, "finalize", rpc_down)
+    run_unit(
+        client, service, {k.address: k for k in providers}, {"default": "0x" + "55" * 32}, drain_after=False
+    )
+    for _ in range(12):  # commits and reveals go out; finalize fails each time until its cap
+        for entry_id in service.pending_outbox():
+            service.send_outbox_entry(entry_id)
+    with service.store.transaction() as session:
+        (entry,) = [e for e in service.store.outbox_in(session, ["dead"]) if e.action == "finalize"]
+        assert entry.attempts == OUTBOX_MAX_ATTEMPTS and "unreachable" in (entry.last_error or "")
+    assert len(calls) == OUTBOX_MAX_ATTEMPTS and service.pending_outbox() == []
+
+
+def test_market_client_types_replies_and_refusals(client: TestClient, make_agent: Any) -> None:
+    from market.client import MarketClient, MarketRefused
+
+    agent = make_agent()
+    market = MarketClient(http=client)
+    info = market.register(agent.registration())
+    assert info.address == agent.address and info.online
+    beat = agent.heartbeat()
+    assert market.heartbeat(beat).assignments == ()
+    with pytest.raises(MarketRefused) as refused:
+        market.heartbeat(beat)
+    assert refused.value.status == 409 and refused.value.error == "ReplayedMessage"
+    with pytest.raises(MarketRefused) as missing:
+        market.order_status(12345)
+    assert missing.value.status == 404 and "does not exist" in missing.value.detail
+
+
+def test_a_provider_that_never_commits_becomes_a_fault_and_the_unit_still_completes(
+    client: TestClient, service: MarketService, ledger: LedgerChain, make_agent: Any, clock: Clock
+) -> None:
+    """A provider lost after the unit went on chain: the others reveal after the commit deadline,
+    verifiers mark the silent one as fault (never fraud), the honest ones are accepted."""
+    no_audit(service)
+    providers, verifiers = register_market(client, make_agent)
+    keys = {k.address: k for k in providers}
+    post_order(client, ledger, make_agent(), clock, total_steps=20)
+    (match,) = service.match_pending()
+    for address in match.selected:
+        (assignment,) = pull(client, keys[address])
+        sub = keys[address].accept(
+            assignment["unit_id"], assignment["chain_order_id"], assignment["unit_key"]
+        )
+        assert client.post("/assignments/accept", json=sub.model_dump(mode="json")).status_code == 200
+    drain_outbox(service)
+    silent, *working = match.selected
+    digest, salt = "0x" + "3c" * 32, "0x" + "0f" * 32
+    unit_id, chain_unit = assignment["unit_id"], None
+    for address in working:
+        (assignment,) = pull(client, keys[address])
+        chain_unit = assignment["chain_unit_id"]
+        commit = "0x" + commitment(digest, salt, address, chain_unit).hex()
+        deadline = clock.now + 600
+        signature = keys[address].sign(
+            "Commit",
+            {
+                "unitId": chain_unit,
+                "provider": address,
+                "commitment": commit,
+                "nonce": 0,
+                "deadline": deadline,
+            },
+        )
+        body = {
+            "unit_id": unit_id,
+            "provider": address,
+            "commitment": commit,
+            "nonce": 0,
+            "deadline": deadline,
+            "signature": signature,
+        }
+        assert client.post("/assignments/commit", json=body).status_code == 200
+    clock.now += service.config.commit_window_s + 1
+    for key in [*providers, *verifiers]:
+        if key.address != silent:
+            pull(client, key)
+    service.sweep()
+    for address in working:
+        (assignment,) = pull(client, keys[address])
+        assert assignment["phase"] == "reveal"
+        body = {
+            "unit_id": unit_id,
+            "provider": address,
+            "result_digest": digest,
+            "salt": salt,
+            "state_digest": digest,
+            "transcript_root": "0x" + "77" * 32,
+        }
+        assert client.post("/assignments/reveal", json=body).status_code == 200
+    clock.now += service.config.reveal_window_s
+    for key in [*providers, *verifiers]:
+        if key.address != silent:
+            pull(client, key)
+    service.sweep()
+    jobs = [
+        client.post("/verification/jobs", json=v.heartbeat().model_dump(mode="json")).json()["jobs"]
+        for v in verifiers
+    ]
+    signer, (job,) = next((v, j) for v, j in zip(verifiers, jobs, strict=True) if j)
+    assert job["reason"] == "missing"
+    outcomes = [1 if r["provider"] == silent else 0 for r in job["replicas"]]
+    reasons, deadline = "0x" + "98" * 32, clock.now + 600
+    signature = signer.sign(
+        "Verdict",
+        {
+            "unitId": chain_unit,
+            "outcomesHash": outcomes_hash(outcomes),
+            "reasonsHash": reasons,
+            "nonce": 0,
+            "deadline": deadline,
+        },
+    )
+    body = {
+        "job_id": job["job_id"],
+        "verifier": signer.address,
+        "outcomes": outcomes,
+        "reasons_hash": reasons,
+        "nonce": 0,
+        "deadline": deadline,
+        "signature": signature,
+    }
+    assert client.post("/verification/verdict", json=body).status_code == 200
+    drain_outbox(service)
+    assert ledger.effects("VerdictRecorded")[0]["outcomes"] == outcomes
+    assert service.advance_orders() == 1
+    assert service.order_status(_order_id(service)).state == "completed"

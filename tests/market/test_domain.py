@@ -1,0 +1,319 @@
+"""Pure domain core: state machines, matching constraints and declines, replication, rounds, pricing."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from market.domain.matching import (
+    CandidatePool,
+    DeclineReason,
+    ProviderCandidate,
+    UnitDemand,
+    match_unit,
+    rank,
+)
+from market.domain.pricing import FLOPS_PER_PFLOP, escrow_plan, price_for_flops, training_flops
+from market.domain.replication import Reputation, replication_factor, spot_check_drawn
+from market.domain.rounds import (
+    AcceptedReplica,
+    DiLoCoOuterStep,
+    PassThroughOuterStep,
+    outer_step_for,
+    plan_round,
+)
+from market.domain.states import (
+    UNIT_TRANSITIONS,
+    OrderState,
+    ReplicaState,
+    UnitState,
+    advance,
+    can_advance,
+)
+from veritrain.errors import IllegalTransition, OuterStepNotImplemented
+from veritrain.messages import OrderSpec
+
+
+def candidate(i: int, **overrides: object) -> ProviderCandidate:
+    base = ProviderCandidate(
+        address=f"0x{i:040x}",
+        operator=f"op{i}",
+        memory_mb=4096,
+        gflops=100,
+        hardware_class="cpu",
+        recipes=frozenset({"digits-mlp"}),
+        free_stake=10**19,
+        price_per_pflop=10**17,
+    )
+    return replace(base, **overrides)  # type: ignore[arg-type]
+
+
+def demand(**overrides: object) -> UnitDemand:
+    base = UnitDemand(
+        unit_id=1,
+        recipe="digits-mlp",
+        min_memory_mb=1024,
+        unit_flops=10**12,
+        time_budget_s=100,
+        max_price_per_pflop=10**18,
+        collateral=10**18,
+        needed=3,
+    )
+    return replace(base, **overrides)  # type: ignore[arg-type]
+
+
+# --- state machines ---
+
+
+def test_unit_lifecycle_fast_path_is_allowed() -> None:
+    state = UnitState.PENDING
+    for target in (
+        UnitState.PROPOSED,
+        UnitState.ASSIGNING,
+        UnitState.COMMITTING,
+        UnitState.REVEALING,
+        UnitState.FINALIZING,
+        UnitState.ACCEPTED,
+    ):
+        state = advance(state, target)
+    assert state == UnitState.ACCEPTED
+
+
+@pytest.mark.parametrize(
+    ("current", "target"),
+    [
+        (UnitState.ACCEPTED, UnitState.PENDING),  # a settled unit is never re-matched
+        (UnitState.FAILED, UnitState.ACCEPTED),  # a failed unit is never paid
+        (UnitState.PENDING, UnitState.COMMITTING),  # no assignment without signatures
+        (UnitState.COMMITTING, UnitState.PROPOSED),  # on chain: cannot be taken back
+    ],
+)
+def test_illegal_unit_transitions_raise_typed_error(current: UnitState, target: UnitState) -> None:
+    with pytest.raises(IllegalTransition, match=f"{current.value} -> {target.value}"):
+        advance(current, target, what="unit 9")
+
+
+def test_terminal_states_have_no_exit_and_every_state_is_listed() -> None:
+    assert set(UNIT_TRANSITIONS) == set(UnitState)
+    assert not UNIT_TRANSITIONS[UnitState.ACCEPTED] and not UNIT_TRANSITIONS[UnitState.FAILED]
+    assert not can_advance(OrderState.COMPLETED, OrderState.RUNNING)
+    assert can_advance(ReplicaState.REVEALED, ReplicaState.FRAUD)
+    assert not can_advance(ReplicaState.SIGNED, ReplicaState.FRAUD)  # fraud needs a revealed result
+
+
+def test_advance_refuses_mixing_machines() -> None:
+    with pytest.raises(IllegalTransition):
+        advance(UnitState.PENDING, OrderState.RUNNING)  # type: ignore[type-var]
+
+
+# --- matching ---
+
+
+@pytest.mark.parametrize(
+    ("override", "reason"),
+    [
+        ({"online": False}, DeclineReason.OFFLINE),
+        ({"active_units": 1}, DeclineReason.AT_CAPACITY),
+        ({"recipes": frozenset({"charlm-tiny"})}, DeclineReason.RECIPE_UNSUPPORTED),
+        ({"memory_mb": 512}, DeclineReason.INSUFFICIENT_MEMORY),
+        ({"gflops": 5}, DeclineReason.TOO_SLOW),  # 10^12 FLOP in 100 s needs 10 GFLOP/s
+        ({"free_stake": 10**18 - 1}, DeclineReason.INSUFFICIENT_FREE_STAKE),
+        ({"price_per_pflop": None}, DeclineReason.NO_OFFER),
+        ({"price_per_pflop": 10**18 + 1}, DeclineReason.PRICE_ABOVE_MAX),
+    ],
+)
+def test_each_hard_constraint_declines_with_its_reason(
+    override: dict[str, object], reason: DeclineReason
+) -> None:
+    bad = candidate(99, **override)
+    good = [candidate(i) for i in range(3)]
+    match = match_unit(demand(), [bad, *good])
+    assert match.complete and bad.address not in match.selected
+    assert (bad.address, reason) in match.declines
+
+
+def test_replicas_of_one_unit_have_distinct_operators() -> None:
+    same_operator = [candidate(i, operator="sybil", gflops=1000) for i in range(5)]
+    honest = [candidate(10 + i) for i in range(3)]
+    match = match_unit(demand(), rank([*same_operator, *honest]))
+    chosen_ops = [c.operator for c in [*same_operator, *honest] if c.address in match.selected]
+    assert match.complete and len(set(chosen_ops)) == 3
+    assert sum(1 for _, r in match.declines if r == DeclineReason.OPERATOR_ALREADY_ON_UNIT) == 4
+
+
+def test_sybil_assignment_never_puts_two_replicas_under_one_owner() -> None:
+    """SECURITY.md B6: 30 % of identities share one owner; no unit gets two of them."""
+    rng = random.Random(3)
+    pool = CandidatePool()
+    for i in range(300):
+        pool.upsert(
+            candidate(
+                i,
+                operator="owner" if i % 10 < 3 else f"op{i}",
+                gflops=rng.randint(20, 400),
+                price_per_pflop=rng.randint(10**16, 10**18),
+                capacity=100,
+            )
+        )
+    for unit_id in range(1000):
+        match = pool.match(demand(unit_id=unit_id))
+        owners = [pool.get(a).operator for a in match.selected]  # type: ignore[union-attr]
+        assert match.complete and owners.count("owner") <= 1
+
+
+def test_cheaper_faster_reputable_providers_rank_first() -> None:
+    cheap = candidate(1, price_per_pflop=10**16)
+    pricey = candidate(2, price_per_pflop=10**18)
+    fast = candidate(3, price_per_pflop=10**18, gflops=10_000)
+    trusted = candidate(4, price_per_pflop=10**18, reputation=Reputation(valid=50, consecutive_valid=50))
+    order = [c.address for c in rank([pricey, fast, cheap, trusted])]
+    assert order[0] == cheap.address and order[-1] == pricey.address
+    assert order.index(fast.address) < order.index(pricey.address)
+    assert order.index(trusted.address) < order.index(pricey.address)
+
+
+def test_replicas_prefer_one_hardware_class_and_mix_only_when_needed() -> None:
+    gpu = [candidate(i, hardware_class="gpu", gflops=5000) for i in range(2)]
+    cpu = [candidate(10 + i, hardware_class="cpu") for i in range(3)]
+    match = match_unit(demand(), rank([*gpu, *cpu]))
+    assert match.selected == (gpu[0].address, gpu[1].address, cpu[0].address)
+    assert (cpu[1].address, DeclineReason.OTHER_HARDWARE_CLASS) in match.declines
+    # with three of the best class available, all three come from it
+    gpu3 = [*gpu, candidate(2, hardware_class="gpu", gflops=5000)]
+    match = match_unit(demand(), rank([*gpu3, *cpu]))
+    assert set(match.selected) == {c.address for c in gpu3}
+
+
+def test_incomplete_match_reports_reasons_and_selects_nothing_in_pool() -> None:
+    pool = CandidatePool()
+    pool.upsert(candidate(1))
+    pool.upsert(candidate(2, memory_mb=10))
+    match = pool.match(demand())
+    assert not match.complete and match.k == 3
+    assert (candidate(2).address, DeclineReason.INSUFFICIENT_MEMORY) in match.declines
+
+
+def test_pool_matches_like_a_full_scan_and_tracks_capacity() -> None:
+    rng = random.Random(11)
+    candidates = [
+        candidate(
+            i,
+            gflops=rng.randint(1, 500),
+            memory_mb=rng.choice([256, 2048, 8192]),
+            price_per_pflop=rng.randint(10**16, 2 * 10**18),
+            operator=f"op{i % 40}",
+        )
+        for i in range(200)
+    ]
+    pool = CandidatePool()
+    for c in candidates:
+        pool.upsert(c)
+    expected = match_unit(demand(), rank(candidates))
+    got = pool.match(demand())
+    assert got.selected == expected.selected
+    for address in got.selected:  # reserved: not offered again until released
+        assert pool.get(address).active_units == 1  # type: ignore[union-attr]
+    again = pool.match(demand(unit_id=2))
+    assert not set(again.selected) & set(got.selected)
+    pool.release(got.selected[0])
+    assert got.selected[0] in [c.address for c in pool.ranked("digits-mlp")]
+
+
+def test_adaptive_replication_follows_the_best_candidates_reputation() -> None:
+    trusted = candidate(1, reputation=Reputation(valid=40, consecutive_valid=40), price_per_pflop=10**15)
+    others = [candidate(10 + i) for i in range(5)]
+    match = match_unit(demand(adaptive=True, needed=5), rank([trusted, *others]))
+    assert match.k == 1 and match.selected == (trusted.address,)
+    newcomer_first = match_unit(demand(adaptive=True, needed=5), rank(others))
+    assert newcomer_first.k == 3 and newcomer_first.complete
+
+
+def test_replication_factor_policy() -> None:
+    assert replication_factor(Reputation(valid=25, consecutive_valid=25), 5) == 1
+    assert replication_factor(Reputation(), 5) == 3
+    assert replication_factor(Reputation(valid=100, fraud=1, consecutive_valid=90), 5) == 5
+    assert replication_factor(Reputation(valid=1, fault=3), 4) == 4  # capped by the order's max
+
+
+def test_spot_check_draw_is_deterministic_and_near_its_rate() -> None:
+    randomness = "0x" + "11" * 32
+    keys = [f"0x{i:064x}" for i in range(20_000)]
+    drawn = [spot_check_drawn(randomness, key, 50_000) for key in keys]
+    assert drawn == [spot_check_drawn(randomness, key, 50_000) for key in keys]
+    assert 0.04 < sum(drawn) / len(keys) < 0.06
+    other = [spot_check_drawn("0x" + "22" * 32, key, 50_000) for key in keys]
+    assert other != drawn  # new randomness, new draw
+    assert not any(spot_check_drawn(randomness, k, 0) for k in keys[:100])
+    assert all(spot_check_drawn(randomness, k, 1_000_000) for k in keys[:100])
+
+
+# --- pricing, rounds ---
+
+
+def spec(**overrides: object) -> OrderSpec:
+    fields: dict[str, object] = {
+        "buyer": "0x" + "b" * 40,
+        "recipe": "digits-mlp",
+        "dataset_digest": "0x" + "00" * 32,
+        "total_steps": 100,
+        "unit_steps": 25,
+        "replicas": 3,
+        "seed": 1,
+        "max_price_per_pflop": 3 * 10**18,
+        "deadline": 10**10,
+        "verifier_fee_per_unit": 7,
+    }
+    fields.update(overrides)
+    return OrderSpec.model_validate(fields)
+
+
+def test_pricing_is_integer_per_pflop_and_rounds_up() -> None:
+    assert training_flops(10**6, 1000) == 6 * 10**9
+    assert price_for_flops(10**18, FLOPS_PER_PFLOP) == 10**18
+    assert price_for_flops(3, FLOPS_PER_PFLOP + 1) == 4  # never short by a base unit
+    plan = escrow_plan(spec(), flops_per_step=4 * 10**13)  # 25 steps → 1 PFLOP per unit
+    assert plan.price_per_replica == 3 * 10**18 and plan.units == 4
+    assert plan.total == 4 * (3 * 3 * 10**18 + 7)
+    assert isinstance(plan.total, int)
+
+
+def test_rounds_plan_and_pass_through_outer_step() -> None:
+    order = spec()
+    assert [u.start_step for r in range(4) for u in plan_round(order, r)] == [0, 25, 50, 75]
+    step = outer_step_for(1)
+    assert isinstance(step, PassThroughOuterStep)
+    accepted = [
+        [AcceptedReplica(1, "a", "0xaa"), AcceptedReplica(1, "b", "0xbb"), AcceptedReplica(1, "c", "0xbb")]
+    ]
+    assert step.next_state(0, None, accepted) == "0xbb"  # majority of accepted states
+
+
+def test_diloco_outer_step_is_an_interface_that_says_so() -> None:
+    step = outer_step_for(4)
+    assert isinstance(step, DiLoCoOuterStep) and step.units_per_round == 4
+    with pytest.raises(OuterStepNotImplemented, match="DiLoCo"):
+        step.next_state(0, None, [[AcceptedReplica(i, "p", "0x01")] for i in range(4)])
+    with pytest.raises(NotImplementedError):
+        step.next_state(0, None, [])
+
+
+def test_pool_keeps_unusable_providers_out_of_the_scan_and_says_why() -> None:
+    pool = CandidatePool(collateral=10**18, recipe_memory_mb={"digits-mlp": 2048})
+    usable = candidate(1)
+    pool.upsert(usable)
+    pool.upsert(candidate(2, online=False))
+    pool.upsert(candidate(3, price_per_pflop=None))
+    pool.upsert(candidate(4, free_stake=1))
+    pool.upsert(candidate(5, memory_mb=1024))
+    assert [c.address for c in pool.ranked("digits-mlp")] == [usable.address]
+    assert pool.unavailable_reason(candidate(2).address) == DeclineReason.OFFLINE
+    assert pool.unavailable_reason(candidate(3).address) == DeclineReason.NO_OFFER
+    assert pool.unavailable_reason(candidate(4).address) == DeclineReason.INSUFFICIENT_FREE_STAKE
+    assert pool.unavailable_reason(candidate(5).address, "digits-mlp") == DeclineReason.INSUFFICIENT_MEMORY
+    pool.reserve(usable.address)
+    assert pool.unavailable_reason(usable.address) == DeclineReason.AT_CAPACITY
+    assert pool.get(usable.address).active_units == 1  # type: ignore[union-attr]
+    pool.release(usable.address)
+    assert pool.unavailable_reason(usable.address, "digits-mlp") is None

@@ -1,0 +1,428 @@
+"""Typed API messages shared by the market, the agents and the demo, and EIP-712 signing of agent messages.
+
+Every model is frozen and rejects unknown fields, so what was signed is exactly what is stored. Agent
+messages (registration, heartbeat, offer) are signed under the domain ("Veritrain Market", "1",
+chainId): a signature made for another chain recovers another address and is refused. Each carries a
+per-agent ``nonce`` and ``timestamp`` that the market requires to increase strictly (replay defence).
+
+Forms the contracts check themselves (Accept, Commit, Verdict under the JobMarket domain; built and
+signed with :mod:`veritrain.chain.eip712`) travel here as relayed submissions; the market re-checks
+their signatures so a bad one is refused before it costs gas.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import IntEnum, StrEnum
+from typing import Annotated, Any, ClassVar, Generic, Literal, TypeVar
+
+from eth_account import Account
+from eth_account.messages import encode_typed_data
+from eth_utils import keccak, to_checksum_address
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from veritrain.errors import InvalidSignature, ReplayedMessage
+
+MARKET_DOMAIN_NAME = "Veritrain Market"
+DOMAIN_VERSION = "1"
+MAX_REPLICAS = 5
+UINT64_MAX = 2**64 - 1
+UINT256_MAX = 2**256 - 1
+
+
+def _checksum(value: str) -> str:
+    try:
+        return to_checksum_address(value)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"not an address: {value!r}") from exc
+
+
+def _lower_hex(value: str) -> str:
+    return value.lower()
+
+
+Address = Annotated[str, Field(pattern=r"^0x[0-9a-fA-F]{40}$"), AfterValidator(_checksum)]
+Bytes32Hex = Annotated[str, Field(pattern=r"^0x[0-9a-fA-F]{64}$"), AfterValidator(_lower_hex)]
+SignatureHex = Annotated[str, Field(pattern=r"^0x[0-9a-fA-F]{130}$"), AfterValidator(_lower_hex)]
+Uint64 = Annotated[int, Field(ge=0, le=UINT64_MAX)]
+Uint256 = Annotated[int, Field(ge=0, le=UINT256_MAX)]
+ShortText = Annotated[str, Field(min_length=1, max_length=128)]
+RowId = Annotated[int, Field(ge=1, le=2**63 - 1)]  # a market database id (SQL BIGINT)
+
+
+class Frozen(BaseModel):
+    """Base of every API message: immutable, unknown fields refused (pydantic's lax mode for types, so
+    JSON arrays become tuples and strings become enums)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class AgentRole(StrEnum):
+    PROVIDER = "provider"
+    VERIFIER = "verifier"
+
+
+class ReplicaOutcome(IntEnum):
+    """Per-replica verdict, numbered as the JobMarket contract expects."""
+
+    ACCEPT = 0
+    FAULT = 1
+    FRAUD = 2
+
+
+# --- signed agent messages (market domain) ----------------------------------------------------------
+
+
+class AgentMessage(Frozen):
+    """A message an agent signs with its key; ``agent`` is the claimed signer."""
+
+    PRIMARY_TYPE: ClassVar[str]
+    # (EIP-712 field name, EIP-712 type, model attribute) after the common agent/nonce/timestamp fields.
+    EXTRA_FIELDS: ClassVar[tuple[tuple[str, str, str], ...]]
+
+    agent: Address
+    nonce: Uint64
+    timestamp: Uint64
+
+    def typed_data(self, chain_id: int) -> dict[str, Any]:
+        """Full EIP-712 typed data of this message under the market domain of ``chain_id``."""
+        fields = [("agent", "address", "agent"), ("nonce", "uint64", "nonce")]
+        fields += [("timestamp", "uint64", "timestamp"), *self.EXTRA_FIELDS]
+        message = {name: _typed_value(getattr(self, attr)) for name, _, attr in fields}
+        return {
+            "types": {
+                "EIP712Domain": [
+                    {"name": "name", "type": "string"},
+                    {"name": "version", "type": "string"},
+                    {"name": "chainId", "type": "uint256"},
+                ],
+                self.PRIMARY_TYPE: [{"name": name, "type": typ} for name, typ, _ in fields],
+            },
+            "primaryType": self.PRIMARY_TYPE,
+            "domain": {"name": MARKET_DOMAIN_NAME, "version": DOMAIN_VERSION, "chainId": chain_id},
+            "message": message,
+        }
+
+
+def _typed_value(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, StrEnum):
+        return value.value
+    return value
+
+
+class Registration(AgentMessage):
+    """An agent announces itself: role, operator (for distinct-operator replicas), device, recipes."""
+
+    PRIMARY_TYPE: ClassVar[str] = "Registration"
+    EXTRA_FIELDS: ClassVar[tuple[tuple[str, str, str], ...]] = (
+        ("role", "string", "role"),
+        ("operator", "address", "operator"),
+        ("memoryMb", "uint64", "memory_mb"),
+        ("gflops", "uint64", "gflops"),
+        ("hardwareClass", "string", "hardware_class"),
+        ("recipes", "string[]", "recipes"),
+        ("p2pAddr", "string", "p2p_addr"),
+    )
+
+    role: AgentRole
+    operator: Address
+    memory_mb: Uint64
+    gflops: Annotated[int, Field(ge=1, le=UINT64_MAX)]
+    hardware_class: ShortText
+    recipes: tuple[ShortText, ...] = Field(default=(), max_length=64)
+    p2p_addr: Annotated[str, Field(max_length=512)] = ""
+
+
+class Heartbeat(AgentMessage):
+    """Liveness and the agent's pull for work; the reply carries its assignments."""
+
+    PRIMARY_TYPE: ClassVar[str] = "Heartbeat"
+    EXTRA_FIELDS: ClassVar[tuple[tuple[str, str, str], ...]] = (("busy", "bool", "busy"),)
+
+    busy: bool = False
+
+
+class Offer(AgentMessage):
+    """A provider's ask: token base units per PFLOP of training compute, valid until ``expires_at``."""
+
+    PRIMARY_TYPE: ClassVar[str] = "Offer"
+    EXTRA_FIELDS: ClassVar[tuple[tuple[str, str, str], ...]] = (
+        ("pricePerPflop", "uint256", "price_per_pflop"),
+        ("expiresAt", "uint64", "expires_at"),
+    )
+
+    price_per_pflop: Uint256
+    expires_at: Uint64
+
+
+class AgentInfo(Frozen):
+    """The market's view of a registered agent (reply to a registration)."""
+
+    address: Address
+    role: AgentRole
+    operator: Address
+    online: bool
+
+
+MessageT = TypeVar("MessageT", bound=AgentMessage)
+
+
+class Signed(Frozen, Generic[MessageT]):
+    """A message with its 65-byte signature (hex)."""
+
+    message: MessageT
+    signature: SignatureHex
+
+
+def sign_message(message: MessageT, private_key: str | bytes, chain_id: int) -> Signed[MessageT]:
+    """Sign an agent message under the market domain of ``chain_id``."""
+    signable = encode_typed_data(full_message=message.typed_data(chain_id))
+    signature = Account.sign_message(signable, private_key=private_key).signature
+    return Signed(message=message, signature="0x" + bytes(signature).hex())
+
+
+def recover_typed_signer(typed_data: dict[str, Any], signature: str) -> str:
+    """Checksummed signer of ``typed_data``; a malformed signature is an :class:`InvalidSignature`."""
+    try:
+        return str(Account.recover_message(encode_typed_data(full_message=typed_data), signature=signature))
+    except Exception as exc:  # eth_keys raises several unrelated types for bad v/r/s values
+        raise InvalidSignature(f"signature cannot be recovered: {exc}") from exc
+
+
+def verify_signed(signed: Signed[MessageT], chain_id: int) -> MessageT:
+    """The message if its signature recovers to ``message.agent``, else :class:`InvalidSignature`."""
+    recovered = recover_typed_signer(signed.message.typed_data(chain_id), signed.signature)
+    if recovered != signed.message.agent:
+        raise InvalidSignature(
+            f"{signed.message.PRIMARY_TYPE} claims agent {signed.message.agent} but was signed by {recovered}"
+        )
+    return signed.message
+
+
+# --- orders ----------------------------------------------------------------------------------------
+
+
+class OrderSpec(Frozen):
+    """What the buyer wants trained; its hash is the ``specHash`` of the on-chain order."""
+
+    buyer: Address
+    recipe: ShortText
+    dataset_digest: Bytes32Hex
+    total_steps: Annotated[int, Field(ge=1, le=10**9)]
+    unit_steps: Annotated[int, Field(ge=1, le=10**9)]
+    replicas: Annotated[int, Field(ge=1, le=MAX_REPLICAS)]
+    adaptive_replication: bool = False
+    seed: Uint64
+    max_price_per_pflop: Uint256
+    verifier_fee_per_unit: Uint256 = 0
+    deadline: Uint64
+
+    @property
+    def unit_count(self) -> int:
+        """Units the order needs (one per round while M = 1); the last unit may be shorter."""
+        return -(-self.total_steps // self.unit_steps)
+
+    def spec_hash(self) -> str:
+        """keccak256 of the canonical JSON (sorted keys, no spaces) of the spec."""
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return "0x" + keccak(canonical.encode()).hex()
+
+
+class OrderRequest(Frozen):
+    """Buyer's request to the market: the spec and the id of the on-chain order that escrows it."""
+
+    spec: OrderSpec
+    chain_order_id: Uint256
+
+
+class OrderStatus(Frozen):
+    order_id: int
+    chain_order_id: int
+    state: str
+    rounds_total: int
+    rounds_accepted: int
+    current_state_digest: str | None
+    units: tuple[UnitStatus, ...]
+
+
+class UnitStatus(Frozen):
+    unit_id: int
+    round_index: int
+    attempt: int
+    state: str
+    chain_unit_id: int | None
+    providers: tuple[str, ...]
+    accepted_state_digest: str | None
+
+
+OrderStatus.model_rebuild()
+
+
+# --- assignments (heartbeat reply) and relayed settlement forms -------------------------------------
+
+
+class AssignmentPhase(StrEnum):
+    ACCEPT = "accept"  # sign Accept(orderId, unitKey, provider, nonce, deadline) and POST it
+    RUN = "run"  # assigned on chain: execute and POST a signed commit before commit_deadline
+    REVEAL = "reveal"  # all committed: POST the reveal
+    DONE = "done"
+
+
+class StateSource(Frozen):
+    """Where the start state of a unit can be fetched (content address + the agents that hold it)."""
+
+    state_digest: Bytes32Hex | None
+    holders: tuple[str, ...] = ()
+
+
+class Assignment(Frozen):
+    unit_id: int
+    replica_index: int
+    phase: AssignmentPhase
+    order_id: int
+    chain_order_id: int
+    unit_key: Bytes32Hex
+    recipe: str
+    dataset_digest: Bytes32Hex
+    seed: int
+    round_index: int
+    shard: int
+    start_step: int
+    steps: int
+    start_state: StateSource
+    accept_deadline: int
+    chain_unit_id: int | None = None
+    commit_deadline: int | None = None
+
+
+class HeartbeatReply(Frozen):
+    agent: Address
+    assignments: tuple[Assignment, ...]
+
+
+class AcceptSubmission(Frozen):
+    """A provider's EIP-712 Accept signature for the contract's ``assign``; the market relays it."""
+
+    unit_id: RowId
+    provider: Address
+    nonce: Uint256
+    deadline: Uint256
+    signature: SignatureHex
+
+
+class CommitSubmission(Frozen):
+    """A provider's signed commit form for ``commitWithSig``; the market relays it."""
+
+    unit_id: RowId
+    provider: Address
+    commitment: Bytes32Hex
+    nonce: Uint256
+    deadline: Uint256
+    signature: SignatureHex
+
+
+class RevealSubmission(Frozen):
+    """The commitment's preimage plus the off-chain parts of the result (for the next round and verifiers)."""
+
+    unit_id: RowId
+    provider: Address
+    result_digest: Bytes32Hex
+    salt: Bytes32Hex
+    state_digest: Bytes32Hex
+    transcript_root: Bytes32Hex
+
+
+class VerdictSubmission(Frozen):
+    """One verifier's EIP-712 Verdict signature over per-replica outcomes; relayed once a quorum signed."""
+
+    job_id: RowId
+    verifier: Address
+    outcomes: tuple[ReplicaOutcome, ...] = Field(min_length=1, max_length=MAX_REPLICAS)
+    reasons_hash: Bytes32Hex
+    nonce: Uint256
+    deadline: Uint256
+    signature: SignatureHex
+
+
+class ReplicaResult(Frozen):
+    provider: Address
+    result_digest: str | None
+    state_digest: str | None
+    transcript_root: str | None
+    p2p_addr: str
+
+
+class VerificationJobView(Frozen):
+    job_id: int
+    unit_id: int
+    chain_unit_id: int | None
+    order_id: int
+    recipe: str
+    dataset_digest: str
+    seed: int
+    round_index: int
+    start_step: int
+    steps: int
+    start_state: StateSource
+    replicas: tuple[ReplicaResult, ...]
+    randomness: Bytes32Hex
+    reason: str
+
+
+class VerificationJobsReply(Frozen):
+    verifier: Address
+    jobs: tuple[VerificationJobView, ...]
+
+
+class Ack(Frozen):
+    ok: Literal[True] = True
+    detail: str = ""
+
+
+# --- replay defence -------------------------------------------------------------------------------
+
+
+def require_fresh(last_nonce: int | None, last_timestamp: int | None, nonce: int, timestamp: int, now: int,
+                  max_skew_s: int) -> None:
+    """Replay defence: nonce and timestamp strictly/weakly increase per agent and the clock is near ours."""
+    if abs(timestamp - now) > max_skew_s:
+        raise ReplayedMessage(f"timestamp {timestamp} is more than {max_skew_s}s from the market clock {now}")
+    if last_nonce is not None and nonce <= last_nonce:
+        raise ReplayedMessage(f"nonce {nonce} is not above the last accepted nonce {last_nonce}")
+    if last_timestamp is not None and timestamp < last_timestamp:
+        raise ReplayedMessage(f"timestamp {timestamp} is older than the last accepted {last_timestamp}")
+
+
+__all__ = [
+    "MARKET_DOMAIN_NAME",
+    "AcceptSubmission",
+    "Ack",
+    "AgentInfo",
+    "AgentMessage",
+    "AgentRole",
+    "Assignment",
+    "AssignmentPhase",
+    "CommitSubmission",
+    "Heartbeat",
+    "HeartbeatReply",
+    "Offer",
+    "OrderRequest",
+    "OrderSpec",
+    "OrderStatus",
+    "Registration",
+    "ReplicaOutcome",
+    "ReplicaResult",
+    "RevealSubmission",
+    "Signed",
+    "StateSource",
+    "UnitStatus",
+    "VerdictSubmission",
+    "VerificationJobView",
+    "VerificationJobsReply",
+    "recover_typed_signer",
+    "require_fresh",
+    "sign_message",
+    "verify_signed",
+]
