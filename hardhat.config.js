@@ -23,8 +23,8 @@ module.exports = {
     version: SOLC_VERSION,
     settings: {
       evmVersion: "cancun",
-      optimizer: { enabled: true, runs: 200 },
-      viaIR: false,
+      optimizer: { enabled: true, runs: 10000 },
+      viaIR: true,
     },
   },
   paths: { sources: "./contracts", tests: "./test-contracts" },

@@ -46,6 +46,7 @@ contract StakeManager is AccessControl, ReentrancyGuardTransient, TypedSignature
 
     mapping(address account => StakeAccount) private _accounts;
     uint256 private _totalStaked;
+    mapping(address account => uint256) private _nonces;
 
     /// @notice `amount` is zero where a positive amount is required.
     error ZeroAmount();
@@ -140,19 +141,29 @@ contract StakeManager is AccessControl, ReentrancyGuardTransient, TypedSignature
 
     /// @notice Locks `amount` of `account`'s free stake as collateral.
     function lock(address account, uint256 amount) external onlyRole(MARKET_ROLE) {
-        StakeAccount storage acc = _accounts[account];
-        uint256 free = acc.bonded - acc.locked;
-        if (amount > free) revert InsufficientFreeStake(account, free, amount);
-        acc.locked += uint128(amount); // amount <= free < 2**128
+        _lock(account, amount);
+    }
+
+    /// @notice Locks `amount` of each account's free stake (a unit's providers in one call); reverts
+    /// entirely if any account lacks free stake.
+    function lockBatch(address[] calldata accounts, uint256 amount) external onlyRole(MARKET_ROLE) {
+        for (uint256 i; i < accounts.length; ++i) {
+            _lock(accounts[i], amount);
+        }
     }
 
     /// @notice Releases up to `amount` of `account`'s locked collateral.
     /// @dev Saturates instead of reverting: a settlement must never be blocked by a lock that a slash
     /// already consumed.
     function unlock(address account, uint256 amount) external onlyRole(MARKET_ROLE) {
-        StakeAccount storage acc = _accounts[account];
-        uint128 locked = acc.locked;
-        acc.locked = amount >= locked ? 0 : locked - uint128(amount);
+        _unlock(account, amount);
+    }
+
+    /// @notice Releases up to `amount` of each account's locked collateral (saturating, as {unlock}).
+    function unlockBatch(address[] calldata accounts, uint256 amount) external onlyRole(MARKET_ROLE) {
+        for (uint256 i; i < accounts.length; ++i) {
+            _unlock(accounts[i], amount);
+        }
     }
 
     /// @notice Slashes up to `amount` of `account`'s stake, bonded first, then unbonding (unbonding stake
@@ -198,6 +209,11 @@ contract StakeManager is AccessControl, ReentrancyGuardTransient, TypedSignature
         return (acc.bonded, acc.locked, acc.unbonding, acc.thawAt);
     }
 
+    /// @inheritdoc TypedSignatures
+    function nonces(address account) public view override returns (uint256) {
+        return _nonces[account];
+    }
+
     /// @notice Bonded stake of `account` (locked or not).
     function bondedOf(address account) external view returns (uint256) {
         return _accounts[account].bonded;
@@ -218,6 +234,14 @@ contract StakeManager is AccessControl, ReentrancyGuardTransient, TypedSignature
     // Internals
     // ----------------------------------------------------------------------------------------------
 
+    function _useNonce(address account, uint256 given) internal override {
+        uint256 expected = _nonces[account];
+        if (given != expected) revert InvalidNonce(account, expected, given);
+        unchecked {
+            _nonces[account] = expected + 1;
+        }
+    }
+
     function _stake(address staker, uint256 amount) private {
         if (amount == 0) revert ZeroAmount();
         StakeAccount storage acc = _accounts[staker];
@@ -228,6 +252,19 @@ contract StakeManager is AccessControl, ReentrancyGuardTransient, TypedSignature
         token.safeTransferFrom(staker, address(this), amount);
         uint256 received = token.balanceOf(address(this)) - balanceBefore;
         if (received != amount) revert TransferAmountMismatch(amount, received);
+    }
+
+    function _lock(address account, uint256 amount) private {
+        StakeAccount storage acc = _accounts[account];
+        uint256 free = acc.bonded - acc.locked;
+        if (amount > free) revert InsufficientFreeStake(account, free, amount);
+        acc.locked += uint128(amount); // amount <= free < 2**128
+    }
+
+    function _unlock(address account, uint256 amount) private {
+        StakeAccount storage acc = _accounts[account];
+        uint128 locked = acc.locked;
+        acc.locked = amount >= locked ? 0 : locked - uint128(amount);
     }
 
     function _requestUnstake(address staker, uint256 amount) private {

@@ -19,23 +19,14 @@ abstract contract TypedSignatures is EIP712 {
     /// @notice The signed nonce is not the account's next nonce (a replay, or out of order).
     error InvalidNonce(address account, uint256 expected, uint256 given);
 
-    mapping(address account => uint256) private _nonces;
-
     constructor(string memory name, string memory version) EIP712(name, version) {}
 
     /// @notice The next nonce `account` must sign.
-    function nonces(address account) public view returns (uint256) {
-        return _nonces[account];
-    }
+    /// @dev Each contract stores its nonces itself (JobMarket packs them with other per-account data).
+    function nonces(address account) public view virtual returns (uint256);
 
     /// @dev Consumes `account`'s nonce `given` or reverts with {InvalidNonce}.
-    function _useNonce(address account, uint256 given) internal {
-        uint256 expected = _nonces[account];
-        if (given != expected) revert InvalidNonce(account, expected, given);
-        unchecked {
-            _nonces[account] = expected + 1;
-        }
-    }
+    function _useNonce(address account, uint256 given) internal virtual;
 
     /// @dev Reverts unless `signature` over the typed `structHash` was made by `expected` no later than
     /// `deadline`. Returns nothing: callers consume the nonce themselves, before this check.

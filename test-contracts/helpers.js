@@ -38,6 +38,12 @@ const TYPES = {
     { name: "nonce", type: "uint256" },
     { name: "deadline", type: "uint256" },
   ],
+  UnitCommit: [
+    { name: "unitId", type: "uint256" },
+    { name: "provider", type: "address" },
+    { name: "commitment", type: "bytes32" },
+    { name: "deadline", type: "uint256" },
+  ],
   Verdict: [
     { name: "unitId", type: "uint256" },
     { name: "outcomesHash", type: "bytes32" },
@@ -99,6 +105,14 @@ async function signVerdict(market, verifier, unitId, outcomes, reasonsHash, opts
   const signature = await signMarket(opts.signer ?? verifier, market, "Verdict",
     { unitId, outcomesHash, reasonsHash, nonce, deadline }, opts);
   return { verifier: verifier.address, nonce, deadline, signature };
+}
+
+/** A `SignedCommit` for {commitBatch}: an EIP-712 `UnitCommit` (no nonce) over `commitment`. */
+async function signUnitCommit(market, provider, unitId, commitment, opts = {}) {
+  const deadline = opts.deadline ?? (await farDeadline());
+  const signature = await signMarket(opts.signer ?? provider, market, "UnitCommit",
+    { unitId, provider: provider.address, commitment, deadline }, opts);
+  return { provider: provider.address, commitment, deadline, signature };
 }
 
 function commitmentOf(digest, salt, provider, unitId) {
@@ -189,7 +203,7 @@ async function unitAt(sys, stage, digests = null, opts = {}) {
 
 module.exports = {
   E18, PARAMS, UNBONDING, PRICE, FEE, ACCEPT, FAULT, FRAUD, UNIT_STATE, TYPES,
-  signMarket, signStakes, signAccept, signVerdict, commitmentOf, digestOf, saltOf, farDeadline,
+  signMarket, signStakes, signAccept, signVerdict, signUnitCommit, commitmentOf, digestOf, saltOf, farDeadline,
   deploySystem, systemFixture, postOrder, assignUnit, commitAll, revealAll, unitAt,
 };
 
