@@ -117,11 +117,12 @@ class ChainClientSettlement:
 
     def events(self, from_block: int, to_block: int) -> list[ChainEvent]:
         start = max(from_block, self.client.deployment.block)
-        if start > to_block:
+        end = min(to_block, self.block_number())  # past the head: nothing yet (eth-tester would raise)
+        if start > end:
             return []
         return [
             ChainEvent(e.block_number, e.log_index, e.name, {k: _hex(v) for k, v in e.args.items()})
-            for e in self.client.events(start, to_block)
+            for e in self.client.events(start, end)
         ]
 
 

@@ -69,8 +69,8 @@ class ChainEvent:
 
 
 class SettlementPort(Protocol):
-    """What the market needs from the chain. Write methods return a transaction hash; a revert raises a
-    :class:`veritrain.chain.errors.ContractReverted` subclass."""
+    """What the market needs from the chain. Write methods return a transaction hash (``assign``: the new
+    unit's id); a revert raises a :class:`veritrain.chain.errors.ContractReverted` subclass."""
 
     chain_id: int
     job_market_address: str
@@ -86,7 +86,7 @@ class SettlementPort(Protocol):
         providers: Sequence[str],
         verifiers: Sequence[str],
         accepts: Sequence[SignedAccept],
-    ) -> str: ...
+    ) -> int: ...
     def commit_with_sig(
         self, unit_id: int, provider: str, commitment: str, nonce: int, deadline: int, signature: str
     ) -> str: ...

@@ -1,10 +1,12 @@
 """A file-backed stand-in for the JobMarket, implementing `market.ports.SettlementPort`.
 
-Why a double: the market's chain adapter needs the chain client's high-level API, which is being
-written in parallel; these tests are about the market's own behaviour (outbox idempotency, Celery
-delivery, state machines). The double keeps the contract rules the market relies on (a unit key is
-assigned once; a unit settles once, a repeat reverts ``UnitAlreadySettled``) and records every effect
-in a JSON file under a file lock, so a Celery worker process and the test see the same chain.
+Why a double: a Celery worker process cannot reach the in-process EVM, and most market tests drive the
+service with a settable clock that no chain follows. The double models the contract's unit state
+machine (collateral locks, commit → reveal → finalize / verdict / expiry, one settlement per unit,
+single-use signed forms) and records every effect in a JSON file under a file lock, so a worker process
+and the test see the same chain. `tests/market/test_settlement_port.py` runs the same conformance suite
+on it and on the real contracts; what it does not model is listed there (each as a strict xfail):
+signature recovery, nonce order and block time (deadlines).
 """
 
 from __future__ import annotations
@@ -21,10 +23,24 @@ from eth_utils import keccak
 
 from market.domain.replication import Reputation
 from market.ports import ChainEvent, ChainOrder, MarketTerms, SignedAccept, SignedVerdict
-from veritrain.chain.errors import error_class
+from veritrain.chain.eip712 import as_bytes32
+from veritrain.chain.eip712 import commitment as commitment_of
+from veritrain.chain.errors import ContractReverted, error_class
 from veritrain.settings import Settings
 
 JOB_MARKET = "0x" + "4a" * 20
+DEFAULT_FREE_STAKE = 10**21
+TERMS = MarketTerms(600, 600, 1200, verifier_quorum=1, provider_collateral=10**18)
+OPEN_STATES = ("committing", "revealing")
+OUTCOME_ACCEPT, OUTCOME_FAULT = 0, 1
+
+
+def _revert(name: str, **arguments: Any) -> ContractReverted:
+    return error_class(name)(name, arguments)
+
+
+def _key(address: str) -> str:
+    return address.lower()
 
 
 class LedgerChain:
@@ -35,10 +51,21 @@ class LedgerChain:
         self.path = Path(path)
         self.chain_id = chain_id
         if not self.path.exists():
-            self.path.write_text(json.dumps({"orders": {}, "blocks": [], "units": {}, "stake": {}}))
+            empty: dict[str, Any] = {
+                "orders": {},
+                "blocks": [],
+                "units": {},
+                "stake": {},
+                "locked": {},
+                "reputation": {},
+                "used_signatures": [],
+            }
+            self.path.write_text(json.dumps(empty))
 
     @contextmanager
     def _state(self) -> Iterator[dict[str, Any]]:
+        """The whole ledger under an exclusive lock; written back only if the block did not raise (a revert
+        leaves no trace, like a reverted transaction)."""
         with open(self.path.with_suffix(".lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             state = json.loads(self.path.read_text())
@@ -57,11 +84,50 @@ class LedgerChain:
 
     def set_free_stake(self, account: str, amount: int) -> None:
         with self._state() as state:
-            state["stake"][account] = amount
+            state["stake"][_key(account)] = amount
 
     def effects(self, name: str) -> list[dict[str, Any]]:
         with self._state() as state:
             return [b["args"] for b in state["blocks"] if b["name"] == name]
+
+    # --- contract rules ---
+
+    def _use_signatures(self, state: dict[str, Any], forms: Sequence[tuple[str, int, str]]) -> None:
+        """A signed form takes effect once: its nonce is spent (a replay reverts as on the contract)."""
+        used = set(state["used_signatures"])
+        for signer, nonce, signature in forms:
+            if signature.lower() in used:
+                raise _revert("InvalidNonce", account=signer, expected=nonce + 1, given=nonce)
+        state["used_signatures"].extend(signature.lower() for _, _, signature in forms)
+
+    def _open_unit(self, state: dict[str, Any], unit_id: int) -> dict[str, Any]:
+        unit: dict[str, Any] | None = state["units"].get(str(unit_id))
+        if unit is None:
+            raise _revert("InvalidUnitState", unitId=unit_id, state=0)
+        if unit["state"] not in OPEN_STATES:
+            raise _revert("UnitAlreadySettled", unitId=unit_id)
+        return unit
+
+    def _provider_index(self, unit: dict[str, Any], unit_id: int, provider: str) -> str:
+        if _key(provider) not in [_key(p) for p in unit["providers"]]:
+            raise _revert("NotAssignedProvider", unitId=unit_id, account=provider)
+        return _key(provider)
+
+    def _credit_outcome(self, state: dict[str, Any], provider: str, outcome: int) -> None:
+        valid, fault, fraud, consecutive = state["reputation"].get(_key(provider), [0, 0, 0, 0])
+        if outcome == OUTCOME_ACCEPT:
+            valid, consecutive = valid + 1, consecutive + 1
+        elif outcome == OUTCOME_FAULT:
+            fault, consecutive = fault + 1, 0
+        else:
+            fraud, consecutive = fraud + 1, 0
+        state["reputation"][_key(provider)] = [valid, fault, fraud, consecutive]
+
+    def _close(self, state: dict[str, Any], unit: dict[str, Any], new_state: str) -> None:
+        unit["state"] = new_state
+        for provider in unit["providers"]:
+            locked = state["locked"].get(_key(provider), 0)
+            state["locked"][_key(provider)] = max(0, locked - TERMS.provider_collateral)
 
     # --- SettlementPort ---
 
@@ -72,13 +138,15 @@ class LedgerChain:
 
     def free_stake(self, account: str) -> int:
         with self._state() as state:
-            return int(state["stake"].get(account, 10**21))
+            bonded = int(state["stake"].get(_key(account), DEFAULT_FREE_STAKE))
+            return bonded - int(state["locked"].get(_key(account), 0))
 
     def reputation_of(self, account: str) -> Reputation:
-        return Reputation()
+        with self._state() as state:
+            return Reputation(*state["reputation"].get(_key(account), [0, 0, 0, 0]))
 
     def terms(self) -> MarketTerms:
-        return MarketTerms(600, 600, 1200, verifier_quorum=1, provider_collateral=10**18)
+        return TERMS
 
     def assign(
         self,
@@ -88,50 +156,140 @@ class LedgerChain:
         verifiers: Sequence[str],
         accepts: Sequence[SignedAccept],
     ) -> int:
+        as_bytes32(unit_key, "unit_key")  # malformed input fails before any transaction, as in the client
         with self._state() as state:
-            if any(u["unit_key"] == unit_key for u in state["units"].values()):
-                raise error_class("UnitKeyUsed")("UnitKeyUsed", {"unitKey": unit_key})
+            if str(order_id) not in state["orders"]:
+                raise _revert("UnknownOrder", orderId=order_id)
+            self._use_signatures(state, [(a.provider, a.nonce, a.signature) for a in accepts])
+            for provider in providers:
+                bonded = int(state["stake"].get(_key(provider), DEFAULT_FREE_STAKE))
+                locked = int(state["locked"].get(_key(provider), 0))
+                if bonded - locked < TERMS.provider_collateral:
+                    raise _revert(
+                        "InsufficientFreeStake",
+                        account=provider,
+                        free=bonded - locked,
+                        requested=TERMS.provider_collateral,
+                    )
+                state["locked"][_key(provider)] = locked + TERMS.provider_collateral
             unit_id = len(state["units"]) + 1
             state["units"][str(unit_id)] = {
+                "order_id": order_id,
                 "unit_key": unit_key,
-                "settled": False,
+                "state": "committing",
                 "providers": list(providers),
+                "verifiers": list(verifiers),
+                "commitments": {},
+                "reveals": {},
+                "drawn": False,
             }
-            self._mine(state, "UnitAssigned", {"unitId": unit_id, "orderId": order_id, "unitKey": unit_key})
+            self._mine(
+                state,
+                "UnitAssigned",
+                {
+                    "unitId": unit_id,
+                    "orderId": order_id,
+                    "unitKey": unit_key,
+                    "providers": list(providers),
+                    "verifiers": list(verifiers),
+                },
+            )
             return unit_id
 
     def commit_with_sig(
         self, unit_id: int, provider: str, commitment: str, nonce: int, deadline: int, signature: str
     ) -> str:
+        as_bytes32(commitment, "commitment")
         with self._state() as state:
-            return self._mine(state, "Committed", {"unitId": unit_id, "provider": provider})
+            self._use_signatures(state, [(provider, nonce, signature)])
+            unit = self._open_unit(state, unit_id)
+            key = self._provider_index(unit, unit_id, provider)
+            if key in unit["commitments"]:
+                raise _revert("AlreadyCommitted", unitId=unit_id, provider=provider)
+            unit["commitments"][key] = commitment.lower()
+            if len(unit["commitments"]) == len(unit["providers"]):
+                unit["state"] = "revealing"
+            return self._mine(
+                state, "ReplicaCommitted", {"unitId": unit_id, "provider": provider, "commitment": commitment}
+            )
 
     def reveal(self, unit_id: int, provider: str, result_digest: str, salt: str) -> str:
+        expected = "0x" + commitment_of(result_digest, salt, provider, unit_id).hex()
         with self._state() as state:
-            return self._mine(state, "Revealed", {"unitId": unit_id, "provider": provider})
+            unit = self._open_unit(state, unit_id)
+            if unit["state"] == "committing":  # the double has no clock: its commit window never closes
+                raise _revert("RevealWindowNotOpen", unitId=unit_id)
+            key = self._provider_index(unit, unit_id, provider)
+            if key in unit["reveals"]:
+                raise _revert("AlreadyRevealed", unitId=unit_id, provider=provider)
+            if unit["commitments"].get(key) != expected:
+                raise _revert("RevealMismatch", unitId=unit_id, provider=provider)
+            unit["reveals"][key] = result_digest.lower()
+            return self._mine(
+                state,
+                "ReplicaRevealed",
+                {"unitId": unit_id, "provider": provider, "resultDigest": result_digest},
+            )
 
     def request_verification(self, unit_id: int) -> str:
         with self._state() as state:
+            self._open_unit(state, unit_id)["drawn"] = True
             return self._mine(state, "VerificationRequested", {"unitId": unit_id})
 
-    def _settle(self, name: str, unit_id: int, extra: dict[str, Any]) -> str:
-        with self._state() as state:
-            unit = state["units"][str(unit_id)]
-            if unit["settled"]:
-                raise error_class("UnitAlreadySettled")("UnitAlreadySettled", {"unitId": unit_id})
-            unit["settled"] = True
-            return self._mine(state, name, {"unitId": unit_id, **extra})
-
     def finalize(self, unit_id: int) -> str:
-        return self._settle("UnitFinalized", unit_id, {})
+        with self._state() as state:
+            unit = self._open_unit(state, unit_id)
+            if unit["drawn"]:
+                raise _revert("UnitUnderVerification", unitId=unit_id)
+            if len(unit["reveals"]) != len(unit["providers"]):
+                raise _revert("RevealsIncomplete", unitId=unit_id)
+            digests = set(unit["reveals"].values())
+            if len(digests) != 1:
+                raise _revert("NotUnanimous", unitId=unit_id)
+            self._close(state, unit, "finalized")
+            for provider in unit["providers"]:
+                self._credit_outcome(state, provider, OUTCOME_ACCEPT)
+            return self._mine(state, "UnitFinalized", {"unitId": unit_id, "resultDigest": digests.pop()})
 
     def submit_verdict(
         self, unit_id: int, outcomes: Sequence[int], reasons_hash: str, verdicts: Sequence[SignedVerdict]
     ) -> str:
-        return self._settle("VerdictRecorded", unit_id, {"outcomes": list(outcomes)})
+        as_bytes32(reasons_hash, "reasons_hash")
+        with self._state() as state:
+            unit = self._open_unit(state, unit_id)
+            if len(outcomes) != len(unit["providers"]):
+                raise _revert("OutcomeCountMismatch", expected=len(unit["providers"]), given=len(outcomes))
+            assigned = [_key(v) for v in unit["verifiers"]]
+            for verdict in verdicts:
+                if _key(verdict.verifier) not in assigned:
+                    raise _revert("NotAssignedVerifier", unitId=unit_id, account=verdict.verifier)
+            self._use_signatures(state, [(v.verifier, v.nonce, v.signature) for v in verdicts])
+            if len(verdicts) < TERMS.verifier_quorum:
+                raise _revert(
+                    "QuorumNotReached", unitId=unit_id, valid=len(verdicts), required=TERMS.verifier_quorum
+                )
+            self._close(state, unit, "verdicted")
+            for provider, outcome in zip(unit["providers"], outcomes, strict=True):
+                self._credit_outcome(state, provider, int(outcome))
+            return self._mine(
+                state,
+                "VerdictRecorded",
+                {
+                    "unitId": unit_id,
+                    "outcomes": list(outcomes),
+                    "reasonsHash": reasons_hash,
+                    "verifiers": [v.verifier for v in verdicts],
+                },
+            )
 
     def expire_unit(self, unit_id: int) -> str:
-        return self._settle("UnitExpired", unit_id, {})
+        with self._state() as state:
+            unit = self._open_unit(state, unit_id)
+            self._close(state, unit, "expired")
+            for provider in unit["providers"]:
+                if _key(provider) not in unit["reveals"]:
+                    self._credit_outcome(state, provider, OUTCOME_FAULT)
+            return self._mine(state, "UnitExpired", {"unitId": unit_id})
 
     def block_number(self) -> int:
         with self._state() as state:

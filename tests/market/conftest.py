@@ -21,6 +21,7 @@ from chain_double import LedgerChain  # noqa: E402
 from market.ports import RegistryRecipeCatalog  # noqa: E402
 from market.service import MarketConfig, MarketService  # noqa: E402
 from market.store import MarketStore  # noqa: E402
+from veritrain.chain.backends import HardhatNode  # noqa: E402
 
 
 @pytest.fixture
@@ -78,3 +79,10 @@ def make_agent(clock: Clock):  # type: ignore[no-untyped-def]
         return AgentKey(Account.create(), clock, operator)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def hardhat_node() -> Iterator[HardhatNode]:
+    """One real `hardhat node` for the session's market tests, started and stopped by its own PID."""
+    with HardhatNode() as node:
+        yield node
