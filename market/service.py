@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eth_abi import encode as abi_encode
-from eth_utils import keccak
+from eth_utils import keccak, to_checksum_address
 from sqlmodel import Session
 
 from market.domain.matching import CandidatePool, Match, ProviderCandidate, UnitDemand
@@ -1191,6 +1191,12 @@ class MarketService:
         unit_id = args.get("unitId")
         unit = self.store.unit_by_chain_id(session, int(unit_id)) if unit_id is not None else None
         if unit is None:
+            return
+        if name in ("ReplicaCommitted", "ReplicaRevealed"):
+            # A worker may crash after the transaction landed but before recording it; its retry then
+            # reverts (nonce used / already revealed), so the chain event is what confirms the intent.
+            kind = "commit" if name == "ReplicaCommitted" else "reveal"
+            self._confirm(session, _id(unit), f"{kind}:{to_checksum_address(args['provider'])}", now)
             return
         if name == "UnitFinalized":
             self._confirm(session, _id(unit), "finalize", now)

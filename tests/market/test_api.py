@@ -560,3 +560,30 @@ def test_a_provider_that_never_commits_becomes_a_fault_and_the_unit_still_comple
     assert ledger.effects("VerdictRecorded")[0]["outcomes"] == outcomes
     assert service.advance_orders() == 1
     assert service.order_status(_order_id(service)).state == "completed"
+
+
+def test_chain_events_confirm_commits_and_reveals_whose_retry_reverted(
+    client: TestClient, service: MarketService, ledger: LedgerChain, make_agent: Any, clock: Clock
+) -> None:
+    """A worker that crashed after its commit/reveal landed retries into InvalidNonce / AlreadyRevealed;
+    the chain's ReplicaCommitted / ReplicaRevealed events must still confirm the intent."""
+    no_audit(service)
+    providers, _ = register_market(client, make_agent)
+    post_order(client, ledger, make_agent(), clock, total_steps=20)
+    service.match_pending()
+    run_unit(client, service, {k.address: k for k in providers}, {"default": "0x" + "31" * 32})
+    with service.store.transaction() as session:
+        entries = [
+            e
+            for e in service.store.outbox_in(session, ["sent", "confirmed"])
+            if e.action.startswith(("commit:", "reveal:"))
+        ]
+        assert len(entries) == 6 and all(e.state == "sent" for e in entries)
+        for entry in entries:
+            entry.state = "failed"
+            session.add(entry)
+        entry_ids = [e.id for e in entries]
+    service.sync_chain_events()
+    with service.store.transaction() as session:
+        states = {service.store.get_outbox(session, i).state for i in entry_ids if i is not None}
+    assert states == {"confirmed"}
