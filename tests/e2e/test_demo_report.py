@@ -1,0 +1,111 @@
+"""The demo's money accounting: figures from JobMarket events, and checks that catch a wrong payout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from veritrain.chain.tx import Event
+from veritrain.demo import order_money
+from veritrain.demo_report import Checks, Holdings, conservation_checks, write_loss_curve
+
+BUYER, P1, P2, CHEAT, V1 = "0xB", "0x1", "0x2", "0xC", "0xV"
+PRICE, FEE, SLASH = 100, 10, 50
+
+
+def _event(name: str, **args: object) -> Event:
+    return Event(name=name, address="0xJobMarket", args=dict(args))
+
+
+def _order_events() -> list[Event]:
+    """One fast-path unit (P1, P2, CHEAT all accepted) and one verdict unit where CHEAT is fraud."""
+    return [
+        _event(
+            "OrderPosted",
+            orderId=1,
+            escrow=2 * (3 * PRICE + FEE),
+            pricePerReplica=PRICE,
+            verifierFeePerUnit=FEE,
+        ),
+        _event(
+            "OrderPosted", orderId=2, escrow=999, pricePerReplica=1, verifierFeePerUnit=1
+        ),  # another order
+        _event("UnitAssigned", unitId=1, orderId=1, providers=[P1, P2, CHEAT], verifiers=[V1]),
+        _event("UnitFinalized", unitId=1),
+        _event("UnitAssigned", unitId=2, orderId=1, providers=[CHEAT, P1, P2], verifiers=[V1]),
+        _event("ReplicaRevealed", unitId=2, provider=P1, resultDigest=b"\x01" * 32),
+        _event("ReplicaSlashed", unitId=2, provider=CHEAT, amount=SLASH),
+        _event("VerdictRecorded", unitId=2, outcomes=[2, 0, 0], verifiers=[V1]),
+        _event("OrderClosed", orderId=1, refund=2 * (3 * PRICE + FEE) - 5 * PRICE - FEE),
+    ]
+
+
+def _holdings(wallets: dict[str, int], stakes: dict[str, int], supply: int) -> Holdings:
+    contracts = {"StakeManager": sum(stakes.values()), "JobMarket": 0}
+    return Holdings(wallets=wallets, stakes=stakes, credits={}, contracts=contracts, total_supply=supply)
+
+
+def test_order_money_from_events() -> None:
+    money, units = order_money(_order_events(), order_id=1)
+    assert money.deposit == 620 and money.refund == 620 - 5 * PRICE - FEE
+    assert money.payouts == {P1: 200, P2: 200, CHEAT: 100}
+    assert money.verdict_fees == FEE and money.slashed == {CHEAT: SLASH}
+    assert money.escrow_balanced()
+    assert [u.settlement for u in units] == ["finalized (fast path)", "verdict"]
+    assert (
+        units[1].outcomes == ["fraud", "accept", "accept"] and units[1].result_digests[P1] == "0x" + "01" * 32
+    )
+
+
+def _snapshots(verifier_gets: int) -> tuple[Holdings, Holdings]:
+    stake = 1000
+    before = _holdings(
+        {BUYER: 1000, P1: 0, P2: 0, CHEAT: 0, V1: 0},
+        {P1: stake, P2: stake, CHEAT: stake, V1: stake},
+        supply=5000,
+    )
+    buyer_after = 1000 - 620 + 110 + (SLASH + FEE - verifier_gets)
+    after = _holdings(
+        {BUYER: buyer_after, P1: 200, P2: 200, CHEAT: 100, V1: verifier_gets},
+        {P1: stake, P2: stake, CHEAT: stake - SLASH, V1: stake},
+        supply=5000,
+    )
+    return before, after
+
+
+def test_conservation_holds_for_an_honest_ledger() -> None:
+    money, _ = order_money(_order_events(), order_id=1)
+    before, after = _snapshots(verifier_gets=35)
+    checks = Checks()
+    assert conservation_checks(
+        money, before, after, buyer=BUYER, providers=[P1, P2, CHEAT], verifiers=[V1], checks=checks
+    ), checks.details
+    assert checks.all_ok
+
+
+def test_a_payout_to_the_wrong_account_is_caught() -> None:
+    money, _ = order_money(_order_events(), order_id=1)
+    before, after = _snapshots(verifier_gets=35)
+    after.wallets[P1] -= 1
+    after.wallets[P2] += 1
+    checks = Checks()
+    assert not conservation_checks(
+        money, before, after, buyer=BUYER, providers=[P1, P2, CHEAT], verifiers=[V1], checks=checks
+    )
+    assert checks.failed() == ["providers_paid_exactly"]
+
+
+def test_minted_or_vanished_tokens_are_caught() -> None:
+    money, _ = order_money(_order_events(), order_id=1)
+    before, after = _snapshots(verifier_gets=35)
+    after.wallets[V1] += 7  # tokens from nowhere
+    checks = Checks()
+    conservation_checks(
+        money, before, after, buyer=BUYER, providers=[P1, P2, CHEAT], verifiers=[V1], checks=checks
+    )
+    assert {"fees_and_slashes_distributed", "parties_conserved", "supply_conserved"} <= set(checks.failed())
+
+
+def test_loss_curve_png(tmp_path: Path) -> None:
+    path = tmp_path / "curve.png"
+    write_loss_curve([5.0, 4.0, 3.5, 3.0], [2], path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,166 @@
+"""The whole marketplace as separate processes: the demo flow on PostgreSQL + Redis, and a provider crash.
+
+Each test starts a hardhat node, the market API, a Celery worker and the agents (veritrain.demo), and
+checks the outcome from on-chain events and balances only — never from the market's own database.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from veritrain.demo import (
+    Buyer,
+    DemoConfig,
+    Marketplace,
+    build_report,
+    marketplace,
+    order_money,
+    progress_printer,
+    run_demo,
+    start_stack,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.node_backend, pytest.mark.torch, pytest.mark.timeout(420)]
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+def test_demo_flow_on_postgresql_and_redis(
+    e2e_postgres_url: str, redis_url: str, private_queue: str, tmp_path: Path
+) -> None:
+    config = DemoConfig(
+        out_dir=tmp_path,
+        database_url=e2e_postgres_url,
+        broker_url=redis_url,
+        extra_env={"VERITRAIN_CELERY_QUEUE": private_queue},
+        timeout_s=300,
+    )
+    report = run_demo(config, progress_printer())  # raises DemoCheckFailed if any acceptance check fails
+
+    assert report["conservation_ok"] is True
+    assert report["final_loss"] < report["initial_loss"]
+    assert len(report["slashed"]) == 1
+    dishonest = next(name for name in report["balances"]["before"] if name.endswith("DISHONEST"))
+    assert report["balances"]["before"][dishonest]["address"] == report["slashed"][0]
+    assert all(report["checks"].values()), report["check_details"]
+    assert (tmp_path / "demo-report.json").is_file()
+    assert (tmp_path / "loss-curve.png").stat().st_size > 0
+    assert (tmp_path / "final-weights.safetensors").stat().st_size > 0
+
+
+def _unit_in_progress(market: Marketplace, buyer: Buyer, round_index: int) -> tuple[str, int] | None:
+    """(provider name, unit id) of a replica of round `round_index` whose log shows training steps."""
+    names = {party.address: party.name for party in market.providers()}
+    for unit in buyer.status()["units"]:
+        if unit["round_index"] != round_index or unit["state"] != "committing":
+            continue
+        for address in unit["providers"]:
+            log = market.procs[names[address]].log_path.read_text(errors="replace")
+            if re.search(rf"unit {unit['unit_id']}: step \d+/", log):
+                return names[address], int(unit["unit_id"])
+    return None
+
+
+def test_killed_provider_unit_migrates_and_nobody_is_paid_twice(tmp_path: Path) -> None:
+    # k = 1 on two providers: when the provider of round 2 dies mid-unit, no replica of that attempt can
+    # be accepted, so the unit must fail unpaid and run again on the other provider. Short chain windows
+    # (the market schedules by them) so the dead attempt is settled within about a minute.
+    config = DemoConfig(
+        out_dir=tmp_path,
+        providers=2,
+        dishonest=0,
+        replicas=1,
+        rounds=2,
+        unit_steps=80,
+        commit_window_s=40,
+        reveal_window_s=10,
+        verdict_window_s=30,
+        extra_env={"VERITRAIN_HEARTBEAT_TIMEOUT_S": "5"},
+    )
+    emit = progress_printer()
+    started = time.monotonic()
+    with marketplace(config, emit) as market:
+        before = start_stack(market)
+        buyer = Buyer(market)
+        buyer.post_order()
+        victim: list[tuple[str, int]] = []
+
+        def crash_mid_unit(status: dict[str, Any]) -> None:
+            found = None if victim else _unit_in_progress(market, buyer, round_index=1)
+            if found is not None:
+                market.kill(found[0])
+                victim.append(found)
+                emit(f"test: SIGKILLed {found[0]} while it trained unit {found[1]}")
+
+        buyer.wait_completed(started + 360, on_tick=crash_mid_unit)
+        assert victim, "no provider was caught mid-unit"
+        buyer.close(started + 380)
+        market.withdraw_all_credits()
+        after = market.holdings()
+        report, checks = build_report(market, buyer, before, after, None, started)
+        money, units = order_money(market.events(buyer.posted_block), buyer.chain_order_id)
+        killed = market.parties[victim[0][0]].address
+
+    # The victim's attempt settled without paying anyone; the unit ran again, on the other provider.
+    dead = [u for u in units if killed in u.providers and "accept" not in u.outcomes]
+    assert len(dead) == 1 and dead[0].settlement in ("expired", "verdict"), report["units"]
+    retried = [u for u in units if u.chain_unit_id > dead[0].chain_unit_id]
+    assert len(retried) == 1 and killed not in retried[0].providers and retried[0].outcomes == ["accept"]
+    completed = [u for u in units if "accept" in u.outcomes]
+    assert len(completed) == config.rounds
+    # Nothing paid twice: one price per accepted replica, and deposit = payouts + verifier fees + refund.
+    price = money.payouts_total // len(completed)
+    for address, paid in money.payouts.items():
+        assert paid == price * sum(1 for u in completed if u.providers == [address])
+    assert money.payouts.get(killed, 0) == price * sum(1 for u in completed if u.providers == [killed])
+    assert money.deposit == money.payouts_total + money.verdict_fees + money.refund
+    for name in ("escrow_balanced", "providers_paid_exactly", "parties_conserved", "supply_conserved"):
+        assert checks.results[name], (name, checks.details.get(name))
+
+
+def test_restarted_provider_resumes_its_unit_from_the_last_checkpoint(tmp_path: Path) -> None:
+    # A crash followed by a restart within the heartbeat timeout costs only the steps since the last
+    # checkpoint: the same provider finishes the same unit and is paid for it once.
+    config = DemoConfig(
+        out_dir=tmp_path, providers=1, dishonest=0, verifiers=1, replicas=1, rounds=1, unit_steps=200
+    )
+    emit = progress_printer()
+    started = time.monotonic()
+    with marketplace(config, emit) as market:
+        before = start_stack(market)
+        buyer = Buyer(market)
+        buyer.post_order()
+        provider = market.providers()[0]
+        restarted: list[int] = []
+
+        def crash_and_restart(status: dict[str, Any]) -> None:
+            log = market.procs[provider.name].log_path.read_text(errors="replace")
+            if (
+                not restarted
+                and (done := re.findall(r"unit \d+: step (\d+)/200", log))
+                and int(done[-1]) < 200
+            ):
+                market.kill(provider.name)
+                market.restart_agent(provider.name)
+                restarted.append(int(done[-1]))
+                emit(f"test: killed and restarted {provider.name} after step {done[-1]}")
+
+        buyer.wait_completed(started + 300, on_tick=crash_and_restart)
+        buyer.close(started + 320)
+        market.withdraw_all_credits()
+        after = market.holdings()
+        _, checks = build_report(market, buyer, before, after, None, started)
+        money, units = order_money(market.events(buyer.posted_block), buyer.chain_order_id)
+        log = market.procs[provider.name].log_path.read_text(errors="replace")
+
+    assert restarted, "the provider was never caught mid-unit"
+    resumed = re.findall(r"resuming after a restart from ckpt-(\d+)\.safetensors", log)
+    assert resumed and 0 <= restarted[0] - int(resumed[0]) <= 50  # lost at most one checkpoint interval
+    assert len(units) == 1 and units[0].outcomes == ["accept"] and units[0].providers == [provider.address]
+    assert list(money.payouts) == [provider.address] and money.escrow_balanced()
+    assert checks.results["providers_paid_exactly"] and checks.results["supply_conserved"]

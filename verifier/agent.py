@@ -1,0 +1,336 @@
+"""Verifier agent (`veritrain verifier run`): stakes, checks disputed or drawn units, signs verdicts.
+
+Why it is built this way: a verifier is paid per checked unit and earns bounties for caught cheats, so
+its work must be cheap and its verdicts binding. It pulls jobs from the market (signed heartbeat, no
+broker access), fetches each replica's PoL manifest and only the checkpoints it re-executes straight
+from the replicas over libp2p (the market never handles blobs), runs the verifier core, and signs the
+contract's EIP-712 Verdict; the market relays it once a quorum has signed. The verifier never sends a
+transaction, so it needs no gas.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from market.client import MarketRefused
+from node.agent import (
+    HTTP_TIMEOUT_S,
+    AgentClock,
+    BlobPlane,
+    UnitManifest,
+    add_common_agent_arguments,
+    checkpoint_interval,
+    connect_chain,
+    decode_state,
+    load_account,
+    preload_datasets,
+    resolve_common,
+    run_agent,
+    setup_logging,
+    stake_by_permit,
+    unhex32,
+)
+from veritrain.errors import AgentError, MarketError, VeritrainError
+
+if TYPE_CHECKING:
+    from verifier.core import Submission, ToleranceTable
+    from veritrain.messages import VerificationJobView
+    from veritrain.pol import State, Transcript, UnitSpec
+
+logger = logging.getLogger("veritrain.verifier")
+
+POLL_INTERVAL_S = 0.5
+HTTP_CONFLICT = 409  # the job was decided by other verifiers' signatures already
+RETRY_BASE_S = 1.0
+RETRY_MAX_S = 30.0
+VERDICT_TTL_S = 600
+
+
+@dataclass(frozen=True)
+class VerifierConfig:
+    name: str
+    key_file: Path
+    data_dir: Path
+    market_url: str
+    rpc_url: str
+    deployments: Path
+    p2p_port: int
+    p2p_host: str
+    stake: int | None
+    threads: int = 1
+    tolerances: Path | None = None
+
+
+OUTCOME_CODES = {"accept": 0, "fault": 1, "fraud": 2}  # JobMarket's per-replica outcome numbering
+
+
+class ReplicaEvidence:
+    """A replica's checkpoints, fetched over libp2p on demand (only those the core re-executes)."""
+
+    def __init__(self, blobs: BlobPlane, peer_addr: str, transcript: Transcript) -> None:
+        self._blobs = blobs
+        self._peer_addr = peer_addr
+        self._digests = dict(zip(transcript.checkpoint_steps, transcript.checkpoint_digests, strict=True))
+
+    def checkpoint(self, step: int) -> State:
+        digest = self._digests.get(step)
+        if digest is None:
+            raise AgentError(f"the transcript names no checkpoint at step {step}")
+        return decode_state(self._blobs.fetch(self._peer_addr, digest.hex()))
+
+
+def load_tolerances(recipe: str, path: Path | None = None) -> ToleranceTable:
+    """A recipe's calibrated tolerance table: the committed one (verifier.calibrate) or an operator's."""
+    from verifier.calibrate import load_tolerances as load_calibrated
+
+    return load_calibrated(recipe, path)
+
+
+class VerifierAgent:
+    """One verifier: register, stake, poll jobs, verify, sign."""
+
+    def __init__(self, config: VerifierConfig) -> None:
+        from market.client import MarketClient
+        from veritrain.blobstore import BlobStore
+
+        self.config = config
+        self.account = load_account(config.key_file)
+        self.address = str(self.account.address)
+        self.chain = connect_chain(config.rpc_url, config.deployments)
+        self.deployment = self.chain.deployment
+        self.market = MarketClient(config.market_url, timeout=HTTP_TIMEOUT_S)
+        self.clock = AgentClock()
+        self.store = BlobStore(config.data_dir / "blobs")
+        self.blobs = BlobPlane(self.store, self.account, config.p2p_port, config.data_dir, config.p2p_host)
+        self.done_dir = config.data_dir / "verdicts"
+        self._failures: dict[int, int] = {}
+        self._retry_at: dict[int, float] = {}
+        self.p2p_addr = ""
+        self._stop = threading.Event()
+
+    def start(self) -> None:
+        from node.device import measure_device
+
+        self.device = measure_device("cpu")
+        self.p2p_addr = self.blobs.start()
+        preload_datasets()
+        wanted = (
+            self.config.stake if self.config.stake is not None else self.chain.token_balance(self.address)
+        )
+        bonded = self.chain.stake_of(self.address).bonded
+        if wanted > bonded:  # before registering: the market reads our stake when we register
+            stake_by_permit(self.chain, self.account, wanted - bonded)
+        self.register()
+        logger.info("verifier %s ready, bonded %d", self.address, self.chain.stake_of(self.address).bonded)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.blobs.stop()
+        self.market.close()
+
+    def register(self) -> None:
+        from veritrain.messages import AgentRole, Registration, sign_message
+        from veritrain.recipes import RECIPES
+
+        message = Registration(
+            agent=self.address,
+            nonce=self.clock.next_nonce(),
+            timestamp=self.clock.now(),
+            role=AgentRole.VERIFIER,
+            operator=self.address,
+            memory_mb=self.device.memory_bytes // 2**20,
+            gflops=max(1, int(self.device.tflops * 1000)),
+            hardware_class=self.device.hardware_class[:128],
+            recipes=tuple(sorted(RECIPES)),
+            p2p_addr=self.p2p_addr,
+        )
+        self.market.register(sign_message(message, self.account.key, self.deployment.chain_id))
+
+    def run_forever(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except (MarketError, httpx.HTTPError) as err:  # market restarting or refusing: keep state, retry
+                logger.warning("market: %s", err)
+            self._stop.wait(POLL_INTERVAL_S)
+
+    def tick(self) -> None:
+        from veritrain.messages import Heartbeat, sign_message
+
+        message = Heartbeat(agent=self.address, nonce=self.clock.next_nonce(), timestamp=self.clock.now())
+        signed = sign_message(message, self.account.key, self.deployment.chain_id)
+        reply = self.market.verification_jobs(signed)
+        now = time.monotonic()
+        for job in reply.jobs:
+            if (self.done_dir / f"{job.job_id}.json").exists() or self._retry_at.get(job.job_id, 0.0) > now:
+                continue
+            try:
+                self.verify(job)
+            except MarketRefused as err:
+                if err.status != HTTP_CONFLICT:
+                    raise
+                logger.info("job %d already decided: %s", job.job_id, err)
+                self.mark_done(job.job_id, {"skipped": str(err)})
+            except VeritrainError as err:
+                failures = self._failures.get(job.job_id, 0) + 1
+                self._failures[job.job_id] = failures
+                delay = min(RETRY_MAX_S, RETRY_BASE_S * 2 ** (failures - 1))
+                self._retry_at[job.job_id] = now + delay
+                logger.error("job %d: %s: %s (retry in %.0fs)", job.job_id, type(err).__name__, err, delay)
+
+    # --- one job -------------------------------------------------------------------------------------
+
+    def submissions(self, job: VerificationJobView, spec: UnitSpec) -> list[Submission]:
+        """One core Submission per replica, in assignment order; what a replica fails to serve is a fault."""
+        from verifier.core import Submission
+        from veritrain.pol import Transcript
+
+        result: list[Submission] = []
+        for replica in job.replicas:
+            if replica.result_digest is None:
+                result.append(Submission(provider=replica.provider, problem="no result revealed"))
+                continue
+            try:
+                manifest_digest = self.blobs.lookup_manifest(replica.p2p_addr, replica.result_digest)
+                manifest = UnitManifest.from_bytes(self.blobs.fetch(replica.p2p_addr, manifest_digest))
+                transcript = Transcript.from_json(manifest.transcript)
+            except VeritrainError as err:
+                result.append(
+                    Submission(provider=replica.provider, problem=f"PoL manifest unavailable: {err}")
+                )
+                continue
+            if manifest.result_digest != replica.result_digest:
+                problem = "served manifest does not belong to the revealed result"
+                result.append(Submission(provider=replica.provider, problem=problem))
+                continue
+            result.append(
+                Submission(
+                    provider=replica.provider,
+                    result_digest=unhex32(replica.result_digest),
+                    transcript=transcript,
+                    evidence=ReplicaEvidence(self.blobs, replica.p2p_addr, transcript),
+                )
+            )
+        return result
+
+    def start_state(self, job: VerificationJobView, spec: UnitSpec) -> State:
+        from veritrain.pol import initial_state
+
+        if job.start_state.state_digest is None:
+            return initial_state(spec.recipe_config(), job.seed)
+        digest = job.start_state.state_digest.removeprefix("0x")
+        return decode_state(self.blobs.fetch_any(list(job.start_state.holders), digest))
+
+    def verify(self, job: VerificationJobView) -> None:
+        """Decide accept/fault/fraud per replica with the verifier core, sign and submit the verdict."""
+        from verifier.core import UnitRequest, verify_unit
+        from veritrain.datasets import load_dataset
+        from veritrain.pol import UnitSpec, data_order_commitment, train_steps
+
+        started = time.monotonic()
+        tolerances = load_tolerances(job.recipe, self.config.tolerances)
+        spec = UnitSpec(
+            recipe=job.recipe,
+            order_seed=job.seed,
+            round_index=job.round_index,
+            shard=0,
+            steps=job.steps,
+            checkpoint_every=checkpoint_interval(job.steps),
+        )
+        recipe = spec.recipe_config()
+        dataset = load_dataset(recipe.dataset, unhex32(job.dataset_digest))
+        request = UnitRequest(
+            spec=spec,
+            start_state=self.start_state(job, spec),
+            data_order_commitment=data_order_commitment(recipe, dataset, spec),
+            randomness=unhex32(job.randomness),
+            spot_checked=job.reason == "spot_check",
+            chain_unit_id=job.chain_unit_id,
+        )
+
+        def reexecute(state: Mapping[str, Any], start_step: int, end_step: int) -> tuple[State, list[float]]:
+            return train_steps(recipe, dataset, dict(state), spec, start_step, end_step)
+
+        decision = verify_unit(request, self.submissions(job, spec), reexecute, tolerances)
+        outcomes = tuple(OUTCOME_CODES[replica.verdict.value] for replica in decision.replicas)
+        reasons = json.dumps(
+            {
+                "path": decision.path,
+                "replicas": [[r.provider, r.verdict.value, r.reason] for r in decision.replicas],
+            },
+            sort_keys=True,
+            separators=(",", ":"),
+        )
+        self.submit(job, outcomes, reasons)
+        logger.info(
+            "job %d (unit %s): %s path, outcomes %s, %d steps re-executed in %.1fs",
+            job.job_id,
+            job.chain_unit_id,
+            decision.path,
+            outcomes,
+            decision.reexecuted_steps,
+            time.monotonic() - started,
+        )
+        for line in decision.log:
+            logger.info("job %d: %s", job.job_id, line)
+
+    def submit(self, job: VerificationJobView, outcomes: tuple[int, ...], reasons: str) -> None:
+        """Sign the contract's Verdict over the outcomes and the hash of the reasons; the market relays it."""
+        from eth_utils import keccak
+
+        from veritrain.messages import ReplicaOutcome, VerdictSubmission
+
+        if job.chain_unit_id is None:
+            raise AgentError(f"job {job.job_id} has no on-chain unit yet")
+        reasons_hash = "0x" + keccak(text=reasons).hex()
+        signed = self.chain.sign_verdict(
+            self.account, job.chain_unit_id, outcomes, reasons_hash, self.chain.now() + VERDICT_TTL_S
+        )
+        submission = VerdictSubmission(
+            job_id=job.job_id,
+            verifier=self.address,
+            outcomes=tuple(ReplicaOutcome(outcome) for outcome in outcomes),
+            reasons_hash=reasons_hash,
+            nonce=signed.nonce,
+            deadline=signed.deadline,
+            signature="0x" + signed.signature.hex(),
+        )
+        self.market.verdict(submission)
+        self.mark_done(
+            job.job_id, {"outcomes": outcomes, "reasons": json.loads(reasons), "nonce": signed.nonce}
+        )
+
+    def mark_done(self, job_id: int, record: dict[str, Any]) -> None:
+        """Remember a finished job across restarts, so a verdict is never signed twice."""
+        self.done_dir.mkdir(parents=True, exist_ok=True)
+        (self.done_dir / f"{job_id}.json").write_text(json.dumps(record, sort_keys=True))
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_common_agent_arguments(parser)
+    parser.add_argument(
+        "--tolerances",
+        type=Path,
+        default=None,
+        help="tolerance table JSON (default: the committed calibration)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    common: dict[str, Any] = resolve_common(args)
+    setup_logging(common["name"])
+    import torch
+
+    torch.set_num_threads(max(1, common["threads"]))
+    config = VerifierConfig(tolerances=args.tolerances, **common)
+    return run_agent(lambda: VerifierAgent(config))

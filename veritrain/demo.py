@@ -1,0 +1,964 @@
+"""`veritrain demo`: the whole marketplace on one machine, as separate processes on loopback.
+
+Why separate processes: the demo must show the real system, not a simulation — a local `hardhat node`,
+the market API, a Celery worker with a real broker, five provider agents (one clearly marked dishonest)
+and two verifier agents each run as their own OS process and talk over HTTP, JSON-RPC and libp2p, exactly
+as they would across machines. A buyer (this process) posts an order to train the language-model recipe,
+watches it live and, at the end, proves from on-chain balances and events that every token is accounted
+for.
+
+`Marketplace` is the reusable part: the e2e tests start the same stack (on PostgreSQL and Redis when given
+URLs), kill a provider mid-unit, and apply the same money checks (veritrain.demo_report).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from veritrain.demo_report import (
+    Checks,
+    Holdings,
+    OrderMoney,
+    conservation_checks,
+    write_loss_curve,
+    write_report,
+)
+from veritrain.errors import DemoCheckFailed, VeritrainError
+from veritrain.procs import ProcessGroup, free_port, http_ok, signals_ignored, terminate_as_interrupt
+
+if TYPE_CHECKING:
+    from eth_account.signers.local import LocalAccount
+
+    from veritrain.chain.client import ChainClient
+    from veritrain.chain.tx import Event
+
+TOKEN = 10**18
+DEFAULT_RECIPE = "charlm-tiny"
+DEFAULT_DISHONEST_STRATEGY = "skip-50pct"
+DEV_ACCOUNT_ROLES = ("deployer", "operator", "buyer")  # dev accounts 0..2; providers and verifiers follow
+PROVIDER_FUNDS = 1_000 * TOKEN
+VERIFIER_FUNDS = 500 * TOKEN
+BUYER_FUNDS = 1_000 * TOKEN
+HONEST_PRICE_PER_PFLOP = TOKEN  # the matching score's reference price
+DISHONEST_PRICE_PER_PFLOP = TOKEN // 4  # cheats undercut: the matching engine picks them first
+PRICE_STEP_BPS = 10_000  # providers raise their ask by 100 % of base per unit done: work rotates
+MAX_PRICE_PER_PFLOP = 30_000 * TOKEN  # about 1 VERI per replica of a 40-step charlm-tiny unit
+VERIFIER_FEE_PER_UNIT = TOKEN
+POLL_S = 0.5
+RUN_MARKER = ".veritrain-demo-run"
+MAX_WORKER_RESTARTS = 3
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """Everything one demo run needs; the defaults are the README's `veritrain demo`."""
+
+    out_dir: Path
+    providers: int = 5
+    dishonest: int = 1
+    dishonest_strategy: str = DEFAULT_DISHONEST_STRATEGY
+    verifiers: int = 2
+    recipe: str = DEFAULT_RECIPE
+    rounds: int = 4
+    unit_steps: int = 40
+    replicas: int = 3
+    seed: int = 2026
+    timeout_s: float = 300.0
+    database_url: str | None = None
+    broker_url: str | None = None
+    torch_threads: int = 1
+    commit_window_s: int = 180
+    reveal_window_s: int = 120
+    verdict_window_s: int = 240
+    verifier_quorum: int = 1
+    tolerances: Path | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def work_dir(self) -> Path:
+        """Per-run state of every process (database, blob stores, keys, logs), below the output folder."""
+        return self.out_dir / "demo-run"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.work_dir / "logs"
+
+    def fresh_work_dir(self) -> None:
+        """Start from an empty run folder: a new chain must not meet an old database or old unit records.
+
+        Only a folder this demo created (it carries a marker file) is ever deleted."""
+        marker = self.work_dir / RUN_MARKER
+        if self.work_dir.exists():
+            if not marker.exists():
+                raise DemoCheckFailed(
+                    f"{self.work_dir} exists and was not made by `veritrain demo`; move it away"
+                )
+            shutil.rmtree(self.work_dir)
+        self.work_dir.mkdir(parents=True)
+        marker.write_text("created by `veritrain demo`; deleted and recreated by the next run\n")
+
+
+@dataclass
+class Party:
+    """One account of the demo and the process (if any) acting for it."""
+
+    role: str
+    name: str
+    account: LocalAccount
+    dishonest_strategy: str | None = None
+    p2p_port: int = 0
+    peer_addr: str = ""
+
+    @property
+    def address(self) -> str:
+        return str(self.account.address)
+
+
+def progress_printer(stream: Any = None) -> Callable[[str], None]:
+    """Live progress lines with seconds since start, flushed at once (a pipe must not buffer them)."""
+    started = time.monotonic()
+    out = stream or sys.stdout
+
+    def emit(line: str) -> None:
+        out.write(f"[{time.monotonic() - started:6.1f}s] {line}\n")
+        out.flush()
+
+    return emit
+
+
+class Marketplace:
+    """A whole Veritrain marketplace on loopback: chain node, market API, worker, agents — all processes.
+
+    `stop()` (or leaving the context) stops every child process by PID, also after a failure or Ctrl-C.
+    """
+
+    def __init__(self, config: DemoConfig, emit: Callable[[str], None]) -> None:
+        self.config = config
+        self.emit = emit
+        self.procs = ProcessGroup(config.log_dir)
+        self.parties: dict[str, Party] = {}
+        self.market_port = free_port()
+        self.node: Any = None
+        self.rpc_url = ""
+        self.deployments_path = config.work_dir / "deployments.json"
+        self.chain: ChainClient | None = None
+        self.killed: set[str] = set()
+        self._worker_restarts = 0
+        self._worker_launch: tuple[dict[str, str], Path] = ({}, config.work_dir)
+
+    def __enter__(self) -> Marketplace:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop every child process we started: agents, worker, market, then the chain node."""
+        with signals_ignored():
+            self.procs.stop_all()
+            if self.node is not None:
+                self.node.stop()
+                self.node = None
+
+    @property
+    def market_url(self) -> str:
+        return f"http://127.0.0.1:{self.market_port}"
+
+    @property
+    def client(self) -> ChainClient:
+        if self.chain is None:
+            raise DemoCheckFailed("the chain is not deployed yet")
+        return self.chain
+
+    # --- set-up --------------------------------------------------------------------------------------
+
+    def allocate_parties(self) -> None:
+        """Give each role a funded dev account: deployer, operator (market relayer), buyer, agents."""
+        from veritrain.chain.backends import dev_accounts
+
+        needed = len(DEV_ACCOUNT_ROLES) + self.config.providers + self.config.verifiers
+        accounts = dev_accounts(max(needed, 20))
+        for index, role in enumerate(DEV_ACCOUNT_ROLES):
+            self.parties[role] = Party(role=role, name=role, account=accounts[index])
+        offset = len(DEV_ACCOUNT_ROLES)
+        honest = self.config.providers - self.config.dishonest
+        for i in range(self.config.providers):
+            strategy = self.config.dishonest_strategy if i >= honest else None
+            name = f"provider-{i}" + ("-DISHONEST" if strategy else "")
+            self.parties[name] = Party("provider", name, accounts[offset + i], dishonest_strategy=strategy)
+        offset += self.config.providers
+        for i in range(self.config.verifiers):
+            self.parties[f"verifier-{i}"] = Party("verifier", f"verifier-{i}", accounts[offset + i])
+
+    def providers(self) -> list[Party]:
+        return [p for p in self.parties.values() if p.role == "provider"]
+
+    def verifiers(self) -> list[Party]:
+        return [p for p in self.parties.values() if p.role == "verifier"]
+
+    def agents(self) -> list[Party]:
+        return self.providers() + self.verifiers()
+
+    def start_chain(self) -> None:
+        """Start a local hardhat node (veritrain.chain.HardhatNode stops it by its own PID)."""
+        from veritrain.chain.backends import HardhatNode
+
+        self.config.log_dir.mkdir(parents=True, exist_ok=True)
+        self.node = HardhatNode(log_path=self.config.log_dir / "hardhat-node.log").start()
+        self.rpc_url = self.node.url
+        self.emit(f"chain: hardhat node pid {self.node.pid} on {self.rpc_url}")
+
+    def deploy_and_fund(self) -> None:
+        """Deploy the contracts (short windows for a demo) and mint tokens to the buyer and the agents."""
+        from veritrain.chain.client import ChainClient
+        from veritrain.chain.deployment import MarketParams
+
+        params = MarketParams(
+            commit_window=self.config.commit_window_s,
+            reveal_window=self.config.reveal_window_s,
+            verdict_window=self.config.verdict_window_s,
+            verifier_quorum=self.config.verifier_quorum,
+        )
+        self.chain = ChainClient.deploy(
+            self.node.backend(),
+            self.parties["deployer"].account,
+            operator=self.parties["operator"].account,
+            params=params,
+            save_to=self.deployments_path,
+        )
+        deployment = self.chain.deployment
+        self.emit(
+            f"chain: deployed VeriToken {deployment.token}, StakeManager {deployment.stake_manager}, "
+            f"JobMarket {deployment.job_market}"
+        )
+        self.chain.mint(self.parties["buyer"].account, BUYER_FUNDS)
+        for party in self.providers():
+            self.chain.mint(party.account, PROVIDER_FUNDS)
+        for party in self.verifiers():
+            self.chain.mint(party.account, VERIFIER_FUNDS)
+        self.emit(
+            f"chain: minted {BUYER_FUNDS // TOKEN} VERI to the buyer, {PROVIDER_FUNDS // TOKEN} to each "
+            f"provider, {VERIFIER_FUNDS // TOKEN} to each verifier"
+        )
+
+    def child_env(self, data_dir: Path) -> dict[str, str]:
+        """Environment every child gets: its own data dir, and the shared chain, market, database, broker."""
+        market_dir = self.config.work_dir / "market"
+        env = {
+            "VERITRAIN_DATA_DIR": str(data_dir),
+            "VERITRAIN_CHAIN_RPC_URL": self.rpc_url,
+            "VERITRAIN_CHAIN_ID": str(self.client.chain_id),
+            "VERITRAIN_DEPLOYMENTS_FILE": str(self.deployments_path),
+            "VERITRAIN_MARKET_URL": self.market_url,
+            "VERITRAIN_MARKET_HOST": "127.0.0.1",
+            "VERITRAIN_MARKET_PORT": str(self.market_port),
+            "VERITRAIN_DATABASE_URL": self.config.database_url
+            or f"sqlite:///{market_dir / 'market.sqlite3'}",
+            "OMP_NUM_THREADS": str(self.config.torch_threads),
+            "MKL_NUM_THREADS": str(self.config.torch_threads),
+            "HARDHAT_DISABLE_TELEMETRY_PROMPT": "true",
+        }
+        if self.config.broker_url:  # else API and worker share a filesystem:// broker in the market dir
+            env["VERITRAIN_BROKER_URL"] = self.config.broker_url
+            env["VERITRAIN_RESULT_BACKEND_URL"] = self.config.broker_url
+        env.update(self.config.extra_env)
+        return env
+
+    def write_key_file(self, party: Party) -> Path:
+        """The party's private key in a 0600 file (never on a command line, where `ps` shows it)."""
+        folder = self.config.work_dir / "keys"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{party.name}.key"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write("0x" + bytes(party.account.key).hex() + "\n")
+        return path
+
+    def cli(self, *words: str) -> list[str]:
+        """A `veritrain` subcommand run by this interpreter (needs no installed console script)."""
+        return [sys.executable, "-m", "veritrain", *words]
+
+    def start_market(self) -> None:
+        """Start the market API and one Celery worker; return once the API answers."""
+        market_dir = self.config.work_dir / "market"
+        market_dir.mkdir(parents=True, exist_ok=True)
+        env = self.child_env(market_dir)
+        env["VERITRAIN_OPERATOR_KEY"] = "0x" + bytes(self.parties["operator"].account.key).hex()
+        # Each child runs in its own folder: Celery's filesystem transport makes a "control" folder in cwd.
+        self.procs.start("market", self.cli("market", "serve"), env=env, cwd=market_dir)
+        self.procs.start("worker", self.cli("market", "worker"), env=env, cwd=market_dir)
+        self._worker_launch = (env, market_dir)
+        self.procs.wait_ready("market", lambda: http_ok(f"{self.market_url}/health"), timeout=90)
+        self.emit(
+            f"market: API pid {self.procs['market'].pid} on {self.market_url}, "
+            f"Celery worker pid {self.procs['worker'].pid}"
+        )
+
+    def agent_argv(self, party: Party) -> list[str]:
+        command = "node" if party.role == "provider" else "verifier"
+        argv = self.cli(
+            command,
+            "run",
+            "--key-file",
+            str(self.write_key_file(party)),
+            "--p2p-port",
+            str(party.p2p_port),
+            "--name",
+            party.name,
+        )
+        if party.role == "verifier" and self.config.tolerances is not None:
+            argv += ["--tolerances", str(self.config.tolerances)]
+        if party.role == "provider":
+            price = DISHONEST_PRICE_PER_PFLOP if party.dishonest_strategy else HONEST_PRICE_PER_PFLOP
+            index = self.providers().index(party)
+            argv += [
+                "--price-per-pflop",
+                str(price + index * TOKEN // 100),
+                "--price-step-bps",
+                str(PRICE_STEP_BPS),
+            ]
+            if party.dishonest_strategy:
+                argv += ["--dishonest", party.dishonest_strategy]
+        return argv
+
+    def start_agent(self, party: Party) -> None:
+        """Start one provider or verifier agent with its own key, data dir and libp2p identity and port."""
+        from veritrain.p2p import load_or_create_peer_key, peer_id_of
+
+        data_dir = self.config.work_dir / party.name
+        data_dir.mkdir(parents=True, exist_ok=True)
+        if not party.p2p_port:
+            party.p2p_port = free_port()
+        peer_id = peer_id_of(load_or_create_peer_key(data_dir / "peer.key"))
+        party.peer_addr = f"/ip4/127.0.0.1/tcp/{party.p2p_port}/p2p/{peer_id}"
+        self.procs.start(party.name, self.agent_argv(party), env=self.child_env(data_dir), cwd=data_dir)
+        marker = f" *** DISHONEST ({party.dishonest_strategy}) ***" if party.dishonest_strategy else ""
+        self.emit(f"{party.name}: pid {self.procs[party.name].pid}, {party.address}{marker}")
+
+    def check_children(self) -> None:
+        """Fail fast, with its log tail, if a child process died that was not killed on purpose.
+
+        The Celery worker is the exception: its tasks are idempotent and its queue outlives it, so a worker
+        that died is restarted (a few times), as any process supervisor would do."""
+        worker = next((proc for proc in self.procs if proc.name == "worker"), None)
+        if worker is not None and not worker.alive() and self._worker_restarts < MAX_WORKER_RESTARTS:
+            self._worker_restarts += 1
+            env, cwd = self._worker_launch
+            self.emit(
+                f"market: Celery worker exited with code {worker.returncode()}; restarting it "
+                f"({self._worker_restarts}/{MAX_WORKER_RESTARTS}), see {worker.log_path}"
+            )
+            self.procs.start("worker", self.cli("market", "worker"), env=env, cwd=cwd)
+        self.procs.check_alive([proc.name for proc in self.procs if proc.name not in self.killed])
+
+    def restart_agent(self, name: str) -> None:
+        """Start a killed agent again: same key, data dir (its checkpoints) and libp2p identity and port."""
+        self.killed.discard(name)
+        self.start_agent(self.parties[name])
+
+    def kill(self, name: str) -> None:
+        """SIGKILL one child (tests: a provider crashing mid-unit); it is no longer expected to live."""
+        self.killed.add(name)
+        self.procs.kill(name)
+
+    def wait_agents_staked(self, timeout: float = 120.0) -> None:
+        """Return once every agent has bonded its stake on chain (they register before they stake)."""
+        deadline = time.monotonic() + timeout
+        pending = {party.name for party in self.agents()}
+        while pending:
+            self.check_children()
+            for party in self.agents():
+                if party.name in pending and self.client.stake_of(party.account).bonded > 0:
+                    pending.discard(party.name)
+                    self.emit(
+                        f"{party.name}: registered and staked "
+                        f"{self.client.stake_of(party.account).bonded // TOKEN} VERI"
+                    )
+            if pending and time.monotonic() > deadline:
+                raise DemoCheckFailed(f"agents not staked after {timeout:.0f} s: {sorted(pending)}")
+            time.sleep(POLL_S)
+
+    # --- snapshots and money -------------------------------------------------------------------------
+
+    def holdings(self) -> Holdings:
+        """Wallets, stakes and credits of every party, plus what each contract holds, read from the chain."""
+        client = self.client
+        wallets = {p.address: client.token_balance(p.account) for p in self.parties.values()}
+        stakes = {
+            p.address: client.stake_of(p.account).bonded + client.stake_of(p.account).unbonding
+            for p in self.parties.values()
+        }
+        credits = {p.address: client.credits(p.account) for p in self.parties.values()}
+        deployment = client.deployment
+        contracts = {name: client.token_balance(address) for name, address in deployment.addresses.items()}
+        supply = int(client.token.functions.totalSupply().call())
+        return Holdings(
+            wallets=wallets, stakes=stakes, credits=credits, contracts=contracts, total_supply=supply
+        )
+
+    def events(self, from_block: int) -> list[Event]:
+        """Every decoded JobMarket event since `from_block`, in chain order."""
+        client = self.client
+        from eth_typing import ChecksumAddress, HexAddress, HexStr
+
+        address = ChecksumAddress(HexAddress(HexStr(client.deployment.job_market)))
+        logs = client.w3.eth.get_logs({"address": address, "fromBlock": from_block, "toBlock": "latest"})
+        decoded = (client.transactor.event_decoder.decode(log) for log in logs)
+        return [event for event in decoded if event is not None]
+
+    def withdraw_all_credits(self) -> None:
+        """Every party with credit withdraws it by a signed message the deployer relays (no gas needed)."""
+        client = self.client
+        relayer = self.parties["deployer"].account
+        for party in self.parties.values():
+            if client.credits(party.account) > 0:
+                signed = client.sign_withdraw_credit(party.account, client.now() + 600)
+                client.withdraw_credit_with_sig(party.account, signed, relayer=relayer)
+
+
+@dataclass
+class UnitOutcome:
+    """One on-chain unit of the order, as the chain settled it."""
+
+    chain_unit_id: int
+    providers: list[str]
+    verifiers: list[str]
+    settlement: str = "open"
+    outcomes: list[str] = field(default_factory=list)
+    result_digests: dict[str, str] = field(default_factory=dict)
+    slashed: dict[str, int] = field(default_factory=dict)
+    signing_verifiers: list[str] = field(default_factory=list)
+
+
+OUTCOME_NAMES = {0: "accept", 1: "fault", 2: "fraud"}
+
+
+def order_money(events: list[Event], order_id: int) -> tuple[OrderMoney, list[UnitOutcome]]:
+    """Where one order's escrow went, from its JobMarket events alone (no market database involved)."""
+    deposit = refund = price = fee = verdict_fees = 0
+    units: dict[int, UnitOutcome] = {}
+    payouts: dict[str, int] = {}
+    slashed: dict[str, int] = {}
+    for event in events:
+        args = event.args
+        if event.name == "OrderPosted" and int(args["orderId"]) == order_id:
+            deposit, price, fee = (
+                int(args["escrow"]),
+                int(args["pricePerReplica"]),
+                int(args["verifierFeePerUnit"]),
+            )
+        elif event.name == "OrderClosed" and int(args["orderId"]) == order_id:
+            refund = int(args["refund"])
+        elif event.name == "UnitAssigned" and int(args["orderId"]) == order_id:
+            unit_id = int(args["unitId"])
+            units[unit_id] = UnitOutcome(unit_id, list(args["providers"]), list(args["verifiers"]))
+        elif "unitId" in args and int(args["unitId"]) in units:
+            unit = units[int(args["unitId"])]
+            if event.name == "ReplicaRevealed":
+                unit.result_digests[str(args["provider"])] = _hex(args["resultDigest"])
+            elif event.name == "UnitFinalized":
+                unit.settlement, unit.outcomes = "finalized (fast path)", ["accept"] * len(unit.providers)
+                for provider in unit.providers:
+                    payouts[provider] = payouts.get(provider, 0) + price
+            elif event.name == "UnitExpired":
+                unit.settlement, unit.outcomes = "expired", ["none"] * len(unit.providers)
+            elif event.name == "ReplicaSlashed":
+                provider, amount = str(args["provider"]), int(args["amount"])
+                unit.slashed[provider] = amount
+                slashed[provider] = slashed.get(provider, 0) + amount
+            elif event.name == "VerdictRecorded":
+                outcomes = [int(o) for o in args["outcomes"]]
+                unit.settlement, unit.outcomes = "verdict", [OUTCOME_NAMES[o] for o in outcomes]
+                unit.signing_verifiers = [str(v) for v in args["verifiers"]]
+                verdict_fees += fee
+                for provider, outcome in zip(unit.providers, outcomes, strict=True):
+                    if outcome == 0:
+                        payouts[provider] = payouts.get(provider, 0) + price
+    money = OrderMoney(
+        deposit=deposit, payouts=payouts, verdict_fees=verdict_fees, refund=refund, slashed=slashed
+    )
+    return money, [units[key] for key in sorted(units)]
+
+
+def _hex(value: Any) -> str:
+    return "0x" + bytes(value).hex() if isinstance(value, bytes | bytearray) else str(value)
+
+
+class Buyer:
+    """The demo's buyer: posts and escrows the order, watches it, closes it and collects the results."""
+
+    def __init__(self, market: Marketplace) -> None:
+        self.market = market
+        self.party = market.parties["buyer"]
+        self.chain_order_id = 0
+        self.order_id = 0
+        self.posted_block = 0
+
+    def post_order(self) -> None:
+        """Escrow the order on chain at the max price, then register its spec with the market."""
+        from market.domain.pricing import escrow_plan
+        from veritrain.datasets import load_dataset
+        from veritrain.messages import OrderRequest, OrderSpec
+        from veritrain.recipes import get_recipe
+
+        config, client = self.market.config, self.market.client
+        recipe = get_recipe(config.recipe)
+        dataset = load_dataset(recipe.dataset)
+        spec = OrderSpec(
+            buyer=self.party.address,
+            recipe=config.recipe,
+            dataset_digest="0x" + dataset.digest_hex,
+            total_steps=config.rounds * config.unit_steps,
+            unit_steps=config.unit_steps,
+            replicas=config.replicas,
+            seed=config.seed,
+            max_price_per_pflop=MAX_PRICE_PER_PFLOP,
+            verifier_fee_per_unit=VERIFIER_FEE_PER_UNIT,
+            deadline=client.now() + 3600,
+        )
+        plan = escrow_plan(spec, recipe.flops_per_step())
+        self.posted_block = int(client.w3.eth.block_number)
+        client.approve(self.party.account, client.deployment.job_market, plan.total)
+        self.chain_order_id, _ = client.post_order(
+            self.party.account,
+            spec.spec_hash(),
+            plan.units,
+            plan.replicas,
+            plan.price_per_replica,
+            plan.verifier_fee_per_unit,
+            spec.deadline,
+        )
+        from market.client import MarketClient, MarketRefused
+
+        try:
+            with MarketClient(self.market.market_url, timeout=30) as api:
+                status = api.post_order(OrderRequest(spec=spec, chain_order_id=self.chain_order_id))
+        except MarketRefused as err:
+            raise DemoCheckFailed(f"the market refused the order: {err}") from err
+        self.order_id = status.order_id
+        self.market.emit(
+            f"buyer: order {self.chain_order_id} posted — {config.recipe}, {config.rounds} rounds x "
+            f"{config.unit_steps} steps, k = {config.replicas}, escrow {plan.total / TOKEN:.4f} VERI "
+            f"({plan.price_per_replica / TOKEN:.4f} per replica, {plan.verifier_fee_per_unit / TOKEN:.1f} "
+            "verifier fee per unit)"
+        )
+
+    def status(self) -> dict[str, Any]:
+        from market.client import MarketClient
+
+        with MarketClient(self.market.market_url, timeout=30) as api:
+            return api.order_status(self.order_id).model_dump(mode="json")
+
+    def wait_completed(
+        self, deadline: float, on_tick: Callable[[dict[str, Any]], None] | None = None
+    ) -> None:
+        """Poll the order until it completes, printing each unit's state changes as they happen."""
+        seen: dict[int, str] = {}
+        names = {party.address: party.name for party in self.market.parties.values()}
+        while True:
+            self.market.check_children()
+            status = self.status()
+            for unit in status["units"]:
+                line = f"{unit['state']}"
+                if seen.get(unit["unit_id"]) != line:
+                    seen[unit["unit_id"]] = line
+                    who = ", ".join(names.get(p, p[:10]) for p in unit["providers"]) or "-"
+                    self.market.emit(
+                        f"round {unit['round_index'] + 1}/{status['rounds_total']} unit {unit['unit_id']} "
+                        f"(attempt {unit['attempt']}): {unit['state']:<10} providers [{who}]"
+                    )
+            if on_tick is not None:
+                on_tick(status)
+            if status["state"] == "completed":
+                return
+            if status["state"] in ("expired", "cancelled"):
+                raise DemoCheckFailed(f"order ended {status['state']}")
+            if time.monotonic() > deadline:
+                raise DemoCheckFailed(
+                    f"order not completed in time (state {status['state']}, "
+                    f"{status['rounds_accepted']}/{status['rounds_total']} rounds accepted)"
+                )
+            time.sleep(POLL_S)
+
+    def close(self, deadline: float) -> None:
+        """Close the order (its leftover escrow becomes the buyer's credit); waits for settlements to land."""
+        from veritrain.chain.errors import UnitsStillOpen
+
+        while True:
+            try:
+                self.market.client.close_order(self.chain_order_id, sender=self.party.account)
+                return
+            except UnitsStillOpen:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(POLL_S)
+
+
+@dataclass
+class TrainingResult:
+    """The verified training: per accepted unit its losses, and the final state's model weights."""
+
+    losses: list[float]
+    round_boundaries: list[int]
+    final_state_digest: str
+    weights_path: Path
+
+
+def collect_training(market: Marketplace, units: list[UnitOutcome], out_dir: Path) -> TrainingResult:
+    """Fetch each accepted unit's PoL manifest and the final state from the providers over libp2p."""
+    from safetensors.torch import save_file
+
+    from node.agent import BlobPlane, UnitManifest, decode_state
+    from veritrain.blobstore import BlobStore
+
+    buyer = market.parties["buyer"]
+    folder = market.config.work_dir / "buyer"
+    peers = {party.address: party.peer_addr for party in market.providers()}
+    plane = BlobPlane(BlobStore(folder / "blobs"), buyer.account, free_port(), folder)
+    plane.start()
+    try:
+        losses: list[float] = []
+        boundaries: list[int] = []
+        manifest: UnitManifest | None = None
+        for unit in units:
+            accepted = [p for p, o in zip(unit.providers, unit.outcomes, strict=True) if o == "accept"]
+            if not accepted:
+                continue
+            manifest = _fetch_manifest(plane, accepted, unit, peers)
+            boundaries.append(len(losses))
+            losses.extend(float(loss) for loss in manifest.transcript["losses"])
+        if manifest is None:
+            raise DemoCheckFailed("no unit of the order was accepted")
+        digest = manifest.state_digest.removeprefix("0x")
+        state = decode_state(plane.fetch_any([peers[p] for p in accepted], digest))
+    finally:
+        plane.stop()
+    weights = {
+        name.removeprefix("model."): tensor.contiguous()
+        for name, tensor in state.items()
+        if name.startswith("model.")
+    }
+    weights_path = out_dir / "final-weights.safetensors"
+    save_file(
+        weights,
+        str(weights_path),
+        metadata={"state_digest": manifest.state_digest, "recipe": market.config.recipe},
+    )
+    return TrainingResult(losses, boundaries[1:], manifest.state_digest, weights_path)
+
+
+def _fetch_manifest(plane: Any, accepted: list[str], unit: UnitOutcome, peers: dict[str, str]) -> Any:
+    from node.agent import UnitManifest
+
+    errors = []
+    for provider in accepted:
+        try:
+            result = unit.result_digests[provider]
+            manifest = UnitManifest.from_bytes(
+                plane.fetch(peers[provider], plane.lookup_manifest(peers[provider], result))
+            )
+        except (VeritrainError, KeyError) as err:
+            errors.append(f"{provider}: {err}")
+            continue
+        if manifest.result_digest == result:
+            return manifest
+        errors.append(f"{provider}: manifest of another result")
+    raise DemoCheckFailed(f"unit {unit.chain_unit_id}: no accepted replica served its PoL manifest: {errors}")
+
+
+def start_stack(market: Marketplace) -> Holdings:
+    """Chain, contracts, market + worker, then every agent; returns once all agents are staked, with the
+    on-chain holdings taken after funding (before anything was staked or spent)."""
+    market.allocate_parties()
+    market.start_chain()
+    market.deploy_and_fund()
+    before = market.holdings()
+    market.start_market()
+    for party in market.agents():
+        market.start_agent(party)
+    market.wait_agents_staked()
+    return before
+
+
+def build_report(
+    market: Marketplace,
+    buyer: Buyer,
+    before: Holdings,
+    after: Holdings,
+    training: TrainingResult | None,
+    started: float,
+) -> tuple[dict[str, Any], Checks]:
+    """The report dictionary and its acceptance checks, from chain events and balances."""
+    client = market.client
+    money, units = order_money(market.events(buyer.posted_block), buyer.chain_order_id)
+    names = {party.address: party.name for party in market.parties.values()}
+    providers = [p.address for p in market.providers()]
+    verifiers = [p.address for p in market.verifiers()]
+    checks = Checks()
+    conservation_ok = conservation_checks(
+        money,
+        before,
+        after,
+        buyer=buyer.party.address,
+        providers=providers,
+        verifiers=verifiers,
+        checks=checks,
+    )
+    dishonest = [p.address for p in market.providers() if p.dishonest_strategy]
+    honest = [p.address for p in market.providers() if not p.dishonest_strategy]
+    checks.check(
+        "dishonest_slashed",
+        all(money.slashed.get(a, 0) > 0 for a in dishonest),
+        f"slashed: { {names[a]: v for a, v in money.slashed.items()} }",
+    )
+    checks.check(
+        "honest_paid",
+        all(money.payouts.get(a, 0) > 0 for a in honest),
+        f"paid: { {names[a]: v for a, v in money.payouts.items()} }",
+    )
+    checks.check("honest_never_slashed", not any(money.slashed.get(a, 0) for a in honest))
+    initial_loss = training.losses[0] if training else float("nan")
+    final_loss = training.losses[-1] if training else float("nan")
+    checks.check("loss_decreased", final_loss < initial_loss, f"{initial_loss:.4f} -> {final_loss:.4f}")
+
+    def balances(snapshot: Holdings) -> dict[str, dict[str, Any]]:
+        return {
+            party.name: {
+                "address": party.address,
+                "wallet": snapshot.wallets[party.address],
+                "stake": snapshot.stakes[party.address],
+                "credit": snapshot.credits[party.address],
+            }
+            for party in market.parties.values()
+            if party.role != "deployer"
+        }
+
+    report: dict[str, Any] = {
+        "units": [
+            {
+                "chain_unit_id": unit.chain_unit_id,
+                "settlement": unit.settlement,
+                "replicas": [
+                    {
+                        "provider": provider,
+                        "name": names.get(provider, provider),
+                        "outcome": outcome,
+                        "result_digest": unit.result_digests.get(provider),
+                        "slashed": unit.slashed.get(provider, 0),
+                    }
+                    for provider, outcome in zip(
+                        unit.providers, unit.outcomes or ["open"] * len(unit.providers), strict=True
+                    )
+                ],
+                "verifiers": [names.get(v, v) for v in unit.verifiers],
+                "signing_verifiers": [names.get(v, v) for v in unit.signing_verifiers],
+            }
+            for unit in units
+        ],
+        "slashed": sorted(money.slashed),
+        "payouts": {names[a]: v for a, v in money.payouts.items()},
+        "deposit": money.deposit,
+        "verifier_fees": money.verdict_fees,
+        "refund": money.refund,
+        "balances": {"before": balances(before), "after": balances(after)},
+        "total_supply": {"before": before.total_supply, "after": after.total_supply},
+        "reputation": {party.name: vars(client.reputation(party.account)) for party in market.agents()},
+        "conservation_ok": conservation_ok,
+        "initial_loss": initial_loss,
+        "final_loss": final_loss,
+        "losses": training.losses if training else [],
+        "final_state_digest": training.final_state_digest if training else None,
+        "final_weights": training.weights_path.name if training else None,
+        "loss_curve": "loss-curve.png" if training else None,
+        "checks": checks.results,
+        "check_details": checks.details,
+        "order": {
+            "chain_order_id": buyer.chain_order_id,
+            "market_order_id": buyer.order_id,
+            "recipe": market.config.recipe,
+            "rounds": market.config.rounds,
+            "unit_steps": market.config.unit_steps,
+            "replicas": market.config.replicas,
+        },
+        "wall_time_s": round(time.monotonic() - started, 1),
+    }
+    return report, checks
+
+
+@contextmanager
+def marketplace(config: DemoConfig, emit: Callable[[str], None]) -> Iterator[Marketplace]:
+    """A marketplace that is stopped whatever happens (failure, Ctrl-C, SIGTERM)."""
+    config.fresh_work_dir()
+    with terminate_as_interrupt(), Marketplace(config, emit) as market:
+        yield market
+
+
+def run_demo(config: DemoConfig, emit: Callable[[str], None]) -> dict[str, Any]:
+    """Run the whole demo, write the report; raise DemoCheckFailed if an acceptance check fails."""
+    started = time.monotonic()
+    deadline = started + config.timeout_s
+    with marketplace(config, emit) as market:
+        before = start_stack(market)
+        buyer = Buyer(market)
+        buyer.post_order()
+        buyer.wait_completed(deadline)
+        buyer.close(deadline)
+        market.withdraw_all_credits()
+        after = market.holdings()
+        emit("buyer: order closed, every party withdrew its credit; fetching results over libp2p")
+        _, units = order_money(market.events(buyer.posted_block), buyer.chain_order_id)
+        training = collect_training(market, units, config.out_dir)
+        write_loss_curve(training.losses, training.round_boundaries, config.out_dir / "loss-curve.png")
+        report, checks = build_report(market, buyer, before, after, training, started)
+    write_report(config.out_dir / "demo-report.json", report)
+    print_summary(report, emit)
+    if not checks.all_ok:
+        raise DemoCheckFailed(
+            f"acceptance checks failed: {checks.failed()} — see {config.out_dir / 'demo-report.json'}"
+        )
+    return report
+
+
+def print_summary(report: dict[str, Any], emit: Callable[[str], None]) -> None:
+    for unit in report["units"]:
+        replicas = ", ".join(f"{r['name']}={r['outcome']}" for r in unit["replicas"])
+        emit(f"unit {unit['chain_unit_id']}: {unit['settlement']}: {replicas}")
+    emit(
+        f"deposit {report['deposit'] / TOKEN:.4f} = payouts {sum(report['payouts'].values()) / TOKEN:.4f} + "
+        f"verifier fees {report['verifier_fees'] / TOKEN:.4f} + refund {report['refund'] / TOKEN:.4f} VERI"
+    )
+    emit(f"slashed: {report['slashed']}")
+    emit(f"loss {report['initial_loss']:.4f} -> {report['final_loss']:.4f}")
+    for name, ok in report["checks"].items():
+        emit(f"check {name}: {'ok' if ok else 'FAILED'}")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, default=None, help="folder for the report (default: current dir)")
+    parser.add_argument("--providers", type=int, default=5)
+    parser.add_argument("--verifiers", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--unit-steps", type=int, default=40)
+    parser.add_argument("--replicas", type=int, default=3)
+    parser.add_argument("--dishonest-strategy", default=DEFAULT_DISHONEST_STRATEGY)
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds before the demo gives up")
+    parser.add_argument("--database-url", default=None, help="market database (default: a SQLite file)")
+    parser.add_argument("--broker-url", default=None, help="Celery broker (default: filesystem://)")
+
+
+def run(args: argparse.Namespace) -> int:
+    config = DemoConfig(
+        out_dir=(args.out or Path.cwd()).resolve(),
+        providers=args.providers,
+        verifiers=args.verifiers,
+        rounds=args.rounds,
+        unit_steps=args.unit_steps,
+        replicas=args.replicas,
+        dishonest_strategy=args.dishonest_strategy,
+        timeout_s=args.timeout,
+        database_url=args.database_url,
+        broker_url=args.broker_url,
+    )
+    emit = progress_printer()
+    try:
+        report = run_demo(config, emit)
+    except DemoCheckFailed as err:
+        emit(f"FAILED: {err}")
+        return 1
+    except VeritrainError as err:
+        emit(f"ERROR: {type(err).__name__}: {err}")
+        return 2
+    except KeyboardInterrupt:
+        emit("interrupted: every child process was stopped")
+        return 130
+    emit(f"report: {config.out_dir / 'demo-report.json'} ({report['wall_time_s']} s)")
+    return 0
+
+
+def measure_orchestration_overhead(
+    work_dir: Path,
+    target_direct_s: float = 60.0,
+    recipe: str = DEFAULT_RECIPE,
+    emit: Callable[[str], None] | None = None,
+) -> dict[str, float]:
+    """Wall time of a verified k = 1 order through the market ÷ the same training run done directly.
+
+    The stack (chain, API, worker, one provider, one verifier) is started first and not timed. Then, with
+    the same processes idling in the background: the direct run (node.unit.run_unit in this process, one
+    torch thread like an agent), its length chosen from a short timed probe so that it takes about
+    `target_direct_s`; then the same unit as an order, timed from posting until the market reports it
+    completed — matching, signed accept, assignment on chain, training, commit, reveal, spot check if
+    drawn, settlement.
+    """
+    import torch
+
+    from node.agent import checkpoint_interval
+    from node.unit import run_unit
+    from veritrain.datasets import load_dataset
+    from veritrain.pol import UnitSpec, initial_state, train_steps
+    from veritrain.recipes import get_recipe
+
+    say = emit or progress_printer()
+    torch.set_num_threads(1)
+    recipe_config = get_recipe(recipe)
+    dataset = load_dataset(recipe_config.dataset)
+    seed = 7
+    start = initial_state(recipe_config, seed)
+    config = DemoConfig(
+        out_dir=work_dir,
+        providers=1,
+        dishonest=0,
+        verifiers=1,
+        replicas=1,
+        rounds=1,
+        unit_steps=4,
+        recipe=recipe,
+        seed=seed,
+        reveal_window_s=600,
+        verdict_window_s=1200,
+        commit_window_s=int(20 * target_direct_s) + 120,
+        timeout_s=30 * target_direct_s + 600,
+    )
+    with marketplace(config, say) as market:
+        start_stack(market)
+        probe = UnitSpec(
+            recipe=recipe, order_seed=seed, round_index=0, shard=0, steps=30, checkpoint_every=30
+        )
+        train_steps(recipe_config, dataset, start, probe, 0, 5)  # warm-up: allocations, kernel choice
+        began = time.perf_counter()
+        train_steps(recipe_config, dataset, start, probe, 5, 30)
+        steps = max(8, int(target_direct_s * 25 / (time.perf_counter() - began)) // 4 * 4)
+        spec = UnitSpec(
+            recipe=recipe,
+            order_seed=seed,
+            round_index=0,
+            shard=0,
+            steps=steps,
+            checkpoint_every=checkpoint_interval(steps),
+        )
+        began = time.perf_counter()
+        run_unit(spec, start, work_dir / "direct-unit", dataset=dataset)
+        direct_s = time.perf_counter() - began
+        say(f"overhead: direct run of {steps} steps of {recipe}: {direct_s:.1f} s")
+        market.config = replace(config, unit_steps=steps, rounds=1)
+        buyer = Buyer(market)
+        began = time.perf_counter()
+        buyer.post_order()
+        buyer.wait_completed(time.monotonic() + config.timeout_s)
+        market_s = time.perf_counter() - began
+    say(f"overhead: the same unit as a verified k = 1 order through the market: {market_s:.1f} s")
+    return {
+        "direct_s": direct_s,
+        "market_s": market_s,
+        "orchestration_overhead_ratio": market_s / direct_s,
+        "steps": float(steps),
+    }
