@@ -15,32 +15,35 @@ import sys
 # (words, module, help). Keep heavy imports (torch, web3) inside each module's run().
 COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("demo",), "veritrain.demo", "run the whole marketplace on embedded defaults and write a report"),
-    (("chain", "smoke"), "veritrain.chain.smoke", "deploy, stake, post an order, settle one unit, print balances"),
+    (("chain", "smoke"), "veritrain.chain.smoke", "deploy, stake, post an order, settle one unit"),
     (("market", "serve"), "market.serve", "run the market API (FastAPI) on embedded defaults or given URLs"),
     (("market", "worker"), "market.worker", "run a Celery worker for the market"),
     (("node", "run"), "node.agent", "run a provider agent"),
     (("verifier", "run"), "verifier.agent", "run a verifier agent"),
     (("bench", "chain"), "veritrain.chain.bench", "gas of each contract action for one 3-replica unit"),
-    (("bench", "calibrate"), "verifier.calibrate", "measure honest-vs-honest distances and derive tolerances"),
+    (("bench", "calibrate"), "verifier.calibrate", "honest-vs-honest distances and tolerances"),
     (("bench", "verification"), "verifier.attacks", "run the attack suite against the verifier core"),
     (("bench", "market"), "market.bench", "matching throughput/latency and orchestration overhead"),
 ]
 
 
 def _available(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None
+    """True if the module exists (a role package may be absent from a partial install)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     """Build the parser; only the module of the command named in argv is imported."""
-    parser = argparse.ArgumentParser(prog="veritrain", description="Veritrain: verified AI training on idle GPUs")
+    parser = argparse.ArgumentParser(
+        prog="veritrain", description="Veritrain: verified AI training on idle GPUs"
+    )
     groups: dict[str, argparse._SubParsersAction] = {}
     top = parser.add_subparsers(dest="command", required=True)
     for words, module, help_text in COMMANDS:
-        try:
-            if not _available(module):
-                continue
-        except ModuleNotFoundError:
+        if not _available(module):
             continue
         if len(words) == 1:
             sub = top.add_parser(words[0], help=help_text)
@@ -51,7 +54,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
             sub = groups[words[0]].add_parser(words[1], help=help_text)
         sub.set_defaults(_module=module)
         if list(words) == argv[: len(words)]:
-            importlib.import_module(module).configure(sub)  # type: ignore[attr-defined]
+            importlib.import_module(module).configure(sub)
     return parser
 
 

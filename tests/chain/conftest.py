@@ -15,7 +15,7 @@ import pytest
 from eth_account.signers.local import LocalAccount
 
 from veritrain.chain.backends import Backend, HardhatNode, InProcessBackend
-from veritrain.chain.client import ChainClient
+from veritrain.chain.client import ChainClient, Reveal, SignedCommit
 from veritrain.chain.deployment import MarketParams
 
 TOKEN = 10**18
@@ -78,6 +78,20 @@ class World:
     def reveal_all(self, unit_id: int, digests: list[bytes], salts: list[bytes]) -> None:
         for provider, digest, salt in zip(self.providers, digests, salts, strict=False):
             self.client.reveal(unit_id, provider, digest, salt)
+
+    def signed_commits(
+        self, unit_id: int, digests: list[bytes], providers: list[LocalAccount] | None = None
+    ) -> tuple[list[SignedCommit], list[Reveal]]:
+        """Each provider's signed UnitCommit of its digest (for commit_batch) and the matching reveals."""
+        chosen = providers or self.providers[: len(digests)]
+        deadline = self.client.now() + 3600
+        commits, reveals = [], []
+        for provider, digest in zip(chosen, digests, strict=True):
+            salt = os.urandom(32)
+            commitment = self.client.commitment(digest, salt, provider, unit_id)
+            commits.append(self.client.sign_unit_commit(provider, unit_id, commitment, deadline))
+            reveals.append(Reveal(provider.address, digest, salt))
+        return commits, reveals
 
 
 def build_world(backend: Backend) -> World:

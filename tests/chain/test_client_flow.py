@@ -205,3 +205,99 @@ def test_events_since_deployment_decode_in_chain_order(world: Any) -> None:
     assert assigned.block_number >= start and assigned.tx_hash.startswith("0x")
     assert all(event.block_number >= start for event in events)
     assert any(event.name == "OrderPosted" for event in client.events())  # default: since deployment
+
+
+def test_batched_flow_commits_any_subset_in_any_order_and_reveal_batch_finalizes(world: Any) -> None:
+    client = world.client
+    order_id = world.post_order()
+    unit_id = world.assign(order_id)
+    digest = os.urandom(32)
+    commits, reveals = world.signed_commits(unit_id, [digest] * 3)
+
+    receipt = client.commit_batch(unit_id, [commits[2], commits[0]], relayer=world.outsider)
+    committed = [event.args["provider"] for event in receipt.events_named("ReplicaCommitted")]
+    assert committed == [world.providers[2].address, world.providers[0].address]
+    unit = client.get_unit(unit_id)
+    assert (unit.state, unit.committed_mask) == (UnitState.COMMITTING, 0b101)
+    client.commit_batch(unit_id, [commits[1]])
+    assert client.get_unit(unit_id).state == UnitState.REVEALING
+
+    finalized, receipt = client.reveal_batch(unit_id, [reveals[1]])
+    assert not finalized and receipt.events_named("UnitFinalized") == []
+    assert client.get_unit(unit_id).revealed_mask == 0b010
+    finalized, receipt = client.reveal_batch(unit_id, [reveals[2], reveals[0]], sender=world.outsider)
+    assert finalized
+    assert receipt.event("UnitFinalized").args == {"unitId": unit_id, "resultDigest": digest}
+    unit = client.get_unit(unit_id)
+    assert (unit.state, unit.revealed_mask) == (UnitState.FINALIZED, 0b111)
+    assert all(client.replica(unit_id, i).commitment_or_digest == digest for i in range(3))
+    for provider in world.providers[:3]:
+        assert client.credits(provider) == PRICE
+        assert client.stake_of(provider).locked == 0
+        assert client.reputation(provider).valid == 1
+    assert client.get_order(order_id).delivered == 1
+
+
+def test_reveal_batch_with_differing_digests_leaves_the_unit_to_a_verdict(world: Any) -> None:
+    client = world.client
+    unit_id = world.assign(world.post_order())
+    honest, other = os.urandom(32), os.urandom(32)
+    commits, reveals = world.signed_commits(unit_id, [honest, honest, other])
+    client.commit_batch(unit_id, commits)
+
+    finalized, receipt = client.reveal_batch(unit_id, reveals)
+    assert not finalized
+    assert len(receipt.events_named("ReplicaRevealed")) == 3
+    unit = client.get_unit(unit_id)
+    assert (unit.state, unit.revealed_mask) == (UnitState.REVEALING, 0b111)
+    assert client.replica(unit_id, 2).commitment_or_digest == other
+    assert all(client.credits(provider) == 0 for provider in world.providers[:3])
+
+    outcomes = [Outcome.ACCEPT, Outcome.ACCEPT, Outcome.FRAUD]
+    reasons = os.urandom(32)
+    deadline = client.now() + 3600
+    verdicts = [client.sign_verdict(v, unit_id, outcomes, reasons, deadline) for v in world.verifiers[:2]]
+    client.submit_verdict(unit_id, outcomes, reasons, verdicts)
+    assert client.get_unit(unit_id).state == UnitState.VERDICTED
+    assert client.reputation(world.providers[2]).fraud == 1
+
+
+def test_reveal_batch_does_not_finalize_a_unit_drawn_for_verification(world: Any) -> None:
+    client = world.client
+    unit_id = world.assign(world.post_order())
+    digest = os.urandom(32)
+    commits, reveals = world.signed_commits(unit_id, [digest] * 3)
+    client.commit_batch(unit_id, commits)
+    client.request_verification(unit_id)
+    finalized, _ = client.reveal_batch(unit_id, reveals)
+    assert not finalized
+    assert client.get_unit(unit_id).state == UnitState.REVEALING
+
+
+def test_operator_multicall_pipelines_reveal_commit_and_assign_in_one_transaction(world: Any) -> None:
+    client, operator = world.client, world.deployer
+    order_id = world.post_order(units=3)
+    digest_a, digest_b = os.urandom(32), os.urandom(32)
+    unit_a = world.assign(order_id)
+    commits_a, reveals_a = world.signed_commits(unit_a, [digest_a] * 3)
+    client.commit_batch(unit_a, commits_a)
+    unit_b = world.assign(order_id)
+    commits_b, _ = world.signed_commits(unit_b, [digest_b] * 3)
+
+    key_c = os.urandom(32)
+    deadline = client.now() + 3600
+    providers = world.providers[:3]
+    accepts = [client.sign_accept(provider, order_id, key_c, deadline) for provider in providers]
+    calls = [
+        client.reveal_batch_calldata(unit_a, reveals_a),
+        client.commit_batch_calldata(unit_b, commits_b),
+        client.assign_calldata(order_id, key_c, providers, world.verifiers[:2], accepts),
+    ]
+    receipt = client.multicall(calls, sender=operator)
+
+    assert receipt.event("UnitFinalized").args["unitId"] == unit_a
+    assigned = receipt.event("UnitAssigned").args
+    assert assigned["orderId"] == order_id and assigned["unitId"] == client.unit_count()
+    assert client.get_unit(unit_a).state == UnitState.FINALIZED
+    assert client.get_unit(unit_b).state == UnitState.REVEALING
+    assert client.get_unit(assigned["unitId"]).state == UnitState.COMMITTING

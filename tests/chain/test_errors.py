@@ -9,8 +9,9 @@ import pytest
 
 from veritrain.chain import eip712, errors
 from veritrain.chain.artifacts import load_all
-from veritrain.chain.client import Outcome, Signed
+from veritrain.chain.client import Outcome, Reveal, Signed, SignedCommit
 from veritrain.chain.revert import RevertDecoder
+from veritrain.errors import InvalidInput
 
 pytestmark = pytest.mark.chain
 
@@ -213,3 +214,93 @@ def _set_automine(backend: Any, enabled: bool) -> None:
             backend.tester.disable_auto_mine_transactions()
     else:
         backend.w3.provider.make_request("evm_setAutomine", [enabled])
+
+
+# -- batches: one bad entry reverts the whole batch with that entry's own error
+
+
+def test_commit_batch_with_a_wrong_signer_reverts_the_whole_batch(world: Any) -> None:
+    client = world.client
+    unit_id = world.assign(world.post_order())
+    commits, _ = world.signed_commits(unit_id, [os.urandom(32)] * 3)
+    victim, impostor = world.providers[1], world.providers[2]
+    message = {
+        "unitId": unit_id,
+        "provider": victim.address,
+        "commitment": commits[1].commitment,
+        "deadline": commits[1].deadline,
+    }
+    signature = eip712.sign_typed(impostor, client.market_domain, "UnitCommit", message)
+    forged = SignedCommit(victim.address, commits[1].commitment, commits[1].deadline, signature)
+    with pytest.raises(errors.InvalidSigner) as caught:
+        client.commit_batch(unit_id, [commits[0], forged])
+    assert caught.value.arguments == {"expected": victim.address, "recovered": impostor.address}
+    assert client.get_unit(unit_id).committed_mask == 0
+
+
+def test_commit_batch_by_a_provider_not_assigned_to_the_unit(world: Any) -> None:
+    client, stranger = world.client, world.providers[3]
+    unit_id = world.assign(world.post_order())
+    commits, _ = world.signed_commits(unit_id, [os.urandom(32)], providers=[stranger])
+    with pytest.raises(errors.NotAssignedProvider) as caught:
+        client.commit_batch(unit_id, commits)
+    assert caught.value.arguments == {"unitId": unit_id, "account": stranger.address}
+
+
+def test_commit_batch_with_an_expired_deadline(world: Any) -> None:
+    client, provider = world.client, world.providers[0]
+    unit_id = world.assign(world.post_order())
+    deadline = client.now() - 1
+    signed = client.sign_unit_commit(provider, unit_id, os.urandom(32), deadline)
+    with pytest.raises(errors.SignatureExpired) as caught:
+        client.commit_batch(unit_id, [signed])
+    assert caught.value.arguments["deadline"] == deadline
+    assert caught.value.arguments["now"] > deadline
+
+
+def test_empty_batches_revert(world: Any) -> None:
+    client = world.client
+    unit_id = world.assign(world.post_order())
+    with pytest.raises(errors.EmptyBatch):
+        client.commit_batch(unit_id, [])
+    with pytest.raises(errors.EmptyBatch):
+        client.reveal_batch(unit_id, [])
+
+
+def test_a_replayed_unit_commit_reverts_and_a_failing_multicall_call_undoes_the_others(world: Any) -> None:
+    """UnitCommit has no nonce: replay protection is the unit's state (one commit per provider)."""
+    client = world.client
+    unit_id = world.assign(world.post_order())
+    commits, _ = world.signed_commits(unit_id, [os.urandom(32)])
+    batch = client.commit_batch_calldata(unit_id, commits)
+    with pytest.raises(errors.AlreadyCommitted) as caught:
+        client.multicall([batch, batch], sender=world.outsider)
+    assert caught.value.arguments == {"unitId": unit_id, "provider": world.providers[0].address}
+    assert client.get_unit(unit_id).committed_mask == 0
+
+    client.commit_batch(unit_id, commits)
+    with pytest.raises(errors.AlreadyCommitted):
+        client.commit_batch(unit_id, commits)
+    assert client.get_unit(unit_id).committed_mask == 0b001
+
+
+def test_multicall_keeps_the_callers_role_checks(world: Any) -> None:
+    client = world.client
+    order_id = world.post_order()
+    key, deadline = os.urandom(32), client.now() + 3600
+    providers = world.providers[:3]
+    accepts = [client.sign_accept(provider, order_id, key, deadline) for provider in providers]
+    call = client.assign_calldata(order_id, key, providers, world.verifiers[:2], accepts)
+    with pytest.raises(errors.AccessControlUnauthorizedAccount) as caught:
+        client.multicall([call], sender=world.outsider)
+    assert caught.value.arguments["account"] == world.outsider.address
+
+
+def test_client_side_input_errors_for_batches(world: Any) -> None:
+    client = world.client
+    with pytest.raises(InvalidInput):
+        client.multicall([])
+    with pytest.raises(InvalidInput):
+        client.market_calldata("noSuchFunction", 1)
+    with pytest.raises(InvalidInput):
+        client.reveal_batch_calldata(1, [Reveal(world.providers[0].address, b"short", os.urandom(32))])

@@ -12,6 +12,8 @@ from typing import Any
 _EXPORTS = {
     "ChainClient": "veritrain.chain.client",
     "Signed": "veritrain.chain.client",
+    "SignedCommit": "veritrain.chain.client",
+    "Reveal": "veritrain.chain.client",
     "Outcome": "veritrain.chain.client",
     "UnitState": "veritrain.chain.client",
     "Receipt": "veritrain.chain.tx",

@@ -40,6 +40,13 @@ TYPES: dict[str, tuple[tuple[str, str], ...]] = {
         ("nonce", "uint256"),
         ("deadline", "uint256"),
     ),
+    # commitBatch's message. No nonce: a provider commits once per unit, the unit's state makes it single-use.
+    "UnitCommit": (
+        ("unitId", "uint256"),
+        ("provider", "address"),
+        ("commitment", "bytes32"),
+        ("deadline", "uint256"),
+    ),
     "Verdict": (
         ("unitId", "uint256"),
         ("outcomesHash", "bytes32"),

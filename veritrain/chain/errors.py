@@ -410,6 +410,18 @@ class ReplicaIndexOutOfRange(ContractReverted):
     error_name = "ReplicaIndexOutOfRange"
 
 
+class EmptyBatch(ContractReverted):
+    """commitBatch / revealBatch got no entries (an empty batch is a caller bug, not a no-op)."""
+
+    error_name = "EmptyBatch"
+
+
+class PartyRegistryFull(ContractReverted):
+    """All 2**24 - 1 compact party ids are taken: no new address can be assigned to a unit."""
+
+    error_name = "PartyRegistryFull"
+
+
 # -- OpenZeppelin access control, tokens and guards
 
 
