@@ -29,7 +29,6 @@ from node.agent import (
     BlobPlane,
     UnitManifest,
     add_common_agent_arguments,
-    checkpoint_interval,
     connect_chain,
     decode_state,
     load_account,
@@ -39,6 +38,7 @@ from node.agent import (
     setup_logging,
     stake_by_permit,
     unhex32,
+    unit_spec_of,
 )
 from veritrain.errors import AgentError, MarketError, VeritrainError
 
@@ -235,18 +235,11 @@ class VerifierAgent:
         """Decide accept/fault/fraud per replica with the verifier core, sign and submit the verdict."""
         from verifier.core import UnitRequest, verify_unit
         from veritrain.datasets import load_dataset
-        from veritrain.pol import UnitSpec, data_order_commitment, train_steps
+        from veritrain.pol import data_order_commitment, train_steps
 
         started = time.monotonic()
         tolerances = load_tolerances(job.recipe, self.config.tolerances)
-        spec = UnitSpec(
-            recipe=job.recipe,
-            order_seed=job.seed,
-            round_index=job.round_index,
-            shard=0,
-            steps=job.steps,
-            checkpoint_every=checkpoint_interval(job.steps),
-        )
+        spec = unit_spec_of(job)
         recipe = spec.recipe_config()
         dataset = load_dataset(recipe.dataset, unhex32(job.dataset_digest))
         request = UnitRequest(
