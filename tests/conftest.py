@@ -10,7 +10,7 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
 def service_url(env_var: str) -> str:
-    """URL of a real service for a test; skipped locally when unset, a failure in CI (services are required)."""
+    """URL of a real service for a test: skipped locally when unset, a failure in CI (services required)."""
     url = os.environ.get(env_var, "")
     if not url:
         if IN_CI:
