@@ -1,0 +1,130 @@
+#!/usr/bin/env node
+// Compile the Veritrain contracts with one seeded bug applied, in memory, for mutation testing.
+//
+// Usage: node scripts/compile-mutant.js <mutant-id | --original>... [--mutants FILE]
+// Prints {"<mutant-id or --original>": {"<ContractName>": {"abi": [...], "bytecode": "0x...",
+// "storageLayout": {...}}, ...}, ...} to stdout: one entry per requested variant, compiled in this one
+// process (loading the wasm compiler and Hardhat's config once is most of the cost of a small compile).
+// The storage layout lets the Python invariant machine read contract state straight from EVM storage.
+//
+// Why a separate compile: Hardhat compiles from disk into artifacts/, which other engineers share;
+// a mutant must never touch contracts/ or artifacts/. The compiler settings (evmVersion, optimizer,
+// viaIR) are read from hardhat.config.js through Hardhat's own config loader, so a mutant differs from
+// the real contracts only by its patch.
+"use strict";
+
+const fs = require("fs");
+const path = require("path");
+const solc = require("solc");
+
+process.env.HARDHAT_DISABLE_TELEMETRY_PROMPT = "true";
+
+const ROOT = path.resolve(__dirname, "..");
+const CONTRACTS = ["VeriToken", "StakeManager", "JobMarket"];
+const ORIGINAL = "--original";
+const DEFAULT_MUTANTS = path.join(ROOT, "tests", "chain", "mutants", "mutants.json");
+const USAGE = "usage: compile-mutant.js <mutant-id | --original>... [--mutants FILE]";
+
+function fail(message) {
+  process.stderr.write(`compile-mutant: ${message}\n`);
+  process.exit(2);
+}
+
+function parseArgs(argv) {
+  const args = { ids: [], mutantsFile: DEFAULT_MUTANTS };
+  for (let i = 0; i < argv.length; i++) {
+    if (argv[i] === "--mutants") args.mutantsFile = argv[++i];
+    else args.ids.push(argv[i]);
+  }
+  if (args.ids.length === 0) fail(USAGE);
+  return args;
+}
+
+// Every top-level source (shared bases such as TypedSignatures.sol too), so a patch may target any of them.
+function readSources() {
+  const sources = {};
+  for (const file of fs.readdirSync(path.join(ROOT, "contracts")).sort()) {
+    if (file.endsWith(".sol")) sources[`contracts/${file}`] = fs.readFileSync(path.join(ROOT, "contracts", file), "utf8");
+  }
+  return sources;
+}
+
+// Each patch replaces an exact text that must occur exactly once, so a drifted source fails loudly
+// instead of silently compiling the unmutated contract.
+function applyPatches(sources, mutant) {
+  for (const patch of mutant.patches) {
+    const key = `contracts/${patch.file}`;
+    const text = sources[key];
+    if (text === undefined) fail(`mutant ${mutant.id}: unknown file ${patch.file}`);
+    const first = text.indexOf(patch.find);
+    if (first < 0) fail(`mutant ${mutant.id}: text not found in ${patch.file}: ${JSON.stringify(patch.find)}`);
+    if (text.indexOf(patch.find, first + 1) >= 0) {
+      fail(`mutant ${mutant.id}: text occurs more than once in ${patch.file}: ${JSON.stringify(patch.find)}`);
+    }
+    sources[key] = text.slice(0, first) + patch.replace + text.slice(first + patch.find.length);
+  }
+}
+
+function hardhatCompilerSettings() {
+  process.chdir(ROOT);
+  const hre = require("hardhat");
+  const compiler = hre.config.solidity.compilers[0];
+  if (compiler.version !== solc.version().split("+")[0]) {
+    fail(`hardhat.config.js wants solc ${compiler.version}, node_modules has ${solc.version()}`);
+  }
+  const { evmVersion, optimizer, viaIR } = compiler.settings;
+  return { evmVersion, optimizer, viaIR };
+}
+
+function findImport(importPath) {
+  const candidates = [path.join(ROOT, "node_modules", importPath), path.join(ROOT, importPath)];
+  for (const candidate of candidates) {
+    if (fs.existsSync(candidate)) return { contents: fs.readFileSync(candidate, "utf8") };
+  }
+  return { error: `import not found: ${importPath}` };
+}
+
+function compile(sources, settings, label) {
+  const input = {
+    language: "Solidity",
+    sources: Object.fromEntries(Object.entries(sources).map(([k, v]) => [k, { content: v }])),
+    settings: {
+      ...settings,
+      outputSelection: { "*": { "*": ["abi", "evm.bytecode.object", "storageLayout"] } },
+    },
+  };
+  const output = JSON.parse(solc.compile(JSON.stringify(input), { import: findImport }));
+  const errors = (output.errors || []).filter((e) => e.severity === "error");
+  if (errors.length) fail(`${label}:\n${errors.map((e) => e.formattedMessage).join("\n")}`);
+  const result = {};
+  for (const name of CONTRACTS) {
+    const compiled = output.contracts[`contracts/${name}.sol`][name];
+    result[name] = {
+      abi: compiled.abi,
+      bytecode: `0x${compiled.evm.bytecode.object}`,
+      storageLayout: compiled.storageLayout,
+    };
+  }
+  return result;
+}
+
+function main() {
+  const args = parseArgs(process.argv.slice(2));
+  const settings = hardhatCompilerSettings();
+  const mutants = args.ids.some((id) => id !== ORIGINAL)
+    ? JSON.parse(fs.readFileSync(args.mutantsFile, "utf8")).mutants
+    : [];
+  const result = {};
+  for (const id of args.ids) {
+    const sources = readSources();
+    if (id !== ORIGINAL) {
+      const mutant = mutants.find((m) => m.id === id);
+      if (!mutant) fail(`no mutant with id ${id} in ${args.mutantsFile}`);
+      applyPatches(sources, mutant);
+    }
+    result[id] = compile(sources, settings, id);
+  }
+  process.stdout.write(JSON.stringify(result));
+}
+
+main();

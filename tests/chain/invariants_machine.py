@@ -1,0 +1,1178 @@
+"""Hypothesis state machine: random market histories on the real bytecode, checked after every step.
+
+Each rule performs one party action on the in-process EVM and the same action on the reference model
+(`invariants_model.Model`); a revert the model predicts must come back as that exact typed error with
+those arguments. After every step the invariants below are checked from chain observations (contract
+storage read straight from py-evm, token balances, the events of the step) and ghost variables, and
+every account, order and unit is compared field by field with the model. Every example ends by driving
+the market past all deadlines and closing every position: all funds must exit (liveness); there the
+storage reader is also cross-checked against the contracts' public views, and nonces are compared.
+Actors: operator, 2 buyers, 3 providers, 2 verifiers; the deployer also holds MARKET_ROLE on the
+StakeManager, acting as a second market that slashes directly (SECURITY.md A7).
+
+Named invariants (a failure raises `InvariantViolation` carrying the names; the mutation test asserts
+the seeded bug trips the one it targets):
+- solvency: token balance of StakeManager == totalStaked == Σ stakers' bonded+unbonding; token balance
+  of JobMarket == totalEscrow + totalCredits, with totalCredits == Σ actors' credits (≥ would suffice
+  against donations; this handler never donates, so equality must hold).
+- no_double_settlement: a unit settles (finalize / verdict / expire) at most once; per order, the escrow
+  that left as credits never exceeds what the buyer escrowed, and equals it once the order is closed.
+- unit_state_machine: every stored unit state change is a legal edge (None → Committing → Revealing →
+  Finalized | Verdicted | Expired; Committing → Verdicted | Expired) and equals the model's state.
+- slash_reaches_unbonding: a slash takes min(amount, bonded + unbonding) — unbonding stake stays slashable
+  — and exactly that many tokens leave the StakeManager.
+- slashed_never_withdrawable: per staker, bonded + unbonding == deposited − withdrawn − slashed, so a
+  slashed token can never come back out through withdraw.
+- funds_exit: after all deadlines, expiring units, closing orders, withdrawing credits and unstaking
+  leave both contracts holding no tokens and every actor holding what the model says.
+- model_agreement: everything else the model predicts (success vs typed revert and its arguments,
+  balances, stakes, credits, reputation, nonces, order and unit fields).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from eth_utils import keccak
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from tests.chain.invariants_harness import Actor, Chain, MarketParams, TxOutcome
+from tests.chain.invariants_model import (
+    FAULT,
+    LEGAL_TRANSITIONS,
+    SETTLED_STATES,
+    Expected,
+    Model,
+    Unit,
+    UnitState,
+)
+from tests.chain.invariants_storage import StorageReader
+from veritrain.chain import eip712
+from veritrain.chain.errors import ContractReverted
+
+BUYERS = ("buyer0", "buyer1")
+PROVIDERS = ("provider0", "provider1", "provider2")
+VERIFIERS = ("verifier0", "verifier1")
+ACTOR_LABELS = ("operator", *BUYERS, *PROVIDERS, *VERIFIERS)
+STAKERS = (*PROVIDERS, *VERIFIERS)
+FUNDED = (*BUYERS, *PROVIDERS, *VERIFIERS)
+INITIAL_TOKENS = 1_000_000
+SIG_LIFETIME = 10**6
+MAX_UINT = 2**256 - 1
+
+INVARIANTS = (
+    "solvency",
+    "no_double_settlement",
+    "unit_state_machine",
+    "slash_reaches_unbonding",
+    "slashed_never_withdrawable",
+    "funds_exit",
+    "model_agreement",
+)
+SETTLEMENT_EVENTS = {
+    keccak(text="UnitFinalized(uint256,bytes32)"),
+    keccak(text="VerdictRecorded(uint256,uint8[],bytes32,address[])"),
+    keccak(text="UnitExpired(uint256)"),
+}
+STAKE_SLASHED = keccak(text="StakeSlashed(address,uint256,address)")
+
+
+class InvariantViolation(AssertionError):
+    """One step broke named invariants; `names` lists them, the message says how."""
+
+    def __init__(self, failures: Sequence[tuple[str, str]]) -> None:
+        self.names = frozenset(name for name, _ in failures)
+        super().__init__("\n".join(f"[{name}] {detail}" for name, detail in failures))
+
+
+def build_chain(
+    artifacts: dict[str, dict[str, Any]],
+    storage_layouts: dict[str, Any],
+    params: MarketParams | None = None,
+) -> Chain:
+    """Deploy, fund every actor, approve both contracts, and snapshot: the start of every example.
+
+    `storage_layouts` (solc's, per contract) must describe the deployed bytecode; each example's
+    final cross-check against the views enforces that.
+    """
+    chain = Chain(artifacts, params or MarketParams(), ACTOR_LABELS)
+    chain.storage_layouts = storage_layouts
+    for label in FUNDED:
+        actor = chain.actors[label]
+        minted = chain.transact(chain.deployer, chain.token, "mint", [actor.address, INITIAL_TOKENS])
+        approved_sm = chain.transact(actor, chain.token, "approve", [chain.stakes.address, MAX_UINT])
+        approved_jm = chain.transact(actor, chain.token, "approve", [chain.market.address, MAX_UINT])
+        for outcome in (minted, approved_sm, approved_jm):
+            if outcome.error is not None:
+                raise AssertionError(f"setting up {label} failed: {outcome.error}")
+    chain.mark_initial_state()
+    return chain
+
+
+def _mostly(data: st.DataObject, odds: int, label: str) -> bool:
+    """True with probability odds/(odds+1): the usual choice, leaving room for the unusual one."""
+    return data.draw(st.integers(0, odds), label=label) > 0
+
+
+def _raw(value: str | bytes) -> bytes:
+    """Receipt fields arrive as 0x-hex strings from eth-tester and as bytes from web3."""
+    return bytes.fromhex(value[2:]) if isinstance(value, str) else bytes(value)
+
+
+def _norm(value: Any) -> Any:
+    if isinstance(value, str) and value.startswith("0x"):
+        return value.lower()
+    if isinstance(value, bytes | bytearray):
+        return bytes(value)
+    return value
+
+
+@dataclass
+class Ghosts:
+    """What the chain did, as measured by the handler (independent of the model's arithmetic)."""
+
+    settlements: dict[int, int] = field(default_factory=dict)
+    escrow_out: dict[int, int] = field(default_factory=dict)
+    deposited: dict[str, int] = field(default_factory=dict)
+    withdrawn: dict[str, int] = field(default_factory=dict)
+    slashed: dict[str, int] = field(default_factory=dict)
+    unit_states: dict[int, UnitState] = field(default_factory=dict)
+
+
+@dataclass
+class UnitSecrets:
+    """The result digest and salt each replica committed to (only the provider would know them)."""
+
+    digests: dict[int, bytes] = field(default_factory=dict)
+    salts: dict[int, bytes] = field(default_factory=dict)
+
+
+class MarketMachine(RuleBasedStateMachine):
+    """The handler. `chain` is set by `machine_for()` (one deployment per contract variant)."""
+
+    chain: ClassVar[Chain]
+    # function name -> [succeeded, reverted], over all examples of the run (vacuous-pass guard).
+    call_stats: ClassVar[dict[str, list[int]]]
+    error_stats: ClassVar[dict[str, int]]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.chain.reset()
+        chain = self.chain
+        self.actors = chain.actors
+        self.address_of = {label: actor.address for label, actor in self.actors.items()}
+        self.address_of["deployer"] = chain.deployer.address  # receives direct slashes
+        self.label_of = {address: label for label, address in self.address_of.items()}
+        self.model = Model(chain.params, chain.stakes.address, chain.market.address)
+        for label in FUNDED:
+            self.model.tokens[self.address_of[label]] = INITIAL_TOKENS
+        self.ghosts = Ghosts()
+        self.secrets: dict[int, UnitSecrets] = {}
+        self.failures: list[tuple[str, str]] = []
+        self.storage = StorageReader(chain, chain.storage_layouts)
+        self.storage.refresh()
+        self.staker_addresses = [self.address_of[label] for label in STAKERS]
+        self.steps = 0
+        self.broken = False
+
+    # ------------------------------------------------------------------------------------------
+    # Running one action on both sides
+    # ------------------------------------------------------------------------------------------
+
+    def _run(
+        self,
+        what: str,
+        sender: Actor,
+        contract_name: str,
+        fn: str,
+        args: Sequence[Any],
+        model_action: Callable[[], Expected | None],
+    ) -> TxOutcome:
+        """Apply `model_action` to the model, send the transaction, and record any disagreement."""
+        expected = model_action()
+        contract = getattr(self.chain, contract_name)
+        outcome = self.chain.transact(sender, contract, fn, args, expect_revert=expected is not None)
+        self.storage.refresh()
+        self.call_stats.setdefault(fn, [0, 0])[outcome.error is not None] += 1
+        if outcome.error is not None:
+            self.error_stats[f"{fn}: {outcome.error.name}"] = (
+                self.error_stats.get(f"{fn}: {outcome.error.name}", 0) + 1
+            )
+        if expected is None and outcome.error is not None:
+            self._fail(
+                "model_agreement", f"{what}: model expected success, contract reverted {outcome.error}"
+            )
+        elif expected is not None and outcome.error is None:
+            self._fail("model_agreement", f"{what}: model expected revert {expected}, contract succeeded")
+        elif expected is not None and outcome.error is not None:
+            self._check_error(what, expected, outcome.error)
+        return outcome
+
+    def _check_error(self, what: str, expected: Expected, error: ContractReverted) -> None:
+        got_args = tuple(_norm(v) for v in error.arguments.values())
+        want_args = tuple(_norm(v) for v in expected.args)
+        if error.name != expected.name or (want_args and got_args != want_args):
+            self._fail(
+                "model_agreement",
+                f"{what}: expected {expected.name}{want_args}, got {error.name}{got_args}",
+            )
+
+    def _fail(self, name: str, detail: str) -> None:
+        self.failures.append((name, detail))
+
+    def _now(self) -> int:
+        return self.chain.now()
+
+    def _sig_deadline(self) -> int:
+        return self._now() + SIG_LIFETIME
+
+    # ------------------------------------------------------------------------------------------
+    # Rules: stake
+    # ------------------------------------------------------------------------------------------
+
+    @initialize(
+        amounts=st.lists(
+            st.sampled_from([0, 1_000, 2_500, 5_000]), min_size=len(STAKERS), max_size=len(STAKERS)
+        )
+    )
+    def initial_stakes(self, amounts: list[int]) -> None:
+        """Start most examples with staked parties, so the market gets past assignment quickly."""
+        for staker, amount in zip(STAKERS, amounts, strict=True):
+            if amount:
+                self.do_stake(staker, amount)
+
+    @initialize(buyer=st.sampled_from(BUYERS), units=st.integers(1, 3), replicas=st.integers(1, 3))
+    def initial_order(self, buyer: str, units: int, replicas: int) -> None:
+        self.do_post_order(buyer, units, replicas, 100, 50, 3_000)
+
+    @rule(staker=st.sampled_from(STAKERS), amount=st.sampled_from([0, 1, 250, 500, 1_000, 1_500, 2_500]))
+    def stake(self, staker: str, amount: int) -> None:
+        self.do_stake(staker, amount)
+
+    def do_stake(self, staker: str, amount: int) -> None:
+        actor = self.actors[staker]
+        before = self._sm_balance()
+        outcome = self._run(
+            f"stake({staker}, {amount})",
+            actor,
+            "stakes",
+            "stake",
+            [amount],
+            lambda: self.model.stake(actor.address, amount, self._now()),
+        )
+        if outcome.error is None:
+            self._add(self.ghosts.deposited, actor.address, self._sm_balance() - before)
+
+    @rule(
+        staker=st.sampled_from(STAKERS),
+        amount=st.sampled_from([0, 1, 100, 500, 1_000, -1]),
+        signed=st.booleans(),
+    )
+    def request_unstake(self, staker: str, amount: int, signed: bool) -> None:
+        """amount -1 means all free stake (the usual client call)."""
+        acc = self.model.stake_of(self.address_of[staker])
+        self.do_request_unstake(staker, acc.bonded - acc.locked if amount < 0 else amount, signed)
+
+    def do_request_unstake(self, staker: str, amount: int, signed: bool = False) -> None:
+        actor = self.actors[staker]
+        now = self._now()
+        if not signed:
+            self._run(
+                f"requestUnstake({staker}, {amount})",
+                actor,
+                "stakes",
+                "requestUnstake",
+                [amount],
+                lambda: self.model.request_unstake(actor.address, amount, now),
+            )
+            return
+        nonce = self.model.sm_nonces.get(actor.address, 0)
+        deadline = now + SIG_LIFETIME
+        message = {"staker": actor.address, "amount": amount, "nonce": nonce, "deadline": deadline}
+        signature = self.chain.sign_stake(actor, "RequestUnstake", message)
+
+        def model_action() -> Expected | None:
+            expected = self.model.request_unstake(actor.address, amount, now)
+            if expected is None:
+                self.model.sm_nonces[actor.address] = nonce + 1
+            return expected
+
+        self._run(
+            f"requestUnstakeWithSig({staker}, {amount})",
+            self.actors["operator"],
+            "stakes",
+            "requestUnstakeWithSig",
+            [actor.address, amount, nonce, deadline, signature],
+            model_action,
+        )
+
+    @rule(data=st.data(), signed=st.booleans())
+    def withdraw_stake(self, data: st.DataObject, signed: bool) -> None:
+        """Mostly a staker whose unbonding stake has thawed, sometimes any (early or empty withdrawals)."""
+        now = self._now()
+        thawed = [
+            label
+            for label in STAKERS
+            if self.model.stake_of(self.address_of[label]).unbonding
+            and self.model.stake_of(self.address_of[label]).thaw_at <= now
+        ]
+        pool = thawed if thawed and _mostly(data, 2, "prefer thawed") else STAKERS
+        self.do_withdraw_stake(data.draw(st.sampled_from(pool), label="staker"), signed)
+
+    def do_withdraw_stake(self, staker: str, signed: bool = False) -> None:
+        actor = self.actors[staker]
+        now = self._now()
+        before = self._sm_balance()
+        if signed:
+            nonce = self.model.sm_nonces.get(actor.address, 0)
+            deadline = now + SIG_LIFETIME
+            message = {"staker": actor.address, "nonce": nonce, "deadline": deadline}
+            signature = self.chain.sign_stake(actor, "Withdraw", message)
+
+            def model_action() -> Expected | None:
+                expected = self.model.withdraw_stake(actor.address, now)
+                if expected is None:
+                    self.model.sm_nonces[actor.address] = nonce + 1
+                return expected
+
+            outcome = self._run(
+                f"withdrawWithSig({staker})",
+                self.actors["operator"],
+                "stakes",
+                "withdrawWithSig",
+                [actor.address, nonce, deadline, signature],
+                model_action,
+            )
+        else:
+            outcome = self._run(
+                f"withdraw({staker})",
+                actor,
+                "stakes",
+                "withdraw",
+                [],
+                lambda: self.model.withdraw_stake(actor.address, now),
+            )
+        if outcome.error is None:
+            self._add(self.ghosts.withdrawn, actor.address, before - self._sm_balance())
+
+    @precondition(lambda self: any(s.unbonding or s.locked for s in self.model.stakes.values()))
+    @rule(staker=st.sampled_from(STAKERS), amount=st.sampled_from([1, 300, 700, 1_200, 5_000]))
+    def slash_directly(self, staker: str, amount: int) -> None:
+        """A second market (the deployer holds MARKET_ROLE) slashes: it must reach unbonding stake too."""
+        self.do_slash_directly(staker, amount)
+
+    def do_slash_directly(self, staker: str, amount: int) -> None:
+        account = self.address_of[staker]
+        pre = {account: self.storage.stake_of(account)}
+        before = self._sm_balance()
+        outcome = self._run(
+            f"slash({staker}, {amount})",
+            self.chain.deployer,
+            "stakes",
+            "slash",
+            [account, amount, self.chain.deployer.address],
+            lambda: self._model_slash(account, amount),
+        )
+        if outcome.receipt is not None:
+            self._check_slashes(outcome.receipt, pre, {account: amount}, before)
+
+    def _model_slash(self, account: str, amount: int) -> None:
+        self.model.slash(account, amount, self.chain.deployer.address)
+
+    # ------------------------------------------------------------------------------------------
+    # Rules: orders and assignment
+    # ------------------------------------------------------------------------------------------
+
+    @rule(
+        buyer=st.sampled_from(BUYERS),
+        units=st.sampled_from([0, 1, 2, 3, 3]),
+        replicas=st.integers(1, 3),
+        price=st.sampled_from([1, 7, 100, 333]),
+        fee=st.sampled_from([0, 1, 50, 101]),
+        deadline_in=st.sampled_from([0, 300, 1_000, 3_000, 3_000]),
+    )
+    def post_order(
+        self, buyer: str, units: int, replicas: int, price: int, fee: int, deadline_in: int
+    ) -> None:
+        self.do_post_order(buyer, units, replicas, price, fee, deadline_in)
+
+    def do_post_order(
+        self, buyer: str, units: int, replicas: int, price: int, fee: int, deadline_in: int
+    ) -> None:
+        actor = self.actors[buyer]
+        now = self._now()
+        deadline = now + deadline_in
+        self._run(
+            f"postOrder({buyer}, units={units}, replicas={replicas}, price={price}, fee={fee})",
+            actor,
+            "market",
+            "postOrder",
+            [b"\x11" * 32, units, replicas, price, fee, deadline],
+            lambda: self.model.post_order(actor.address, units, replicas, price, fee, deadline, now),
+        )
+
+    @precondition(lambda self: bool(self.model.orders))
+    @rule(data=st.data())
+    def assign(self, data: st.DataObject) -> None:
+        """Mostly a valid proposal (open order, providers with free collateral first), sometimes not."""
+        open_orders = [o for o, order in self.model.orders.items() if not order.closed]
+        pool = open_orders if open_orders and _mostly(data, 4, "prefer open") else self.model.orders
+        order_id = data.draw(st.sampled_from(sorted(pool)), label="order")
+        order = self.model.orders[order_id]
+        count = data.draw(st.sampled_from([order.replicas] * 6 + [1, 2]), label="replicas")
+        shuffled = data.draw(st.permutations(PROVIDERS), label="providers")
+        if _mostly(data, 4, "prefer eligible"):
+            shuffled = sorted(shuffled, key=lambda label: -self._free_stake(label))
+        providers = shuffled[:count]
+        verifiers = data.draw(st.sampled_from([VERIFIERS] * 6 + [VERIFIERS[:1]]), label="verifiers")
+        stale_nonce = data.draw(st.sampled_from([False] * 9 + [True]), label="stale nonce")
+        self.do_assign(order_id, list(providers), list(verifiers), stale_nonce)
+
+    def do_assign(
+        self, order_id: int, providers: list[str], verifiers: list[str], stale_nonce: bool = False
+    ) -> None:
+        now = self._now()
+        deadline = now + SIG_LIFETIME
+        unit_key = keccak(text=f"unit-{len(self.model.units)}-{now}")
+        provider_addresses = [self.address_of[p] for p in providers]
+        verifier_addresses = [self.address_of[v] for v in verifiers]
+        accepts = []
+        nonces = []
+        for label, address in zip(providers, provider_addresses, strict=True):
+            nonce = self.model.jm_nonces.get(address, 0)
+            if stale_nonce:
+                nonce += 1
+            message = {
+                "orderId": order_id,
+                "unitKey": unit_key,
+                "provider": address,
+                "nonce": nonce,
+                "deadline": deadline,
+            }
+            accepts.append((nonce, deadline, self.chain.sign_market(self.actors[label], "Accept", message)))
+            nonces.append(nonce)
+        units_before = len(self.model.units)
+        outcome = self._run(
+            f"assign(order {order_id}, {providers}, {verifiers}, stale={stale_nonce})",
+            self.actors["operator"],
+            "market",
+            "assign",
+            [order_id, unit_key, provider_addresses, verifier_addresses, accepts],
+            lambda: self.model.assign(order_id, provider_addresses, verifier_addresses, nonces, now),
+        )
+        if outcome.error is None and len(self.model.units) > units_before:
+            unit_id = len(self.model.units)
+            self.secrets[unit_id] = UnitSecrets()
+
+    @precondition(lambda self: bool(self.model.orders))
+    @rule(data=st.data(), by_buyer=st.sampled_from([False, False, False, True]))
+    def close_order(self, data: st.DataObject, by_buyer: bool) -> None:
+        """Mostly an open order with no open unit, sometimes any (open units, closed, not yet closable)."""
+        idle = [o for o, order in self.model.orders.items() if not order.closed and not order.open_units]
+        pool = idle if idle and _mostly(data, 2, "prefer idle") else sorted(self.model.orders)
+        self.do_close_order(data.draw(st.sampled_from(pool), label="order"), by_buyer)
+
+    def do_close_order(self, order_id: int, by_buyer: bool = True) -> None:
+        order = self.model.orders[order_id]
+        caller = self.actors[self.label_of[order.buyer]] if by_buyer else self.actors["operator"]
+        now = self._now()
+        before = self._escrow()
+        outcome = self._run(
+            f"closeOrder({order_id}, by_buyer={by_buyer})",
+            caller,
+            "market",
+            "closeOrder",
+            [order_id],
+            lambda: self.model.close_order(order_id, caller.address, now),
+        )
+        if outcome.error is None:
+            self._add(self.ghosts.escrow_out, order_id, before - self._escrow())
+
+    # ------------------------------------------------------------------------------------------
+    # Rules: commit and reveal
+    # ------------------------------------------------------------------------------------------
+
+    def _open_units(self) -> list[int]:
+        return [u for u, unit in self.model.units.items() if unit.state not in SETTLED_STATES]
+
+    def _draw_unit(self, data: st.DataObject, ready: Callable[[Unit], bool] | None = None) -> int:
+        """Mostly an open unit where the action can succeed (`ready`), sometimes any unit (to hit the
+        early, late and already-settled errors)."""
+        candidates = [
+            unit_id for unit_id in self._open_units() if ready is None or ready(self.model.units[unit_id])
+        ]
+        pool = candidates if candidates and _mostly(data, 4, "prefer ready") else sorted(self.model.units)
+        return data.draw(st.sampled_from(pool), label="unit")
+
+    def _verdict_deadline(self, unit: Unit) -> int:
+        return unit.reveal_deadline + self.chain.params.verdict_window
+
+    @precondition(lambda self: bool(self.model.units))
+    @rule(data=st.data(), deviant=st.sampled_from([False, False, False, True]), signed=st.booleans())
+    def commit(self, data: st.DataObject, deviant: bool, signed: bool) -> None:
+        """Mostly a replica that still has to commit, sometimes any (provider, unit) pair."""
+        pending = [
+            (unit_id, self.label_of[r.provider])
+            for unit_id, unit in self.model.units.items()
+            if unit.state == UnitState.COMMITTING
+            for r in unit.replicas
+            if r.commitment is None
+        ]
+        if pending and _mostly(data, 5, "prefer pending"):
+            unit_id, provider = data.draw(st.sampled_from(pending), label="replica")
+        else:
+            unit_id = data.draw(st.sampled_from(sorted(self.model.units)), label="unit")
+            provider = data.draw(st.sampled_from(PROVIDERS), label="provider")
+        self.do_commit(unit_id, provider, deviant, signed)
+
+    def do_commit(self, unit_id: int, provider: str, deviant: bool = False, signed: bool = False) -> None:
+        actor = self.actors[provider]
+        unit = self.model.units[unit_id]
+        index = unit.index_of(actor.address)
+        tag = f"{unit_id}-{index}"
+        digest = keccak(text=f"deviant-{tag}" if deviant else f"honest-{unit_id}")
+        salt = keccak(text=f"salt-{tag}")
+        commitment = eip712.commitment(digest, salt, actor.address, unit_id)
+        now = self._now()
+        if signed:
+            nonce = self.model.jm_nonces.get(actor.address, 0)
+            deadline = now + SIG_LIFETIME
+            message = {
+                "unitId": unit_id,
+                "provider": actor.address,
+                "commitment": commitment,
+                "nonce": nonce,
+                "deadline": deadline,
+            }
+            signature = self.chain.sign_market(actor, "Commit", message)
+            outcome = self._run(
+                f"commitWithSig(unit {unit_id}, {provider})",
+                self.actors["operator"],
+                "market",
+                "commitWithSig",
+                [unit_id, actor.address, commitment, nonce, deadline, signature],
+                lambda: self.model.commit(unit_id, actor.address, commitment, nonce, now),
+            )
+        else:
+            outcome = self._run(
+                f"commit(unit {unit_id}, {provider})",
+                actor,
+                "market",
+                "commit",
+                [unit_id, commitment],
+                lambda: self.model.commit(unit_id, actor.address, commitment, None, now),
+            )
+        if outcome.error is None and index is not None:
+            self.secrets[unit_id].digests[index] = digest
+            self.secrets[unit_id].salts[index] = salt
+
+    @precondition(lambda self: bool(self.model.units))
+    @rule(data=st.data(), wrong_salt=st.sampled_from([False] * 7 + [True]))
+    def reveal(self, data: st.DataObject, wrong_salt: bool) -> None:
+        """Mostly a committed replica that has not revealed yet, sometimes any replica."""
+        pending = [
+            (unit_id, index)
+            for unit_id, unit in self.model.units.items()
+            if unit.state not in SETTLED_STATES
+            for index, r in enumerate(unit.replicas)
+            if r.commitment is not None and r.digest is None
+        ]
+        if pending and _mostly(data, 5, "prefer pending"):
+            unit_id, index = data.draw(st.sampled_from(pending), label="replica")
+        else:
+            unit_id = data.draw(st.sampled_from(sorted(self.model.units)), label="unit")
+            index = data.draw(st.integers(0, len(self.model.units[unit_id].replicas) - 1), label="replica")
+        self.do_reveal(unit_id, index, wrong_salt)
+
+    def do_reveal(self, unit_id: int, index: int, wrong_salt: bool = False) -> None:
+        unit = self.model.units[unit_id]
+        provider = unit.replicas[index].provider
+        secrets = self.secrets[unit_id]
+        digest = secrets.digests.get(index, keccak(text=f"honest-{unit_id}"))
+        salt = secrets.salts.get(index, b"\x00" * 32)
+        if wrong_salt:
+            salt = keccak(salt)
+        stored = unit.replicas[index].commitment
+        matches = stored is not None and eip712.commitment(digest, salt, provider, unit_id) == stored
+        now = self._now()
+        self._run(
+            f"reveal(unit {unit_id}, replica {index}, wrong_salt={wrong_salt})",
+            self.actors["operator"],
+            "market",
+            "reveal",
+            [unit_id, provider, digest, salt],
+            lambda: self.model.reveal(unit_id, provider, digest, matches, now),
+        )
+
+    @precondition(lambda self: bool(self.model.units))
+    @rule(data=st.data())
+    def request_verification(self, data: st.DataObject) -> None:
+        """Mostly on a settled unit (must revert): the progress rule already draws open units for spot
+        checks, and drawing most open units here would starve the finalize fast path."""
+        settled = [u for u, unit in self.model.units.items() if unit.state in SETTLED_STATES]
+        pool = settled if settled and _mostly(data, 3, "prefer settled") else sorted(self.model.units)
+        self.do_request_verification(data.draw(st.sampled_from(pool), label="unit"))
+
+    def do_request_verification(self, unit_id: int) -> None:
+        self._run(
+            f"requestVerification(unit {unit_id})",
+            self.actors["operator"],
+            "market",
+            "requestVerification",
+            [unit_id],
+            lambda: self.model.request_verification(unit_id),
+        )
+
+    # ------------------------------------------------------------------------------------------
+    # Rules: settlement
+    # ------------------------------------------------------------------------------------------
+
+    def _settle(
+        self,
+        what: str,
+        unit_id: int,
+        sender: Actor,
+        fn: str,
+        args: Sequence[Any],
+        model_action: Callable[[], Expected | None],
+        slashes: dict[str, int] | None = None,
+    ) -> TxOutcome:
+        """Run a settlement and record what it did to escrow, settlement counts and stake (ghosts)."""
+        unit = self.model.units.get(unit_id)
+        order_id = unit.order_id if unit is not None else 0
+        escrow_before = self._escrow()
+        sm_before = self._sm_balance()
+        pre = {account: self.storage.stake_of(account) for account in slashes or {}}
+        outcome = self._run(what, sender, "market", fn, args, model_action)
+        if outcome.receipt is not None:
+            settled = sum(1 for log in outcome.receipt["logs"] if _raw(log["topics"][0]) in SETTLEMENT_EVENTS)
+            self._add(self.ghosts.settlements, unit_id, settled)
+            self._add(self.ghosts.escrow_out, order_id, escrow_before - self._escrow())
+            self._check_slashes(outcome.receipt, pre, slashes or {}, sm_before)
+        return outcome
+
+    @precondition(lambda self: bool(self.model.units))
+    @rule(data=st.data())
+    def finalize(self, data: st.DataObject) -> None:
+        self.do_finalize(
+            self._draw_unit(
+                data,
+                lambda unit: (
+                    unit.all_revealed and not unit.drawn and len({r.digest for r in unit.replicas}) == 1
+                ),
+            )
+        )
+
+    def do_finalize(self, unit_id: int) -> None:
+        self._settle(
+            f"finalize(unit {unit_id})",
+            unit_id,
+            self.actors["operator"],
+            "finalize",
+            [unit_id],
+            lambda: self.model.finalize(unit_id),
+        )
+
+    @precondition(lambda self: bool(self.model.units))
+    @rule(data=st.data())
+    def submit_verdict(self, data: st.DataObject) -> None:
+        unit_id = self._draw_unit(
+            data,
+            lambda unit: (
+                (unit.all_revealed or self._now() > unit.reveal_deadline)
+                and self._now() <= self._verdict_deadline(unit)
+            ),
+        )
+        unit = self.model.units[unit_id]
+        outcomes = []
+        for replica in unit.replicas:
+            choices = [0, 1, 2] if replica.digest is not None else [1, 1, 1, 1, 0]
+            outcomes.append(data.draw(st.sampled_from(choices), label="outcome"))
+        signer_sets = [list(VERIFIERS), list(VERIFIERS), list(VERIFIERS[:1]), [VERIFIERS[1], VERIFIERS[1]]]
+        signers = data.draw(st.sampled_from(signer_sets), label="signers")
+        self.do_submit_verdict(unit_id, outcomes, signers)
+
+    def do_submit_verdict(self, unit_id: int, outcomes: list[int], signers: list[str]) -> None:
+        unit = self.model.units[unit_id]
+        now = self._now()
+        deadline = now + SIG_LIFETIME
+        outcomes_hash = eip712.outcomes_hash(outcomes)
+        reasons_hash = keccak(text=f"reasons-{unit_id}")
+        signatures = []
+        nonces = []
+        pending: dict[str, int] = {}
+        for label in signers:
+            address = self.address_of[label]
+            nonce = self.model.jm_nonces.get(address, 0) + pending.get(address, 0)
+            pending[address] = pending.get(address, 0) + 1
+            message = {
+                "unitId": unit_id,
+                "outcomesHash": outcomes_hash,
+                "reasonsHash": reasons_hash,
+                "nonce": nonce,
+                "deadline": deadline,
+            }
+            signature = self.chain.sign_market(self.actors[label], "Verdict", message)
+            signatures.append((address, nonce, deadline, signature))
+            nonces.append(nonce)
+        frauds = {
+            r.provider: self.chain.params.slash_amount
+            for r, o in zip(unit.replicas, outcomes, strict=False)
+            if o == 2
+        }
+        signer_addresses = [self.address_of[label] for label in signers]
+        self._settle(
+            f"submitVerdict(unit {unit_id}, {outcomes}, {signers})",
+            unit_id,
+            self.actors["operator"],
+            "submitVerdict",
+            [unit_id, outcomes, reasons_hash, signatures],
+            lambda: self.model.submit_verdict(unit_id, outcomes, signer_addresses, nonces, now),
+            slashes=frauds,
+        )
+
+    @precondition(lambda self: bool(self.model.units))
+    @rule(data=st.data())
+    def expire_unit(self, data: st.DataObject) -> None:
+        self.do_expire(self._draw_unit(data, lambda unit: self._now() > self._verdict_deadline(unit)))
+
+    def do_expire(self, unit_id: int) -> None:
+        now = self._now()
+        self._settle(
+            f"expireUnit(unit {unit_id})",
+            unit_id,
+            self.actors["operator"],
+            "expireUnit",
+            [unit_id],
+            lambda: self.model.expire(unit_id, now),
+        )
+
+    # ------------------------------------------------------------------------------------------
+    # Rules: credits and time
+    # ------------------------------------------------------------------------------------------
+
+    @rule(data=st.data(), signed=st.booleans())
+    def withdraw_credit(self, data: st.DataObject, signed: bool) -> None:
+        """Mostly an account that has credit, sometimes any (a second withdrawal must revert)."""
+        with_credit = [label for label in FUNDED if self.model.credits.get(self.address_of[label], 0)]
+        pool = with_credit if with_credit and _mostly(data, 3, "prefer credit") else FUNDED
+        self.do_withdraw_credit(data.draw(st.sampled_from(pool), label="account"), signed)
+
+    def do_withdraw_credit(self, account: str, signed: bool = False) -> None:
+        actor = self.actors[account]
+        if not signed:
+            self._run(
+                f"withdrawCredit({account})",
+                actor,
+                "market",
+                "withdrawCredit",
+                [],
+                lambda: self.model.withdraw_credit(actor.address),
+            )
+            return
+        nonce = self.model.jm_nonces.get(actor.address, 0)
+        deadline = self._sig_deadline()
+        message = {"account": actor.address, "nonce": nonce, "deadline": deadline}
+        signature = self.chain.sign_market(actor, "WithdrawCredit", message)
+
+        def model_action() -> Expected | None:
+            expected = self.model.withdraw_credit(actor.address)
+            if expected is None:
+                self.model.jm_nonces[actor.address] = nonce + 1
+            return expected
+
+        self._run(
+            f"withdrawCreditWithSig({account})",
+            self.actors["operator"],
+            "market",
+            "withdrawCreditWithSig",
+            [actor.address, nonce, deadline, signature],
+            model_action,
+        )
+
+    @rule(seconds=st.sampled_from([1, 30, 99, 100, 101, 250, 501, 1_000]))
+    def advance_time(self, seconds: int) -> None:
+        self.chain.advance(seconds)
+
+    # ------------------------------------------------------------------------------------------
+    # Progress: drive one unit through its next phase (weighted by four identical rules)
+    # ------------------------------------------------------------------------------------------
+
+    def _progress(self, data: st.DataObject) -> None:
+        """The natural next phase of an open unit, or a new assignment.
+
+        Random single actions rarely line up into a whole unit life cycle, so this rule moves one unit
+        a whole phase per step: all pending commits, then all reveals, then finalize, a verdict or
+        expiry, waiting out deadlines when nothing else can happen. The per-action rules still explore
+        the wrong orders and bad inputs.
+        """
+        open_units = self._open_units()
+        if not open_units or not _mostly(data, 3, "continue a unit"):
+            self._progress_assign(data)
+            return
+        unit_id = data.draw(st.sampled_from(open_units), label="unit")
+        unit = self.model.units[unit_id]
+        now = self._now()
+        verdict_deadline = unit.reveal_deadline + self.chain.params.verdict_window
+        if now > verdict_deadline:
+            self.do_expire(unit_id)
+        elif unit.state == UnitState.COMMITTING and now <= unit.commit_deadline:
+            for index, replica in enumerate(unit.replicas):
+                if replica.commitment is None and _mostly(data, 9, f"commit {index}"):
+                    deviant = not _mostly(data, 7, "honest")
+                    self.do_commit(
+                        unit_id, self.label_of[replica.provider], deviant, data.draw(st.booleans())
+                    )
+            if unit.state == UnitState.COMMITTING:
+                self.chain.advance(unit.commit_deadline - self._now() + 1)
+        elif not unit.all_revealed and now <= unit.reveal_deadline:
+            for index, replica in enumerate(unit.replicas):
+                if replica.commitment is not None and replica.digest is None and _mostly(data, 9, "reveal"):
+                    self.do_reveal(unit_id, index, wrong_salt=not _mostly(data, 19, "salt"))
+            if not unit.all_revealed:
+                self.chain.advance(unit.reveal_deadline - self._now() + 1)
+        else:
+            self._progress_settle(unit_id, data)
+
+    def _progress_settle(self, unit_id: int, data: st.DataObject) -> None:
+        unit = self.model.units[unit_id]
+        if not unit.drawn and not _mostly(data, 6, "spot check"):
+            self.do_request_verification(unit_id)
+        unanimous = unit.all_revealed and len({r.digest for r in unit.replicas}) == 1
+        if unanimous and not unit.drawn and _mostly(data, 4, "fast path"):
+            self.do_finalize(unit_id)
+            return
+        honest = keccak(text=f"honest-{unit_id}")
+        outcomes = []
+        for replica in unit.replicas:
+            if replica.digest is None:
+                outcomes.append(FAULT)
+            elif replica.digest == honest:
+                outcomes.append(data.draw(st.sampled_from([0, 0, 0, 1]), label="outcome"))
+            else:
+                outcomes.append(data.draw(st.sampled_from([2, 2, 1]), label="outcome"))
+        self.do_submit_verdict(unit_id, outcomes, list(VERIFIERS))
+
+    def _progress_assign(self, data: st.DataObject) -> None:
+        open_orders = [
+            o
+            for o, order in self.model.orders.items()
+            if not order.closed
+            and order.deadline >= self._now()
+            and order.delivered + order.open_units < order.units
+            and order.unit_cost <= order.balance
+        ]
+        if not open_orders:
+            buyer = data.draw(st.sampled_from(BUYERS), label="buyer")
+            self.do_post_order(
+                buyer, data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3)), 100, 50, 3_000
+            )
+            return
+        order_id = data.draw(st.sampled_from(open_orders), label="order")
+        order = self.model.orders[order_id]
+        eligible = [p for p in PROVIDERS if self._free_stake(p) >= self.chain.params.provider_collateral]
+        verifiers_ok = all(
+            self.model.stake_of(self.address_of[v]).bonded >= self.chain.params.min_verifier_stake
+            for v in VERIFIERS
+        )
+        if len(eligible) < order.replicas or not verifiers_ok:
+            for label in (*PROVIDERS, *VERIFIERS):
+                if self._free_stake(label) < self.chain.params.provider_collateral:
+                    self.do_stake(label, 2_500)
+            return
+        providers = data.draw(st.permutations(eligible), label="providers")[: order.replicas]
+        self.do_assign(order_id, list(providers), list(VERIFIERS))
+
+    @rule(data=st.data())
+    def progress_1(self, data: st.DataObject) -> None:
+        self._progress(data)
+
+    @rule(data=st.data())
+    def progress_2(self, data: st.DataObject) -> None:
+        self._progress(data)
+
+    @rule(data=st.data())
+    def progress_3(self, data: st.DataObject) -> None:
+        self._progress(data)
+
+    @rule(data=st.data())
+    def progress_4(self, data: st.DataObject) -> None:
+        self._progress(data)
+
+    # ------------------------------------------------------------------------------------------
+    # Invariants
+    # ------------------------------------------------------------------------------------------
+
+    @invariant()
+    def invariants_hold(self) -> None:
+        self.check_step()
+
+    def check_step(self) -> None:
+        """Check every invariant on the whole state (storage reads are cheap); raise once with all."""
+        self.steps += 1
+        self.storage.refresh()
+        self._check_solvency()
+        self._check_settlements()
+        self._check_unit_states()
+        self._check_slashed_not_withdrawable()
+        self._compare_accounts()
+        self._compare_orders()
+        self._raise_failures()
+
+    def _raise_failures(self) -> None:
+        if self.failures:
+            failures, self.failures = self.failures, []
+            self.broken = True
+            raise InvariantViolation(failures)
+
+    def _check_solvency(self) -> None:
+        storage = self.storage
+        sm_balance, jm_balance = self._sm_balance(), self._jm_balance()
+        total_staked = storage.total_staked()
+        escrow, total_credits = storage.totals()
+        stake_sum = sum(
+            bonded + unbonding for bonded, _, unbonding, _ in map(storage.stake_of, self.staker_addresses)
+        )
+        credit_sum = sum(storage.account(address)[0] for address in self.address_of.values())
+        if not sm_balance == total_staked == stake_sum:
+            self._fail(
+                "solvency",
+                f"StakeManager holds {sm_balance}, totalStaked {total_staked}, "
+                f"Σ bonded+unbonding {stake_sum}",
+            )
+        if jm_balance != escrow + total_credits or credit_sum != total_credits:
+            self._fail(
+                "solvency",
+                f"JobMarket holds {jm_balance}; totalEscrow {escrow} + totalCredits {total_credits}; "
+                f"Σ credits {credit_sum}",
+            )
+        want = (self.model.total_staked(), self.model.total_escrow(), self.model.total_credits())
+        if (total_staked, escrow, total_credits) != want:
+            self._fail(
+                "model_agreement",
+                f"totals staked/escrow/credits {(total_staked, escrow, total_credits)}, model {want}",
+            )
+
+    def _check_settlements(self) -> None:
+        for unit_id, count in self.ghosts.settlements.items():
+            if count > 1:
+                self._fail("no_double_settlement", f"unit {unit_id} settled {count} times")
+        for order_id, order in self.model.orders.items():
+            out = self.ghosts.escrow_out.get(order_id, 0)
+            if out > order.escrow0:
+                self._fail(
+                    "no_double_settlement", f"order {order_id} paid out {out} of escrow {order.escrow0}"
+                )
+            if self.storage.order(order_id)["closed"] and out != order.escrow0:
+                self._fail(
+                    "no_double_settlement", f"closed order {order_id} paid out {out} of {order.escrow0}"
+                )
+
+    def _check_unit_states(self) -> None:
+        for unit_id, model_unit in self.model.units.items():
+            stored = self.storage.unit(unit_id)
+            state = UnitState(stored["state"])
+            previous = self.ghosts.unit_states.get(unit_id, UnitState.NONE)
+            if state != previous and state not in LEGAL_TRANSITIONS[previous]:
+                self._fail(
+                    "unit_state_machine",
+                    f"unit {unit_id}: illegal transition {previous.name} -> {state.name}",
+                )
+            self.ghosts.unit_states[unit_id] = state
+            if state != model_unit.state:
+                self._fail(
+                    "unit_state_machine",
+                    f"unit {unit_id} is {state.name}, model says {model_unit.state.name}",
+                )
+            committed = sum(1 << i for i, r in enumerate(model_unit.replicas) if r.commitment is not None)
+            revealed = sum(1 << i for i, r in enumerate(model_unit.replicas) if r.digest is not None)
+            want = (
+                committed,
+                revealed,
+                int(model_unit.drawn),
+                model_unit.commit_deadline,
+                model_unit.reveal_deadline,
+            )
+            got = (
+                stored["committedMask"],
+                stored["revealedMask"],
+                stored["drawn"],
+                stored["commitDeadline"],
+                stored["revealDeadline"],
+            )
+            if got != want:
+                self._fail("model_agreement", f"unit {unit_id} masks/drawn/deadlines {got}, model {want}")
+
+    def _check_slashes(
+        self,
+        receipt: Any,
+        pre: dict[str, tuple[int, int, int, int]],
+        requested: dict[str, int],
+        sm_before: int,
+    ) -> None:
+        """slash_reaches_unbonding: each slash took min(requested, bonded + unbonding); those tokens left."""
+        reported: dict[str, int] = {}
+        for log in receipt["logs"]:
+            topics = [_raw(t) for t in log["topics"]]
+            if topics[0] == STAKE_SLASHED:
+                account = "0x" + topics[1][-20:].hex()
+                amount = int.from_bytes(_raw(log["data"])[:32], "big")
+                reported[account] = reported.get(account, 0) + amount
+        total = 0
+        for account, amount in requested.items():
+            bonded, _, unbonding, _ = pre[account]
+            want = min(amount, bonded + unbonding)
+            got = reported.get(account.lower(), 0)
+            total += got
+            self._add(self.ghosts.slashed, account, got)
+            if got != want:
+                self._fail(
+                    "slash_reaches_unbonding",
+                    f"slash of {amount} on {self.label_of.get(account, account)} with bonded {bonded}, "
+                    f"unbonding {unbonding} took {got}, should take {want}",
+                )
+        left = sm_before - self._sm_balance()
+        if left != total:
+            self._fail(
+                "slash_reaches_unbonding", f"slashes reported {total} but {left} tokens left StakeManager"
+            )
+
+    def _check_slashed_not_withdrawable(self) -> None:
+        g = self.ghosts
+        for account in self.staker_addresses:
+            bonded, _, unbonding, _ = self.storage.stake_of(account)
+            deposited, withdrawn = g.deposited.get(account, 0), g.withdrawn.get(account, 0)
+            slashed = g.slashed.get(account, 0)
+            if bonded + unbonding != deposited - withdrawn - slashed:
+                self._fail(
+                    "slashed_never_withdrawable",
+                    f"{self.label_of[account]}: bonded {bonded} + unbonding {unbonding} != "
+                    f"deposited {deposited} - withdrawn {withdrawn} - slashed {slashed}",
+                )
+
+    def _compare_accounts(self) -> None:
+        storage, model = self.storage, self.model
+        for label, account in self.address_of.items():
+            got_tokens = storage.token_balance(account)
+            if got_tokens != model.tokens.get(account, 0):
+                self._fail(
+                    "model_agreement", f"{label} holds {got_tokens}, model {model.tokens.get(account, 0)}"
+                )
+            acc = model.stake_of(account)
+            got_stake = storage.stake_of(account)
+            if got_stake != (acc.bonded, acc.locked, acc.unbonding, acc.thaw_at):
+                self._fail("model_agreement", f"{label} stake {got_stake}, model {acc}")
+            rep = model.rep(account)
+            got_account = storage.account(account)
+            want_account = (model.credits.get(account, 0), rep.valid, rep.fault, rep.fraud, rep.consecutive)
+            if got_account != want_account:
+                self._fail(
+                    "model_agreement", f"{label} credit+reputation {got_account}, model {want_account}"
+                )
+
+    def _compare_nonces(self) -> None:
+        """Through the views, once per example: every signed action already proves its nonce."""
+        chain, model = self.chain, self.model
+        for label, account in self.address_of.items():
+            got = (chain.view(chain.market, "nonces", account), chain.view(chain.stakes, "nonces", account))
+            want = (model.jm_nonces.get(account, 0), model.sm_nonces.get(account, 0))
+            if got != want:
+                self._fail("model_agreement", f"{label} nonces (market, stake) {got}, model {want}")
+
+    def _compare_orders(self) -> None:
+        for order_id, order in self.model.orders.items():
+            stored = self.storage.order(order_id)
+            got = (stored["balance"], stored["delivered"], stored["openUnits"], bool(stored["closed"]))
+            want = (order.balance, order.delivered, order.open_units, order.closed)
+            if got != want:
+                self._fail(
+                    "model_agreement", f"order {order_id} balance/delivered/open/closed {got}, model {want}"
+                )
+
+    # ------------------------------------------------------------------------------------------
+    # Liveness: every fund exits after its deadline
+    # ------------------------------------------------------------------------------------------
+
+    def teardown(self) -> None:
+        if self.broken or self.failures:
+            return
+        self.drain_everything()
+
+    def drain_everything(self) -> None:
+        """Past all deadlines: expire units, close orders, withdraw credits and stake; nothing may remain.
+
+        Decisions come from the chain's own state (not the model), so a seeded bug that already made
+        the model disagree still gets its funds-exit verdict.
+        """
+        storage = self.storage
+        horizon = max(
+            [u.reveal_deadline + self.chain.params.verdict_window for u in self.model.units.values()]
+            + [o.deadline for o in self.model.orders.values()]
+            + [0]
+        )
+        if horizon >= self._now():
+            self.chain.advance(horizon - self._now() + 1)
+        for unit_id in self.model.units:
+            if storage.unit(unit_id)["state"] in (UnitState.COMMITTING, UnitState.REVEALING):
+                self.do_expire(unit_id)
+        for order_id in self.model.orders:
+            if not storage.order(order_id)["closed"]:
+                self.do_close_order(order_id, by_buyer=False)
+        for index, label in enumerate(FUNDED):  # alternate plain and relayed (signed) withdrawals
+            if storage.account(self.address_of[label])[0]:
+                self.do_withdraw_credit(label, signed=index % 2 == 1)
+        for label in STAKERS:
+            bonded, locked, _, _ = storage.stake_of(self.address_of[label])
+            if bonded > locked:
+                self.do_request_unstake(label, bonded - locked)
+        self.chain.advance(self.chain.params.unbonding_period + 1)
+        for index, label in enumerate(STAKERS):
+            if storage.stake_of(self.address_of[label])[2]:
+                self.do_withdraw_stake(label, signed=index % 2 == 1)
+        self.storage.refresh()
+        sm_balance, jm_balance = self._sm_balance(), self._jm_balance()
+        if sm_balance or jm_balance:
+            self._fail(
+                "funds_exit",
+                f"after closing everything StakeManager holds {sm_balance}, JobMarket {jm_balance}",
+            )
+        self._compare_nonces()
+        for problem in self.storage.cross_check(
+            list(self.address_of.values()), list(self.model.orders), list(self.model.units)
+        ):
+            self._fail("storage_layout", problem)
+        self.check_step()
+
+    # ------------------------------------------------------------------------------------------
+    # Small helpers
+    # ------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _add(counter: dict[Any, int], key: Any, amount: int) -> None:
+        counter[key] = counter.get(key, 0) + amount
+
+    def _free_stake(self, label: str) -> int:
+        acc = self.model.stake_of(self.address_of[label])
+        return acc.bonded - acc.locked
+
+    def _sm_balance(self) -> int:
+        return self.storage.token_balance(self.chain.stakes.address)
+
+    def _jm_balance(self) -> int:
+        return self.storage.token_balance(self.chain.market.address)
+
+    def _escrow(self) -> int:
+        return self.storage.totals()[0]
+
+
+def machine_for(chain: Chain) -> type[MarketMachine]:
+    """A MarketMachine subclass bound to one deployed contract variant (real or mutant)."""
+    return type(
+        "MarketMachineOnChain", (MarketMachine,), {"chain": chain, "call_stats": {}, "error_stats": {}}
+    )
+
+
+__all__ = ["FAULT", "INVARIANTS", "InvariantViolation", "MarketMachine", "build_chain", "machine_for"]

@@ -1,0 +1,506 @@
+"""Reference model of VeriToken + StakeManager + JobMarket, in plain Python, for the invariant machine.
+
+Why a second implementation: the state machine compares the contracts against it after every step, so
+a contract that pays, locks, slashes or reverts differently from the written rules (contract_spec.md and
+the NatSpec of contracts/*.sol) shows up at the first step where they part. Each action first decides
+whether the contracts must revert and with which typed error (in the contracts' own check order); only
+when no revert is expected does it apply its effects. Addresses are the actors' addresses; money is int.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+from tests.chain.invariants_harness import MarketParams
+
+BPS = 10_000
+ACCEPT, FAULT, FRAUD = 0, 1, 2
+
+
+class UnitState(IntEnum):
+    NONE = 0
+    COMMITTING = 1
+    REVEALING = 2
+    FINALIZED = 3
+    VERDICTED = 4
+    EXPIRED = 5
+
+
+SETTLED_STATES = frozenset({UnitState.FINALIZED, UnitState.VERDICTED, UnitState.EXPIRED})
+# The unit state machine: stored state may only move along these edges (or stay).
+LEGAL_TRANSITIONS: dict[UnitState, frozenset[UnitState]] = {
+    UnitState.NONE: frozenset({UnitState.COMMITTING}),
+    UnitState.COMMITTING: frozenset({UnitState.REVEALING, UnitState.VERDICTED, UnitState.EXPIRED}),
+    UnitState.REVEALING: frozenset({UnitState.FINALIZED, UnitState.VERDICTED, UnitState.EXPIRED}),
+    UnitState.FINALIZED: frozenset(),
+    UnitState.VERDICTED: frozenset(),
+    UnitState.EXPIRED: frozenset(),
+}
+
+
+@dataclass(frozen=True)
+class Expected:
+    """A revert the model predicts: the Solidity error name and the arguments it must carry."""
+
+    name: str
+    args: tuple[Any, ...] = ()
+
+
+@dataclass
+class StakeAccount:
+    bonded: int = 0
+    locked: int = 0
+    unbonding: int = 0
+    thaw_at: int = 0
+
+
+@dataclass
+class Reputation:
+    valid: int = 0
+    fault: int = 0
+    fraud: int = 0
+    consecutive: int = 0
+
+
+@dataclass
+class Order:
+    order_id: int
+    buyer: str
+    units: int
+    replicas: int
+    price: int
+    fee: int
+    deadline: int
+    escrow0: int
+    balance: int
+    delivered: int = 0
+    open_units: int = 0
+    closed: bool = False
+
+    @property
+    def unit_cost(self) -> int:
+        return self.replicas * self.price + self.fee
+
+
+@dataclass
+class Replica:
+    provider: str
+    commitment: bytes | None = None
+    digest: bytes | None = None  # set once revealed
+
+
+@dataclass
+class Unit:
+    unit_id: int
+    order_id: int
+    replicas: list[Replica]
+    verifiers: list[str]
+    commit_deadline: int
+    reveal_deadline: int
+    state: UnitState = UnitState.COMMITTING
+    drawn: bool = False
+
+    @property
+    def all_committed(self) -> bool:
+        return all(r.commitment is not None for r in self.replicas)
+
+    @property
+    def all_revealed(self) -> bool:
+        return all(r.digest is not None for r in self.replicas)
+
+    def index_of(self, provider: str) -> int | None:
+        for index, replica in enumerate(self.replicas):
+            if replica.provider == provider:
+                return index
+        return None
+
+
+@dataclass
+class Model:
+    """Everything the contracts hold, as the written rules say it should be."""
+
+    params: MarketParams
+    token_holder_sm: str
+    token_holder_jm: str
+    tokens: dict[str, int] = field(default_factory=dict)
+    stakes: dict[str, StakeAccount] = field(default_factory=dict)
+    credits: dict[str, int] = field(default_factory=dict)
+    reputation: dict[str, Reputation] = field(default_factory=dict)
+    sm_nonces: dict[str, int] = field(default_factory=dict)
+    jm_nonces: dict[str, int] = field(default_factory=dict)
+    orders: dict[int, Order] = field(default_factory=dict)
+    units: dict[int, Unit] = field(default_factory=dict)
+
+    # ---- small helpers ----
+
+    def stake_of(self, account: str) -> StakeAccount:
+        return self.stakes.setdefault(account, StakeAccount())
+
+    def rep(self, account: str) -> Reputation:
+        return self.reputation.setdefault(account, Reputation())
+
+    def _move(self, source: str, target: str, amount: int) -> None:
+        self.tokens[source] = self.tokens.get(source, 0) - amount
+        self.tokens[target] = self.tokens.get(target, 0) + amount
+
+    def _credit(self, account: str, amount: int) -> None:
+        self.credits[account] = self.credits.get(account, 0) + amount
+
+    def total_staked(self) -> int:
+        return sum(s.bonded + s.unbonding for s in self.stakes.values())
+
+    def total_credits(self) -> int:
+        return sum(self.credits.values())
+
+    def total_escrow(self) -> int:
+        """Order balances plus the full cost of every open unit (what finalize/verdict/expire draw on)."""
+        escrow = sum(o.balance for o in self.orders.values())
+        for unit in self.units.values():
+            if unit.state not in SETTLED_STATES:
+                escrow += self.orders[unit.order_id].unit_cost
+        return escrow
+
+    # ---- StakeManager ----
+
+    def stake(self, account: str, amount: int, now: int) -> Expected | None:
+        if amount == 0:
+            return Expected("ZeroAmount")
+        self._move(account, self.token_holder_sm, amount)
+        self.stake_of(account).bonded += amount
+        return None
+
+    def request_unstake(self, account: str, amount: int, now: int) -> Expected | None:
+        acc = self.stake_of(account)
+        if amount == 0:
+            return Expected("ZeroAmount")
+        free = acc.bonded - acc.locked
+        if amount > free:
+            return Expected("InsufficientFreeStake", (account, free, amount))
+        acc.bonded -= amount
+        acc.unbonding += amount
+        acc.thaw_at = now + self.params.unbonding_period
+        return None
+
+    def withdraw_stake(self, account: str, now: int) -> Expected | None:
+        acc = self.stake_of(account)
+        if acc.unbonding == 0:
+            return Expected("NothingToWithdraw", (account,))
+        if now < acc.thaw_at:
+            return Expected("StakeStillThawing", (account, acc.thaw_at))
+        self._move(self.token_holder_sm, account, acc.unbonding)
+        acc.unbonding = 0
+        acc.thaw_at = 0
+        return None
+
+    def slash(self, account: str, amount: int, recipient: str) -> int:
+        """StakeManager.slash: bonded first, then unbonding; locked never exceeds bonded afterwards."""
+        acc = self.stake_of(account)
+        from_bonded = min(amount, acc.bonded)
+        acc.bonded -= from_bonded
+        acc.locked = min(acc.locked, acc.bonded)
+        from_unbonding = min(amount - from_bonded, acc.unbonding)
+        acc.unbonding -= from_unbonding
+        slashed = from_bonded + from_unbonding
+        self._move(self.token_holder_sm, recipient, slashed)
+        return slashed
+
+    def _unlock(self, account: str) -> None:
+        acc = self.stake_of(account)
+        acc.locked = max(0, acc.locked - self.params.provider_collateral)
+
+    # ---- JobMarket: orders ----
+
+    def post_order(
+        self, buyer: str, units: int, replicas: int, price: int, fee: int, deadline: int, now: int
+    ) -> Expected | None:
+        if units == 0:
+            return Expected("ZeroUnits")
+        if not 1 <= replicas <= 5:
+            return Expected("InvalidReplicaCount", (replicas,))
+        if deadline <= now:
+            return Expected("InvalidDeadline", (deadline, now))
+        escrow = units * (replicas * price + fee)
+        order_id = len(self.orders) + 1
+        self.orders[order_id] = Order(order_id, buyer, units, replicas, price, fee, deadline, escrow, escrow)
+        self._move(buyer, self.token_holder_jm, escrow)
+        return None
+
+    def close_order(self, order_id: int, caller: str, now: int) -> Expected | None:
+        order = self.orders.get(order_id)
+        if order is None:
+            return Expected("UnknownOrder", (order_id,))
+        if order.closed:
+            return Expected("OrderNotOpen", (order_id,))
+        if caller != order.buyer and now <= order.deadline:
+            return Expected("OrderNotClosable", (order_id, order.deadline))
+        if order.open_units:
+            return Expected("UnitsStillOpen", (order_id, order.open_units))
+        self._credit(order.buyer, order.balance)
+        order.balance = 0
+        order.closed = True
+        return None
+
+    # ---- JobMarket: assignment ----
+
+    def assign(
+        self,
+        order_id: int,
+        providers: Sequence[str],
+        verifiers: Sequence[str],
+        accept_nonces: Sequence[int],
+        now: int,
+    ) -> Expected | None:
+        """`accept_nonces` are the nonces the providers' signatures carry (deadlines are always valid)."""
+        order = self.orders.get(order_id)
+        if order is None:
+            return Expected("UnknownOrder", (order_id,))
+        if order.closed:
+            return Expected("OrderNotOpen", (order_id,))
+        if now > order.deadline:
+            return Expected("OrderExpired", (order_id, order.deadline))
+        if len(providers) != order.replicas:
+            return Expected("ProviderCountMismatch", (order.replicas, len(providers)))
+        quorum = self.params.verifier_quorum
+        if not quorum <= len(verifiers) <= 5:
+            return Expected("InvalidVerifierCount", (len(verifiers), quorum, 5))
+        if order.delivered + order.open_units >= order.units or order.unit_cost > order.balance:
+            return Expected("NoUnitBudget", (order_id,))
+        # Providers: duplicates, nonce, then lock (signatures are always made by the right key here).
+        locked_now: dict[str, int] = {}
+        for i, provider in enumerate(providers):
+            if provider in providers[:i]:
+                return Expected("DuplicateParty", (provider,))
+            expected_nonce = self.jm_nonces.get(provider, 0)
+            if accept_nonces[i] != expected_nonce:
+                return Expected("InvalidNonce", (provider, expected_nonce, accept_nonces[i]))
+            acc = self.stake_of(provider)
+            free = acc.bonded - acc.locked - locked_now.get(provider, 0)
+            if self.params.provider_collateral > free:
+                return Expected("InsufficientFreeStake", (provider, free, self.params.provider_collateral))
+            locked_now[provider] = self.params.provider_collateral
+        for i, verifier in enumerate(verifiers):
+            if verifier in providers or verifier in verifiers[:i]:
+                return Expected("DuplicateParty", (verifier,))
+            bonded = self.stake_of(verifier).bonded
+            if bonded < self.params.min_verifier_stake:
+                return Expected(
+                    "InsufficientVerifierStake", (verifier, bonded, self.params.min_verifier_stake)
+                )
+        order.balance -= order.unit_cost
+        order.open_units += 1
+        for provider in providers:
+            self.jm_nonces[provider] = self.jm_nonces.get(provider, 0) + 1
+            self.stake_of(provider).locked += self.params.provider_collateral
+        unit_id = len(self.units) + 1
+        commit_deadline = now + self.params.commit_window
+        self.units[unit_id] = Unit(
+            unit_id,
+            order_id,
+            [Replica(p) for p in providers],
+            list(verifiers),
+            commit_deadline,
+            commit_deadline + self.params.reveal_window,
+        )
+        return None
+
+    # ---- JobMarket: commit / reveal ----
+
+    def _open_error(self, unit_id: int) -> Expected | None:
+        unit = self.units.get(unit_id)
+        if unit is None:
+            return Expected("InvalidUnitState", (unit_id, 0))
+        if unit.state in SETTLED_STATES:
+            return Expected("UnitAlreadySettled", (unit_id,))
+        return None
+
+    def commit(
+        self, unit_id: int, provider: str, commitment: bytes, sig_nonce: int | None, now: int
+    ) -> Expected | None:
+        """`sig_nonce` is the nonce of a commitWithSig signature (None for a plain commit by the provider)."""
+        if sig_nonce is not None:
+            expected_nonce = self.jm_nonces.get(provider, 0)
+            if sig_nonce != expected_nonce:
+                return Expected("InvalidNonce", (provider, expected_nonce, sig_nonce))
+        error = self._open_error(unit_id)
+        if error:
+            return error
+        unit = self.units[unit_id]
+        if now > unit.commit_deadline:
+            return Expected("CommitWindowClosed", (unit_id, unit.commit_deadline))
+        index = unit.index_of(provider)
+        if index is None:
+            return Expected("NotAssignedProvider", (unit_id, provider))
+        if unit.replicas[index].commitment is not None:
+            return Expected("AlreadyCommitted", (unit_id, provider))
+        if sig_nonce is not None:
+            self.jm_nonces[provider] = sig_nonce + 1
+        unit.replicas[index].commitment = commitment
+        if unit.all_committed:
+            unit.state = UnitState.REVEALING
+            unit.reveal_deadline = now + self.params.reveal_window
+        return None
+
+    def reveal(self, unit_id: int, provider: str, digest: bytes, matches: bool, now: int) -> Expected | None:
+        """`matches`: whether (digest, salt) hash to the stored commitment (the machine knows the salts)."""
+        error = self._open_error(unit_id)
+        if error:
+            return error
+        unit = self.units[unit_id]
+        if unit.state == UnitState.COMMITTING and now <= unit.commit_deadline:
+            return Expected("RevealWindowNotOpen", (unit_id, unit.commit_deadline))
+        if now > unit.reveal_deadline:
+            return Expected("RevealWindowClosed", (unit_id, unit.reveal_deadline))
+        index = unit.index_of(provider)
+        if index is None:
+            return Expected("NotAssignedProvider", (unit_id, provider))
+        replica = unit.replicas[index]
+        if replica.commitment is None:
+            return Expected("NotCommitted", (unit_id, provider))
+        if replica.digest is not None:
+            return Expected("AlreadyRevealed", (unit_id, provider))
+        if not matches:
+            return Expected("RevealMismatch", (unit_id, provider))
+        replica.digest = digest
+        return None
+
+    def request_verification(self, unit_id: int) -> Expected | None:
+        error = self._open_error(unit_id)
+        if error:
+            return error
+        self.units[unit_id].drawn = True
+        return None
+
+    # ---- JobMarket: settlement ----
+
+    def _pay_accepted(self, provider: str, price: int) -> None:
+        self._credit(provider, price)
+        rep = self.rep(provider)
+        rep.valid += 1
+        rep.consecutive += 1
+
+    def _record_fault(self, provider: str) -> None:
+        rep = self.rep(provider)
+        rep.fault += 1
+        rep.consecutive = 0
+
+    def finalize(self, unit_id: int) -> Expected | None:
+        error = self._open_error(unit_id)
+        if error:
+            return error
+        unit = self.units[unit_id]
+        if unit.drawn:
+            return Expected("UnitUnderVerification", (unit_id,))
+        if not unit.all_revealed:
+            return Expected("RevealsIncomplete", (unit_id,))
+        if len({r.digest for r in unit.replicas}) != 1:
+            return Expected("NotUnanimous", (unit_id,))
+        unit.state = UnitState.FINALIZED
+        order = self.orders[unit.order_id]
+        for replica in unit.replicas:
+            self._pay_accepted(replica.provider, order.price)
+            self._unlock(replica.provider)
+        order.balance += order.fee
+        order.delivered += 1
+        order.open_units -= 1
+        return None
+
+    def verdict_window_error(self, unit: Unit, now: int) -> Expected | None:
+        if not unit.all_revealed and now <= unit.reveal_deadline:
+            return Expected("VerdictWindowNotOpen", (unit.unit_id, unit.reveal_deadline))
+        verdict_deadline = unit.reveal_deadline + self.params.verdict_window
+        if now > verdict_deadline:
+            return Expected("VerdictWindowClosed", (unit.unit_id, verdict_deadline))
+        return None
+
+    def submit_verdict(
+        self,
+        unit_id: int,
+        outcomes: Sequence[int],
+        signers: Sequence[str],
+        sig_nonces: Sequence[int],
+        now: int,
+    ) -> Expected | None:
+        error = self._open_error(unit_id)
+        if error:
+            return error
+        unit = self.units[unit_id]
+        error = self.verdict_window_error(unit, now)
+        if error:
+            return error
+        if len(outcomes) != len(unit.replicas):
+            return Expected("OutcomeCountMismatch", (len(unit.replicas), len(outcomes)))
+        for i, outcome in enumerate(outcomes):
+            if outcome > FRAUD or (outcome != FAULT and unit.replicas[i].digest is None):
+                return Expected("InvalidOutcome", (i, outcome))
+        seen: set[str] = set()
+        for signer, nonce in zip(signers, sig_nonces, strict=True):
+            if signer not in unit.verifiers:
+                return Expected("NotAssignedVerifier", (unit_id, signer))
+            if signer in seen:
+                return Expected("DuplicateParty", (signer,))
+            seen.add(signer)
+            expected_nonce = self.jm_nonces.get(signer, 0)
+            if nonce != expected_nonce:
+                return Expected("InvalidNonce", (signer, expected_nonce, nonce))
+        if len(signers) < self.params.verifier_quorum:
+            return Expected("QuorumNotReached", (unit_id, len(signers), self.params.verifier_quorum))
+        for signer in signers:
+            self.jm_nonces[signer] = self.jm_nonces.get(signer, 0) + 1
+        unit.state = UnitState.VERDICTED
+        order = self.orders[unit.order_id]
+        paid = slashed_total = 0
+        for replica, outcome in zip(unit.replicas, outcomes, strict=True):
+            self._unlock(replica.provider)
+            if outcome == ACCEPT:
+                self._pay_accepted(replica.provider, order.price)
+                paid += 1
+            elif outcome == FAULT:
+                self._record_fault(replica.provider)
+            else:
+                rep = self.rep(replica.provider)
+                rep.fraud += 1
+                rep.consecutive = 0
+                slashed_total += self.slash(replica.provider, self.params.slash_amount, self.token_holder_jm)
+        verifier_pay = order.fee + slashed_total * self.params.bounty_bps // BPS
+        share = verifier_pay // len(signers)
+        for signer in signers:
+            self._credit(signer, share)
+        to_buyer = slashed_total + order.fee - share * len(signers)
+        if to_buyer:
+            self._credit(order.buyer, to_buyer)
+        order.balance += (len(unit.replicas) - paid) * order.price
+        if paid:
+            order.delivered += 1
+        order.open_units -= 1
+        return None
+
+    def expire(self, unit_id: int, now: int) -> Expected | None:
+        error = self._open_error(unit_id)
+        if error:
+            return error
+        unit = self.units[unit_id]
+        verdict_deadline = unit.reveal_deadline + self.params.verdict_window
+        if now <= verdict_deadline:
+            return Expected("UnitNotExpired", (unit_id, verdict_deadline))
+        unit.state = UnitState.EXPIRED
+        for replica in unit.replicas:
+            if replica.digest is None:
+                self._record_fault(replica.provider)
+            self._unlock(replica.provider)
+        order = self.orders[unit.order_id]
+        order.balance += order.unit_cost
+        order.open_units -= 1
+        return None
+
+    # ---- credits ----
+
+    def withdraw_credit(self, account: str) -> Expected | None:
+        amount = self.credits.get(account, 0)
+        if amount == 0:
+            return Expected("NothingToWithdraw", (account,))
+        self.credits[account] = 0
+        self._move(self.token_holder_jm, account, amount)
+        return None

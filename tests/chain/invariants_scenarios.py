@@ -1,0 +1,167 @@
+"""Short targeted histories built from the state machine's own actions, for the mutation sanity check.
+
+Why: a random run finds a seeded bug only when it happens to line up the few steps that expose it
+(e.g. unbond, then get slashed beyond the bonded stake); these sequences line them up on purpose, in
+a few dozen transactions, using exactly the machine's actions and invariant checks. On the real
+contracts every scenario must trip nothing; on a mutant, the invariant named in mutants.json must trip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tests.chain.invariants_machine import VERIFIERS, InvariantViolation, MarketMachine
+from tests.chain.invariants_model import ACCEPT, FRAUD
+
+Scenario = Callable[[MarketMachine], None]
+
+
+def run_scenario(machine: MarketMachine, scenario: Scenario) -> frozenset[str]:
+    """Run `scenario`, checking invariants after every action, then drain all funds; names of what tripped.
+
+    A violation does not stop the run: later steps (and the final funds-exit check) still execute, so
+    a mutant is judged on every invariant it breaks, not only the first.
+    """
+    tripped: set[str] = set()
+    original_check = machine.check_step
+
+    def check_and_record() -> None:
+        try:
+            original_check()
+        except InvariantViolation as violation:
+            tripped.update(violation.names)
+
+    machine.check_step = check_and_record  # type: ignore[method-assign]
+    scenario(machine)
+    machine.drain_everything()
+    return frozenset(tripped)
+
+
+def _stake_everyone(m: MarketMachine, provider_stake: int = 2_500) -> None:
+    for provider in ("provider0", "provider1", "provider2"):
+        m.do_stake(provider, provider_stake)
+        m.check_step()
+    for verifier in VERIFIERS:
+        m.do_stake(verifier, 1_000)
+        m.check_step()
+
+
+def _work_unit(m: MarketMachine, unit_id: int, deviant: tuple[bool, ...]) -> None:
+    """Every replica commits (honest or deviant result), then reveals."""
+    providers = [m.label_of[r.provider] for r in m.model.units[unit_id].replicas]
+    for provider, is_deviant in zip(providers, deviant, strict=True):
+        m.do_commit(unit_id, provider, deviant=is_deviant)
+        m.check_step()
+    for index in range(len(providers)):
+        m.do_reveal(unit_id, index)
+        m.check_step()
+
+
+def finalize_once(m: MarketMachine) -> None:
+    """One 3-replica unit, unanimous, finalized."""
+    _stake_everyone(m)
+    m.do_post_order("buyer0", 1, 3, 100, 50, 3_000)
+    m.check_step()
+    m.do_assign(1, ["provider0", "provider1", "provider2"], list(VERIFIERS))
+    m.check_step()
+    _work_unit(m, 1, (False, False, False))
+    m.do_finalize(1)
+    m.check_step()
+
+
+def finalize_twice(m: MarketMachine) -> None:
+    """Two open units of one order; the first is finalized, then finalized again (must revert)."""
+    _stake_everyone(m)
+    m.do_post_order("buyer0", 2, 2, 100, 50, 3_000)
+    m.check_step()
+    m.do_assign(1, ["provider0", "provider1"], list(VERIFIERS))
+    m.check_step()
+    m.do_assign(1, ["provider2", "provider0"], list(VERIFIERS))
+    m.check_step()
+    _work_unit(m, 1, (False, False))
+    m.do_finalize(1)
+    m.check_step()
+    m.do_finalize(1)
+    m.check_step()
+
+
+def expire_after_finalize(m: MarketMachine) -> None:
+    """A finalized unit, past its verdict deadline, must not expire (a settled state is final)."""
+    _stake_everyone(m)
+    m.do_post_order("buyer0", 2, 2, 100, 50, 3_000)
+    m.check_step()
+    m.do_assign(1, ["provider0", "provider1"], list(VERIFIERS))
+    m.check_step()
+    m.do_assign(1, ["provider2", "provider0"], list(VERIFIERS))
+    m.check_step()
+    _work_unit(m, 1, (False, False))
+    m.do_finalize(1)
+    m.check_step()
+    unit = m.model.units[1]
+    m.chain.advance(unit.reveal_deadline + m.chain.params.verdict_window - m.chain.now() + 1)
+    m.do_expire(1)
+    m.check_step()
+
+
+def fraud_while_unbonding(m: MarketMachine) -> None:
+    """A provider unbonds its free stake, loses most of its bonded stake to another market's slash, then
+    is judged fraudulent: the market's slash must reach the unbonding stake (LIP-8, Celo #2887), and the
+    slashed part must never come back out through withdraw."""
+    m.do_stake("provider0", 1_500)
+    m.check_step()
+    for verifier in VERIFIERS:
+        m.do_stake(verifier, 1_000)
+        m.check_step()
+    m.do_post_order("buyer0", 1, 1, 100, 50, 3_000)
+    m.check_step()
+    m.do_assign(1, ["provider0"], list(VERIFIERS))
+    m.check_step()
+    m.do_request_unstake("provider0", 500)
+    m.check_step()
+    m.do_slash_directly("provider0", 700)
+    m.check_step()
+    _work_unit(m, 1, (True,))
+    m.do_submit_verdict(1, [FRAUD], list(VERIFIERS))
+    m.check_step()
+    m.chain.advance(m.chain.params.unbonding_period + 1)
+    m.do_withdraw_stake("provider0")
+    m.check_step()
+
+
+def expire_unworked_unit(m: MarketMachine) -> None:
+    """Nobody works an assigned unit; after its verdict deadline it expires and its budget must return."""
+    _stake_everyone(m)
+    m.do_post_order("buyer1", 1, 2, 100, 50, 3_000)
+    m.check_step()
+    m.do_assign(1, ["provider1", "provider2"], list(VERIFIERS))
+    m.check_step()
+    unit = m.model.units[1]
+    m.chain.advance(unit.reveal_deadline + m.chain.params.verdict_window - m.chain.now() + 1)
+    m.do_expire(1)
+    m.check_step()
+
+
+def commit_at_deadline(m: MarketMachine) -> None:
+    """A commit in the last second of the commit window is on time (deadlines are inclusive)."""
+    _stake_everyone(m)
+    m.do_post_order("buyer0", 1, 1, 100, 50, 3_000)
+    m.check_step()
+    m.do_assign(1, ["provider0"], list(VERIFIERS))
+    m.check_step()
+    m.chain.advance(m.model.units[1].commit_deadline - m.chain.now())
+    m.do_commit(1, "provider0")
+    m.check_step()
+    m.do_reveal(1, 0)
+    m.check_step()
+    m.do_submit_verdict(1, [ACCEPT], list(VERIFIERS))
+    m.check_step()
+
+
+SCENARIOS: dict[str, Scenario] = {
+    "finalize_once": finalize_once,
+    "finalize_twice": finalize_twice,
+    "expire_after_finalize": expire_after_finalize,
+    "fraud_while_unbonding": fraud_while_unbonding,
+    "expire_unworked_unit": expire_unworked_unit,
+    "commit_at_deadline": commit_at_deadline,
+}
