@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from market.broker import atomic_broker_url
 from veritrain.settings import Settings
 
 TASK_TIME_LIMIT_S = 60
@@ -21,7 +22,7 @@ def celery_settings(settings: Settings) -> dict[str, Any]:
     if settings.broker_url.startswith(("redis://", "rediss://")):
         transport_options = {"visibility_timeout": REDIS_VISIBILITY_TIMEOUT_S}
     return {
-        "broker_url": settings.broker_url,
+        "broker_url": atomic_broker_url(settings.broker_url),
         "broker_transport_options": transport_options,
         "broker_connection_retry_on_startup": True,
         "result_backend": settings.result_backend_url or None,
@@ -36,6 +37,10 @@ def celery_settings(settings: Settings) -> dict[str, Any]:
         "task_soft_time_limit": TASK_TIME_LIMIT_S - 10,
         "task_default_queue": settings.celery_queue,
         "worker_hijack_root_logger": False,
+        # Nothing here uses remote control (inspect, broadcast) or the worker-to-worker gossip it rides
+        # on; off, the filesystem transport makes no pidbox fanout exchange (its "control/" folder in cwd).
+        "worker_enable_remote_control": False,
+        "worker_send_task_events": False,
         "beat_schedule": {
             "market-tick": {"task": "market.tick", "schedule": settings.tick_s},
         },

@@ -27,10 +27,11 @@ def run(args: argparse.Namespace) -> int:
 
     from market.api import create_app
     from market.runtime import build_service
+    from market.tasks import wire_triggers
     from veritrain.settings import load_settings
 
     settings = load_settings()
-    app = create_app(build_service(settings))
+    app = create_app(wire_triggers(build_service(settings)))
     uvicorn.run(
         app,
         host=args.host or settings.market_host,

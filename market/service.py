@@ -92,6 +92,20 @@ OUTBOX_MAX_ATTEMPTS = 5
 OUTBOX_LEASE_S = 60
 # Reverts that mean "this settlement already happened": the intent is done, not failed.
 ALREADY_SETTLED_ERRORS = frozenset({"UnitAlreadySettled", "InvalidUnitState"})
+# Events that change an account's free stake (by the name of the account argument) ...
+STAKE_EVENTS = {
+    "Staked": "account",
+    "UnstakeRequested": "account",
+    "StakeWithdrawn": "account",
+    "StakeSlashed": "account",
+    "ReplicaSlashed": "provider",
+}
+# ... and unit events that lock or release collateral and write reputation for every replica's provider.
+UNIT_SETTLEMENT_EVENTS = frozenset({"UnitAssigned", "UnitFinalized", "VerdictRecorded", "UnitExpired"})
+# Outbox actions that end a unit: its round may close (or a retry open) right away.
+SETTLING_ACTIONS = frozenset({"finalize", "verdict", "expire"})
+# Outbox actions that lock (assign) or release and slash (the settling ones) providers' stake.
+STAKE_CHANGING_ACTIONS = SETTLING_ACTIONS | {"assign"}
 
 
 @dataclass(frozen=True)
@@ -123,6 +137,28 @@ def unit_key_for(chain_order_id: int, round_index: int, shard: int, attempt: int
         ["uint256", "uint32", "uint32", "uint32"], [chain_order_id, round_index, shard, attempt]
     )
     return "0x" + keccak(encoded).hex()
+
+
+def _ignore(*_args: object) -> None:
+    """No task engine wired in (tests, benchmarks): the periodic tick does the work."""
+
+
+@dataclass(frozen=True)
+class Triggers:
+    """Ask the task engine to run a step now instead of at the next tick (wired in by `market.tasks`).
+
+    ``match(refresh_pool)``: units are waiting for providers; ``refresh_pool`` when an agent's
+    registration, offer or liveness changed, since the matcher's pool lives in the worker process.
+    ``advance()``: a unit settled, so its round may close and the next one open.
+    ``settle()``: a settlement intent is waiting in the outbox (or waited for one that just landed).
+    """
+
+    match: Callable[[bool], None] = _ignore
+    advance: Callable[[], None] = _ignore
+    settle: Callable[[], None] = _ignore
+
+
+NO_TRIGGERS = Triggers()
 
 
 @dataclass
@@ -166,6 +202,7 @@ class MarketService:
         self.clock = clock
         self.pool = CandidatePool()
         self._pool_loaded_at: float | None = None
+        self.triggers: Triggers = NO_TRIGGERS
 
     # --- agents ----------------------------------------------------------------------------------------
 
@@ -221,6 +258,8 @@ class MarketService:
             offer = self.store.offer_of(session, row.address)
             load = self.store.active_load(session, row.address).get(row.address, 0)
         self._refresh_candidate(row, offer, load)
+        if row.role == AgentRole.PROVIDER.value:
+            self.triggers.match(True)
         return row
 
     def _chain_facts(self, account: str) -> tuple[int, Reputation]:
@@ -249,6 +288,7 @@ class MarketService:
             session.add(offer)
             load = self.store.active_load(session, agent.address).get(agent.address, 0)
         self._refresh_candidate(agent, offer, load)
+        self.triggers.match(True)
         return offer
 
     def heartbeat(self, signed: Signed[Heartbeat]) -> HeartbeatReply:
@@ -266,6 +306,8 @@ class MarketService:
             load = self.store.active_load(session, agent.address).get(agent.address, 0)
         if came_back:
             self._refresh_candidate(agent, offer, load)
+            if agent.role == AgentRole.PROVIDER.value:
+                self.triggers.match(True)
         return HeartbeatReply(agent=message.agent, assignments=tuple(assignments))
 
     def _assignments_for(self, session: Session, provider: str) -> list[Assignment]:
@@ -298,6 +340,8 @@ class MarketService:
             shard=unit.shard,
             start_step=unit.start_step,
             steps=unit.steps,
+            checkpoint_every=spec.checkpoint_every_for(unit.steps),
+            num_shards=self.config.units_per_round,
             start_state=self._start_state(session, unit),
             accept_deadline=unit.accept_deadline,
             chain_unit_id=unit.chain_unit_id,
@@ -389,6 +433,7 @@ class MarketService:
             session.add(order)
             session.flush()
             self._open_round(session, order, spec, 0, None, now)
+        self.triggers.match(False)
         return order
 
     def _open_round(
@@ -677,6 +722,12 @@ class MarketService:
 
     def accept(self, submission: AcceptSubmission) -> UnitRow:
         """Record a provider's Accept signature; when all replicas signed, queue the assign transaction."""
+        unit = self._record_accept(submission)
+        if unit.state == UnitState.ASSIGNING.value:
+            self.triggers.settle()
+        return unit
+
+    def _record_accept(self, submission: AcceptSubmission) -> UnitRow:
         from veritrain.chain.eip712 import market_domain
 
         now = self.clock()
@@ -733,6 +784,11 @@ class MarketService:
 
     def commit(self, submission: CommitSubmission) -> UnitRow:
         """Record and queue a provider's signed commit; when all committed the reveal phase begins."""
+        unit = self._record_commit(submission)
+        self.triggers.settle()
+        return unit
+
+    def _record_commit(self, submission: CommitSubmission) -> UnitRow:
         from veritrain.chain.eip712 import market_domain
 
         now = self.clock()
@@ -773,6 +829,11 @@ class MarketService:
 
     def reveal(self, submission: RevealSubmission) -> UnitRow:
         """Check the preimage against the commitment, queue the reveal, decide the unit when complete."""
+        unit = self._record_reveal(submission)
+        self.triggers.settle()
+        return unit
+
+    def _record_reveal(self, submission: RevealSubmission) -> UnitRow:
         from veritrain.chain.eip712 import commitment as commitment_of
 
         now = self.clock()
@@ -896,8 +957,11 @@ class MarketService:
             dataset_digest=spec.dataset_digest,
             seed=spec.seed,
             round_index=unit.round_index,
+            shard=unit.shard,
             start_step=unit.start_step,
             steps=unit.steps,
+            checkpoint_every=spec.checkpoint_every_for(unit.steps),
+            num_shards=self.config.units_per_round,
             start_state=self._start_state(session, unit),
             replicas=tuple(replicas),
             randomness=job.randomness,
@@ -906,6 +970,12 @@ class MarketService:
 
     def submit_verdict(self, submission: VerdictSubmission) -> VerificationJobRow:
         """Store one verifier's signed verdict; at quorum on identical outcomes, queue the verdict relay."""
+        job = self._record_verdict(submission)
+        if job.state == "quorum":
+            self.triggers.settle()
+        return job
+
+    def _record_verdict(self, submission: VerdictSubmission) -> VerificationJobRow:
         from veritrain.chain.eip712 import market_domain, outcomes_hash
 
         now = self.clock()
@@ -1071,7 +1141,24 @@ class MarketService:
                 entry.tx_hash = result if result and result.startswith("0x") else entry.tx_hash
                 self._apply_settlement(session, entry, result, now)
             session.add(entry)
-            return OutboxResult(entry_id, entry.state, outcome == "sent", error)
+            recorded = OutboxResult(entry_id, entry.state, outcome == "sent", error)
+            kind = entry.action.split(":", 1)[0]
+            landed = outcome != "failed" and kind in STAKE_CHANGING_ACTIONS
+            # later intents of the unit wait for this one (assign, commits, reveals, then the settlement)
+            unblocked = outcome != "failed" and any(
+                e.unit_id == entry.unit_id and _id(e) > entry_id
+                for e in self.store.outbox_in(session, ["pending"], limit=1000)
+            )
+            providers = (
+                {r.provider for r in self.store.replicas_of(session, entry.unit_id)} if landed else set()
+            )
+        # the chain already shows the new stake and reputation: matching must not wait for the event sync
+        self.refresh_chain_facts(providers)
+        if landed and kind in SETTLING_ACTIONS:
+            self.triggers.advance()
+        if unblocked:
+            self.triggers.settle()
+        return recorded
 
     def _apply_settlement(self, session: Session, entry: OutboxRow, result: str | None, now: int) -> None:
         """The market-side effect of a settlement that is now on chain."""
@@ -1169,11 +1256,55 @@ class MarketService:
                 return 0
             to_block = min(head, cursor.next_block + max_blocks - 1)
             events = self.chain.events(cursor.next_block, to_block)
+            touched: set[str] = set()
             for chain_event in events:
+                touched |= self._accounts_touched(session, chain_event.name, chain_event.args)
                 self._apply_event(session, chain_event.name, chain_event.args, now)
             cursor.next_block = to_block + 1
             session.add(cursor)
-            return len(events)
+        self.refresh_chain_facts(touched)
+        return len(events)
+
+    def _accounts_touched(self, session: Session, name: str, args: dict[str, Any]) -> set[str]:
+        """Accounts whose free stake or reputation an event changed (matching must see the new values)."""
+        if name in STAKE_EVENTS:
+            return {to_checksum_address(args[STAKE_EVENTS[name]])}
+        if name not in UNIT_SETTLEMENT_EVENTS:
+            return set()
+        unit = (
+            self.store.unit_by_key(session, _hex32(args["unitKey"]))
+            if name == "UnitAssigned"
+            else self.store.unit_by_chain_id(session, int(args["unitId"]))
+        )
+        if unit is None:
+            return set()
+        return {r.provider for r in self._live_replicas(session, unit)}
+
+    def refresh_chain_facts(self, accounts: set[str]) -> None:
+        """Re-read free stake and reputation of registered providers from the chain's views into the store
+        and the candidate pool: a slashed or busy provider must not be matched on its old stake."""
+        if self.chain is None or not accounts:
+            return
+        with self.store.transaction() as session:
+            providers = [
+                a.address
+                for a in (self.store.find_agent(session, account) for account in sorted(accounts))
+                if a is not None and a.role == AgentRole.PROVIDER.value
+            ]
+        facts = {address: self._chain_facts(address) for address in providers}
+        refreshed = []
+        with self.store.transaction() as session:
+            for address, (free_stake, reputation) in facts.items():
+                agent = self.store.get_agent(session, address)
+                agent.free_stake = free_stake
+                agent.rep_valid, agent.rep_fault = reputation.valid, reputation.fault
+                agent.rep_fraud, agent.rep_consecutive_valid = reputation.fraud, reputation.consecutive_valid
+                session.add(agent)
+                offer = self.store.offer_of(session, address)
+                load = self.store.active_load(session, address).get(address, 0)
+                refreshed.append((agent, offer, load))
+        for agent, offer, load in refreshed:
+            self._refresh_candidate(agent, offer, load)
 
     def _apply_event(self, session: Session, name: str, args: dict[str, Any], now: int) -> None:
         if name == "UnitAssigned":
@@ -1228,6 +1359,8 @@ class MarketService:
         with self.store.transaction() as session:
             for order in self.store.orders_in(session, [OrderState.OPEN.value, OrderState.RUNNING.value]):
                 changed += self._advance_order(session, order, now)
+        if changed:  # a round opened or a failed unit got a new attempt (or an order ended: harmless)
+            self.triggers.match(False)
         return changed
 
     def _advance_order(self, session: Session, order: OrderRow, now: int) -> int:
@@ -1312,6 +1445,8 @@ class MarketService:
                 if unit.commit_deadline and now > settle_by and unit.chain_unit_id is not None:
                     self.store.enqueue(session, _id(unit), "expire", {"unit_id": unit.chain_unit_id}, now)
                     result.expiring_units += 1
+        if result.dropped_replicas or result.lost_agents:  # units back to pending, a provider gone
+            self.triggers.match(True)
         return result
 
     def _close_phases(self, session: Session, now: int) -> None:

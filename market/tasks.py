@@ -6,14 +6,17 @@ configured from :func:`veritrain.settings.load_settings` by :mod:`market.celery_
 
 from __future__ import annotations
 
+import logging
 from functools import lru_cache
 
 from celery import Celery
 
 from market.celery_config import celery_settings
 from market.runtime import build_service
-from market.service import MarketService
+from market.service import MarketService, Triggers
 from veritrain.settings import load_settings
+
+log = logging.getLogger(__name__)
 
 app = Celery("veritrain-market")
 app.config_from_object(celery_settings(load_settings()))
@@ -22,13 +25,39 @@ app.config_from_object(celery_settings(load_settings()))
 @lru_cache(maxsize=1)
 def service() -> MarketService:
     """One service per worker process (its candidate pool survives between tasks)."""
-    return build_service(load_settings())
+    return wire_triggers(build_service(load_settings()))
+
+
+def wire_triggers(svc: MarketService) -> MarketService:
+    """Let the service send matching / advancing as soon as there is something to do (API and worker)."""
+
+    def send(task_name: str, **kwargs: object) -> None:
+        try:
+            app.send_task(task_name, kwargs=kwargs, ignore_result=True)
+        except Exception:  # a trigger only saves latency: the periodic tick still runs the step
+            log.warning("could not send %s; the next tick will run it", task_name, exc_info=True)
+
+    def match(refresh_pool: bool) -> None:
+        send("market.match_units", refresh_pool=refresh_pool)
+
+    def advance() -> None:
+        send("market.advance_orders")
+
+    def settle() -> None:
+        send("market.drain_outbox")
+
+    svc.triggers = Triggers(match=match, advance=advance, settle=settle)
+    return svc
 
 
 @app.task(name="market.match_units")
-def match_units(limit: int = 500) -> int:
-    """Match pending units; returns how many got a complete set of replicas."""
-    return sum(1 for match in service().match_pending(limit) if match.complete)
+def match_units(limit: int = 500, refresh_pool: bool = False) -> int:
+    """Match pending units; returns how many got a complete set of replicas. ``refresh_pool``: reload the
+    candidate pool first (an agent registered, changed its offer, came back or was lost)."""
+    svc = service()
+    if refresh_pool:
+        svc.refresh_pool(force=True)
+    return sum(1 for match in svc.match_pending(limit) if match.complete)
 
 
 @app.task(name="market.advance_orders")

@@ -49,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
         f"--loglevel={args.loglevel}",
         f"--concurrency={args.concurrency}",
         f"--pool={args.pool}",
+        "--without-mingle",  # both talk over the remote-control broadcast, which the market does not use
+        "--without-gossip",
     ]
     if not args.no_beat:
         argv.append("--beat")

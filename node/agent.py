@@ -43,13 +43,12 @@ if TYPE_CHECKING:
     from veritrain.blobstore import BlobStore
     from veritrain.chain.client import ChainClient
     from veritrain.datasets import Dataset
-    from veritrain.messages import Assignment
+    from veritrain.messages import Assignment, VerificationJobView
     from veritrain.pol import State, Transcript, UnitSpec
 
 logger = logging.getLogger("veritrain.node")
 
 HEARTBEAT_INTERVAL_S = 0.5
-CHECKPOINTS_PER_UNIT = 4
 SIGNATURE_TTL_S = 600
 HTTP_TIMEOUT_S = 15.0
 DEFAULT_PRICE_PER_PFLOP = 10**18  # 1 VERI per PFLOP of training compute
@@ -385,9 +384,20 @@ class BlobPlane:
 # --- provider agent -----------------------------------------------------------------------------------
 
 
-def checkpoint_interval(steps: int) -> int:
-    """Checkpoint every c steps: CHECKPOINTS_PER_UNIT segments per unit (the same rule on every replica)."""
-    return max(1, -(-steps // CHECKPOINTS_PER_UNIT))
+def unit_spec_of(unit: Assignment | VerificationJobView) -> Any:
+    """The unit exactly as the market specified it (shard of num_shards, checkpoint interval), so every
+    replica and verifier cuts the same PoL transcript."""
+    from veritrain.pol import UnitSpec
+
+    return UnitSpec(
+        recipe=unit.recipe,
+        order_seed=unit.seed,
+        round_index=unit.round_index,
+        shard=unit.shard,
+        steps=unit.steps,
+        checkpoint_every=unit.checkpoint_every,
+        num_shards=unit.num_shards,
+    )
 
 
 @dataclass
@@ -651,23 +661,11 @@ class ProviderAgent:
         except BaseException as err:  # reported by the heartbeat loop; the agent itself keeps running
             self._worker_error = err
 
-    def unit_spec(self, assignment: Assignment) -> Any:
-        from veritrain.pol import UnitSpec
-
-        return UnitSpec(
-            recipe=assignment.recipe,
-            order_seed=assignment.seed,
-            round_index=assignment.round_index,
-            shard=assignment.shard,
-            steps=assignment.steps,
-            checkpoint_every=checkpoint_interval(assignment.steps),
-        )
-
     def start_state(self, assignment: Assignment) -> State:
         """The unit's start state: the recipe's seeded init for the first round, else fetched by digest."""
         from veritrain.pol import initial_state
 
-        spec = self.unit_spec(assignment)
+        spec = unit_spec_of(assignment)
         source = assignment.start_state
         if source.state_digest is None:
             return initial_state(spec.recipe_config(), assignment.seed)
@@ -681,7 +679,7 @@ class ProviderAgent:
         from veritrain.pol import result_digest
 
         folder = self.unit_dir(assignment.unit_id)
-        spec = self.unit_spec(assignment)
+        spec = unit_spec_of(assignment)
         start = self.start_state(assignment)
         self.store.put(encode_state(start))
         dataset = load_dataset(spec.recipe_config().dataset, unhex32(assignment.dataset_digest))

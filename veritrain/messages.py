@@ -28,6 +28,7 @@ DOMAIN_VERSION = "1"
 MAX_REPLICAS = 5
 UINT64_MAX = 2**64 - 1
 UINT256_MAX = 2**256 - 1
+CHECKPOINTS_PER_UNIT = 4  # PoL segments per unit when the order names no checkpoint interval
 
 
 def _checksum(value: str) -> str:
@@ -218,6 +219,9 @@ class OrderSpec(Frozen):
     max_price_per_pflop: Uint256
     verifier_fee_per_unit: Uint256 = 0
     deadline: Uint64
+    # PoL checkpoint interval in steps; None: CHECKPOINTS_PER_UNIT segments per unit. Part of the spec hash,
+    # since replicas and verifiers must cut the transcript at the same steps.
+    checkpoint_every: Annotated[int, Field(ge=1, le=10**9)] | None = None
 
     @property
     def unit_count(self) -> int:
@@ -228,6 +232,15 @@ class OrderSpec(Frozen):
         """keccak256 of the canonical JSON (sorted keys, no spaces) of the spec."""
         canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
         return "0x" + keccak(canonical.encode()).hex()
+
+    def checkpoint_every_for(self, unit_steps: int) -> int:
+        """The checkpoint interval of a unit of ``unit_steps`` steps (never longer than the unit)."""
+        return min(unit_steps, self.checkpoint_every or default_checkpoint_every(unit_steps))
+
+
+def default_checkpoint_every(steps: int) -> int:
+    """CHECKPOINTS_PER_UNIT segments per unit, the last one possibly shorter."""
+    return max(1, -(-steps // CHECKPOINTS_PER_UNIT))
 
 
 class OrderRequest(Frozen):
@@ -291,6 +304,8 @@ class Assignment(Frozen):
     shard: int
     start_step: int
     steps: int
+    checkpoint_every: Annotated[int, Field(ge=1)]
+    num_shards: Annotated[int, Field(ge=1, le=2**16)]  # units per round (M); the data is cut in M slices
     start_state: StateSource
     accept_deadline: int
     chain_unit_id: int | None = None
@@ -363,8 +378,11 @@ class VerificationJobView(Frozen):
     dataset_digest: str
     seed: int
     round_index: int
+    shard: int
     start_step: int
     steps: int
+    checkpoint_every: Annotated[int, Field(ge=1)]
+    num_shards: Annotated[int, Field(ge=1, le=2**16)]  # units per round (M); the data is cut in M slices
     start_state: StateSource
     replicas: tuple[ReplicaResult, ...]
     randomness: Bytes32Hex
@@ -421,6 +439,7 @@ __all__ = [
     "VerdictSubmission",
     "VerificationJobView",
     "VerificationJobsReply",
+    "default_checkpoint_every",
     "recover_typed_signer",
     "require_fresh",
     "sign_message",

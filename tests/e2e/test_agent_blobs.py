@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from node.agent import UnitManifest, checkpoint_interval, decode_state, encode_state
+from node.agent import UnitManifest, decode_state, encode_state, unit_spec_of
 from veritrain.errors import InvalidInput
+from veritrain.messages import Assignment, AssignmentPhase, StateSource, VerificationJobView
 
 torch = pytest.importorskip("torch")
 pol = pytest.importorskip("veritrain.pol")
@@ -47,7 +49,7 @@ def test_a_blob_lying_about_a_tensor_size_is_refused() -> None:
         decode_state(bytes(blob))
 
 
-def test_manifest_round_trip_and_checkpoint_rule() -> None:
+def test_manifest_round_trip() -> None:
     manifest = UnitManifest(
         transcript={"losses": [1.0]},
         result_digest="0x" + "1" * 64,
@@ -57,9 +59,39 @@ def test_manifest_round_trip_and_checkpoint_rule() -> None:
     assert UnitManifest.from_bytes(manifest.to_bytes()) == manifest
     with pytest.raises(InvalidInput):
         UnitManifest.from_bytes(b"{}")
-    assert checkpoint_interval(40) == 10
-    assert checkpoint_interval(3) == 1
-    assert checkpoint_interval(41) == 11
+
+
+def test_providers_and_verifiers_run_the_unit_the_market_specified() -> None:
+    """Shard and checkpoint interval come from the market's view, not from an agent-side rule."""
+    common: dict[str, Any] = {
+        "unit_id": 4,
+        "order_id": 1,
+        "recipe": "digits-mlp",
+        "dataset_digest": "0x" + "ab" * 32,
+        "seed": 9,
+        "round_index": 2,
+        "shard": 3,
+        "start_step": 40,
+        "steps": 20,
+        "checkpoint_every": 7,
+        "num_shards": 4,
+        "start_state": StateSource(state_digest=None),
+    }
+    assignment = Assignment(
+        **common,
+        replica_index=0,
+        phase=AssignmentPhase.RUN,
+        chain_order_id=1,
+        unit_key="0x" + "cd" * 32,
+        accept_deadline=0,
+    )
+    job = VerificationJobView(
+        **common, job_id=1, chain_unit_id=5, replicas=(), randomness="0x" + "ef" * 32, reason="spot_check"
+    )
+    expected = pol.UnitSpec(
+        recipe="digits-mlp", order_seed=9, round_index=2, shard=3, steps=20, checkpoint_every=7, num_shards=4
+    )
+    assert unit_spec_of(assignment) == expected == unit_spec_of(job)
 
 
 def test_manifest_index_and_blob_fetch_between_two_agents(tmp_path: Path) -> None:

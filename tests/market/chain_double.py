@@ -86,6 +86,13 @@ class LedgerChain:
         with self._state() as state:
             state["stake"][_key(account)] = amount
 
+    def slash(self, account: str, amount: int) -> None:
+        """Take ``amount`` of the account's bonded stake, as the StakeManager does for a fraud verdict."""
+        with self._state() as state:
+            bonded = int(state["stake"].get(_key(account), DEFAULT_FREE_STAKE))
+            state["stake"][_key(account)] = bonded - amount
+            self._mine(state, "StakeSlashed", {"account": account, "amount": amount, "recipient": JOB_MARKET})
+
     def effects(self, name: str) -> list[dict[str, Any]]:
         with self._state() as state:
             return [b["args"] for b in state["blocks"] if b["name"] == name]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -74,7 +74,7 @@ def service(store: MarketStore, ledger: LedgerChain, clock: Clock) -> MarketServ
 
 
 @pytest.fixture
-def make_agent(clock: Clock):  # type: ignore[no-untyped-def]
+def make_agent(clock: Clock) -> Callable[..., AgentKey]:
     def make(operator: str = "") -> AgentKey:
         return AgentKey(Account.create(), clock, operator)
 

@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 from agents import CHAIN_ID, Clock, chain_order_for, order_spec
-from chain_double import LedgerChain
+from chain_double import DEFAULT_FREE_STAKE, LedgerChain
 from fastapi.testclient import TestClient
 from market_flow import drain_outbox, post_order, pull, register_market, run_unit, snapshot
 
 from market.api import create_app
 from market.domain.replication import ReplicationPolicy
-from market.service import OUTBOX_MAX_ATTEMPTS, MarketConfig, MarketService
+from market.service import OUTBOX_MAX_ATTEMPTS, MarketConfig, MarketService, Triggers
 from market.store import MarketStore
 from veritrain.chain.eip712 import commitment, outcomes_hash
 from veritrain.messages import Heartbeat, OrderRequest, sign_message
@@ -131,12 +131,23 @@ def test_spot_check_sends_a_unanimous_unit_to_verification(
     client: TestClient, service: MarketService, ledger: LedgerChain, make_agent: Any, clock: Clock
 ) -> None:
     no_audit(service, rate_ppm=1_000_000)
-    providers, _ = register_market(client, make_agent)
-    post_order(client, ledger, make_agent(), clock, total_steps=20)
+    providers, verifiers = register_market(client, make_agent)
+    post_order(client, ledger, make_agent(), clock, total_steps=20, checkpoint_every=4)
     service.match_pending()
+    (offered,) = [a for k in providers for a in pull(client, k)][:1]
+    assert (offered["shard"], offered["num_shards"], offered["steps"], offered["checkpoint_every"]) == (
+        0,
+        1,
+        20,
+        4,
+    )
     run_unit(client, service, {k.address: k for k in providers}, {"default": "0x" + "12" * 32})
     assert len(ledger.effects("VerificationRequested")) == 1
     assert not ledger.effects("UnitFinalized")
+    bodies = [v.heartbeat().model_dump(mode="json") for v in verifiers]
+    replies = [client.post("/verification/jobs", json=body) for body in bodies]
+    jobs = [job for reply in replies for job in reply.json()["jobs"]]
+    assert jobs and {(j["shard"], j["num_shards"], j["checkpoint_every"]) for j in jobs} == {(0, 1, 4)}
 
 
 def test_silent_provider_is_replaced_before_the_unit_goes_on_chain(
@@ -587,3 +598,64 @@ def test_chain_events_confirm_commits_and_reveals_whose_retry_reverted(
     with service.store.transaction() as session:
         states = {service.store.get_outbox(session, i).state for i in entry_ids if i is not None}
     assert states == {"confirmed"}
+
+
+def test_a_slash_on_chain_reaches_matching_at_the_next_sync(
+    client: TestClient, service: MarketService, ledger: LedgerChain, make_agent: Any, clock: Clock
+) -> None:
+    """The market read free stake only at registration, so it kept matching a slashed provider."""
+    providers, _ = register_market(client, make_agent, providers=4)
+    cheater = providers[0]
+    ledger.slash(cheater.address, DEFAULT_FREE_STAKE)
+    assert service.sync_chain_events() == 1
+    assert (candidate := service.pool.get(cheater.address)) is not None and candidate.free_stake == 0
+    service.refresh_pool(force=True)  # the store row was updated too, not only the in-memory pool
+    assert (candidate := service.pool.get(cheater.address)) is not None and candidate.free_stake == 0
+    post_order(client, ledger, make_agent(), clock, total_steps=20)
+    (match,) = service.match_pending()
+    assert match.complete and cheater.address not in match.selected
+
+
+def test_a_relayed_settlement_refreshes_the_providers_reputation_at_once(
+    client: TestClient, service: MarketService, ledger: LedgerChain, make_agent: Any, clock: Clock
+) -> None:
+    no_audit(service)
+    providers, _ = register_market(client, make_agent)
+    post_order(client, ledger, make_agent(), clock, total_steps=20)
+    service.match_pending()
+    run_unit(client, service, {k.address: k for k in providers}, {"default": "0x" + "31" * 32})
+    # no sync_chain_events: the relayed finalize itself refreshes its providers (the next round's matching
+    # is triggered at once and must not see the old values)
+    paid = [a for a in (k.address for k in providers) if ledger.reputation_of(a).valid == 1]
+    assert len(paid) == 3
+    with service.store.transaction() as session:
+        rows = {a: service.store.get_agent(session, a) for a in paid}
+        assert all(row.rep_valid == 1 and row.rep_consecutive_valid == 1 for row in rows.values())
+    assert all(service.pool.get(a) is not None for a in paid)
+    assert {service.pool.get(a).reputation.valid for a in paid} == {1}  # type: ignore[union-attr]
+
+
+def test_matching_settling_and_advancing_are_triggered_when_work_appears(
+    client: TestClient, service: MarketService, ledger: LedgerChain, make_agent: Any, clock: Clock
+) -> None:
+    """Units wait for the next tick (up to 2 s + a 5 s pool refresh) unless the service asks right away."""
+    asked: list[str] = []
+    service.triggers = Triggers(
+        match=lambda refresh: asked.append(f"match(refresh={refresh})"),
+        advance=lambda: asked.append("advance"),
+        settle=lambda: asked.append("settle"),
+    )
+    no_audit(service)
+    providers, _ = register_market(client, make_agent)
+    assert asked == ["match(refresh=True)"] * 10  # 5 registrations + 5 offers reach the worker's pool
+    asked.clear()
+    post_order(client, ledger, make_agent(), clock, total_steps=40)
+    assert asked == ["match(refresh=False)"]
+    service.match_pending()
+    run_unit(client, service, {k.address: k for k in providers}, {"default": "0x" + "31" * 32})
+    # settle: the last accept queued the assign; each of 3 commits and 3 reveals queued its relay; each of
+    # the 3 commit and 3 reveal relays unblocked a later intent of the unit. advance: the finalize landed.
+    assert asked == ["match(refresh=False)", *["settle"] * (1 + 3 + 3 + 6), "advance"]
+    asked.clear()
+    assert service.advance_orders() == 1  # round 1 opens
+    assert asked == ["match(refresh=False)"]

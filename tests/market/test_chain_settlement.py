@@ -118,7 +118,7 @@ def test_order_settles_on_the_contracts_and_pays_every_replica(
 
     (match,) = service.match_pending()
     assert match.complete
-    by_address = {a.address: a for a in providers}
+    by_address: dict[str, LocalAccount] = {a.address: a for a in providers}
     chosen = [by_address[a] for a in match.selected]
     unit_key = service.order_status(order.id or 0).units[0]
     with store.transaction() as session:

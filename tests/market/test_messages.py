@@ -17,6 +17,7 @@ from veritrain.messages import (
     OrderSpec,
     Registration,
     Signed,
+    default_checkpoint_every,
     require_fresh,
     sign_message,
     verify_signed,
@@ -124,10 +125,31 @@ def test_order_spec_hash_is_canonical_and_binds_every_field() -> None:
     assert same.spec_hash() == spec.spec_hash() and spec.buyer == KEY.address  # checksummed on the way in
     assert spec.dataset_digest == "0x" + "ab" * 32
     assert spec.unit_count == 2
-    for field, value in {"seed": 2, "replicas": 4, "max_price_per_pflop": 11, "deadline": 100}.items():
+    changes = {"seed": 2, "replicas": 4, "max_price_per_pflop": 11, "deadline": 100, "checkpoint_every": 2}
+    for field, value in changes.items():
         assert spec.model_copy(update={field: value}).spec_hash() != spec.spec_hash()
     with pytest.raises(ValidationError):
         OrderSpec.model_validate({**spec.model_dump(), "replicas": 6})
+
+
+def test_checkpoint_interval_comes_from_the_spec_or_the_default_rule() -> None:
+    assert [default_checkpoint_every(s) for s in (40, 3, 41)] == [10, 1, 11]
+    fields = {
+        "buyer": KEY.address,
+        "recipe": "digits-mlp",
+        "dataset_digest": "0x" + "ab" * 32,
+        "total_steps": 40,
+        "unit_steps": 20,
+        "replicas": 3,
+        "seed": 1,
+        "max_price_per_pflop": 10,
+        "deadline": 99,
+    }
+    assert OrderSpec.model_validate(fields).checkpoint_every_for(20) == 5
+    assert OrderSpec.model_validate({**fields, "checkpoint_every": 7}).checkpoint_every_for(20) == 7
+    assert OrderSpec.model_validate({**fields, "checkpoint_every": 50}).checkpoint_every_for(20) == 20
+    with pytest.raises(ValidationError):
+        OrderSpec.model_validate({**fields, "checkpoint_every": 0})
 
 
 def test_settings_defaults_are_embedded_and_overridable(
