@@ -32,6 +32,7 @@ class DeclineReason(StrEnum):
     OFFLINE = "offline"
     AT_CAPACITY = "at_capacity"
     EXCLUDED = "excluded"  # already on this unit, or dropped from it before
+    FRAUD_RECORD = "fraud_record"  # fraud confirmed by re-execution and slashed on chain
     RECIPE_UNSUPPORTED = "recipe_unsupported"
     INSUFFICIENT_MEMORY = "insufficient_memory"
     TOO_SLOW = "too_slow"
@@ -132,6 +133,10 @@ def decline_reason(
         return DeclineReason.AT_CAPACITY
     if candidate.address in demand.excluded:
         return DeclineReason.EXCLUDED
+    if candidate.reputation.fraud > 0:
+        # A fraud verdict is never a distance alone: re-execution confirmed it. Buyers' work does not go
+        # back to a proven cheat; slashing alone leaves it enough stake to keep undercutting honest peers.
+        return DeclineReason.FRAUD_RECORD
     if demand.recipe not in candidate.recipes:
         return DeclineReason.RECIPE_UNSUPPORTED
     if candidate.memory_mb < demand.min_memory_mb:
@@ -308,9 +313,13 @@ class CandidatePool:
             return DeclineReason.AT_CAPACITY
         if candidate.price_per_pflop is None:
             return DeclineReason.NO_OFFER
+        if candidate.reputation.fraud > 0:
+            return DeclineReason.FRAUD_RECORD
         return DeclineReason.INSUFFICIENT_FREE_STAKE
 
     def _available(self, candidate: ProviderCandidate) -> bool:
         has_room = self._active[candidate.address] < candidate.capacity
         staked = candidate.free_stake >= self.collateral
-        return candidate.online and has_room and staked and candidate.price_per_pflop is not None
+        offers = candidate.price_per_pflop is not None
+        honest_record = candidate.reputation.fraud == 0
+        return candidate.online and has_room and staked and offers and honest_record

@@ -122,6 +122,7 @@ def test_advance_refuses_mixing_machines() -> None:
         ({"free_stake": 10**18 - 1}, DeclineReason.INSUFFICIENT_FREE_STAKE),
         ({"price_per_pflop": None}, DeclineReason.NO_OFFER),
         ({"price_per_pflop": 10**18 + 1}, DeclineReason.PRICE_ABOVE_MAX),
+        ({"reputation": Reputation(valid=40, fraud=1)}, DeclineReason.FRAUD_RECORD),
     ],
 )
 def test_each_hard_constraint_declines_with_its_reason(
@@ -307,11 +308,13 @@ def test_pool_keeps_unusable_providers_out_of_the_scan_and_says_why() -> None:
     pool.upsert(candidate(3, price_per_pflop=None))
     pool.upsert(candidate(4, free_stake=1))
     pool.upsert(candidate(5, memory_mb=1024))
+    pool.upsert(candidate(6, reputation=Reputation(valid=40, fraud=1), price_per_pflop=1))
     assert [c.address for c in pool.ranked("digits-mlp")] == [usable.address]
     assert pool.unavailable_reason(candidate(2).address) == DeclineReason.OFFLINE
     assert pool.unavailable_reason(candidate(3).address) == DeclineReason.NO_OFFER
     assert pool.unavailable_reason(candidate(4).address) == DeclineReason.INSUFFICIENT_FREE_STAKE
     assert pool.unavailable_reason(candidate(5).address, "digits-mlp") == DeclineReason.INSUFFICIENT_MEMORY
+    assert pool.unavailable_reason(candidate(6).address) == DeclineReason.FRAUD_RECORD
     pool.reserve(usable.address)
     assert pool.unavailable_reason(usable.address) == DeclineReason.AT_CAPACITY
     assert pool.get(usable.address).active_units == 1  # type: ignore[union-attr]
