@@ -23,15 +23,13 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from market.client import MarketRefused
-from node.agent import (
+from veritrain.agentkit import (
     HTTP_TIMEOUT_S,
-    AgentClock,
+    AgentPlumbing,
     BlobPlane,
     UnitManifest,
     add_common_agent_arguments,
-    connect_chain,
     decode_state,
-    load_account,
     preload_datasets,
     resolve_common,
     run_agent,
@@ -96,26 +94,18 @@ def load_tolerances(recipe: str, path: Path | None = None) -> ToleranceTable:
     return load_calibrated(recipe, path)
 
 
-class VerifierAgent:
+class VerifierAgent(AgentPlumbing):
     """One verifier: register, stake, poll jobs, verify, sign."""
 
     def __init__(self, config: VerifierConfig) -> None:
         from market.client import MarketClient
-        from veritrain.blobstore import BlobStore
 
+        super().__init__(config)
         self.config = config
-        self.account = load_account(config.key_file)
-        self.address = str(self.account.address)
-        self.chain = connect_chain(config.rpc_url, config.deployments)
-        self.deployment = self.chain.deployment
         self.market = MarketClient(config.market_url, timeout=HTTP_TIMEOUT_S)
-        self.clock = AgentClock()
-        self.store = BlobStore(config.data_dir / "blobs")
-        self.blobs = BlobPlane(self.store, self.account, config.p2p_port, config.data_dir, config.p2p_host)
         self.done_dir = config.data_dir / "verdicts"
         self._failures: dict[int, int] = {}
         self._retry_at: dict[int, float] = {}
-        self.p2p_addr = ""
         self._stop = threading.Event()
 
     def start(self) -> None:

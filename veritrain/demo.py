@@ -617,7 +617,7 @@ def collect_training(market: Marketplace, units: list[UnitOutcome], out_dir: Pat
     """Fetch each accepted unit's PoL manifest and the final state from the providers over libp2p."""
     from safetensors.torch import save_file
 
-    from node.agent import BlobPlane, UnitManifest, decode_state
+    from veritrain.agentkit import BlobPlane, UnitManifest, decode_state
     from veritrain.blobstore import BlobStore
 
     buyer = market.parties["buyer"]
@@ -657,7 +657,7 @@ def collect_training(market: Marketplace, units: list[UnitOutcome], out_dir: Pat
 
 
 def _fetch_manifest(plane: Any, accepted: list[str], unit: UnitOutcome, peers: dict[str, str]) -> Any:
-    from node.agent import UnitManifest
+    from veritrain.agentkit import UnitManifest
 
     errors = []
     for provider in accepted:

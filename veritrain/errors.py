@@ -14,7 +14,7 @@ class InvalidInput(VeritrainError):
     """Input from another party or a user is malformed, oversized or inconsistent."""
 
 
-# --- agents, demo and child processes (node/agent.py, verifier/agent.py, veritrain/demo.py, procs.py)
+# --- agents, demo and child processes (agentkit.py, node/agent.py, verifier/agent.py, demo.py, procs.py)
 
 
 class ProcessError(VeritrainError):

@@ -144,6 +144,73 @@ def canonical_state_bytes(state: Mapping[str, torch.Tensor]) -> bytes:
     return b"".join(parts)
 
 
+STATE_DTYPE_NAMES = (
+    "float32",
+    "float64",
+    "float16",
+    "bfloat16",
+    "int64",
+    "int32",
+    "int16",
+    "int8",
+    "uint8",
+    "bool",
+)
+MAX_STATE_TENSORS = 100_000
+MAX_STATE_TENSOR_DIMS = 16
+
+
+def state_from_canonical_bytes(blob: bytes) -> State:
+    """The inverse of ``canonical_state_bytes``, so a state fetched by its digest needs no second format;
+    InvalidInput for anything truncated, oversized, unsorted or inconsistent (blobs come from peers)."""
+    import torch
+
+    view = memoryview(blob)
+    offset = 0
+
+    def take(count: int) -> memoryview:
+        nonlocal offset
+        if count < 0 or offset + count > len(view):
+            raise InvalidInput(f"state blob truncated at byte {offset} (needs {count} more)")
+        chunk = view[offset : offset + count]
+        offset += count
+        return chunk
+
+    def number(width: int) -> int:
+        return int.from_bytes(take(width), "big")
+
+    if bytes(take(len(STATE_DOMAIN))) != STATE_DOMAIN:
+        raise InvalidInput("not a canonical state blob (wrong domain tag)")
+    count = number(8)
+    if count > MAX_STATE_TENSORS:
+        raise InvalidInput(f"state blob claims {count} tensors")
+    state: State = {}
+    previous = ""
+    for _ in range(count):
+        name = bytes(take(number(4))).decode("utf-8", errors="strict")
+        if state and name <= previous:
+            raise InvalidInput("state blob tensors are not in strictly sorted order")
+        previous = name
+        dtype_name = bytes(take(number(4))).decode("ascii", errors="strict")
+        if dtype_name not in STATE_DTYPE_NAMES:
+            raise InvalidInput(f"state blob tensor {name!r} has unsupported dtype {dtype_name!r}")
+        dtype = getattr(torch, dtype_name)
+        ndim = number(4)
+        if ndim > MAX_STATE_TENSOR_DIMS:
+            raise InvalidInput(f"state blob tensor {name!r} has {ndim} dimensions")
+        shape = tuple(number(8) for _ in range(ndim))
+        size = number(8)
+        expected = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        if size != expected:
+            raise InvalidInput(f"state blob tensor {name!r}: {size} bytes for shape {shape} of {dtype_name}")
+        raw = bytearray(take(size))
+        flat = torch.frombuffer(raw, dtype=torch.uint8) if size else torch.empty(0, dtype=torch.uint8)
+        state[name] = flat.view(dtype).reshape(shape).clone()
+    if offset != len(view):
+        raise InvalidInput(f"state blob has {len(view) - offset} trailing bytes")
+    return state
+
+
 def state_digest(state: Mapping[str, torch.Tensor]) -> bytes:
     """sha256 of ``canonical_state_bytes``: sorted names, dtype, shape and raw bytes; never file bytes."""
     return hashlib.sha256(canonical_state_bytes(state)).digest()

@@ -7,14 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
-from node.agent import UnitManifest, decode_state, encode_state, unit_spec_of
+from veritrain import pol, recipes
+from veritrain.agentkit import UnitManifest, decode_state, encode_state, unit_spec_of
 from veritrain.errors import InvalidInput
 from veritrain.messages import Assignment, AssignmentPhase, StateSource, VerificationJobView
-
-torch = pytest.importorskip("torch")
-pol = pytest.importorskip("veritrain.pol")
-recipes = pytest.importorskip("veritrain.recipes")
 
 pytestmark = pytest.mark.torch
 
@@ -97,7 +95,7 @@ def test_providers_and_verifiers_run_the_unit_the_market_specified() -> None:
 def test_manifest_index_and_blob_fetch_between_two_agents(tmp_path: Path) -> None:
     from eth_account import Account
 
-    from node.agent import BlobPlane
+    from veritrain.agentkit import BlobPlane
     from veritrain.blobstore import BlobStore
     from veritrain.errors import AgentError
     from veritrain.procs import free_port

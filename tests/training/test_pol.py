@@ -191,6 +191,33 @@ def test_digest_ignores_insertion_order_and_memory_layout() -> None:
     assert hashlib.sha256(pol.canonical_state_bytes(state)).digest() == pol.state_digest(state)
 
 
+def test_canonical_bytes_round_trip_to_the_same_state_and_bad_bytes_are_refused() -> None:
+    import torch
+
+    from veritrain import pol
+    from veritrain.errors import InvalidInput
+
+    state = {
+        **small_state(),
+        "model.half": torch.tensor([1.5, -2.0], dtype=torch.bfloat16),
+        "model.empty": torch.zeros(0, 4),
+        "model.mask": torch.tensor([True, False]),
+    }
+    blob = pol.canonical_state_bytes(state)
+    decoded = pol.state_from_canonical_bytes(blob)
+    assert sorted(decoded) == sorted(state)
+    for name, tensor in state.items():
+        assert decoded[name].dtype == tensor.dtype and decoded[name].shape == tensor.shape
+        assert torch.equal(decoded[name], tensor)
+    assert pol.canonical_state_bytes(decoded) == blob
+    with pytest.raises(InvalidInput, match="truncated"):
+        pol.state_from_canonical_bytes(blob[:-1])
+    with pytest.raises(InvalidInput, match="trailing"):
+        pol.state_from_canonical_bytes(blob + b"\x00")
+    with pytest.raises(InvalidInput, match="domain"):
+        pol.state_from_canonical_bytes(b"x" * len(blob))
+
+
 def test_digest_changes_with_any_single_element_name_dtype_or_shape() -> None:
     import torch
 

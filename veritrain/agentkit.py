@@ -1,0 +1,433 @@
+"""Shared agent plumbing: keys, clock, chain connection, blob plane, manifests, CLI arguments, run loop.
+
+Why it exists: the provider (node/agent.py) and the verifier (verifier/agent.py) open the same key, chain
+connection, nonce clock, blob store and libp2p data plane, read the same unit manifests and take the same
+command-line arguments; this kernel module holds that once, so neither role imports the other's code.
+It holds no role logic: what an agent does with a heartbeat reply stays in its role package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol
+
+from pydantic import Field
+
+from veritrain.codec import WireModel
+from veritrain.errors import AgentError, InvalidInput, VeritrainError
+
+if TYPE_CHECKING:
+    import torch
+    from eth_account.signers.local import LocalAccount
+
+    from veritrain.blobstore import BlobStore
+    from veritrain.chain.client import ChainClient
+    from veritrain.messages import Assignment, VerificationJobView
+    from veritrain.pol import State
+
+logger = logging.getLogger("veritrain.agent")
+
+SIGNATURE_TTL_S = 600
+HTTP_TIMEOUT_S = 15.0
+MAX_STATE_BLOB_BYTES = 2 * 1024**3
+
+
+# --- canonical state blobs ----------------------------------------------------------------------------
+#
+# The blob of a state is exactly the byte stream veritrain.pol.state_digest hashes
+# (veritrain.pol.canonical_state_bytes). So sha256(blob) == state_digest(state), and fetching a state by
+# its canonical digest over the content-addressed data plane needs no second name.
+
+
+def encode_state(state: Mapping[str, torch.Tensor]) -> bytes:
+    """A state's blob: its canonical bytes, whose sha256 equals veritrain.pol.state_digest."""
+    from veritrain.pol import canonical_state_bytes
+
+    return canonical_state_bytes(state)
+
+
+def decode_state(blob: bytes) -> State:
+    """Tensors from a state blob; InvalidInput for anything truncated, oversized or inconsistent."""
+    from veritrain.pol import state_from_canonical_bytes
+
+    return state_from_canonical_bytes(blob)
+
+
+# --- unit manifest: what a replica's result consists of, as one blob --------------------------------
+
+
+@dataclass(frozen=True)
+class UnitManifest:
+    """A replica's result in one small blob: the PoL transcript and the blob of every checkpoint state.
+
+    Verifiers fetch this first (by `transcript_digest`, its sha256), then only the checkpoints they replay.
+    """
+
+    transcript: dict[str, Any]
+    result_digest: str
+    state_digest: str
+    transcript_root: str
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(
+            {
+                "transcript": self.transcript,
+                "result_digest": self.result_digest,
+                "state_digest": self.state_digest,
+                "transcript_root": self.transcript_root,
+            },
+            sort_keys=True,
+            separators=(",", ":"),
+        ).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> UnitManifest:
+        try:
+            raw = json.loads(data)
+            return cls(
+                transcript=dict(raw["transcript"]),
+                result_digest=str(raw["result_digest"]),
+                state_digest=str(raw["state_digest"]),
+                transcript_root=str(raw["transcript_root"]),
+            )
+        except (ValueError, KeyError, TypeError) as err:
+            raise InvalidInput(f"malformed unit manifest: {err}") from err
+
+
+def hex32(raw: bytes) -> str:
+    return "0x" + raw.hex()
+
+
+def unhex32(text: str) -> bytes:
+    raw = bytes.fromhex(text.removeprefix("0x"))
+    if len(raw) != 32:
+        raise InvalidInput(f"expected 32 bytes of hex, got {len(raw)}")
+    return raw
+
+
+class ManifestQuery(WireModel):
+    """Which manifest blob belongs to this revealed result digest (64 lowercase hex)?"""
+
+    result_digest: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+class ManifestAnswer(WireModel):
+    """A pointer to the manifest blob (sha256 hex), or not_found."""
+
+    status: Literal["ok", "not_found"]
+    manifest_digest: Annotated[str, Field(pattern=r"^([0-9a-f]{64})?$")] = ""
+
+
+# --- keys, chain reads, market HTTP -------------------------------------------------------------------
+
+
+def load_account(key_file: Path) -> LocalAccount:
+    """The agent's eth-account key from a file holding its hex private key (mode 0600 recommended)."""
+    from eth_account import Account
+
+    try:
+        text = key_file.read_text().strip()
+        return Account.from_key(text)
+    except FileNotFoundError:
+        raise AgentError(f"key file {key_file} does not exist") from None
+    except ValueError as err:
+        raise AgentError(f"key file {key_file} does not hold a private key: {err}") from err
+
+
+def connect_chain(rpc_url: str, deployments: Path) -> ChainClient:
+    """Read-and-sign access to the deployed contracts; agents never send a transaction themselves."""
+    from veritrain.chain.backends import RpcBackend
+    from veritrain.chain.client import ChainClient
+
+    return ChainClient.connect(RpcBackend(rpc_url), deployments)
+
+
+class AgentClock:
+    """Strictly increasing message nonces that survive restarts (microseconds since the epoch)."""
+
+    def __init__(self) -> None:
+        self._last = 0
+        self._lock = threading.Lock()
+
+    def next_nonce(self) -> int:
+        with self._lock:
+            self._last = max(self._last + 1, time.time_ns() // 1000)
+            return self._last
+
+    @staticmethod
+    def now() -> int:
+        return int(time.time())
+
+
+# --- the data plane behind one small interface --------------------------------------------------------
+
+
+MANIFEST_INDEX_PROTOCOL = "/veritrain/manifest-index/1.0.0"
+MANIFEST_INDEX_LIMITS_BYTES = 512
+
+
+class BlobPlane:
+    """This agent's libp2p host: serves its BlobStore, fetches blobs from other agents by multiaddr.
+
+    Besides the data plane's blob protocol it answers one tiny lookup, `/veritrain/manifest-index/1.0.0`:
+    "which blob is the manifest of your revealed result R?". A revealed result digest is public, the answer
+    is only a pointer, and the fetched manifest is checked against R, so a lying peer gains nothing; it
+    lets a verifier find a replica's PoL transcript from what is on chain alone.
+    """
+
+    def __init__(
+        self,
+        store: BlobStore,
+        account: LocalAccount,
+        listen_port: int,
+        data_dir: Path,
+        host: str = "127.0.0.1",
+    ) -> None:
+        from veritrain.p2p import P2PNode, load_or_create_peer_key
+
+        self.store = store
+        self.index_dir = data_dir / "manifest-index"
+        self.index_dir.mkdir(parents=True, exist_ok=True)
+        self._node = P2PNode(
+            account,
+            peer_key=load_or_create_peer_key(data_dir / "peer.key"),
+            store=store,
+            listen_addr=f"/ip4/{host}/tcp/{listen_port}",
+            max_blob_bytes=MAX_STATE_BLOB_BYTES,
+            extra_protocols={MANIFEST_INDEX_PROTOCOL: self._serve_index},
+        )
+
+    def start(self) -> str:
+        """Start listening; returns the full multiaddr (with /p2p/<peer id>) other agents dial."""
+        return self._node.start()
+
+    def fetch(self, peer_addr: str, digest: str) -> bytes:
+        """The blob `digest` (sha256 hex) from the peer at `peer_addr`, also kept in our own store."""
+        if self.store.has(digest):
+            return self.store.get(digest)
+        data = self._node.fetch(peer_addr, digest)
+        self.store.put(data, expected_digest=digest)
+        return data
+
+    def publish_manifest(self, result_digest: str, manifest_digest: str) -> None:
+        """Answer index lookups for `result_digest` (0x-hex) with `manifest_digest` (sha256 hex)."""
+        from veritrain.blobstore import check_digest
+
+        key = check_digest(result_digest.removeprefix("0x"))
+        tmp = self.index_dir / f"{key}.tmp"
+        tmp.write_text(check_digest(manifest_digest.removeprefix("0x")))
+        os.replace(tmp, self.index_dir / key)
+
+    def lookup_manifest(self, peer_addr: str, result_digest: str) -> str:
+        """The manifest blob digest a peer publishes for its revealed `result_digest`; AgentError if none."""
+        from veritrain.codec import CodecLimits, FrameReader, encode, write_frame
+        from veritrain.p2p import parse_peer_addr
+        from veritrain.p2p.blob_protocol import StreamSource
+
+        peer = parse_peer_addr(peer_addr)
+        query = ManifestQuery(result_digest=result_digest.removeprefix("0x"))
+        limits = CodecLimits(max_frame_bytes=MANIFEST_INDEX_LIMITS_BYTES, max_depth=2)
+
+        async def ask(host: Any) -> ManifestAnswer:
+            from libp2p.custom_types import TProtocol
+
+            await host.connect(peer)
+            stream = await host.new_stream(peer.peer_id, [TProtocol(MANIFEST_INDEX_PROTOCOL)])
+            try:
+                await write_frame(stream.write, encode(query))
+                reader = FrameReader(StreamSource(stream), MANIFEST_INDEX_LIMITS_BYTES)
+                return await reader.read_message(ManifestAnswer, limits)
+            finally:
+                await stream.close()
+
+        answer = self._node.run_on_host(ask, timeout=30.0)
+        if answer.status != "ok":
+            raise AgentError(f"peer {peer_addr} publishes no manifest for result {result_digest}")
+        return answer.manifest_digest
+
+    async def _serve_index(self, stream: Any) -> None:
+        from veritrain.codec import CodecLimits, FrameReader, encode, write_frame
+        from veritrain.p2p.blob_protocol import StreamSource
+
+        limits = CodecLimits(max_frame_bytes=MANIFEST_INDEX_LIMITS_BYTES, max_depth=2)
+        try:
+            reader = FrameReader(StreamSource(stream), MANIFEST_INDEX_LIMITS_BYTES)
+            query = await reader.read_message(ManifestQuery, limits)
+            path = self.index_dir / query.result_digest
+            if path.is_file():
+                answer = ManifestAnswer(status="ok", manifest_digest=path.read_text().strip())
+            else:
+                answer = ManifestAnswer(status="not_found")
+            await write_frame(stream.write, encode(answer))
+            await stream.close()
+        except Exception as err:  # a broken peer must never take the host down
+            logger.info("manifest index stream aborted: %r", err)
+            await stream.reset()
+
+    def fetch_any(self, peer_addrs: tuple[str, ...] | list[str], digest: str) -> bytes:
+        """The blob from our store or the first peer that serves it; AgentError if none does."""
+        if self.store.has(digest):
+            return self.store.get(digest)
+        errors: list[str] = []
+        for addr in peer_addrs:
+            try:
+                return self.fetch(addr, digest)
+            except VeritrainError as err:
+                errors.append(f"{addr}: {err}")
+        raise AgentError(f"no holder served blob {digest}: {'; '.join(errors) or 'no holders listed'}")
+
+    def stop(self) -> None:
+        self._node.stop()
+
+
+# --- units and agents -------------------------------------------------------------------------------
+
+
+def unit_spec_of(unit: Assignment | VerificationJobView) -> Any:
+    """The unit exactly as the market specified it (shard of num_shards, checkpoint interval), so every
+    replica and verifier cuts the same PoL transcript."""
+    from veritrain.pol import UnitSpec
+
+    return UnitSpec(
+        recipe=unit.recipe,
+        order_seed=unit.seed,
+        round_index=unit.round_index,
+        shard=unit.shard,
+        steps=unit.steps,
+        checkpoint_every=unit.checkpoint_every,
+        num_shards=unit.num_shards,
+    )
+
+
+class AgentSettings(Protocol):
+    """The part of an agent's configuration its plumbing needs (both roles' config dataclasses have it)."""
+
+    @property
+    def key_file(self) -> Path: ...
+    @property
+    def data_dir(self) -> Path: ...
+    @property
+    def rpc_url(self) -> str: ...
+    @property
+    def deployments(self) -> Path: ...
+    @property
+    def p2p_port(self) -> int: ...
+    @property
+    def p2p_host(self) -> str: ...
+
+
+class AgentPlumbing:
+    """What every agent opens the same way before its role logic: its key and address, the chain, a nonce
+    clock, its blob store and the libp2p data plane serving it. Role agents subclass it."""
+
+    def __init__(self, settings: AgentSettings) -> None:
+        from veritrain.blobstore import BlobStore
+
+        self.account = load_account(settings.key_file)
+        self.address = str(self.account.address)
+        self.chain = connect_chain(settings.rpc_url, settings.deployments)
+        self.deployment = self.chain.deployment
+        self.clock = AgentClock()
+        self.store = BlobStore(settings.data_dir / "blobs")
+        self.blobs = BlobPlane(
+            self.store, self.account, settings.p2p_port, settings.data_dir, settings.p2p_host
+        )
+        self.p2p_addr = ""
+
+
+def preload_datasets() -> None:
+    """Build every registered recipe's dataset now (seconds for the stdlib corpus), not in the first unit."""
+    from veritrain.datasets import load_dataset
+    from veritrain.recipes import RECIPES
+
+    for name in sorted({recipe.dataset for recipe in RECIPES.values()}):
+        try:
+            load_dataset(name)
+        except VeritrainError as err:  # a recipe this machine cannot serve: matching will not pick us for it
+            logger.warning("dataset %s unavailable here: %s", name, err)
+
+
+def stake_by_permit(chain: ChainClient, account: LocalAccount, amount: int) -> None:
+    """Bond `amount` by an ERC-2612 permit and `stakeWithPermit`, which anyone may relay.
+
+    The market has no relay route for stake permits yet, so the agent relays its own permit: one
+    transaction whose gas it pays (every later action of the agent is a signature the market relays).
+    """
+    permit = chain.sign_permit(account, chain.deployment.stake_manager, amount, chain.now() + SIGNATURE_TTL_S)
+    chain.stake_with_permit(account.address, amount, permit, relayer=account)
+
+
+# --- CLI ----------------------------------------------------------------------------------------------
+
+
+def add_common_agent_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments both agents take; URLs default to veritrain.settings (VERITRAIN_* environment)."""
+    parser.add_argument(
+        "--key-file", type=Path, required=True, help="file holding the agent's hex private key"
+    )
+    parser.add_argument("--name", default="", help="a label for logs")
+    parser.add_argument("--data-dir", type=Path, default=None, help="default: $VERITRAIN_DATA_DIR")
+    parser.add_argument("--market-url", default=None)
+    parser.add_argument("--rpc-url", default=None)
+    parser.add_argument("--deployments", type=Path, default=None, help="default: $VERITRAIN_DEPLOYMENTS_FILE")
+    parser.add_argument("--p2p-port", type=int, default=0, help="libp2p TCP port (0: any free port)")
+    parser.add_argument("--p2p-host", default="127.0.0.1", help="IPv4 address to listen on for libp2p")
+    parser.add_argument(
+        "--stake", type=int, default=None, help="base units to keep bonded (default: all tokens)"
+    )
+    parser.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
+
+
+def resolve_common(args: argparse.Namespace) -> dict[str, Any]:
+    from veritrain.settings import load_settings
+
+    settings = load_settings(data_dir=args.data_dir)
+    deployments = args.deployments or settings.deployments_file or settings.data_dir / "deployments.json"
+    return {
+        "name": args.name or args.key_file.stem,
+        "key_file": args.key_file,
+        "data_dir": Path(settings.data_dir),
+        "market_url": args.market_url or settings.market_url,
+        "rpc_url": args.rpc_url or settings.chain_rpc_url,
+        "deployments": deployments,
+        "p2p_port": args.p2p_port,
+        "p2p_host": args.p2p_host,
+        "stake": args.stake,
+        "threads": args.threads,
+    }
+
+
+def setup_logging(name: str) -> None:
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per heartbeat drowns the story
+
+
+def run_agent(factory: Callable[[], Any]) -> int:
+    """Start an agent and run it until SIGTERM/SIGINT; exit code 0 on a clean stop, 1 on a fatal error."""
+    import signal
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        agent = factory()
+        agent.start()
+    except VeritrainError as err:
+        logger.error("cannot start: %s: %s", type(err).__name__, err)
+        return 1
+    runner = threading.Thread(target=agent.run_forever, daemon=True, name="heartbeat")
+    runner.start()
+    try:
+        while not stop.is_set() and runner.is_alive():
+            stop.wait(0.5)
+    except KeyboardInterrupt:
+        pass
+    agent.stop()
+    return 0
