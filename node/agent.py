@@ -137,7 +137,7 @@ class ProviderAgent(AgentPlumbing):
 
     def start(self) -> None:
         """Measure the device, open the data plane, stake, register, offer."""
-        from node.device import measure_device
+        from veritrain.device import measure_device
 
         self.device = measure_device(self.config.device)
         logger.info(
@@ -173,22 +173,9 @@ class ProviderAgent(AgentPlumbing):
     # market messages ----------------------------------------------------------------------------------
 
     def register(self) -> None:
-        from veritrain.messages import AgentRole, Registration, sign_message
-        from veritrain.recipes import RECIPES
+        from veritrain.messages import AgentRole
 
-        message = Registration(
-            agent=self.address,
-            nonce=self.clock.next_nonce(),
-            timestamp=self.clock.now(),
-            role=AgentRole.PROVIDER,
-            operator=self.address,
-            memory_mb=self.device.memory_bytes // 2**20,
-            gflops=max(1, int(self.device.tflops * 1000)),
-            hardware_class=self.device.hardware_class[:128],
-            recipes=tuple(sorted(RECIPES)),
-            p2p_addr=self.p2p_addr,
-        )
-        self.market.register(sign_message(message, self.account.key, self.deployment.chain_id))
+        self.market.register(self.signed_registration(AgentRole.PROVIDER, self.device))
         logger.info("registered %s as provider %s", self.address, self.config.name)
 
     def units_done(self) -> int:

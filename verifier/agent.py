@@ -109,7 +109,7 @@ class VerifierAgent(AgentPlumbing):
         self._stop = threading.Event()
 
     def start(self) -> None:
-        from node.device import measure_device
+        from veritrain.device import measure_device
 
         self.device = measure_device("cpu")
         self.p2p_addr = self.blobs.start()
@@ -129,22 +129,9 @@ class VerifierAgent(AgentPlumbing):
         self.market.close()
 
     def register(self) -> None:
-        from veritrain.messages import AgentRole, Registration, sign_message
-        from veritrain.recipes import RECIPES
+        from veritrain.messages import AgentRole
 
-        message = Registration(
-            agent=self.address,
-            nonce=self.clock.next_nonce(),
-            timestamp=self.clock.now(),
-            role=AgentRole.VERIFIER,
-            operator=self.address,
-            memory_mb=self.device.memory_bytes // 2**20,
-            gflops=max(1, int(self.device.tflops * 1000)),
-            hardware_class=self.device.hardware_class[:128],
-            recipes=tuple(sorted(RECIPES)),
-            p2p_addr=self.p2p_addr,
-        )
-        self.market.register(sign_message(message, self.account.key, self.deployment.chain_id))
+        self.market.register(self.signed_registration(AgentRole.VERIFIER, self.device))
 
     def run_forever(self) -> None:
         while not self._stop.is_set():

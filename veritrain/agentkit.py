@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 
     from veritrain.blobstore import BlobStore
     from veritrain.chain.client import ChainClient
-    from veritrain.messages import Assignment, VerificationJobView
+    from veritrain.device import DeviceProfile
+    from veritrain.messages import AgentRole, Assignment, Registration, Signed, VerificationJobView
     from veritrain.pol import State
 
 logger = logging.getLogger("veritrain.agent")
@@ -341,6 +342,25 @@ class AgentPlumbing:
             self.store, self.account, settings.p2p_port, settings.data_dir, settings.p2p_host
         )
         self.p2p_addr = ""
+
+    def signed_registration(self, role: AgentRole, device: DeviceProfile) -> Signed[Registration]:
+        """This agent's registration for the market: measured device, recipes, libp2p address, signed."""
+        from veritrain.messages import Registration, sign_message
+        from veritrain.recipes import RECIPES
+
+        message = Registration(
+            agent=self.address,
+            nonce=self.clock.next_nonce(),
+            timestamp=self.clock.now(),
+            role=role,
+            operator=self.address,
+            memory_mb=device.memory_bytes // 2**20,
+            gflops=max(1, int(device.tflops * 1000)),
+            hardware_class=device.hardware_class[:128],
+            recipes=tuple(sorted(RECIPES)),
+            p2p_addr=self.p2p_addr,
+        )
+        return sign_message(message, self.account.key, self.deployment.chain_id)
 
 
 def preload_datasets() -> None:

@@ -1,7 +1,8 @@
-"""Measure the provider's device: dense matmul throughput (TFLOP/s) and usable memory.
+"""Measure an agent's device: dense matmul throughput (TFLOP/s) and usable memory.
 
-Why measured, not declared: the market's matching engine puts hard constraints on speed and memory and
-prices work per PFLOP, so a provider's offer must rest on a number the machine actually produced. The
+Shared by providers and verifiers. Why measured, not declared: the market's matching engine puts hard
+constraints on speed and memory and prices work per PFLOP, so an offer must rest on a number the machine
+actually produced. The
 hardware class (device, torch build, CPU vector path, thread count) is reported too, because replicas of
 one unit prefer one class so that honest results are bit-identical (DESIGN.md §4.6).
 """
