@@ -325,28 +325,34 @@ class MarketService:
     def _assignment_view(
         self, session: Session, order: OrderRow, unit: UnitRow, replica: ReplicaRow, phase: AssignmentPhase
     ) -> Assignment:
-        spec = OrderSpec.model_validate_json(order.spec_json)
         return Assignment(
-            unit_id=_id(unit),
+            **self._unit_work(session, order, unit),
             replica_index=replica.index,
             phase=phase,
-            order_id=_id(order),
             chain_order_id=order.chain_order_id,
             unit_key=unit.unit_key,
-            recipe=spec.recipe,
-            dataset_digest=spec.dataset_digest,
-            seed=spec.seed,
-            round_index=unit.round_index,
-            shard=unit.shard,
-            start_step=unit.start_step,
-            steps=unit.steps,
-            checkpoint_every=spec.checkpoint_every_for(unit.steps),
-            num_shards=self.config.units_per_round,
-            start_state=self._start_state(session, unit),
             accept_deadline=unit.accept_deadline,
             chain_unit_id=unit.chain_unit_id,
             commit_deadline=unit.commit_deadline or None,
         )
+
+    def _unit_work(self, session: Session, order: OrderRow, unit: UnitRow) -> dict[str, Any]:
+        """The UnitWork fields shared by a provider's assignment and a verifier's job."""
+        spec = OrderSpec.model_validate_json(order.spec_json)
+        return {
+            "unit_id": _id(unit),
+            "order_id": _id(order),
+            "recipe": spec.recipe,
+            "dataset_digest": spec.dataset_digest,
+            "seed": spec.seed,
+            "round_index": unit.round_index,
+            "shard": unit.shard,
+            "start_step": unit.start_step,
+            "steps": unit.steps,
+            "checkpoint_every": spec.checkpoint_every_for(unit.steps),
+            "num_shards": self.config.units_per_round,
+            "start_state": self._start_state(session, unit),
+        }
 
     def _start_state(self, session: Session, unit: UnitRow) -> StateSource:
         """The round's start state and the agents that produced it (they keep and serve the blob)."""
@@ -935,7 +941,6 @@ class MarketService:
 
     def _job_view(self, session: Session, job: VerificationJobRow, unit: UnitRow) -> VerificationJobView:
         order = self.store.get_order(session, unit.order_id)
-        spec = OrderSpec.model_validate_json(order.spec_json)
         replicas = []
         for r in self._live_replicas(session, unit):
             agent = self.store.find_agent(session, r.provider)
@@ -949,20 +954,9 @@ class MarketService:
                 )
             )
         return VerificationJobView(
+            **self._unit_work(session, order, unit),
             job_id=_id(job),
-            unit_id=_id(unit),
             chain_unit_id=unit.chain_unit_id,
-            order_id=_id(order),
-            recipe=spec.recipe,
-            dataset_digest=spec.dataset_digest,
-            seed=spec.seed,
-            round_index=unit.round_index,
-            shard=unit.shard,
-            start_step=unit.start_step,
-            steps=unit.steps,
-            checkpoint_every=spec.checkpoint_every_for(unit.steps),
-            num_shards=self.config.units_per_round,
-            start_state=self._start_state(session, unit),
             replicas=tuple(replicas),
             randomness=job.randomness,
             reason=job.reason,

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from veritrain.blobstore import BlobStore
     from veritrain.chain.client import ChainClient
     from veritrain.device import DeviceProfile
-    from veritrain.messages import AgentRole, Assignment, Registration, Signed, VerificationJobView
+    from veritrain.messages import AgentRole, Registration, Signed, UnitWork
     from veritrain.pol import State
 
 logger = logging.getLogger("veritrain.agent")
@@ -292,7 +292,7 @@ class BlobPlane:
 # --- units and agents -------------------------------------------------------------------------------
 
 
-def unit_spec_of(unit: Assignment | VerificationJobView) -> Any:
+def unit_spec_of(unit: UnitWork) -> Any:
     """The unit exactly as the market specified it (shard of num_shards, checkpoint interval), so every
     replica and verifier cuts the same PoL transcript."""
     from veritrain.pol import UnitSpec

@@ -290,13 +290,11 @@ class StateSource(Frozen):
     holders: tuple[str, ...] = ()
 
 
-class Assignment(Frozen):
+class UnitWork(Frozen):
+    """Everything needed to (re-)execute a unit: a provider trains it, a verifier replays its segments."""
+
     unit_id: int
-    replica_index: int
-    phase: AssignmentPhase
     order_id: int
-    chain_order_id: int
-    unit_key: Bytes32Hex
     recipe: str
     dataset_digest: Bytes32Hex
     seed: int
@@ -307,6 +305,13 @@ class Assignment(Frozen):
     checkpoint_every: Annotated[int, Field(ge=1)]
     num_shards: Annotated[int, Field(ge=1, le=2**16)]  # units per round (M); the data is cut in M slices
     start_state: StateSource
+
+
+class Assignment(UnitWork):
+    replica_index: int
+    phase: AssignmentPhase
+    chain_order_id: int
+    unit_key: Bytes32Hex
     accept_deadline: int
     chain_unit_id: int | None = None
     commit_deadline: int | None = None
@@ -369,21 +374,9 @@ class ReplicaResult(Frozen):
     p2p_addr: str
 
 
-class VerificationJobView(Frozen):
+class VerificationJobView(UnitWork):
     job_id: int
-    unit_id: int
     chain_unit_id: int | None
-    order_id: int
-    recipe: str
-    dataset_digest: str
-    seed: int
-    round_index: int
-    shard: int
-    start_step: int
-    steps: int
-    checkpoint_every: Annotated[int, Field(ge=1)]
-    num_shards: Annotated[int, Field(ge=1, le=2**16)]  # units per round (M); the data is cut in M slices
-    start_state: StateSource
     replicas: tuple[ReplicaResult, ...]
     randomness: Bytes32Hex
     reason: str
