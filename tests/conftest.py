@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import uuid
+from collections.abc import Iterator
 
 import pytest
 
@@ -27,3 +29,21 @@ def postgres_url() -> str:
 @pytest.fixture
 def redis_url() -> str:
     return service_url("VERITRAIN_TEST_REDIS_URL")
+
+
+@pytest.fixture
+def fresh_postgres_url(postgres_url: str) -> Iterator[str]:
+    """A fresh PostgreSQL database for one test (ids restart, no state leaks between tests), dropped after."""
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    base = make_url(postgres_url)
+    name = f"veritrain_test_{uuid.uuid4().hex[:12]}"
+    admin = base.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield base.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

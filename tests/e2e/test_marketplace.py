@@ -31,11 +31,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.node_backend, pytest.mark.torch, pyt
 @pytest.mark.postgres
 @pytest.mark.redis
 def test_demo_flow_on_postgresql_and_redis(
-    e2e_postgres_url: str, redis_url: str, private_queue: str, tmp_path: Path
+    fresh_postgres_url: str, redis_url: str, private_queue: str, tmp_path: Path
 ) -> None:
     config = DemoConfig(
         out_dir=tmp_path,
-        database_url=e2e_postgres_url,
+        database_url=fresh_postgres_url,
         broker_url=redis_url,
         extra_env={"VERITRAIN_CELERY_QUEUE": private_queue},
         timeout_s=300,

@@ -4,7 +4,6 @@ signing agents and a settable clock."""
 from __future__ import annotations
 
 import sys
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -24,29 +23,11 @@ from market.store import MarketStore  # noqa: E402
 from veritrain.chain.backends import HardhatNode  # noqa: E402
 
 
-@pytest.fixture
-def pg_database_url(postgres_url: str) -> Iterator[str]:
-    """A fresh PostgreSQL database for this test, dropped afterwards."""
-    import psycopg
-    from sqlalchemy.engine import make_url
-
-    base = make_url(postgres_url)
-    name = f"veritrain_market_{uuid.uuid4().hex[:12]}"
-    admin = base.set(drivername="postgresql").render_as_string(hide_password=False)
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield base.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'market.sqlite3'}"
-    return str(request.getfixturevalue("pg_database_url"))
+    return str(request.getfixturevalue("fresh_postgres_url"))
 
 
 @pytest.fixture
