@@ -1,8 +1,8 @@
 """HTTP API of the market (FastAPI; OpenAPI at /openapi.json, docs at /docs).
 
-Every route is a thin call into :class:`market.service.MarketService`; errors map to 4xx by type so a
-client learns exactly what was wrong, and since the service checks everything before writing, a 4xx
-never leaves a change behind.
+Every route is a thin call into one lifecycle of :class:`market.service.MarketService`; errors map to
+4xx by type so a client learns exactly what was wrong, and since the lifecycles check everything before
+writing, a 4xx never leaves a change behind.
 """
 
 from __future__ import annotations
@@ -96,52 +96,52 @@ def create_app(service: MarketService) -> FastAPI:
 
     @app.post("/agents/register", responses=_ERRORS)
     def register(signed: Signed[Registration]) -> AgentInfo:
-        row = service.register(signed)
+        row = service.agents.register(signed)
         return AgentInfo(
             address=row.address, role=AgentRole(row.role), operator=row.operator, online=row.online
         )
 
     @app.post("/agents/heartbeat", responses=_ERRORS)
     def heartbeat(signed: Signed[Heartbeat]) -> HeartbeatReply:
-        return service.heartbeat(signed)
+        return service.agents.heartbeat(signed)
 
     @app.post("/agents/offer", responses=_ERRORS)
     def offer(signed: Signed[Offer]) -> Ack:
-        row = service.post_offer(signed)
+        row = service.agents.post_offer(signed)
         return Ack(detail=f"offer of {row.agent} at {row.price_per_pflop}/PFLOP until {row.expires_at}")
 
     @app.post("/assignments/accept", responses=_ERRORS)
     def accept(submission: AcceptSubmission) -> Ack:
-        unit = service.accept(submission)
+        unit = service.assignments.accept(submission)
         return Ack(detail=f"unit {unit.id} is {unit.state}")
 
     @app.post("/assignments/commit", responses=_ERRORS)
     def commit(submission: CommitSubmission) -> Ack:
-        unit = service.commit(submission)
+        unit = service.assignments.commit(submission)
         return Ack(detail=f"unit {unit.id} is {unit.state}")
 
     @app.post("/assignments/reveal", responses=_ERRORS)
     def reveal(submission: RevealSubmission) -> Ack:
-        unit = service.reveal(submission)
+        unit = service.assignments.reveal(submission)
         return Ack(detail=f"unit {unit.id} is {unit.state}")
 
     @app.post("/verification/jobs", responses=_ERRORS)
     def verification_jobs(signed: Signed[Heartbeat]) -> VerificationJobsReply:
-        return service.pull_jobs(signed)
+        return service.verification.pull_jobs(signed)
 
     @app.post("/verification/verdict", responses=_ERRORS)
     def verdict(submission: VerdictSubmission) -> Ack:
-        job = service.submit_verdict(submission)
+        job = service.verification.submit_verdict(submission)
         return Ack(detail=f"verification job {job.id} is {job.state}")
 
     @app.post("/orders", status_code=status.HTTP_201_CREATED, responses=_ERRORS)
     def post_order(request: OrderRequest) -> OrderStatus:
-        order = service.post_order(request)
+        order = service.orders.post_order(request)
         assert order.id is not None
-        return service.order_status(order.id)
+        return service.orders.order_status(order.id)
 
     @app.get("/orders/{order_id}", responses=_ERRORS)
     def order_status(order_id: Annotated[int, FastApiPath(ge=1, le=2**63 - 1)]) -> OrderStatus:
-        return service.order_status(order_id)
+        return service.orders.order_status(order_id)
 
     return app

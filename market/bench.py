@@ -2,9 +2,9 @@
 
 Setup: ``--providers`` (10,000) registered providers with offers and ``--orders`` (1,000) open orders,
 each with its first unit pending, in a real database (a SQLite file by default, any URL with
-``--database-url``). Measured: one production matching pass (:meth:`MarketService.match_pending`),
-i.e. the decision *and* its writes (replicas, match log with every decline reason, unit and order
-states, provider load) committed in one transaction.
+``--database-url``). Measured: one production matching pass
+(:meth:`market.matchmaker.Matchmaker.match_pending`), i.e. the decision *and* its writes (replicas, match
+log with every decline reason, unit and order states, provider load) committed in one transaction.
 
 - ``matches_per_s``: matched units / wall time of the whole pass including the commit.
 - ``match_p99_ms``: 99th percentile of the per-unit decision time (wall clock; ``match_p99_cpu_ms`` is
@@ -60,7 +60,7 @@ def measure_orchestration_overhead(target_direct_s: float = 60.0) -> dict[str, f
 
 def seed_database(url: str, providers: int, orders: int, replicas: int, seed: int) -> dict[str, float]:
     """Bulk-insert providers (agents, heartbeats, offers) and orders with one pending unit each."""
-    from market.service import unit_key_for
+    from market.orders import unit_key_for
     from market.store import AgentRow, HeartbeatRow, MarketStore, OfferRow, OrderRow, RoundRow, UnitRow
     from veritrain.messages import OrderSpec
 
@@ -160,8 +160,9 @@ def seed_database(url: str, providers: int, orders: int, replicas: int, seed: in
 
 
 def run_benchmark(url: str, providers: int, orders: int, replicas: int, seed: int) -> dict[str, Any]:
+    from market.context import MarketConfig
     from market.ports import RecipeInfo
-    from market.service import MarketConfig, MarketService
+    from market.service import MarketService
     from market.store import MarketStore
 
     facts: dict[str, Any] = seed_database(url, providers, orders, replicas, seed)
@@ -174,12 +175,12 @@ def run_benchmark(url: str, providers: int, orders: int, replicas: int, seed: in
     config = MarketConfig(provider_collateral=10**18, verifier_quorum=2, verifiers_per_unit=2)
     service = MarketService(store, StaticRecipes(), None, config)
     started = time.perf_counter()
-    service.refresh_pool(force=True)
+    service.matching.refresh_pool(force=True)
     facts["pool_build_s"] = round(time.perf_counter() - started, 3)
 
     latencies: list[tuple[float, float]] = []
     started = time.perf_counter()
-    matches = service.match_pending(limit=orders, latencies=latencies)
+    matches = service.matching.match_pending(limit=orders, latencies=latencies)
     wall = time.perf_counter() - started
     matched = sum(1 for m in matches if m.complete)
     declines = sum(len(m.declines) for m in matches)

@@ -12,8 +12,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import cast
 
+from market.context import MarketConfig
 from market.ports import RegistryRecipeCatalog, SettlementPort
-from market.service import MarketConfig, MarketService
+from market.service import MarketService
 from market.store import MarketStore
 from veritrain.errors import MarketError
 from veritrain.settings import Settings, load_settings

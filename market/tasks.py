@@ -1,4 +1,5 @@
-"""Celery tasks of the market: short, idempotent wrappers around :class:`market.service.MarketService`.
+"""Celery tasks of the market: short, idempotent wrappers around the market's lifecycles
+(:class:`market.service.MarketService`).
 
 Import this module on both sides (the API to send, ``veritrain market worker`` to run); the app is
 configured from :func:`veritrain.settings.load_settings` by :mod:`market.celery_config`.
@@ -12,8 +13,9 @@ from functools import lru_cache
 from celery import Celery
 
 from market.celery_config import celery_settings
+from market.context import Triggers
 from market.runtime import build_service
-from market.service import MarketService, Triggers
+from market.service import MarketService
 from veritrain.settings import load_settings
 
 log = logging.getLogger(__name__)
@@ -56,18 +58,18 @@ def match_units(limit: int = 500, refresh_pool: bool = False) -> int:
     candidate pool first (an agent registered, changed its offer, came back or was lost)."""
     svc = service()
     if refresh_pool:
-        svc.refresh_pool(force=True)
-    return sum(1 for match in svc.match_pending(limit) if match.complete)
+        svc.matching.refresh_pool(force=True)
+    return sum(1 for match in svc.matching.match_pending(limit) if match.complete)
 
 
 @app.task(name="market.advance_orders")
 def advance_orders() -> int:
-    return service().advance_orders()
+    return service().orders.advance_orders()
 
 
 @app.task(name="market.sweep_heartbeats")
 def sweep_heartbeats() -> dict[str, object]:
-    result = service().sweep()
+    result = service().agents.sweep()
     return {
         "lost_agents": result.lost_agents,
         "dropped_replicas": result.dropped_replicas,
@@ -78,14 +80,14 @@ def sweep_heartbeats() -> dict[str, object]:
 @app.task(name="market.send_settlement")
 def send_settlement(entry_id: int) -> dict[str, object]:
     """Send one outbox entry; a duplicate delivery finds it claimed or done and has no effect."""
-    result = service().send_outbox_entry(entry_id)
+    result = service().outbox.send_outbox_entry(entry_id)
     return {"entry_id": result.entry_id, "state": result.state, "sent": result.sent, "detail": result.detail}
 
 
 @app.task(name="market.drain_outbox")
 def drain_outbox(limit: int = 100) -> int:
     """Dispatch a send task per pending entry (each is idempotent: overlapping drains are harmless)."""
-    entries = service().pending_outbox(limit)
+    entries = service().outbox.pending_outbox(limit)
     for entry_id in entries:
         send_settlement.apply_async((entry_id,), ignore_result=True)
     return len(entries)
@@ -94,7 +96,7 @@ def drain_outbox(limit: int = 100) -> int:
 @app.task(name="market.sync_chain_events")
 def sync_chain_events() -> int:
     svc = service()
-    return svc.sync_chain_events() if svc.chain is not None else 0
+    return svc.sync.sync_chain_events() if svc.chain is not None else 0
 
 
 @app.task(name="market.tick", ignore_result=True)

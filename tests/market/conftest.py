@@ -17,8 +17,9 @@ if str(HERE) not in sys.path:  # chain_double is imported by name here and in wo
 from agents import CHAIN_ID, AgentKey, Clock  # noqa: E402
 from chain_double import LedgerChain  # noqa: E402
 
+from market.context import MarketConfig  # noqa: E402
 from market.ports import RegistryRecipeCatalog  # noqa: E402
-from market.service import MarketConfig, MarketService  # noqa: E402
+from market.service import MarketService  # noqa: E402
 from market.store import MarketStore  # noqa: E402
 from veritrain.chain.backends import HardhatNode  # noqa: E402
 

@@ -69,11 +69,11 @@ def pull(client: TestClient, key: AgentKey) -> list[dict[str, Any]]:
 
 def drain_outbox(service: MarketService) -> None:
     for _ in range(20):
-        pending = service.pending_outbox()
+        pending = service.outbox.pending_outbox()
         if not pending:
             return
         for entry_id in pending:
-            service.send_outbox_entry(entry_id)
+            service.outbox.send_outbox_entry(entry_id)
     raise AssertionError("outbox did not drain")
 
 

@@ -18,8 +18,10 @@ from fastapi.testclient import TestClient
 from market_flow import drain_outbox, post_order, pull, register_market, run_unit, snapshot
 
 from market.api import create_app
+from market.context import MarketConfig, Triggers
 from market.domain.replication import ReplicationPolicy
-from market.service import OUTBOX_MAX_ATTEMPTS, MarketConfig, MarketService, Triggers
+from market.outbox import OUTBOX_MAX_ATTEMPTS
+from market.service import MarketService
 from market.store import MarketStore
 from veritrain.chain.eip712 import commitment, outcomes_hash
 from veritrain.messages import Heartbeat, OrderRequest, sign_message
@@ -50,7 +52,7 @@ def test_two_round_order_runs_to_completion_on_the_fast_path(
 
     digests = ["0x" + "a1" * 32, "0x" + "b2" * 32]
     for round_index, digest in enumerate(digests):
-        (match,) = service.match_pending()
+        (match,) = service.matching.match_pending()
         assert match.complete and len(match.selected) == 3
         if round_index == 1:  # the next unit starts from the accepted state, served by its producers
             (assignment,) = pull(client, keys[match.selected[0]])
@@ -60,7 +62,7 @@ def test_two_round_order_runs_to_completion_on_the_fast_path(
         status = client.get(f"/orders/{order['order_id']}").json()
         unit = next(u for u in status["units"] if u["unit_id"] == unit_id)
         assert unit["state"] == "accepted" and unit["accepted_state_digest"] == digest
-        assert service.advance_orders() == 1
+        assert service.orders.advance_orders() == 1
 
     final = client.get(f"/orders/{order['order_id']}").json()
     assert final["state"] == "completed" and final["rounds_accepted"] == 2
@@ -76,7 +78,7 @@ def test_disagreeing_replicas_go_to_verifiers_and_a_quorum_verdict_settles(
     providers, verifiers = register_market(client, make_agent)
     keys = {k.address: k for k in providers}
     post_order(client, ledger, make_agent(), clock, total_steps=20)
-    (match,) = service.match_pending()
+    (match,) = service.matching.match_pending()
     cheat = match.selected[1]
     unit_id = run_unit(client, service, keys, {"default": "0x" + "11" * 32, cheat: "0x" + "66" * 32})
 
@@ -114,10 +116,13 @@ def test_disagreeing_replicas_go_to_verifiers_and_a_quorum_verdict_settles(
     drain_outbox(service)
     (recorded,) = ledger.effects("VerdictRecorded")
     assert recorded["outcomes"] == outcomes
-    status = service.order_status(_order_id(service))
+    status = service.orders.order_status(_order_id(service))
     unit = next(u for u in status.units if u.unit_id == unit_id)
     assert unit.state == "accepted"
-    assert service.advance_orders() == 1 and service.order_status(_order_id(service)).state == "completed"
+    assert (
+        service.orders.advance_orders() == 1
+        and service.orders.order_status(_order_id(service)).state == "completed"
+    )
 
 
 def _order_id(service: MarketService) -> int:
@@ -133,7 +138,7 @@ def test_spot_check_sends_a_unanimous_unit_to_verification(
     no_audit(service, rate_ppm=1_000_000)
     providers, verifiers = register_market(client, make_agent)
     post_order(client, ledger, make_agent(), clock, total_steps=20, checkpoint_every=4)
-    service.match_pending()
+    service.matching.match_pending()
     (offered,) = [a for k in providers for a in pull(client, k)][:1]
     assert (offered["shard"], offered["num_shards"], offered["steps"], offered["checkpoint_every"]) == (
         0,
@@ -156,20 +161,20 @@ def test_silent_provider_is_replaced_before_the_unit_goes_on_chain(
     providers, verifiers = register_market(client, make_agent)
     keys = {k.address: k for k in [*providers, *verifiers]}
     post_order(client, ledger, make_agent(), clock, total_steps=20)
-    (match,) = service.match_pending()
+    (match,) = service.matching.match_pending()
     lost = match.selected[0]
     clock.now += 20
     for address in keys:
         if address != lost:
             pull(client, keys[address])
     clock.now += 15  # the lost one is 35 s silent (> 30 s timeout), the others 15 s
-    swept = service.sweep()
+    swept = service.agents.sweep()
     assert swept.lost_agents == [lost] and swept.dropped_replicas == 1
-    (refill,) = service.match_pending()
+    (refill,) = service.matching.match_pending()
     assert refill.complete and len(refill.selected) == 1 and refill.selected[0] != lost
-    status = service.order_status(_order_id(service))
+    status = service.orders.order_status(_order_id(service))
     assert lost not in status.units[0].providers and len(status.units[0].providers) == 3
-    assert service.match_pending() == []  # nothing left to match
+    assert service.matching.match_pending() == []  # nothing left to match
 
 
 def test_failed_unit_is_retried_under_a_new_unit_key(
@@ -178,7 +183,7 @@ def test_failed_unit_is_retried_under_a_new_unit_key(
     providers, _ = register_market(client, make_agent)
     keys = {k.address: k for k in providers}
     post_order(client, ledger, make_agent(), clock, total_steps=20)
-    service.match_pending()
+    service.matching.match_pending()
     for key in keys.values():
         for assignment in pull(client, key):
             sub = key.accept(assignment["unit_id"], assignment["chain_order_id"], assignment["unit_key"])
@@ -187,11 +192,11 @@ def test_failed_unit_is_retried_under_a_new_unit_key(
     clock.now += 4000  # nobody commits; past commit + reveal + verdict windows
     for key in providers:
         pull(client, key)
-    assert service.sweep().expiring_units == 1
+    assert service.agents.sweep().expiring_units == 1
     drain_outbox(service)
     assert len(ledger.effects("UnitExpired")) == 1
-    assert service.advance_orders() == 1
-    units = service.order_status(_order_id(service)).units
+    assert service.orders.advance_orders() == 1
+    units = service.orders.order_status(_order_id(service)).units
     assert [u.state for u in units] == ["failed", "pending"] and units[1].attempt == 1
 
 
@@ -201,7 +206,7 @@ def test_settlement_intent_has_one_effect_when_sent_twice_or_concurrently(
     no_audit(service)
     providers, _ = register_market(client, make_agent)
     post_order(client, ledger, make_agent(), clock, total_steps=20)
-    service.match_pending()
+    service.matching.match_pending()
     run_unit(client, service, {k.address: k for k in providers}, {"default": "0x" + "31" * 32})
     with service.store.transaction() as session:
         (finalize,) = [
@@ -214,7 +219,8 @@ def test_settlement_intent_has_one_effect_when_sent_twice_or_concurrently(
     assert entry_id is not None
     results = []
     threads = [
-        threading.Thread(target=lambda: results.append(service.send_outbox_entry(entry_id))) for _ in range(4)
+        threading.Thread(target=lambda: results.append(service.outbox.send_outbox_entry(entry_id)))
+        for _ in range(4)
     ]
     for thread in threads:
         thread.start()
@@ -223,7 +229,7 @@ def test_settlement_intent_has_one_effect_when_sent_twice_or_concurrently(
     assert len(ledger.effects("UnitFinalized")) == 1  # the chain saw one finalize
     with service.store.transaction() as session:
         assert service.store.get_outbox(session, entry_id).state in ("confirmed", "sent")
-    assert service.send_outbox_entry(entry_id).sent is False
+    assert service.outbox.send_outbox_entry(entry_id).sent is False
 
 
 def test_chain_events_confirm_what_another_relayer_did(
@@ -232,7 +238,7 @@ def test_chain_events_confirm_what_another_relayer_did(
     providers, _ = register_market(client, make_agent)
     keys = {k.address: k for k in providers}
     post_order(client, ledger, make_agent(), clock, total_steps=20)
-    service.match_pending()
+    service.matching.match_pending()
     for key in keys.values():
         for assignment in pull(client, key):
             sub = key.accept(assignment["unit_id"], assignment["chain_order_id"], assignment["unit_key"])
@@ -242,10 +248,10 @@ def test_chain_events_confirm_what_another_relayer_did(
         payload = json.loads(entry.payload_json)
     # someone else relays the same signatures first
     ledger.assign(payload["order_id"], payload["unit_key"], payload["providers"], payload["verifiers"], [])
-    assert service.sync_chain_events() == 1
-    status = service.order_status(_order_id(service))
+    assert service.sync.sync_chain_events() == 1
+    status = service.orders.order_status(_order_id(service))
     assert status.units[0].state == "committing" and status.units[0].chain_unit_id == 1
-    assert service.pending_outbox() == []
+    assert service.outbox.pending_outbox() == []
     assert len(ledger.effects("UnitAssigned")) == 1
 
 
@@ -373,7 +379,7 @@ def test_bad_settlement_forms_are_refused_and_change_nothing(
     providers, _ = register_market(client, make_agent)
     keys = {k.address: k for k in providers}
     post_order(client, ledger, make_agent(), clock, total_steps=20)
-    (match,) = service.match_pending()
+    (match,) = service.matching.match_pending()
     chosen, outsider = keys[match.selected[0]], next(k for a, k in keys.items() if a not in match.selected)
     (assignment,) = pull(client, chosen)
     good = chosen.accept(assignment["unit_id"], assignment["chain_order_id"], assignment["unit_key"])
@@ -436,7 +442,7 @@ def test_a_settlement_that_keeps_failing_is_dead_lettered_not_retried_forever(
     no_audit(service)
     providers, _ = register_market(client, make_agent)
     post_order(client, ledger, make_agent(), clock, total_steps=20)
-    service.match_pending()
+    service.matching.match_pending()
     calls = []
 
     def rpc_down(unit_id: int) -> str:
@@ -448,12 +454,12 @@ def test_a_settlement_that_keeps_failing_is_dead_lettered_not_retried_forever(
         client, service, {k.address: k for k in providers}, {"default": "0x" + "55" * 32}, drain_after=False
     )
     for _ in range(12):  # commits and reveals go out; finalize fails each time until its cap
-        for entry_id in service.pending_outbox():
-            service.send_outbox_entry(entry_id)
+        for entry_id in service.outbox.pending_outbox():
+            service.outbox.send_outbox_entry(entry_id)
     with service.store.transaction() as session:
         (entry,) = [e for e in service.store.outbox_in(session, ["dead"]) if e.action == "finalize"]
         assert entry.attempts == OUTBOX_MAX_ATTEMPTS and "unreachable" in (entry.last_error or "")
-    assert len(calls) == OUTBOX_MAX_ATTEMPTS and service.pending_outbox() == []
+    assert len(calls) == OUTBOX_MAX_ATTEMPTS and service.outbox.pending_outbox() == []
 
 
 def test_market_client_types_replies_and_refusals(client: TestClient, make_agent: Any) -> None:
@@ -482,7 +488,7 @@ def test_a_provider_that_never_commits_becomes_a_fault_and_the_unit_still_comple
     providers, verifiers = register_market(client, make_agent)
     keys = {k.address: k for k in providers}
     post_order(client, ledger, make_agent(), clock, total_steps=20)
-    (match,) = service.match_pending()
+    (match,) = service.matching.match_pending()
     for address in match.selected:
         (assignment,) = pull(client, keys[address])
         sub = keys[address].accept(
@@ -521,7 +527,7 @@ def test_a_provider_that_never_commits_becomes_a_fault_and_the_unit_still_comple
     for key in [*providers, *verifiers]:
         if key.address != silent:
             pull(client, key)
-    service.sweep()
+    service.agents.sweep()
     for address in working:
         (assignment,) = pull(client, keys[address])
         assert assignment["phase"] == "reveal"
@@ -538,7 +544,7 @@ def test_a_provider_that_never_commits_becomes_a_fault_and_the_unit_still_comple
     for key in [*providers, *verifiers]:
         if key.address != silent:
             pull(client, key)
-    service.sweep()
+    service.agents.sweep()
     jobs = [
         client.post("/verification/jobs", json=v.heartbeat().model_dump(mode="json")).json()["jobs"]
         for v in verifiers
@@ -569,8 +575,8 @@ def test_a_provider_that_never_commits_becomes_a_fault_and_the_unit_still_comple
     assert client.post("/verification/verdict", json=body).status_code == 200
     drain_outbox(service)
     assert ledger.effects("VerdictRecorded")[0]["outcomes"] == outcomes
-    assert service.advance_orders() == 1
-    assert service.order_status(_order_id(service)).state == "completed"
+    assert service.orders.advance_orders() == 1
+    assert service.orders.order_status(_order_id(service)).state == "completed"
 
 
 def test_chain_events_confirm_commits_and_reveals_whose_retry_reverted(
@@ -581,7 +587,7 @@ def test_chain_events_confirm_commits_and_reveals_whose_retry_reverted(
     no_audit(service)
     providers, _ = register_market(client, make_agent)
     post_order(client, ledger, make_agent(), clock, total_steps=20)
-    service.match_pending()
+    service.matching.match_pending()
     run_unit(client, service, {k.address: k for k in providers}, {"default": "0x" + "31" * 32})
     with service.store.transaction() as session:
         entries = [
@@ -594,7 +600,7 @@ def test_chain_events_confirm_commits_and_reveals_whose_retry_reverted(
             entry.state = "failed"
             session.add(entry)
         entry_ids = [e.id for e in entries]
-    service.sync_chain_events()
+    service.sync.sync_chain_events()
     with service.store.transaction() as session:
         states = {service.store.get_outbox(session, i).state for i in entry_ids if i is not None}
     assert states == {"confirmed"}
@@ -607,12 +613,12 @@ def test_a_slash_on_chain_reaches_matching_at_the_next_sync(
     providers, _ = register_market(client, make_agent, providers=4)
     cheater = providers[0]
     ledger.slash(cheater.address, DEFAULT_FREE_STAKE)
-    assert service.sync_chain_events() == 1
-    assert (candidate := service.pool.get(cheater.address)) is not None and candidate.free_stake == 0
-    service.refresh_pool(force=True)  # the store row was updated too, not only the in-memory pool
-    assert (candidate := service.pool.get(cheater.address)) is not None and candidate.free_stake == 0
+    assert service.sync.sync_chain_events() == 1
+    assert (candidate := service.matching.pool.get(cheater.address)) is not None and candidate.free_stake == 0
+    service.matching.refresh_pool(force=True)  # the store row was updated too, not only the in-memory pool
+    assert (candidate := service.matching.pool.get(cheater.address)) is not None and candidate.free_stake == 0
     post_order(client, ledger, make_agent(), clock, total_steps=20)
-    (match,) = service.match_pending()
+    (match,) = service.matching.match_pending()
     assert match.complete and cheater.address not in match.selected
 
 
@@ -622,7 +628,7 @@ def test_a_relayed_settlement_refreshes_the_providers_reputation_at_once(
     no_audit(service)
     providers, _ = register_market(client, make_agent)
     post_order(client, ledger, make_agent(), clock, total_steps=20)
-    service.match_pending()
+    service.matching.match_pending()
     run_unit(client, service, {k.address: k for k in providers}, {"default": "0x" + "31" * 32})
     # no sync_chain_events: the relayed finalize itself refreshes its providers (the next round's matching
     # is triggered at once and must not see the old values)
@@ -631,8 +637,8 @@ def test_a_relayed_settlement_refreshes_the_providers_reputation_at_once(
     with service.store.transaction() as session:
         rows = {a: service.store.get_agent(session, a) for a in paid}
         assert all(row.rep_valid == 1 and row.rep_consecutive_valid == 1 for row in rows.values())
-    assert all(service.pool.get(a) is not None for a in paid)
-    assert {service.pool.get(a).reputation.valid for a in paid} == {1}  # type: ignore[union-attr]
+    assert all(service.matching.pool.get(a) is not None for a in paid)
+    assert {service.matching.pool.get(a).reputation.valid for a in paid} == {1}  # type: ignore[union-attr]
 
 
 def test_matching_settling_and_advancing_are_triggered_when_work_appears(
@@ -651,11 +657,11 @@ def test_matching_settling_and_advancing_are_triggered_when_work_appears(
     asked.clear()
     post_order(client, ledger, make_agent(), clock, total_steps=40)
     assert asked == ["match(refresh=False)"]
-    service.match_pending()
+    service.matching.match_pending()
     run_unit(client, service, {k.address: k for k in providers}, {"default": "0x" + "31" * 32})
     # settle: the last accept queued the assign; each of 3 commits and 3 reveals queued its relay; each of
     # the 3 commit and 3 reveal relays unblocked a later intent of the unit. advance: the finalize landed.
     assert asked == ["match(refresh=False)", *["settle"] * (1 + 3 + 3 + 6), "advance"]
     asked.clear()
-    assert service.advance_orders() == 1  # round 1 opens
+    assert service.orders.advance_orders() == 1  # round 1 opens
     assert asked == ["match(refresh=False)"]

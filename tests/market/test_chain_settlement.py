@@ -10,10 +10,11 @@ import pytest
 from eth_account.signers.local import LocalAccount
 
 from market.chain_adapter import ChainClientSettlement
+from market.context import MarketConfig
 from market.domain.pricing import escrow_plan
 from market.domain.replication import ReplicationPolicy
 from market.ports import RegistryRecipeCatalog
-from market.service import MarketConfig, MarketService
+from market.service import MarketService
 from market.store import MarketStore
 from veritrain.chain.backends import InProcessBackend
 from veritrain.chain.client import ChainClient, UnitState
@@ -77,7 +78,7 @@ def test_order_settles_on_the_contracts_and_pays_every_replica(
             hardware_class="cpu",
             recipes=("digits-mlp",),
         )
-        service.register(sign_message(registration, account.key, client.chain_id))
+        service.agents.register(sign_message(registration, account.key, client.chain_id))
         if role == AgentRole.PROVIDER:
             offer = Offer(
                 agent=account.address,
@@ -86,7 +87,7 @@ def test_order_settles_on_the_contracts_and_pays_every_replica(
                 price_per_pflop=10**17,
                 expires_at=now + 3600,
             )
-            service.post_offer(sign_message(offer, account.key, client.chain_id))
+            service.agents.post_offer(sign_message(offer, account.key, client.chain_id))
 
     spec = OrderSpec(
         buyer=buyer.address,
@@ -113,20 +114,20 @@ def test_order_settles_on_the_contracts_and_pays_every_replica(
     )
     other_spec = spec.model_copy(update={"seed": 4})
     with pytest.raises(OrderMismatch, match="spec_hash"):  # the chain order escrows another spec
-        service.post_order(OrderRequest(spec=other_spec, chain_order_id=order_id))
-    order = service.post_order(OrderRequest(spec=spec, chain_order_id=order_id))
+        service.orders.post_order(OrderRequest(spec=other_spec, chain_order_id=order_id))
+    order = service.orders.post_order(OrderRequest(spec=spec, chain_order_id=order_id))
 
-    (match,) = service.match_pending()
+    (match,) = service.matching.match_pending()
     assert match.complete
     by_address: dict[str, LocalAccount] = {a.address: a for a in providers}
     chosen = [by_address[a] for a in match.selected]
-    unit_key = service.order_status(order.id or 0).units[0]
+    unit_key = service.orders.order_status(order.id or 0).units[0]
     with store.transaction() as session:
         unit_row = store.get_unit(session, unit_key.unit_id)
     deadline = client.now() + 3600
     for provider in chosen:
         signed = client.sign_accept(provider, order_id, unit_row.unit_key, deadline)
-        service.accept(
+        service.assignments.accept(
             AcceptSubmission(
                 unit_id=unit_key.unit_id,
                 provider=provider.address,
@@ -136,14 +137,14 @@ def test_order_settles_on_the_contracts_and_pays_every_replica(
             )
         )
     drain(service)
-    chain_unit = service.order_status(order.id or 0).units[0].chain_unit_id
+    chain_unit = service.orders.order_status(order.id or 0).units[0].chain_unit_id
     assert chain_unit is not None and client.get_unit(chain_unit).state == UnitState.COMMITTING
 
     digest, salt = "0x" + "5e" * 32, "0x" + "a7" * 32
     for provider in chosen:
         commitment = client.commitment(digest, salt, provider, chain_unit)
         signed = client.sign_commit(provider, chain_unit, commitment, deadline)
-        service.commit(
+        service.assignments.commit(
             CommitSubmission(
                 unit_id=unit_key.unit_id,
                 provider=provider.address,
@@ -154,7 +155,7 @@ def test_order_settles_on_the_contracts_and_pays_every_replica(
             )
         )
     for provider in chosen:
-        service.reveal(
+        service.assignments.reveal(
             RevealSubmission(
                 unit_id=unit_key.unit_id,
                 provider=provider.address,
@@ -168,21 +169,21 @@ def test_order_settles_on_the_contracts_and_pays_every_replica(
     assert client.get_unit(chain_unit).state == UnitState.FINALIZED
     for provider in chosen:
         assert client.credits(provider) == plan.price_per_replica
-    assert service.sync_chain_events() > 0
-    assert service.pending_outbox() == []
-    assert service.advance_orders() == 1
-    assert service.order_status(order.id or 0).state == "completed"
+    assert service.sync.sync_chain_events() > 0
+    assert service.outbox.pending_outbox() == []
+    assert service.orders.advance_orders() == 1
+    assert service.orders.order_status(order.id or 0).state == "completed"
     # a heartbeat after settlement carries no more work for the providers
     beat = Heartbeat(agent=chosen[0].address, nonce=next(nonce) + 100, timestamp=int(time.time()))
-    assert service.heartbeat(sign_message(beat, chosen[0].key, client.chain_id)).assignments == ()
+    assert service.agents.heartbeat(sign_message(beat, chosen[0].key, client.chain_id)).assignments == ()
 
 
 def drain(service: MarketService) -> None:
     for _ in range(10):
-        pending = service.pending_outbox()
+        pending = service.outbox.pending_outbox()
         if not pending:
             return
         for entry_id in pending:
-            result = service.send_outbox_entry(entry_id)
+            result = service.outbox.send_outbox_entry(entry_id)
             assert result.state != "dead", result
     raise AssertionError("outbox did not drain")

@@ -21,8 +21,9 @@ from schemathesis.checks import (
 )
 
 from market.api import create_app
+from market.context import MarketConfig
 from market.ports import RegistryRecipeCatalog
-from market.service import MarketConfig, MarketService
+from market.service import MarketService
 from market.store import MarketStore
 
 # Kept small so tests/market stays within its time budget on a shared 2-core machine; SECURITY.md D6 asks

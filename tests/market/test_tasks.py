@@ -28,10 +28,11 @@ from market_flow import post_order, register_market, run_unit
 from market.api import create_app
 from market.celery_config import celery_settings
 from market.chain_adapter import ChainClientSettlement
+from market.context import MarketConfig
 from market.domain.pricing import escrow_plan
 from market.domain.replication import ReplicationPolicy
 from market.ports import RegistryRecipeCatalog
-from market.service import MarketConfig, MarketService
+from market.service import MarketService
 from market.store import MarketStore
 from veritrain.chain.backends import HardhatNode, RpcBackend, dev_accounts
 from veritrain.chain.client import ChainClient
@@ -162,25 +163,25 @@ def test_worker_on_redis_matches_and_settles_each_intent_once(
             {"default": "0x" + "42" * 32},
             drain_after=False,
         )
-        pending = service.pending_outbox()
+        pending = service.outbox.pending_outbox()
         assert len(pending) == 7  # 3 commits, 3 reveals, finalize
 
         outcomes: list[dict[str, Any]] = []
         for _ in range(10):  # every intent delivered twice at once; order-dependent ones wait a round
-            entries = service.pending_outbox()
+            entries = service.outbox.pending_outbox()
             if not entries:
                 break
             results = [
                 worker.app.send_task("market.send_settlement", args=[e]) for e in entries for _ in (1, 2)
             ]
             outcomes.extend(r.get(timeout=RESULT_TIMEOUT_S) for r in results)
-        assert service.pending_outbox() == []
+        assert service.outbox.pending_outbox() == []
         assert len(ledger.effects("ReplicaCommitted")) == 3 and len(ledger.effects("ReplicaRevealed")) == 3
         assert len(ledger.effects("UnitFinalized")) == 1  # two deliveries, one effect
         assert sum(1 for o in outcomes if o["sent"]) == 7
         # the finalize queued an advance itself (no tick here: --no-beat); the solo worker ran it first
         assert worker.call("market.advance_orders") == 0
-        assert service.order_status(1).state == "completed"
+        assert service.orders.order_status(1).state == "completed"
 
 
 def test_worker_on_the_embedded_filesystem_broker_runs_tasks(
@@ -196,7 +197,7 @@ def test_worker_on_the_embedded_filesystem_broker_runs_tasks(
         assert worker.call("market.sync_chain_events") == 0
         swept = worker.call("market.sweep_heartbeats")
         assert swept["lost_agents"] == []
-        status = service.order_status(1)
+        status = service.orders.order_status(1)
         assert status.state == "running" and status.units[0].state == "proposed"
 
 
@@ -273,7 +274,7 @@ def sign_up(service: MarketService, chain: RealChain) -> None:
             hardware_class="cpu",
             recipes=("digits-mlp",),
         )
-        service.register(sign_message(registration, account.key, chain.client.chain_id))
+        service.agents.register(sign_message(registration, account.key, chain.client.chain_id))
         if role == AgentRole.PROVIDER:
             offer = Offer(
                 agent=account.address,
@@ -282,7 +283,7 @@ def sign_up(service: MarketService, chain: RealChain) -> None:
                 price_per_pflop=10**17,
                 expires_at=now + 3600,
             )
-            service.post_offer(sign_message(offer, account.key, chain.client.chain_id))
+            service.agents.post_offer(sign_message(offer, account.key, chain.client.chain_id))
 
 
 def escrow_order(service: MarketService, chain: RealChain) -> int:
@@ -311,7 +312,7 @@ def escrow_order(service: MarketService, chain: RealChain) -> int:
         plan.verifier_fee_per_unit,
         spec.deadline,
     )
-    order = service.post_order(OrderRequest(spec=spec, chain_order_id=chain_order_id))
+    order = service.orders.post_order(OrderRequest(spec=spec, chain_order_id=chain_order_id))
     assert order.id is not None
     return order.id
 
@@ -320,12 +321,12 @@ def deliver_twice(worker: Worker, service: MarketService) -> list[dict[str, Any]
     """Every pending outbox entry delivered twice at once, round after round, until none is pending."""
     outcomes: list[dict[str, Any]] = []
     for _ in range(10):
-        entries = service.pending_outbox()
+        entries = service.outbox.pending_outbox()
         if not entries:
             return outcomes
         results = [worker.app.send_task("market.send_settlement", args=[e]) for e in entries for _ in (1, 2)]
         outcomes.extend(r.get(timeout=RESULT_TIMEOUT_S) for r in results)
-    raise AssertionError(f"outbox did not drain: {service.pending_outbox()}")
+    raise AssertionError(f"outbox did not drain: {service.outbox.pending_outbox()}")
 
 
 @pytest.mark.redis
@@ -353,15 +354,15 @@ def test_worker_settles_on_the_real_contracts_once_per_duplicate_delivery(
 
     for worker in start_worker(settings, tmp_path, chain.worker_env()):
         assert worker.call("market.match_units") == 1
-        (unit,) = service.order_status(order_id).units
+        (unit,) = service.orders.order_status(order_id).units
         with store.transaction() as session:
             unit_key = store.get_unit(session, unit.unit_id).unit_key
         chosen = [p for p in chain.providers if p.address in unit.providers]
         deadline = client.now() + 3600
-        chain_order_id = service.order_status(order_id).chain_order_id
+        chain_order_id = service.orders.order_status(order_id).chain_order_id
         for provider in chosen:
             signed = client.sign_accept(provider, chain_order_id, unit_key, deadline)
-            service.accept(
+            service.assignments.accept(
                 AcceptSubmission(
                     unit_id=unit.unit_id,
                     provider=provider.address,
@@ -372,14 +373,14 @@ def test_worker_settles_on_the_real_contracts_once_per_duplicate_delivery(
             )
         deliver_twice(worker, service)  # assign
         assert chain.count("UnitAssigned") == 1
-        chain_unit = service.order_status(order_id).units[0].chain_unit_id
+        chain_unit = service.orders.order_status(order_id).units[0].chain_unit_id
         assert chain_unit is not None
 
         digest, salt = "0x" + "5e" * 32, "0x" + "a7" * 32
         for provider in chosen:
             commitment = client.commitment(digest, salt, provider, chain_unit)
             signed = client.sign_commit(provider, chain_unit, commitment, deadline)
-            service.commit(
+            service.assignments.commit(
                 CommitSubmission(
                     unit_id=unit.unit_id,
                     provider=provider.address,
@@ -390,7 +391,7 @@ def test_worker_settles_on_the_real_contracts_once_per_duplicate_delivery(
                 )
             )
         for provider in chosen:
-            service.reveal(
+            service.assignments.reveal(
                 RevealSubmission(
                     unit_id=unit.unit_id,
                     provider=provider.address,
@@ -400,7 +401,7 @@ def test_worker_settles_on_the_real_contracts_once_per_duplicate_delivery(
                     transcript_root="0x" + "01" * 32,
                 )
             )
-        assert len(service.pending_outbox()) == 7  # 3 commits, 3 reveals, finalize
+        assert len(service.outbox.pending_outbox()) == 7  # 3 commits, 3 reveals, finalize
         outcomes = deliver_twice(worker, service)
         assert sum(1 for o in outcomes if o["sent"]) == 7  # two deliveries each, one send each
         assert chain.count("ReplicaCommitted") == 3 and chain.count("ReplicaRevealed") == 3
@@ -425,4 +426,4 @@ def test_worker_settles_on_the_real_contracts_once_per_duplicate_delivery(
 
         assert worker.call("market.sync_chain_events") > 0
         assert worker.call("market.advance_orders") == 0  # the settled finalize already triggered it
-        assert service.order_status(order_id).state == "completed"
+        assert service.orders.order_status(order_id).state == "completed"

@@ -1,0 +1,361 @@
+"""A unit's assignment: the providers' accept, commit and reveal, the decision (finalize or verify), the
+unit's outcome once settled, and the deadlines that move it on when a replica is silent."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from sqlmodel import Session
+
+from market.context import Lifecycle, MarketContext, require_signer, row_id
+from market.domain.replication import audit_rate_ppm, spot_check_drawn
+from market.domain.states import ReplicaState, UnitState, advance
+from market.matchmaker import Matchmaker
+from market.orders import OrderBook
+from market.store import OrderRow, ReplicaRow, UnitRow, VerificationJobRow
+from veritrain.errors import IllegalTransition, InvalidInput, MarketError
+from veritrain.messages import (
+    AcceptSubmission,
+    Assignment,
+    AssignmentPhase,
+    CommitSubmission,
+    ReplicaOutcome,
+    RevealSubmission,
+)
+
+
+@dataclass
+class SweepResult:
+    lost_agents: list[str] = field(default_factory=list)
+    dropped_replicas: int = 0
+    expiring_units: int = 0
+
+
+class Assignments(Lifecycle):
+    def __init__(self, ctx: MarketContext, orders: OrderBook, matching: Matchmaker) -> None:
+        super().__init__(ctx)
+        self.orders = orders
+        self.matching = matching
+
+    def assignments_for(self, session: Session, provider: str) -> list[Assignment]:
+        active = [ReplicaState.PROPOSED.value, ReplicaState.SIGNED.value, ReplicaState.COMMITTED.value]
+        views: list[Assignment] = []
+        for replica in self.store.replicas_of_provider(session, provider, active):
+            unit = self.store.get_unit(session, replica.unit_id)
+            phase = _phase(UnitState(unit.state), ReplicaState(replica.state))
+            if phase is None:
+                continue
+            order = self.store.get_order(session, unit.order_id)
+            views.append(self._assignment_view(session, order, unit, replica, phase))
+        return views
+
+    def _assignment_view(
+        self, session: Session, order: OrderRow, unit: UnitRow, replica: ReplicaRow, phase: AssignmentPhase
+    ) -> Assignment:
+        return Assignment(
+            **self.orders.unit_work(session, order, unit),
+            replica_index=replica.index,
+            phase=phase,
+            chain_order_id=order.chain_order_id,
+            unit_key=unit.unit_key,
+            accept_deadline=unit.accept_deadline,
+            chain_unit_id=unit.chain_unit_id,
+            commit_deadline=unit.commit_deadline or None,
+        )
+
+    def accept(self, submission: AcceptSubmission) -> UnitRow:
+        """Record a provider's Accept signature; when all replicas signed, queue the assign transaction."""
+        unit = self._record_accept(submission)
+        if unit.state == UnitState.ASSIGNING.value:
+            self.triggers.settle()
+        return unit
+
+    def _record_accept(self, submission: AcceptSubmission) -> UnitRow:
+        from veritrain.chain.eip712 import market_domain
+
+        now = self.clock()
+        domain = market_domain(self.config.chain_id, self.ctx.job_market())
+        with self.store.transaction() as session:
+            unit = self.store.get_unit(session, submission.unit_id, for_update=True)
+            order = self.store.get_order(session, unit.order_id)
+            replica = self.store.replica(session, row_id(unit), submission.provider)
+            if unit.state != UnitState.PROPOSED.value or replica.state != ReplicaState.PROPOSED.value:
+                raise IllegalTransition(
+                    f"unit {unit.id} is {unit.state}, replica of {submission.provider} is {replica.state}; "
+                    "Accept is only taken while both are proposed"
+                )
+            if submission.deadline <= now:
+                raise InvalidInput(f"Accept deadline {submission.deadline} has passed (market clock {now})")
+            message = {
+                "orderId": order.chain_order_id,
+                "unitKey": unit.unit_key,
+                "provider": submission.provider,
+                "nonce": submission.nonce,
+                "deadline": submission.deadline,
+            }
+            require_signer(domain, "Accept", message, submission.signature, submission.provider)
+            replica.state = advance(ReplicaState(replica.state), ReplicaState.SIGNED, what="replica")
+            replica.accept_nonce = submission.nonce
+            replica.accept_deadline = submission.deadline
+            replica.accept_signature = submission.signature
+            session.add(replica)
+            session.flush()
+            live = self.ctx.live_replicas(session, unit)
+            if len(live) == unit.k and all(r.state == ReplicaState.SIGNED.value for r in live):
+                unit.state = advance(UnitState(unit.state), UnitState.ASSIGNING, what=f"unit {unit.id}")
+                unit.updated_at = now
+                session.add(unit)
+                payload = {
+                    "order_id": order.chain_order_id,
+                    "unit_key": unit.unit_key,
+                    "providers": [r.provider for r in live],
+                    "verifiers": json.loads(unit.verifiers_json),
+                    "accepts": [
+                        {
+                            "provider": r.provider,
+                            "nonce": r.accept_nonce,
+                            "deadline": r.accept_deadline,
+                            "signature": r.accept_signature,
+                        }
+                        for r in live
+                    ],
+                }
+                self.store.enqueue(session, row_id(unit), "assign", payload, now)
+            return unit
+
+    def commit(self, submission: CommitSubmission) -> UnitRow:
+        """Record and queue a provider's signed commit; when all committed the reveal phase begins."""
+        unit = self._record_commit(submission)
+        self.triggers.settle()
+        return unit
+
+    def _record_commit(self, submission: CommitSubmission) -> UnitRow:
+        from veritrain.chain.eip712 import market_domain
+
+        now = self.clock()
+        domain = market_domain(self.config.chain_id, self.ctx.job_market())
+        with self.store.transaction() as session:
+            unit = self.store.get_unit(session, submission.unit_id, for_update=True)
+            replica = self.store.replica(session, row_id(unit), submission.provider)
+            if unit.state != UnitState.COMMITTING.value or unit.chain_unit_id is None:
+                raise IllegalTransition(f"unit {unit.id} is {unit.state}; commits are taken while committing")
+            advance(
+                ReplicaState(replica.state), ReplicaState.COMMITTED, what=f"replica of {replica.provider}"
+            )
+            message = {
+                "unitId": unit.chain_unit_id,
+                "provider": submission.provider,
+                "commitment": submission.commitment,
+                "nonce": submission.nonce,
+                "deadline": submission.deadline,
+            }
+            require_signer(domain, "Commit", message, submission.signature, submission.provider)
+            replica.state = ReplicaState.COMMITTED.value
+            replica.commitment = submission.commitment
+            replica.commit_nonce = submission.nonce
+            replica.commit_deadline = submission.deadline
+            replica.commit_signature = submission.signature
+            session.add(replica)
+            payload = {
+                "unit_id": unit.chain_unit_id,
+                **submission.model_dump(mode="json", exclude={"unit_id"}),
+            }
+            self.store.enqueue(session, row_id(unit), f"commit:{submission.provider}", payload, now)
+            session.flush()
+            if all(r.state == ReplicaState.COMMITTED.value for r in self.ctx.live_replicas(session, unit)):
+                unit.state = advance(UnitState(unit.state), UnitState.REVEALING, what=f"unit {unit.id}")
+                unit.updated_at = now
+                session.add(unit)
+            return unit
+
+    def reveal(self, submission: RevealSubmission) -> UnitRow:
+        """Check the preimage against the commitment, queue the reveal, decide the unit when complete."""
+        unit = self._record_reveal(submission)
+        self.triggers.settle()
+        return unit
+
+    def _record_reveal(self, submission: RevealSubmission) -> UnitRow:
+        from veritrain.chain.eip712 import commitment as commitment_of
+
+        now = self.clock()
+        with self.store.transaction() as session:
+            unit = self.store.get_unit(session, submission.unit_id, for_update=True)
+            replica = self.store.replica(session, row_id(unit), submission.provider)
+            if unit.state != UnitState.REVEALING.value or unit.chain_unit_id is None:
+                raise IllegalTransition(f"unit {unit.id} is {unit.state}; reveals are taken while revealing")
+            advance(ReplicaState(replica.state), ReplicaState.REVEALED, what=f"replica of {replica.provider}")
+            expected = commitment_of(
+                submission.result_digest, submission.salt, submission.provider, unit.chain_unit_id
+            )
+            if replica.commitment is None or "0x" + expected.hex() != replica.commitment:
+                raise InvalidInput(
+                    f"reveal of {submission.provider} for unit {unit.id} does not match its commitment"
+                )
+            replica.state = ReplicaState.REVEALED.value
+            replica.result_digest = submission.result_digest
+            replica.salt = submission.salt
+            replica.state_digest = submission.state_digest
+            replica.transcript_root = submission.transcript_root
+            session.add(replica)
+            payload = {
+                "unit_id": unit.chain_unit_id,
+                "provider": submission.provider,
+                "result_digest": submission.result_digest,
+                "salt": submission.salt,
+            }
+            self.store.enqueue(session, row_id(unit), f"reveal:{submission.provider}", payload, now)
+            session.flush()
+            live = self.ctx.live_replicas(session, unit)
+            if all(r.state == ReplicaState.REVEALED.value for r in live):
+                self._decide(session, unit, live, now)
+            return unit
+
+    def _decide(self, session: Session, unit: UnitRow, live: Sequence[ReplicaRow], now: int) -> None:
+        """Fast path (all digests equal, not drawn) → finalize; otherwise a verification job."""
+        randomness = self._randomness()
+        unit.randomness = randomness
+        revealed = [r for r in live if r.state == ReplicaState.REVEALED.value]
+        unanimous = len(revealed) == len(live) and len({r.result_digest for r in revealed}) == 1
+        drawn = spot_check_drawn(randomness, unit.unit_key, audit_rate_ppm(unit.k, self.config.policy))
+        if unanimous and not drawn:
+            unit.state = advance(UnitState(unit.state), UnitState.FINALIZING, what=f"unit {unit.id}")
+            self.store.enqueue(session, row_id(unit), "finalize", {"unit_id": unit.chain_unit_id}, now)
+        else:
+            unit.state = advance(UnitState(unit.state), UnitState.VERIFYING, what=f"unit {unit.id}")
+            unit.spot_checked = unanimous and drawn
+            reason = (
+                "spot_check"
+                if unit.spot_checked
+                else ("digests_differ" if revealed == list(live) else "missing")
+            )
+            if unit.spot_checked:
+                self.store.enqueue(
+                    session, row_id(unit), "request_verification", {"unit_id": unit.chain_unit_id}, now
+                )
+            session.add(
+                VerificationJobRow(unit_id=row_id(unit), reason=reason, randomness=randomness, created_at=now)
+            )
+        unit.updated_at = now
+        session.add(unit)
+
+    def _randomness(self) -> str:
+        """A block hash after the commit phase: nobody could know it when committing."""
+        if self.chain is None:
+            raise MarketError("the market has no chain configured")
+        return self.chain.block_hash(self.chain.block_number())
+
+    def on_assigned(self, unit: UnitRow, now: int) -> None:
+        unit.state = advance(UnitState(unit.state), UnitState.COMMITTING, what=f"unit {unit.id}")
+        unit.commit_deadline = now + self.config.commit_window_s
+        unit.updated_at = now
+
+    def settle_unit(
+        self, session: Session, unit: UnitRow, outcomes: Sequence[ReplicaOutcome], now: int
+    ) -> None:
+        if unit.state in (UnitState.ACCEPTED.value, UnitState.FAILED.value):
+            return
+        live = self.ctx.live_replicas(session, unit)
+        target = {
+            ReplicaOutcome.ACCEPT: ReplicaState.ACCEPTED,
+            ReplicaOutcome.FAULT: ReplicaState.FAULT,
+            ReplicaOutcome.FRAUD: ReplicaState.FRAUD,
+        }
+        for replica, outcome in zip(live, outcomes, strict=True):
+            wanted = target[outcome]
+            if wanted == ReplicaState.FAULT and replica.state not in (ReplicaState.REVEALED.value,):
+                replica.state = ReplicaState.FAULT.value  # never revealed (or never committed): a fault
+            else:
+                replica.state = advance(
+                    ReplicaState(replica.state), wanted, what=f"replica of {replica.provider}"
+                )
+            session.add(replica)
+            self._free_provider(replica.provider)
+        accepted = ReplicaOutcome.ACCEPT in outcomes
+        unit.state = advance(
+            UnitState(unit.state),
+            UnitState.ACCEPTED if accepted else UnitState.FAILED,
+            what=f"unit {unit.id}",
+        )
+        unit.updated_at = now
+
+    def fail_unit(self, session: Session, unit: UnitRow, now: int) -> None:
+        for replica in self.ctx.live_replicas(session, unit):
+            if replica.state in (
+                ReplicaState.PROPOSED.value,
+                ReplicaState.SIGNED.value,
+                ReplicaState.COMMITTED.value,
+            ):
+                replica.state = (
+                    ReplicaState.DROPPED.value
+                    if replica.state == ReplicaState.PROPOSED.value
+                    else ReplicaState.FAULT.value
+                )
+                session.add(replica)
+                self._free_provider(replica.provider)
+            elif replica.state == ReplicaState.REVEALED.value:
+                replica.state = ReplicaState.FAULT.value
+                session.add(replica)
+                self._free_provider(replica.provider)
+        unit.state = advance(UnitState(unit.state), UnitState.FAILED, what=f"unit {unit.id}")
+        unit.updated_at = now
+
+    def _free_provider(self, provider: str) -> None:
+        """The replica no longer keeps its provider busy (the store's load is derived from replicas)."""
+        self.matching.pool.release(provider)
+
+    def sweep_deadlines(self, session: Session, now: int, result: SweepResult) -> None:
+        """Drop unsigned proposals past their accept deadline, close phases, queue expiry of on-chain units
+        past their verdict window."""
+        for unit in self.store.units_in(session, [UnitState.PROPOSED.value]):
+            if unit.accept_deadline and now > unit.accept_deadline:
+                for replica in self.store.replicas_of(session, row_id(unit)):
+                    if replica.state == ReplicaState.PROPOSED.value:
+                        self.drop_replica(session, unit, replica, now)
+                        result.dropped_replicas += 1
+        self._close_phases(session, now)
+        for unit in self.store.units_in(
+            session, [UnitState.COMMITTING.value, UnitState.REVEALING.value, UnitState.VERIFYING.value]
+        ):
+            settle_by = unit.commit_deadline + self.config.reveal_window_s + self.config.verdict_window_s
+            if unit.commit_deadline and now > settle_by and unit.chain_unit_id is not None:
+                self.store.enqueue(session, row_id(unit), "expire", {"unit_id": unit.chain_unit_id}, now)
+                result.expiring_units += 1
+
+    def _close_phases(self, session: Session, now: int) -> None:
+        """Deadlines the chain enforces: after the commit deadline the committed replicas reveal; after
+        the reveal deadline whatever was revealed is decided (missing replicas become faults)."""
+        for unit in self.store.units_in(session, [UnitState.COMMITTING.value]):
+            if unit.commit_deadline and now > unit.commit_deadline:
+                live = self.ctx.live_replicas(session, unit)
+                if any(r.state == ReplicaState.COMMITTED.value for r in live):
+                    unit.state = advance(UnitState(unit.state), UnitState.REVEALING, what=f"unit {unit.id}")
+                    unit.updated_at = now
+                    session.add(unit)
+        for unit in self.store.units_in(session, [UnitState.REVEALING.value]):
+            if unit.commit_deadline and now > unit.commit_deadline + self.config.reveal_window_s:
+                live = self.ctx.live_replicas(session, unit)
+                if any(r.state == ReplicaState.REVEALED.value for r in live):
+                    self._decide(session, unit, live, now)
+
+    def drop_replica(self, session: Session, unit: UnitRow, replica: ReplicaRow, now: int) -> None:
+        """Take a replica off a unit that is not on chain yet; the unit goes back to matching for a refill."""
+        replica.state = advance(ReplicaState(replica.state), ReplicaState.DROPPED, what="replica")
+        session.add(replica)
+        self._free_provider(replica.provider)
+        if unit.state == UnitState.PROPOSED.value:
+            unit.state = advance(UnitState(unit.state), UnitState.PENDING, what=f"unit {unit.id}")
+            unit.updated_at = now
+            session.add(unit)
+
+
+def _phase(unit: UnitState, replica: ReplicaState) -> AssignmentPhase | None:
+    """What a provider should do now for one replica (None: nothing until something changes)."""
+    if replica == ReplicaState.PROPOSED and unit == UnitState.PROPOSED:
+        return AssignmentPhase.ACCEPT
+    if replica == ReplicaState.SIGNED and unit == UnitState.COMMITTING:
+        return AssignmentPhase.RUN
+    if replica == ReplicaState.COMMITTED and unit == UnitState.REVEALING:
+        return AssignmentPhase.REVEAL
+    return None

@@ -1,0 +1,240 @@
+"""Matching: the in-memory candidate pool over the store and the matching pass that proposes providers
+and verifiers for pending units (the decision itself is :mod:`market.domain.matching`)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlmodel import Session
+
+from market.context import Lifecycle, MarketContext, row_id
+from market.domain.matching import CandidatePool, Match, ProviderCandidate, UnitDemand
+from market.domain.replication import Reputation
+from market.domain.states import OrderState, ReplicaState, UnitState, advance
+from market.store import AgentRow, OfferRow, OrderRow, ReplicaRow, UnitRow
+from veritrain.errors import UnknownRecipe
+from veritrain.messages import AgentRole
+
+
+@dataclass
+class MatchWrites:
+    """Rows a matching pass writes, collected so they go out as a few executemany statements."""
+
+    replicas: list[dict[str, Any]] = field(default_factory=list)
+    logs: list[dict[str, Any]] = field(default_factory=list)
+    units: list[dict[str, Any]] = field(default_factory=list)
+    orders_started: set[int] = field(default_factory=set)
+
+
+class Matchmaker(Lifecycle):
+    """Owns the candidate pool; the other lifecycles update it when an agent or its load changes."""
+
+    def __init__(self, ctx: MarketContext) -> None:
+        super().__init__(ctx)
+        self.pool = CandidatePool()
+        self._pool_loaded_at: float | None = None
+
+    def refresh_pool(self, force: bool = False) -> None:
+        """Rebuild the in-memory candidate index from the store when it is older than ``pool_refresh_s``."""
+        now = time.monotonic()
+        if (
+            not force
+            and self._pool_loaded_at is not None
+            and now - self._pool_loaded_at < self.config.pool_refresh_s
+        ):
+            return
+        with self.store.transaction() as session:
+            offers = self.store.offers(session)
+            load = self.store.active_load(session)
+            agents = self.store.agents(session, AgentRole.PROVIDER.value)
+            recipes = {name for agent in agents for name in agent.recipes}
+            pool = CandidatePool(self.pool.weights, self._collateral(), self._recipe_memory(recipes))
+            for agent in agents:
+                pool.upsert(self._candidate(agent, offers.get(agent.address), load.get(agent.address, 0)))
+        self.pool = pool
+        self._pool_loaded_at = now
+
+    def _recipe_memory(self, names: set[str]) -> dict[str, int]:
+        """Memory each known recipe needs; names outside the registry are left out (never matched)."""
+        needs = {}
+        for name in sorted(names):
+            try:
+                needs[name] = self.recipes.lookup(name).min_memory_mb
+            except UnknownRecipe:
+                continue
+        return needs
+
+    def _candidate(self, agent: AgentRow, offer: OfferRow | None, load: int) -> ProviderCandidate:
+        live = offer is not None and offer.expires_at > self.clock()
+        return ProviderCandidate(
+            address=agent.address,
+            operator=agent.operator,
+            memory_mb=agent.memory_mb,
+            gflops=agent.gflops,
+            hardware_class=agent.hardware_class,
+            recipes=frozenset(agent.recipes),
+            free_stake=agent.free_stake,
+            price_per_pflop=offer.price_per_pflop if live and offer is not None else None,
+            reputation=Reputation(
+                agent.rep_valid, agent.rep_fault, agent.rep_fraud, agent.rep_consecutive_valid
+            ),
+            online=agent.online,
+            active_units=load,
+            capacity=agent.capacity,
+        )
+
+    def refresh_candidate(self, agent: AgentRow, offer: OfferRow | None, load: int) -> None:
+        if agent.role == AgentRole.PROVIDER.value:
+            self.pool.upsert(self._candidate(agent, offer, load))
+
+    def match_pending(
+        self, limit: int = 500, latencies: list[tuple[float, float]] | None = None
+    ) -> list[Match]:
+        """Match up to ``limit`` pending units in one transaction; each decision is logged with declines.
+
+        Candidates come from the in-memory pool, the batch's replicas and orders are read in one query
+        each, and the writes (replicas, match log, unit states, provider load) go out as a few
+        executemany statements at the end, so the per-unit cost is the decision itself.
+        ``latencies`` (optional) receives (wall, thread CPU) seconds of each unit's decision.
+        """
+        self.refresh_pool()
+        now = self.clock()
+        collateral = self._collateral()
+        results: list[Match] = []
+        reserved: list[str] = []
+        try:
+            with self.store.transaction() as session:
+                units = self.store.units_in(session, [UnitState.PENDING.value], limit)
+                if not units:
+                    return []
+                verifiers = [a for a in self.store.agents(session, AgentRole.VERIFIER.value) if a.online]
+                replicas = self.store.replicas_of_units(session, [row_id(u) for u in units])
+                orders = {o.id: o for o in self.store.orders_by_ids(session, {u.order_id for u in units})}
+                specs: dict[int, dict[str, Any]] = {}
+                writes = MatchWrites()
+                for unit in units:
+                    started, started_cpu = time.perf_counter(), time.thread_time()
+                    order = orders[unit.order_id]
+                    if unit.order_id not in specs:
+                        specs[unit.order_id] = json.loads(order.spec_json)  # validated when the order came in
+                    match = self._match_unit(
+                        session,
+                        order,
+                        specs[unit.order_id],
+                        unit,
+                        replicas.get(row_id(unit), []),
+                        collateral,
+                        verifiers,
+                        now,
+                        writes,
+                    )
+                    reserved.extend(match.selected)
+                    results.append(match)
+                    if latencies is not None:
+                        latencies.append((time.perf_counter() - started, time.thread_time() - started_cpu))
+                self.store.write_matches(
+                    session, writes.replicas, writes.logs, writes.units, writes.orders_started
+                )
+        except BaseException:
+            for address in reserved:  # the transaction rolled back: give the reservations back
+                self.pool.release(address)
+            raise
+        return results
+
+    def _collateral(self) -> int:
+        return self.chain.terms().provider_collateral if self.chain else self.config.provider_collateral
+
+    def _operator_of(self, session: Session, address: str) -> str:
+        candidate = self.pool.get(address)
+        return (
+            candidate.operator if candidate is not None else self.store.get_agent(session, address).operator
+        )
+
+    def _match_unit(
+        self,
+        session: Session,
+        order: OrderRow,
+        spec: dict[str, Any],
+        unit: UnitRow,
+        replicas: Sequence[ReplicaRow],
+        collateral: int,
+        verifiers: list[AgentRow],
+        now: int,
+        writes: MatchWrites,
+    ) -> Match:
+        kept = [r for r in replicas if r.state != ReplicaState.DROPPED.value]
+        kept_operators = frozenset(self._operator_of(session, r.provider) for r in kept)
+        unit_id = row_id(unit)
+        demand = UnitDemand(
+            unit_id=unit_id,
+            recipe=order.recipe,
+            min_memory_mb=order.min_memory_mb,
+            unit_flops=order.flops_per_step * unit.steps,
+            time_budget_s=self.config.unit_time_budget_s,
+            max_price_per_pflop=order.max_price_per_pflop,
+            collateral=collateral,
+            needed=unit.k - len(kept),
+            excluded=frozenset(r.provider for r in replicas),
+            taken_operators=kept_operators,
+        )
+        match = self.pool.match(demand, self.config.policy)
+        writes.logs.append(
+            {
+                "unit_id": unit_id,
+                "at": now,
+                "selected_json": json.dumps(list(match.selected)),
+                "declines_json": json.dumps([[address, reason.value] for address, reason in match.declines]),
+            }
+        )
+        providers = {r.provider for r in kept} | set(match.selected)
+        operators = set(kept_operators) | {self._operator_of(session, a) for a in match.selected}
+        chosen_verifiers = self._pick_verifiers(verifiers, providers, operators, unit_id)
+        short_of_verifiers = len(chosen_verifiers) < self.config.verifier_quorum
+        if match.complete and short_of_verifiers:
+            # the contract needs a quorum of independent verifiers on every unit: wait for them
+            writes.logs[-1]["declines_json"] = json.dumps(
+                [*json.loads(writes.logs[-1]["declines_json"]), ["verifiers", "not_enough_verifiers"]]
+            )
+        if not match.complete or short_of_verifiers:
+            for address in match.selected:
+                self.pool.release(address)
+            return Match(match.unit_id, (), match.k, match.declines)
+        for offset, address in enumerate(match.selected):
+            writes.replicas.append(
+                {
+                    "unit_id": unit_id,
+                    "index": len(replicas) + offset,
+                    "provider": address,
+                    "state": ReplicaState.PROPOSED.value,
+                }
+            )
+        writes.units.append(
+            {
+                "target": unit_id,
+                "verifiers_json": json.dumps(chosen_verifiers),
+                "state": advance(UnitState(unit.state), UnitState.PROPOSED, what=f"unit {unit_id}").value,
+                "accept_deadline": now + self.config.accept_timeout_s,
+                "updated_at": now,
+            }
+        )
+        if order.state == OrderState.OPEN.value:
+            advance(OrderState(order.state), OrderState.RUNNING, what=f"order {order.id}")
+            writes.orders_started.add(row_id(order))
+        return match
+
+    def _pick_verifiers(
+        self, verifiers: list[AgentRow], providers: set[str], operators: set[str], unit_id: int
+    ) -> list[str]:
+        """Verifiers independent of the unit's providers, rotated by unit id to spread the load."""
+        eligible = [
+            v.address for v in verifiers if v.address not in providers and v.operator not in operators
+        ]
+        if not eligible:
+            return []
+        start = unit_id % len(eligible)
+        rotated = eligible[start:] + eligible[:start]
+        return rotated[: self.config.verifiers_per_unit]

@@ -1,0 +1,182 @@
+"""The settlement outbox: intents written in the same transaction as the state change that needs them,
+sent to the chain one claim at a time (idempotent), and applied to the market once they landed."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from sqlmodel import Session
+
+from market.assignments import Assignments
+from market.context import Lifecycle, MarketContext, row_id
+from market.domain.states import UnitState
+from market.ports import SignedAccept, SignedVerdict
+from market.registry import AgentRegistry
+from market.store import OutboxRow
+from veritrain.errors import MarketError
+from veritrain.messages import ReplicaOutcome
+
+OUTBOX_MAX_ATTEMPTS = 5
+OUTBOX_LEASE_S = 60
+# Reverts that mean "this settlement already happened": the intent is done, not failed.
+ALREADY_SETTLED_ERRORS = frozenset({"UnitAlreadySettled", "InvalidUnitState"})
+# Outbox actions that end a unit: its round may close (or a retry open) right away.
+SETTLING_ACTIONS = frozenset({"finalize", "verdict", "expire"})
+# Outbox actions that lock (assign) or release and slash (the settling ones) providers' stake.
+STAKE_CHANGING_ACTIONS = SETTLING_ACTIONS | {"assign"}
+
+
+@dataclass
+class OutboxResult:
+    entry_id: int
+    state: str
+    sent: bool
+    detail: str = ""
+
+
+class SettlementOutbox(Lifecycle):
+    def __init__(self, ctx: MarketContext, assignments: Assignments, agents: AgentRegistry) -> None:
+        super().__init__(ctx)
+        self.assignments = assignments
+        self.agents = agents
+
+    def pending_outbox(self, limit: int = 100) -> list[int]:
+        with self.store.transaction() as session:
+            return [row_id(row) for row in self.store.outbox_in(session, ["pending", "sending"], limit)]
+
+    def send_outbox_entry(self, entry_id: int) -> OutboxResult:
+        """Send one settlement intent at most once per claim; safe to run twice or concurrently.
+
+        Claim (pending → sending, row-locked), send, then record. A second run sees ``sending`` with a
+        live lease, or ``sent``/``confirmed``, and does nothing. A revert saying the unit is already
+        settled means someone did it: the intent is confirmed, not retried.
+        """
+        from veritrain.chain.errors import ContractReverted
+
+        if self.chain is None:
+            raise MarketError("the market has no chain configured")
+        now = self.clock()
+        with self.store.transaction() as session:
+            entry = self.store.get_outbox(session, entry_id, for_update=True)
+            if entry.state in ("sent", "confirmed", "dead"):
+                return OutboxResult(entry_id, entry.state, False, "already done")
+            if entry.state == "sending" and now - entry.updated_at < OUTBOX_LEASE_S:
+                return OutboxResult(entry_id, entry.state, False, "claimed by another run")
+            if not self._prerequisites_sent(session, entry):
+                return OutboxResult(entry_id, entry.state, False, "waiting for earlier actions of the unit")
+            entry.state = "sending"
+            entry.attempts += 1
+            entry.updated_at = now
+            session.add(entry)
+            action, payload = entry.action, json.loads(entry.payload_json)
+        try:
+            tx_or_unit = self._send(action, payload)
+        except ContractReverted as exc:
+            already = (
+                type(exc).__name__ in ALREADY_SETTLED_ERRORS
+                or getattr(exc, "name", "") in ALREADY_SETTLED_ERRORS
+            )
+            return self._record_send(entry_id, "confirmed" if already else "failed", None, str(exc))
+        except Exception as exc:  # RPC down, timeout: retry later under the attempt cap
+            return self._record_send(entry_id, "failed", None, f"{type(exc).__name__}: {exc}")
+        return self._record_send(entry_id, "sent", tx_or_unit, "")
+
+    def _prerequisites_sent(self, session: Session, entry: OutboxRow) -> bool:
+        """A unit's actions go out in order: assign, commits, reveals, then finalize/verdict."""
+        if entry.action == "assign":
+            return True
+        earlier = self.store.outbox_in(session, ["pending", "sending", "failed"], limit=1000)
+        return not any(e.unit_id == entry.unit_id and row_id(e) < row_id(entry) for e in earlier)
+
+    def _send(self, action: str, payload: dict[str, Any]) -> str:
+        chain = self.chain
+        assert chain is not None
+        kind = action.split(":", 1)[0]
+        if kind == "assign":
+            accepts = [SignedAccept(**a) for a in payload["accepts"]]
+            unit_id = chain.assign(
+                payload["order_id"], payload["unit_key"], payload["providers"], payload["verifiers"], accepts
+            )
+            return str(unit_id)
+        if kind == "commit":
+            return chain.commit_with_sig(
+                payload["unit_id"],
+                payload["provider"],
+                payload["commitment"],
+                payload["nonce"],
+                payload["deadline"],
+                payload["signature"],
+            )
+        if kind == "reveal":
+            return chain.reveal(
+                payload["unit_id"], payload["provider"], payload["result_digest"], payload["salt"]
+            )
+        if kind == "request_verification":
+            return chain.request_verification(payload["unit_id"])
+        if kind == "finalize":
+            return chain.finalize(payload["unit_id"])
+        if kind == "verdict":
+            verdicts = [SignedVerdict(**v) for v in payload["verdicts"]]
+            return chain.submit_verdict(
+                payload["unit_id"], payload["outcomes"], payload["reasons_hash"], verdicts
+            )
+        if kind == "expire":
+            return chain.expire_unit(payload["unit_id"])
+        raise MarketError(f"unknown settlement action {action!r}")
+
+    def _record_send(self, entry_id: int, outcome: str, result: str | None, error: str) -> OutboxResult:
+        now = self.clock()
+        with self.store.transaction() as session:
+            entry = self.store.get_outbox(session, entry_id, for_update=True)
+            entry.updated_at = now
+            entry.last_error = error or None
+            if outcome == "failed":
+                entry.state = "dead" if entry.attempts >= OUTBOX_MAX_ATTEMPTS else "pending"
+            else:
+                entry.state = outcome
+                entry.tx_hash = result if result and result.startswith("0x") else entry.tx_hash
+                self._apply_settlement(session, entry, result, now)
+            session.add(entry)
+            recorded = OutboxResult(entry_id, entry.state, outcome == "sent", error)
+            kind = entry.action.split(":", 1)[0]
+            landed = outcome != "failed" and kind in STAKE_CHANGING_ACTIONS
+            # later intents of the unit wait for this one (assign, commits, reveals, then the settlement)
+            unblocked = outcome != "failed" and any(
+                e.unit_id == entry.unit_id and row_id(e) > entry_id
+                for e in self.store.outbox_in(session, ["pending"], limit=1000)
+            )
+            providers = (
+                {r.provider for r in self.store.replicas_of(session, entry.unit_id)} if landed else set()
+            )
+        # the chain already shows the new stake and reputation: matching must not wait for the event sync
+        self.agents.refresh_chain_facts(providers)
+        if landed and kind in SETTLING_ACTIONS:
+            self.triggers.advance()
+        if unblocked:
+            self.triggers.settle()
+        return recorded
+
+    def _apply_settlement(self, session: Session, entry: OutboxRow, result: str | None, now: int) -> None:
+        """The market-side effect of a settlement that is now on chain."""
+        unit = self.store.get_unit(session, entry.unit_id, for_update=True)
+        kind = entry.action.split(":", 1)[0]
+        if kind == "assign" and unit.state == UnitState.ASSIGNING.value:
+            if result is not None and result.isdigit():
+                unit.chain_unit_id = int(result)
+            self.assignments.on_assigned(unit, now)
+        elif kind == "finalize":
+            self.assignments.settle_unit(
+                session, unit, [ReplicaOutcome.ACCEPT] * len(self.ctx.live_replicas(session, unit)), now
+            )
+        elif kind == "verdict":
+            outcomes = [ReplicaOutcome(o) for o in json.loads(entry.payload_json)["outcomes"]]
+            self.assignments.settle_unit(session, unit, outcomes, now)
+            job = self.store.job_for_unit(session, row_id(unit))
+            if job is not None:
+                job.state = "relayed"
+                session.add(job)
+        elif kind == "expire" and unit.state not in (UnitState.ACCEPTED.value, UnitState.FAILED.value):
+            self.assignments.fail_unit(session, unit, now)
+        session.add(unit)

@@ -1,0 +1,122 @@
+"""Chain sync: apply JobMarket and StakeManager events since the cursor, confirm the outbox intents they
+prove landed (whoever sent them), and re-read the chain facts of every account an event touched."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from eth_utils import to_checksum_address
+from sqlmodel import Session
+
+from market.assignments import Assignments
+from market.context import Lifecycle, MarketContext, row_id
+from market.domain.states import UnitState
+from market.registry import AgentRegistry
+from veritrain.errors import MarketError
+from veritrain.messages import ReplicaOutcome
+
+# Events that change an account's free stake (by the name of the account argument) ...
+STAKE_EVENTS = {
+    "Staked": "account",
+    "UnstakeRequested": "account",
+    "StakeWithdrawn": "account",
+    "StakeSlashed": "account",
+    "ReplicaSlashed": "provider",
+}
+# ... and unit events that lock or release collateral and write reputation for every replica's provider.
+UNIT_SETTLEMENT_EVENTS = frozenset({"UnitAssigned", "UnitFinalized", "VerdictRecorded", "UnitExpired"})
+
+
+class ChainSync(Lifecycle):
+    def __init__(self, ctx: MarketContext, assignments: Assignments, agents: AgentRegistry) -> None:
+        super().__init__(ctx)
+        self.assignments = assignments
+        self.agents = agents
+
+    def sync_chain_events(self, max_blocks: int = 2000) -> int:
+        """Apply JobMarket events since the cursor; confirms outbox entries someone else may have sent."""
+        if self.chain is None:
+            raise MarketError("the market has no chain configured")
+        head = self.chain.block_number()
+        now = self.clock()
+        with self.store.transaction() as session:
+            cursor = self.store.cursor(session)
+            if cursor.next_block > head:
+                return 0
+            to_block = min(head, cursor.next_block + max_blocks - 1)
+            events = self.chain.events(cursor.next_block, to_block)
+            touched: set[str] = set()
+            for chain_event in events:
+                touched |= self._accounts_touched(session, chain_event.name, chain_event.args)
+                self._apply_event(session, chain_event.name, chain_event.args, now)
+            cursor.next_block = to_block + 1
+            session.add(cursor)
+        self.agents.refresh_chain_facts(touched)
+        return len(events)
+
+    def _accounts_touched(self, session: Session, name: str, args: dict[str, Any]) -> set[str]:
+        """Accounts whose free stake or reputation an event changed (matching must see the new values)."""
+        if name in STAKE_EVENTS:
+            return {to_checksum_address(args[STAKE_EVENTS[name]])}
+        if name not in UNIT_SETTLEMENT_EVENTS:
+            return set()
+        unit = (
+            self.store.unit_by_key(session, _hex32(args["unitKey"]))
+            if name == "UnitAssigned"
+            else self.store.unit_by_chain_id(session, int(args["unitId"]))
+        )
+        if unit is None:
+            return set()
+        return {r.provider for r in self.ctx.live_replicas(session, unit)}
+
+    def _apply_event(self, session: Session, name: str, args: dict[str, Any], now: int) -> None:
+        if name == "UnitAssigned":
+            unit = self.store.unit_by_key(session, _hex32(args["unitKey"]))
+            if unit is None:
+                return
+            unit.chain_unit_id = int(args["unitId"])
+            if unit.state == UnitState.ASSIGNING.value:
+                self.assignments.on_assigned(unit, now)
+            if "commitDeadline" in args:  # the chain's own deadline beats our estimate
+                unit.commit_deadline = int(args["commitDeadline"])
+            self._confirm(session, row_id(unit), "assign", now)
+            session.add(unit)
+            return
+        unit_id = args.get("unitId")
+        unit = self.store.unit_by_chain_id(session, int(unit_id)) if unit_id is not None else None
+        if unit is None:
+            return
+        if name in ("ReplicaCommitted", "ReplicaRevealed"):
+            # A worker may crash after the transaction landed but before recording it; its retry then
+            # reverts (nonce used / already revealed), so the chain event is what confirms the intent.
+            kind = "commit" if name == "ReplicaCommitted" else "reveal"
+            self._confirm(session, row_id(unit), f"{kind}:{to_checksum_address(args['provider'])}", now)
+            return
+        if name == "UnitFinalized":
+            self._confirm(session, row_id(unit), "finalize", now)
+            self.assignments.settle_unit(
+                session, unit, [ReplicaOutcome.ACCEPT] * len(self.ctx.live_replicas(session, unit)), now
+            )
+        elif name == "VerdictRecorded" and "outcomes" in args:
+            self._confirm(session, row_id(unit), "verdict", now)
+            self.assignments.settle_unit(
+                session, unit, [ReplicaOutcome(int(o)) for o in args["outcomes"]], now
+            )
+        elif name == "UnitExpired":
+            self._confirm(session, row_id(unit), "expire", now)
+            if unit.state not in (UnitState.ACCEPTED.value, UnitState.FAILED.value):
+                self.assignments.fail_unit(session, unit, now)
+        session.add(unit)
+
+    def _confirm(self, session: Session, unit_id: int, action: str, now: int) -> None:
+        entry = self.store.outbox_entry(session, unit_id, action)
+        if entry is not None and entry.state != "confirmed":
+            entry.state = "confirmed"
+            entry.updated_at = now
+            session.add(entry)
+
+
+def _hex32(value: Any) -> str:
+    if isinstance(value, bytes | bytearray):
+        return "0x" + bytes(value).hex()
+    return str(value).lower()
