@@ -118,7 +118,7 @@ class ProviderAgent(AgentPlumbing):
     """One provider: register, stake, heartbeat, accept, train, commit, reveal, serve blobs."""
 
     def __init__(self, config: AgentConfig) -> None:
-        from market.client import MarketClient
+        from veritrain.api_client import MarketClient
 
         super().__init__(config)
         self.config = config

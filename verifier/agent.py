@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from market.client import MarketRefused
 from veritrain.agentkit import (
     HTTP_TIMEOUT_S,
     AgentPlumbing,
@@ -38,6 +37,7 @@ from veritrain.agentkit import (
     unhex32,
     unit_spec_of,
 )
+from veritrain.api_client import MarketRefused
 from veritrain.errors import AgentError, MarketError, VeritrainError
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ class VerifierAgent(AgentPlumbing):
     """One verifier: register, stake, poll jobs, verify, sign."""
 
     def __init__(self, config: VerifierConfig) -> None:
-        from market.client import MarketClient
+        from veritrain.api_client import MarketClient
 
         super().__init__(config)
         self.config = config

@@ -537,7 +537,7 @@ class Buyer:
             plan.verifier_fee_per_unit,
             spec.deadline,
         )
-        from market.client import MarketClient, MarketRefused
+        from veritrain.api_client import MarketClient, MarketRefused
 
         try:
             with MarketClient(self.market.market_url, timeout=30) as api:
@@ -553,7 +553,7 @@ class Buyer:
         )
 
     def status(self) -> dict[str, Any]:
-        from market.client import MarketClient
+        from veritrain.api_client import MarketClient
 
         with MarketClient(self.market.market_url, timeout=30) as api:
             return api.order_status(self.order_id).model_dump(mode="json")

@@ -463,7 +463,7 @@ def test_a_settlement_that_keeps_failing_is_dead_lettered_not_retried_forever(
 
 
 def test_market_client_types_replies_and_refusals(client: TestClient, make_agent: Any) -> None:
-    from market.client import MarketClient, MarketRefused
+    from veritrain.api_client import MarketClient, MarketRefused
 
     agent = make_agent()
     market = MarketClient(http=client)

@@ -1,5 +1,8 @@
 """HTTP client of the market API for agents, buyers and the demo (typed requests and replies).
 
+It lives in the kernel because it speaks only the kernel's messages: the agents reach the market through
+it without importing `market/`.
+
 A refused request raises :class:`MarketRefused` carrying the HTTP status, the error type name and the
 market's message, so an agent can tell "my nonce was replayed" (409) from "bad signature" (401).
 """
