@@ -1,4 +1,4 @@
-"""`veritrain bench market --json FILE`: matching throughput and latency at marketplace scale.
+"""The matching benchmark behind `veritrain bench market` (the command is :mod:`apps.bench_market`).
 
 Setup: ``--providers`` (10,000) registered providers with offers and ``--orders`` (1,000) open orders,
 each with its first unit pending, in a real database (a SQLite file by default, any URL with
@@ -9,53 +9,21 @@ log with every decline reason, unit and order states, provider load) committed i
 - ``matches_per_s``: matched units / wall time of the whole pass including the commit.
 - ``match_p99_ms``: 99th percentile of the per-unit decision time (wall clock; ``match_p99_cpu_ms`` is
   the same in thread CPU time, which a busy shared machine does not inflate).
-- ``orchestration_overhead_ratio``: wall time of a verified k = 1 order through the market divided by
-  the same training run directly (:func:`measure_orchestration_overhead`; ``--skip-overhead`` leaves it
-  null for quick runs).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
 import statistics
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 FLOPS_PER_STEP = 10_030_848  # digits-mlp (computed by the recipe registry; fixed here to keep torch out)
 RECIPE = "digits-mlp"
 HARDWARE_CLASSES = ("cpu-avx2", "cpu-avx512", "cuda-sm80", "cuda-sm89")
 VERIFIERS = 20
-
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", type=Path, required=True, help="write the results here")
-    parser.add_argument("--providers", type=int, default=10_000)
-    parser.add_argument("--orders", type=int, default=1_000)
-    parser.add_argument("--replicas", type=int, default=3)
-    parser.add_argument("--database-url", help="database to use (default: a fresh SQLite file in a temp dir)")
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument(
-        "--skip-overhead",
-        action="store_true",
-        help="skip the orchestration overhead run (it starts the whole stack and takes about 3.5 minutes)",
-    )
-
-
-def measure_orchestration_overhead(target_direct_s: float = 60.0) -> dict[str, float]:
-    """Wall time of a verified k = 1 order through the market ÷ the same training run done directly.
-
-    Runs :func:`veritrain.demo.measure_orchestration_overhead` (chain, market, worker, one provider and
-    one verifier as processes; about 3.5 minutes) in a temporary folder; returns its figures.
-    """
-    from veritrain.demo import measure_orchestration_overhead as measure
-
-    with tempfile.TemporaryDirectory(prefix="veritrain-bench-overhead-") as tmp:
-        return measure(Path(tmp), target_direct_s=target_direct_s)
 
 
 def seed_database(url: str, providers: int, orders: int, replicas: int, seed: int) -> dict[str, float]:
@@ -206,31 +174,3 @@ def _p99(values: list[float]) -> float:
     if len(values) < 2:
         return round(values[0], 3) if values else 0.0
     return round(statistics.quantiles(values, n=100)[98], 3)
-
-
-def run(args: argparse.Namespace) -> int:
-    with tempfile.TemporaryDirectory(prefix="veritrain-bench-market-") as tmp:
-        url = args.database_url or f"sqlite:///{Path(tmp) / 'bench.sqlite3'}"
-        results = run_benchmark(url, args.providers, args.orders, args.replicas, args.seed)
-    overhead = None if args.skip_overhead else measure_orchestration_overhead()
-    output = {
-        "matches_per_s": results.pop("matches_per_s"),
-        "match_p99_ms": results.pop("match_p99_ms"),
-        "orchestration_overhead_ratio": overhead["orchestration_overhead_ratio"] if overhead else None,
-        "orchestration_overhead_note": (
-            "not measured (--skip-overhead)"
-            if overhead is None
-            else f"verified k = 1 order through the market ({overhead['market_s']:.1f} s) / the same "
-            f"{overhead['steps']:.0f}-step training run directly ({overhead['direct_s']:.1f} s, mean of "
-            f"{overhead['direct_before_s']:.1f} s before and {overhead['direct_after_s']:.1f} s after)"
-        ),
-        "providers": args.providers,
-        "open_orders": args.orders,
-        "replicas": args.replicas,
-        "database": (args.database_url or "sqlite (temporary file)").split("://")[0],
-        **results,
-    }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(output, indent=2) + "\n")
-    print(json.dumps(output, indent=2))
-    return 0

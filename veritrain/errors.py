@@ -14,7 +14,8 @@ class InvalidInput(VeritrainError):
     """Input from another party or a user is malformed, oversized or inconsistent."""
 
 
-# --- agents, demo and child processes (agentkit.py, node/agent.py, verifier/agent.py, demo.py, procs.py)
+# --- agents, demo and child processes (agentkit.py, node/agent.py, verifier/agent.py, apps/demo.py,
+# apps/procs.py)
 
 
 class ProcessError(VeritrainError):

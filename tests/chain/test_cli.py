@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from apps.cli import main
 from veritrain.chain.backends import HardhatNode
-from veritrain.cli import main
 
 pytestmark = pytest.mark.chain
 

@@ -95,10 +95,10 @@ def test_providers_and_verifiers_run_the_unit_the_market_specified() -> None:
 def test_manifest_index_and_blob_fetch_between_two_agents(tmp_path: Path) -> None:
     from eth_account import Account
 
+    from apps.procs import free_port
     from veritrain.agentkit import BlobPlane
     from veritrain.blobstore import BlobStore
     from veritrain.errors import AgentError
-    from veritrain.procs import free_port
 
     provider_store = BlobStore(tmp_path / "provider" / "blobs")
     provider = BlobPlane(provider_store, Account.create(), free_port(), tmp_path / "provider")

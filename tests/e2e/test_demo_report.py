@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from apps.demo import order_money
+from apps.demo_report import Checks, Holdings, conservation_checks, write_loss_curve
 from veritrain.chain.tx import Event
-from veritrain.demo import order_money
-from veritrain.demo_report import Checks, Holdings, conservation_checks, write_loss_curve
 
 BUYER, P1, P2, CHEAT, V1 = "0xB", "0x1", "0x2", "0xC", "0xV"
 PRICE, FEE, SLASH = 100, 10, 50

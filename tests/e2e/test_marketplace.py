@@ -1,6 +1,6 @@
 """The whole marketplace as separate processes: the demo flow on PostgreSQL + Redis, and a provider crash.
 
-Each test starts a hardhat node, the market API, a Celery worker and the agents (veritrain.demo), and
+Each test starts a hardhat node, the market API, a Celery worker and the agents (apps.demo), and
 checks the outcome from on-chain events and balances only — never from the market's own database.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from veritrain.demo import (
+from apps.demo import (
     Buyer,
     DemoConfig,
     Marketplace,

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from apps.procs import ProcessGroup, free_port, http_ok, tcp_open
 from veritrain.errors import ChildProcessExited, ReadinessTimeout
-from veritrain.procs import ProcessGroup, free_port, http_ok, tcp_open
 
 # A child that starts a grandchild (like npx or a Celery pool) and prints the grandchild's PID.
 SPAWNS_GRANDCHILD = (

@@ -29,7 +29,7 @@ def test_market_serve_answers_and_refuses_bad_input(tmp_path: Path) -> None:
     env.pop("VERITRAIN_DATABASE_URL", None)
     log = open(tmp_path / "serve.log", "w")  # noqa: SIM115 - closed below
     process = subprocess.Popen(
-        [sys.executable, "-m", "veritrain", "market", "serve", "--port", str(port), "--log-level", "warning"],
+        [sys.executable, "-m", "apps", "market", "serve", "--port", str(port), "--log-level", "warning"],
         cwd=REPO,
         env=env,
         stdout=log,
@@ -65,7 +65,7 @@ def test_bench_market_writes_the_promised_fields(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "veritrain",
+            "apps",
             "bench",
             "market",
             "--json",

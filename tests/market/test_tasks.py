@@ -72,7 +72,7 @@ class Worker:
         }
         self.log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "veritrain", "market", "worker", "--no-beat", "--pool", "solo"],
+            [sys.executable, "-m", "apps", "market", "worker", "--no-beat", "--pool", "solo"],
             cwd=REPO,
             env=env,
             stdout=self.log,

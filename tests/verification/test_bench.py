@@ -72,7 +72,7 @@ def test_committed_tolerances_cover_both_recipes_and_grow_with_length() -> None:
 def test_quick_verification_bench_schema_and_no_false_fraud(tmp_path: Path) -> None:
     out = tmp_path / "verification.json"
     completed = subprocess.run(
-        [sys.executable, "-m", "veritrain", "bench", "verification", "--json", str(out), "--quick"],
+        [sys.executable, "-m", "apps", "bench", "verification", "--json", str(out), "--quick"],
         cwd=REPO,
         capture_output=True,
         text=True,

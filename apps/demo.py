@@ -8,7 +8,7 @@ watches it live and, at the end, proves from on-chain balances and events that e
 for.
 
 `Marketplace` is the reusable part: the e2e tests start the same stack (on PostgreSQL and Redis when given
-URLs), kill a provider mid-unit, and apply the same money checks (veritrain.demo_report).
+URLs), kill a provider mid-unit, and apply the same money checks (apps.demo_report).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from veritrain.demo_report import (
+from apps.demo_report import (
     Checks,
     Holdings,
     OrderMoney,
@@ -32,8 +32,8 @@ from veritrain.demo_report import (
     write_loss_curve,
     write_report,
 )
+from apps.procs import ProcessGroup, free_port, http_ok, signals_ignored, terminate_as_interrupt
 from veritrain.errors import DemoCheckFailed, VeritrainError
-from veritrain.procs import ProcessGroup, free_port, http_ok, signals_ignored, terminate_as_interrupt
 
 if TYPE_CHECKING:
     from eth_account.signers.local import LocalAccount
@@ -285,7 +285,7 @@ class Marketplace:
 
     def cli(self, *words: str) -> list[str]:
         """A `veritrain` subcommand run by this interpreter (needs no installed console script)."""
-        return [sys.executable, "-m", "veritrain", *words]
+        return [sys.executable, "-m", "apps", *words]
 
     def start_market(self) -> None:
         """Start the market API and one Celery worker; return once the API answers."""

@@ -14,7 +14,7 @@ import sys
 
 # (words, module, help). Keep heavy imports (torch, web3) inside each module's run().
 COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
-    (("demo",), "veritrain.demo", "run the whole marketplace on embedded defaults and write a report"),
+    (("demo",), "apps.demo", "run the whole marketplace on embedded defaults and write a report"),
     (("chain", "smoke"), "veritrain.chain.smoke", "deploy, stake, post an order, settle one unit"),
     (("market", "serve"), "market.serve", "run the market API (FastAPI) on embedded defaults or given URLs"),
     (("market", "worker"), "market.worker", "run a Celery worker for the market"),
@@ -23,7 +23,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("bench", "chain"), "veritrain.chain.bench", "gas of each contract action for one 3-replica unit"),
     (("bench", "calibrate"), "verifier.calibrate", "honest-vs-honest distances and tolerances"),
     (("bench", "verification"), "verifier.attacks", "run the attack suite against the verifier core"),
-    (("bench", "market"), "market.bench", "matching throughput/latency and orchestration overhead"),
+    (("bench", "market"), "apps.bench_market", "matching throughput/latency and orchestration overhead"),
 ]
 
 
