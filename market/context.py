@@ -115,7 +115,8 @@ class MarketContext:
 
 
 class Lifecycle:
-    """Base of the lifecycle modules: the shared plumbing, read through the context on every use."""
+    """Base of the lifecycle modules and of their composition: the shared plumbing, read through the
+    context on every use (so swapping ``config`` or ``triggers`` anywhere reaches every lifecycle)."""
 
     def __init__(self, ctx: MarketContext) -> None:
         self.ctx = ctx
@@ -136,9 +137,17 @@ class Lifecycle:
     def config(self) -> MarketConfig:
         return self.ctx.config
 
+    @config.setter
+    def config(self, config: MarketConfig) -> None:
+        self.ctx.config = config
+
     @property
     def triggers(self) -> Triggers:
         return self.ctx.triggers
+
+    @triggers.setter
+    def triggers(self, triggers: Triggers) -> None:
+        self.ctx.triggers = triggers
 
     def clock(self) -> int:
         return self.ctx.clock()

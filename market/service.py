@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from market.assignments import Assignments
-from market.context import MarketConfig, MarketContext, Triggers, unix_now
+from market.context import Lifecycle, MarketConfig, MarketContext, unix_now
 from market.matchmaker import Matchmaker
 from market.orders import OrderBook
 from market.outbox import SettlementOutbox
@@ -26,7 +26,7 @@ from market.sync import ChainSync
 from market.verification import VerificationJobs
 
 
-class MarketService:
+class MarketService(Lifecycle):
     def __init__(
         self,
         store: MarketStore,
@@ -35,8 +35,14 @@ class MarketService:
         config: MarketConfig | None = None,
         clock: Callable[[], int] = unix_now,
     ) -> None:
-        self.ctx = MarketContext(
-            store, recipes, chain, config or MarketConfig(chain_id=chain.chain_id if chain else 31337), clock
+        super().__init__(
+            MarketContext(
+                store,
+                recipes,
+                chain,
+                config or MarketConfig(chain_id=chain.chain_id if chain else 31337),
+                clock,
+            )
         )
         self.matching = Matchmaker(self.ctx)
         self.orders = OrderBook(self.ctx)
@@ -45,27 +51,3 @@ class MarketService:
         self.verification = VerificationJobs(self.ctx, self.orders)
         self.outbox = SettlementOutbox(self.ctx, self.assignments, self.agents)
         self.sync = ChainSync(self.ctx, self.assignments, self.agents)
-
-    @property
-    def store(self) -> MarketStore:
-        return self.ctx.store
-
-    @property
-    def chain(self) -> SettlementPort | None:
-        return self.ctx.chain
-
-    @property
-    def config(self) -> MarketConfig:
-        return self.ctx.config
-
-    @config.setter
-    def config(self, config: MarketConfig) -> None:
-        self.ctx.config = config
-
-    @property
-    def triggers(self) -> Triggers:
-        return self.ctx.triggers
-
-    @triggers.setter
-    def triggers(self, triggers: Triggers) -> None:
-        self.ctx.triggers = triggers
