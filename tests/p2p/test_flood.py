@@ -237,6 +237,25 @@ def test_small_protocols_are_cut_off_at_their_deadline(client: P2PNode) -> None:
     assert stats.requests == {("/t/1", "header_timeout"): 1}
 
 
+def test_a_failing_small_protocol_handler_is_contained(client: P2PNode) -> None:
+    async def broken(stream: INetStream) -> None:
+        raise RuntimeError("handler bug")
+
+    with P2PNode(Account.create(), extra_protocols={"/t/2": broken}) as provider:
+        peer = parse_peer_addr(provider.address)
+
+        async def ask(host: IHost) -> None:
+            await host.connect(peer)
+            with contextlib.suppress(Exception):  # the reset may come before the protocol is agreed
+                stream = await host.new_stream(peer.peer_id, [TProtocol("/t/2")])
+                await stream.read(1)
+
+        client.run_on_host(ask, timeout=30)
+        wait_for(lambda: provider.counters.snapshot().requests == {("/t/2", "aborted"): 1})
+        client.run_on_host(ask, timeout=30)  # the host still answers
+        wait_for(lambda: provider.counters.snapshot().requests == {("/t/2", "aborted"): 2})
+
+
 def test_counters_see_every_outcome_of_a_plain_exchange(server: P2PNode, client: P2PNode) -> None:
     assert server.store is not None
     digest = server.store.put(b"counted")

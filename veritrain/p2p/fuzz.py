@@ -27,6 +27,7 @@ import contextlib
 import inspect
 import re
 import resource
+import signal
 import subprocess
 import sys
 import tempfile
@@ -242,12 +243,16 @@ def _target(argv: list[str]) -> None:
                 if inspect.isfunction(function) and function.__module__ == module.__name__:
                     atheris.instrument_func(function)
     _targets_cached()
-    atexit.register(_report_peak_rss)
+    atexit.register(_at_exit)
     atheris.Setup([sys.argv[0], *argv], check_input)
     atheris.Fuzz()
 
 
-def _report_peak_rss() -> None:
+def _at_exit() -> None:
+    """Stop libFuzzer's per-input alarm (SIGALRM could otherwise kill the finishing interpreter), then
+    report this process's peak RSS to the parent."""
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGALRM, signal.SIG_IGN)
     print(f"{_PEAK_RSS_PREFIX}{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}", file=sys.stderr)
 
 

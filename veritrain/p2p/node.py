@@ -318,7 +318,13 @@ def _guarded(protocol_id: str, handler: StreamHandler, guard: StreamGuard) -> St
                 await _reset_quietly(stream)
                 return
             with ticket.scope:
-                await handler(stream)
+                try:
+                    await handler(stream)
+                except Exception as exc:  # a broken peer must never take the host down
+                    logger.info("%s stream from %s aborted: %r", protocol_id, peer, exc)
+                    guard.counters.count(protocol_id, "aborted")
+                    await _reset_quietly(stream)
+                    return
         if ticket.scope.cancelled_caught:
             guard.counters.count(protocol_id, "evicted" if ticket.evicted else "header_timeout")
             await _reset_quietly(stream)
