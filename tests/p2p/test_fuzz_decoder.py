@@ -18,6 +18,15 @@ def test_short_fuzz_run_finds_nothing_within_the_memory_cap() -> None:
     assert 0 < report.peak_rss_mib < 256, report
 
 
+def test_the_cap_counts_the_fuzzer_alone_not_its_parent() -> None:
+    """Linux carries a process's peak RSS across fork and exec: run from a big test process, the
+    fuzzer used to start over its 256 MiB cap and die at once (seen in the full suite after torch)."""
+    ballast = b"\x01" * (320 << 20)
+    report = fuzz.soak(5_000, rss_limit_mb=256, seed=2, timeout_s=300)
+    del ballast
+    assert report.exit_code == 0 and report.crashes == 0 and report.executions == 5_000, report
+
+
 def test_oracle_accepts_every_seed() -> None:
     seeds = fuzz.seed_inputs()
     assert len(seeds) == len(fuzz._targets())

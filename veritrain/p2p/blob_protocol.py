@@ -101,12 +101,12 @@ class BlobServer:
     async def _serve(self, stream: INetStream) -> Outcome:
         remote_peer = stream.muxed_conn.peer_id
         if self._guard.arrival_refused(remote_peer):
-            return await _answer(stream, "rate_limited", _busy("rate limit"))
+            return await self._answer(stream, "rate_limited", _busy("rate limit"))
         payload: bytes | None = None
         with self._guard.pending(remote_peer, self._limits.header_timeout_s) as ticket:
             if isinstance(ticket, str):
                 detail = "too many open streams" if ticket == "peer_busy" else "server busy"
-                return await _answer(stream, ticket, _busy(detail))
+                return await self._answer(stream, ticket, _busy(detail))
             with ticket.scope:
                 try:
                     reader = FrameReader(StreamSource(stream), REQUEST_LIMITS.max_frame_bytes)
@@ -126,18 +126,18 @@ class BlobServer:
             # A well-framed but invalid message: say why, so an honest but outdated client can tell.
             logger.info("bad blob request from %s: %s", remote_peer, exc)
             response = BlobResponse(status="bad_request", size=0, detail=str(exc)[:500])
-            return await _answer(stream, "bad_request", response)
+            return await self._answer(stream, "bad_request", response)
 
         refusal = await self._refusal(request, remote_peer)
         if refusal is not None:
             logger.info("blob request from %s denied: %s", remote_peer, refusal)
-            return await _answer(stream, "denied", BlobResponse(status="denied", size=0, detail=refusal))
+            return await self._answer(stream, "denied", BlobResponse(status="denied", size=0, detail=refusal))
         if not self.store.has(request.digest):
-            return await _answer(stream, "not_found", BlobResponse(status="not_found", size=0))
+            return await self._answer(stream, "not_found", BlobResponse(status="not_found", size=0))
         busy = await self._guard.acquire_serving(remote_peer)
         if busy is not None:
             detail = "too many transfers to this peer" if busy == "peer_busy" else "server busy"
-            return await _answer(stream, busy, _busy(detail))
+            return await self._answer(stream, busy, _busy(detail))
         try:
             return await self._send(stream, request.digest)
         finally:
@@ -156,11 +156,17 @@ class BlobServer:
         await stream.close()
         return "ok"
 
+    async def _answer(self, stream: INetStream, outcome: Outcome, response: BlobResponse) -> Outcome:
+        """Send `response` as the only frame, close, and return `outcome` (for the counters)."""
+        if await self._write_in_time(stream, encode(response)):
+            await stream.close()
+        return outcome
+
     async def _write_in_time(self, stream: INetStream, payload: bytes) -> bool:
         with trio.move_on_after(self._limits.chunk_timeout_s):
             await write_frame(stream.write, payload)
             return True
-        logger.info("blob reader %s too slow, transfer cut", stream.muxed_conn.peer_id)
+        logger.info("blob peer %s too slow to read, stream cut", stream.muxed_conn.peer_id)
         await _reset_quietly(stream)
         return False
 
@@ -193,13 +199,6 @@ class BlobServer:
 
 def _busy(detail: str) -> BlobResponse:
     return BlobResponse(status="busy", size=0, detail=detail)
-
-
-async def _answer(stream: INetStream, outcome: Outcome, response: BlobResponse) -> Outcome:
-    """Send `response` as the only frame, close, and return `outcome` (for the counters)."""
-    await write_frame(stream.write, encode(response))
-    await stream.close()
-    return outcome
 
 
 async def _reset_quietly(stream: INetStream) -> None:

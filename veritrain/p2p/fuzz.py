@@ -193,7 +193,13 @@ def soak(runs: int, *, rss_limit_mb: int = 256, seed: int = 1, timeout_s: float 
         corpus.mkdir()
         for index, data in enumerate(seed_inputs()):
             (corpus / f"seed-{index}").write_bytes(data)
+        # Linux carries a process's peak RSS across fork and exec, so a child of a big process (a test
+        # run that loaded torch) would start "over" the cap; a small shell in between forks it afresh.
         command = [
+            "/bin/sh",
+            "-c",
+            '"$@"; exit $?',
+            "sh",
             sys.executable,
             "-m",
             "veritrain.p2p.fuzz",
