@@ -135,6 +135,16 @@ class RequestDenied(P2PError):
     """The serving peer refused a blob request: bad signature, stale or replayed request, or not allowed."""
 
 
+class FetchIncomplete(P2PError):
+    """The exchange ended without an answer about the blob: unreachable, timed out, connection lost,
+    stream cut short, or the peer said it is busy. Not evidence against the peer (a third party may
+    cause it): retry later."""
+
+
+class PeerBusy(FetchIncomplete):
+    """The serving peer answered that it is at capacity or that this requester is over its rate limit."""
+
+
 # --- verification (verifier core, tolerance calibration, attack benchmark) ---
 
 

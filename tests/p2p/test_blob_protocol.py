@@ -20,7 +20,16 @@ from libp2p.custom_types import TProtocol
 
 from veritrain.blobstore import BlobStore
 from veritrain.codec import MAX_FRAME_BYTES, FrameReader, encode, encode_frame, encode_message_frame, pack
-from veritrain.errors import BlobNotFound, DecodeError, DigestMismatch, InvalidInput, P2PError, RequestDenied
+from veritrain.errors import (
+    BlobNotFound,
+    DecodeError,
+    DigestMismatch,
+    FetchIncomplete,
+    InvalidInput,
+    P2PError,
+    PeerBusy,
+    RequestDenied,
+)
 from veritrain.p2p import (
     BLOB_PROTOCOL_ID,
     CHUNK_BYTES,
@@ -28,6 +37,7 @@ from veritrain.p2p import (
     BlobRequest,
     BlobResponse,
     P2PNode,
+    ServerLimits,
     StreamHandler,
     load_or_create_peer_key,
     parse_peer_addr,
@@ -191,7 +201,6 @@ def ok_header(size: int) -> bytes:
         ("malformed msgpack", lambda r: [encode_frame(b"\xc1\xc1")]),
         ("unknown field", lambda r: [encode_frame(pack({"status": "ok", "size": 1, "detail": "", "x": 1}))]),
         ("wrong type", lambda r: [encode_frame(pack({"status": "ok", "size": "1", "detail": ""}))]),
-        ("stream ends mid-blob", lambda r: [ok_header(100), encode_message_frame(BlobChunk(data=b"x" * 10))]),
     ],
 )
 def test_hostile_responses_are_decode_errors(
@@ -213,6 +222,44 @@ def test_hostile_responses_are_decode_errors(
         evil.stop()
 
 
+@pytest.mark.parametrize(
+    ("case", "reply", "error"),
+    [
+        (
+            "stream ends mid-blob",
+            lambda r: [ok_header(100), encode_message_frame(BlobChunk(data=b"x" * 10))],
+            FetchIncomplete,
+        ),
+        (
+            "stream ends mid-frame",
+            lambda r: [ok_header(100), encode_message_frame(BlobChunk(data=b"x" * 10))[:5]],
+            FetchIncomplete,
+        ),
+        ("busy", lambda r: [encode_message_frame(BlobResponse(status="busy", size=0))], PeerBusy),
+        (
+            "not found",
+            lambda r: [encode_message_frame(BlobResponse(status="not_found", size=0))],
+            BlobNotFound,
+        ),
+        ("denied", lambda r: [encode_message_frame(BlobResponse(status="denied", size=0))], RequestDenied),
+    ],
+)
+def test_answers_and_non_answers_are_told_apart(
+    case: str, reply: Callable[[BlobRequest], list[bytes]], error: type[Exception], client: P2PNode
+) -> None:
+    """The verifier may blame a provider for its answers (not found, denied, lies), never for a cut
+    stream or a busy server, which a third party can cause (docs/ARCHITECTURE.md, data plane)."""
+    evil = hostile_server(reply)
+    evil.start()
+    try:
+        with pytest.raises(error) as caught:
+            client.fetch(evil.address, "11" * 32, timeout=1.0 if error is PeerBusy else 20)
+        transient = isinstance(caught.value, FetchIncomplete)
+        assert transient == (error in (FetchIncomplete, PeerBusy)), case
+    finally:
+        evil.stop()
+
+
 def test_silent_server_times_out(client: P2PNode) -> None:
     async def never_answer(stream: INetStream) -> None:
         await trio.sleep_forever()
@@ -221,7 +268,7 @@ def test_silent_server_times_out(client: P2PNode) -> None:
     silent.start()
     try:
         started = time.monotonic()
-        with pytest.raises(P2PError, match="timed out"):
+        with pytest.raises(FetchIncomplete, match="timed out"):
             client.fetch(silent.address, "11" * 32, timeout=1.0)
         assert time.monotonic() - started < 5
     finally:
@@ -290,10 +337,11 @@ def test_request_authentication(server: P2PNode, client: P2PNode, client_account
 
 
 def test_every_signature_byte_flip_is_rejected(
-    server: P2PNode, client: P2PNode, client_account: LocalAccount
+    server_store: BlobStore, client: P2PNode, client_account: LocalAccount
 ) -> None:
-    assert server.store is not None
-    digest = server.store.put(b"x")
+    server = P2PNode(Account.create(), store=server_store, limits=ServerLimits(request_burst=200))
+    server.start()
+    digest = server_store.put(b"x")
     good = sign_blob_request(client_account, digest, client.peer_id)
     mutations = []
     for index in range(65):
@@ -301,7 +349,10 @@ def test_every_signature_byte_flip_is_rejected(
             signature = bytearray(good.signature)
             signature[index] ^= bit
             mutations.append(encode_message_frame(good.model_copy(update={"signature": bytes(signature)})))
-    outcomes = exchange_raw(client, server.address, mutations)
+    try:
+        outcomes = exchange_raw(client, server.address, mutations)
+    finally:
+        server.stop()
     assert all(outcome.startswith("denied: signature") for outcome in outcomes), set(outcomes)
 
 

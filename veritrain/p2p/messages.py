@@ -62,9 +62,10 @@ class BlobRequest(WireModel):
 
 
 class BlobResponse(WireModel):
-    """The server's answer; `size` is the blob length when status is "ok", else 0."""
+    """The server's answer; `size` is the blob length when status is "ok", else 0. "busy" means over
+    capacity or over the requester's rate limit: try again later."""
 
-    status: Literal["ok", "not_found", "denied", "bad_request"]
+    status: Literal["ok", "not_found", "denied", "bad_request", "busy"]
     size: Annotated[int, Field(ge=0, lt=1 << 63)]
     detail: Annotated[str, Field(max_length=500)] = ""
 

@@ -4,6 +4,10 @@ py-libp2p runs on trio, while its callers are synchronous (torch, Celery) or asy
 So the host lives in one dedicated thread; `fetch` and `run_on_host` hand work to that loop and block
 the calling thread until it is done. Any number of caller threads may fetch at once.
 
+Inbound streams of every protocol go through one StreamGuard (veritrain.p2p.guard): per-peer rate,
+pending and serving limits; the node's other protocols (small lookups) get a whole-stream deadline.
+`counters` holds the blob bytes served and every inbound stream's outcome.
+
 Security: only Noise is offered (py-libp2p's default list also offers plaintext, secio and TLS), and
 only Yamux (Mplex is ~10x slower). One connection per peer is kept and reused: each dial costs a
 fixed ~250 ms in py-libp2p 0.8.1.
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import random
 import threading
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TypeVar
@@ -32,8 +37,9 @@ from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 
 from veritrain.blobstore import BlobStore, check_digest
-from veritrain.errors import InvalidInput, P2PError, VeritrainError
-from veritrain.p2p.blob_protocol import PROTOCOL, Authorizer, BlobServer, fetch_blob
+from veritrain.errors import FetchIncomplete, InvalidInput, P2PError, PeerBusy, VeritrainError
+from veritrain.p2p.blob_protocol import PROTOCOL, Authorizer, BlobServer, _reset_quietly, fetch_blob
+from veritrain.p2p.guard import DEFAULT_SERVER_LIMITS, ServerCounters, ServerLimits, StreamGuard
 from veritrain.p2p.identity import peer_id_of
 
 __all__ = ["P2PNode", "StreamHandler"]
@@ -44,6 +50,9 @@ T = TypeVar("T")
 StreamHandler = Callable[[INetStream], Awaitable[None]]
 
 DEFAULT_MAX_BLOB_BYTES = 1 << 30
+BUSY_RETRY_FIRST_S = 0.1
+BUSY_RETRY_MAX_S = 2.0
+"""A busy peer is asked again after 0.1 s, doubling to 2 s (jittered), until the fetch's timeout."""
 
 
 class _ConnectionCounter(INotifee):
@@ -91,7 +100,8 @@ class P2PNode:
 
     `account` signs blob requests; `peer_key` fixes the peer id (see veritrain.p2p.identity), a fresh
     one is generated when omitted. `authorize` is the server's allow-list, called with each request
-    whose signature checked out. Use as a context manager or call start()/stop().
+    whose signature checked out (veritrain.p2p.access.BlobAccess is one; None serves any signed
+    request). `limits` bounds what inbound peers may take. Use as a context manager or start()/stop().
     """
 
     def __init__(
@@ -104,6 +114,7 @@ class P2PNode:
         listen_addr: str = "/ip4/127.0.0.1/tcp/0",
         max_blob_bytes: int = DEFAULT_MAX_BLOB_BYTES,
         extra_protocols: Mapping[str, StreamHandler] | None = None,
+        limits: ServerLimits = DEFAULT_SERVER_LIMITS,
     ) -> None:
         self.account = account
         self._peer_key = peer_key if peer_key is not None else create_new_key_pair()
@@ -116,6 +127,9 @@ class P2PNode:
             raise InvalidInput(f"not a multiaddr: {listen_addr!r:.200} ({exc})") from None
         self._max_blob_bytes = max_blob_bytes
         self._extra_protocols = dict(extra_protocols or {})
+        self._limits = limits
+        self.counters = ServerCounters()
+        """Blob bytes served and inbound stream outcomes (read from any thread with snapshot())."""
         self._counter = _ConnectionCounter()
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
@@ -194,10 +208,12 @@ class P2PNode:
             listen_addrs=[self._listen_addr],
         )
         host.get_network().register_notifee(self._counter)
+        guard = StreamGuard(self._limits, self.counters)
         if self.store is not None:
-            host.set_stream_handler(PROTOCOL, BlobServer(self.store, authorize=self._authorize).handle_stream)
+            server = BlobServer(self.store, guard, authorize=self._authorize)
+            host.set_stream_handler(PROTOCOL, server.handle_stream)
         for protocol_id, handler in self._extra_protocols.items():
-            host.set_stream_handler(TProtocol(protocol_id), handler)
+            host.set_stream_handler(TProtocol(protocol_id), _guarded(protocol_id, handler, guard))
         self._stop_event = trio.Event()
         async with host.run(listen_addrs=[self._listen_addr]):
             # py-libp2p's auto-connector redials every peer in the peerstore (aiming at ~150
@@ -225,17 +241,28 @@ class P2PNode:
     def fetch(self, peer_addr: str, digest: str, timeout: float = 60.0) -> bytes:
         """Fetch blob `digest` from the peer at `peer_addr` (a full /p2p/ multiaddr).
 
-        Returns the bytes only if they hash to `digest`. Raises BlobNotFound, RequestDenied,
-        DigestMismatch (the peer lied), DecodeError (the peer broke the framing or size caps), or
-        P2PError (unreachable, timed out, stream reset)."""
+        Returns the bytes only if they hash to `digest`. The peer's own answers raise BlobNotFound,
+        RequestDenied, DigestMismatch (the peer lied) or DecodeError (the peer broke the framing or size
+        caps); no answer raises FetchIncomplete (unreachable, timed out, connection lost) or its subclass
+        PeerBusy (the peer stayed at capacity: busy answers are retried with backoff until `timeout`).
+        See docs/ARCHITECTURE.md for how a verifier weighs them."""
         check_digest(digest)
         peer = parse_peer_addr(peer_addr)
 
         async def fetch_on_host(host: IHost) -> bytes:
-            await self._ensure_connected(host, peer)
-            return await fetch_blob(
-                host, peer.peer_id, digest, self.account, max_blob_bytes=self._max_blob_bytes
-            )
+            give_up_at = trio.current_time() + timeout
+            delay = BUSY_RETRY_FIRST_S
+            while True:
+                await self._ensure_connected(host, peer)
+                try:
+                    return await fetch_blob(
+                        host, peer.peer_id, digest, self.account, max_blob_bytes=self._max_blob_bytes
+                    )
+                except PeerBusy:
+                    if trio.current_time() + delay >= give_up_at:
+                        raise
+                await trio.sleep(delay * random.uniform(0.5, 1.0))
+                delay = min(BUSY_RETRY_MAX_S, 2 * delay)
 
         return self._call(fetch_on_host, timeout)
 
@@ -269,8 +296,39 @@ class P2PNode:
         except VeritrainError:
             raise
         except trio.TooSlowError:
-            raise P2PError(f"p2p operation timed out after {timeout} s") from None
+            raise FetchIncomplete(f"p2p operation timed out after {timeout} s") from None
         except trio.RunFinishedError:
             raise P2PError("P2PNode stopped during the operation") from None
         except Exception as exc:  # libp2p raises many unrelated types (dial, stream, muxer errors)
-            raise P2PError(f"p2p operation failed: {type(exc).__name__}: {exc}") from exc
+            raise FetchIncomplete(f"p2p operation failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _guarded(protocol_id: str, handler: StreamHandler, guard: StreamGuard) -> StreamHandler:
+    """`handler` behind the guard's rate and pending limits, cut off after small_protocol_timeout_s."""
+
+    async def run(stream: INetStream) -> None:
+        peer = stream.muxed_conn.peer_id
+        if guard.arrival_refused(peer):
+            guard.counters.count(protocol_id, "rate_limited")
+            await _reset_quietly(stream)
+            return
+        with guard.pending(peer, guard.limits.small_protocol_timeout_s) as ticket:
+            if isinstance(ticket, str):
+                guard.counters.count(protocol_id, ticket)
+                await _reset_quietly(stream)
+                return
+            with ticket.scope:
+                try:
+                    await handler(stream)
+                except Exception as exc:  # a broken peer must never take the host down
+                    logger.info("%s stream from %s aborted: %r", protocol_id, peer, exc)
+                    guard.counters.count(protocol_id, "aborted")
+                    await _reset_quietly(stream)
+                    return
+        if ticket.scope.cancelled_caught:
+            guard.counters.count(protocol_id, "evicted" if ticket.evicted else "header_timeout")
+            await _reset_quietly(stream)
+            return
+        guard.counters.count(protocol_id, "ok")
+
+    return run
