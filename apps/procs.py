@@ -190,6 +190,7 @@ class ProcessGroup:
                 _signal_group(proc.pid, signal.SIGKILL)
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.popen.wait(timeout=10)
+                _wait_group_gone(proc.pid, timeout=10)
                 proc.log_file.close()
 
 
@@ -205,6 +206,33 @@ def signals_ignored() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _group_members(pgid: int) -> list[int]:
+    """PIDs of the live (not zombie) processes in process group `pgid`, read from /proc."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as stat:
+                # Fields after the parenthesised command name: state, ppid, pgrp, ...
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(entry))
+    return members
+
+
+def _wait_group_gone(pgid: int, timeout: float) -> None:
+    """Wait until SIGKILL has taken effect on every member of the group: signal delivery is asynchronous,
+    and an orphaned grandchild is not ours to wait() for. Without /proc there is nothing to poll."""
+    if not os.path.isdir("/proc"):
+        return
+    deadline = time.monotonic() + timeout
+    while _group_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:
