@@ -14,7 +14,7 @@ URLs), kill a provider mid-unit, and apply the same money checks (apps.demo_repo
 from __future__ import annotations
 
 import argparse
-import os
+import secrets
 import shutil
 import sys
 import time
@@ -154,6 +154,8 @@ class Marketplace:
         self.killed: set[str] = set()
         self._worker_restarts = 0
         self._worker_launch: tuple[dict[str, str], Path] = ({}, config.work_dir)
+        self.keystore_folder = config.work_dir / "keystore"
+        self.keystore_passphrase = secrets.token_hex(16)
 
     def __enter__(self) -> Marketplace:
         return self
@@ -266,6 +268,7 @@ class Marketplace:
             "OMP_NUM_THREADS": str(self.config.torch_threads),
             "MKL_NUM_THREADS": str(self.config.torch_threads),
             "HARDHAT_DISABLE_TELEMETRY_PROMPT": "true",
+            "VERITRAIN_KEYSTORE_PASSWORD": self.keystore_passphrase,
         }
         if self.config.broker_url:  # else API and worker share a filesystem:// broker in the market dir
             env["VERITRAIN_BROKER_URL"] = self.config.broker_url
@@ -273,14 +276,15 @@ class Marketplace:
         env.update(self.config.extra_env)
         return env
 
-    def write_key_file(self, party: Party) -> Path:
-        """The party's private key in a 0600 file (never on a command line, where `ps` shows it)."""
-        folder = self.config.work_dir / "keys"
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{party.name}.key"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write("0x" + bytes(party.account.key).hex() + "\n")
+    def write_keystore(self, party: Party) -> Path:
+        """The party's key in an encrypted keystore (cheap scrypt: these are the public dev accounts); the
+        run's random passphrase reaches the children in their environment, never on a command line."""
+        from veritrain.keys import encrypt_key, write_keystore
+
+        path = self.keystore_folder / f"{party.name}.json"
+        if not path.exists():
+            keystore = encrypt_key(bytes(party.account.key), self.keystore_passphrase, light=True)
+            write_keystore(self.keystore_folder, party.name, keystore)
         return path
 
     def cli(self, *words: str) -> list[str]:
@@ -292,7 +296,7 @@ class Marketplace:
         market_dir = self.config.work_dir / "market"
         market_dir.mkdir(parents=True, exist_ok=True)
         env = self.child_env(market_dir)
-        env["VERITRAIN_OPERATOR_KEY"] = "0x" + bytes(self.parties["operator"].account.key).hex()
+        env["VERITRAIN_KEYSTORE"] = str(self.write_keystore(self.parties["operator"]))
         # Each child runs in its own folder, so whatever a library writes to its cwd stays with it.
         self.procs.start("market", self.cli("market", "serve"), env=env, cwd=market_dir)
         self.procs.start("worker", self.cli("market", "worker"), env=env, cwd=market_dir)
@@ -308,8 +312,8 @@ class Marketplace:
         argv = self.cli(
             command,
             "run",
-            "--key-file",
-            str(self.write_key_file(party)),
+            "--keystore",
+            str(self.write_keystore(party)),
             "--p2p-port",
             str(party.p2p_port),
             "--name",

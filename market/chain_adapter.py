@@ -1,7 +1,8 @@
 """The market's :class:`market.ports.SettlementPort` over :class:`veritrain.chain.client.ChainClient`.
 
 The market is the JobMarket operator: it proposes assignments and relays the parties' signed forms,
-paying their gas with its own key (``VERITRAIN_OPERATOR_KEY``).
+paying their gas with its own key: the keystore of the settings (``--keystore``), or
+``VERITRAIN_OPERATOR_KEY``.
 """
 
 from __future__ import annotations
@@ -10,11 +11,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from eth_account import Account
+from eth_account.signers.local import LocalAccount
 
 from market.domain.replication import Reputation
 from market.ports import ChainEvent, ChainOrder, MarketTerms, SignedAccept, SignedVerdict
 from veritrain.chain.client import ChainClient, Signed
 from veritrain.errors import MarketError
+from veritrain.keys import load_signer
 from veritrain.settings import Settings
 
 ZERO_ADDRESS = "0x" + "0" * 40
@@ -126,15 +129,23 @@ class ChainClientSettlement:
         ]
 
 
+def operator_account(settings: Settings, *, prompt: bool = False) -> LocalAccount:
+    """The operator's key: the settings' keystore (unlocked once per process, so `market serve` and
+    `market worker` may prompt at start and their tasks reuse it), else ``VERITRAIN_OPERATOR_KEY``."""
+    key = settings.operator_key.get_secret_value()
+    if key:
+        return Account.from_key(key)
+    if settings.keystore is None:
+        raise MarketError("the market needs the operator key: --keystore FILE (or VERITRAIN_OPERATOR_KEY)")
+    return load_signer(settings.keystore, password_env=settings.keystore_password_env, prompt=prompt)
+
+
 def connect_chain(settings: Settings) -> ChainClientSettlement:
     """Attach to the deployment in ``settings.deployments_file`` at ``settings.chain_rpc_url``."""
     from veritrain.chain.backends import RpcBackend
 
     if settings.deployments_file is None:
         raise MarketError("set VERITRAIN_DEPLOYMENTS_FILE to the deployments JSON the chain client wrote")
-    key = settings.operator_key.get_secret_value()
-    if not key:
-        raise MarketError("set VERITRAIN_OPERATOR_KEY to the market operator's private key")
     backend = RpcBackend(settings.chain_rpc_url)
-    client = ChainClient.connect(backend, settings.deployments_file, relayer=Account.from_key(key))
+    client = ChainClient.connect(backend, settings.deployments_file, relayer=operator_account(settings))
     return ChainClientSettlement(client)

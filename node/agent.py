@@ -35,6 +35,7 @@ import httpx
 from veritrain.agentkit import (
     HTTP_TIMEOUT_S,
     SIGNATURE_TTL_S,
+    AgentCommonConfig,
     AgentPlumbing,
     UnitManifest,
     add_common_agent_arguments,
@@ -96,22 +97,12 @@ class UnitRecord:
         return cls(**json.loads(path.read_text()))
 
 
-@dataclass(frozen=True)
-class AgentConfig:
-    name: str
-    key_file: Path
-    data_dir: Path
-    market_url: str
-    rpc_url: str
-    deployments: Path
-    p2p_port: int
-    p2p_host: str
+@dataclass(frozen=True, kw_only=True)
+class AgentConfig(AgentCommonConfig):
     price_per_pflop: int
     price_step_bps: int
-    stake: int | None
     dishonest: str | None
     device: str = "cpu"
-    threads: int = 1
 
 
 class ProviderAgent(AgentPlumbing):

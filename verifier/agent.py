@@ -24,6 +24,7 @@ import httpx
 
 from veritrain.agentkit import (
     HTTP_TIMEOUT_S,
+    AgentCommonConfig,
     AgentPlumbing,
     BlobPlane,
     UnitManifest,
@@ -54,18 +55,8 @@ RETRY_MAX_S = 30.0
 VERDICT_TTL_S = 600
 
 
-@dataclass(frozen=True)
-class VerifierConfig:
-    name: str
-    key_file: Path
-    data_dir: Path
-    market_url: str
-    rpc_url: str
-    deployments: Path
-    p2p_port: int
-    p2p_host: str
-    stake: int | None
-    threads: int = 1
+@dataclass(frozen=True, kw_only=True)
+class VerifierConfig(AgentCommonConfig):
     tolerances: Path | None = None
 
 
