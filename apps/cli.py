@@ -28,6 +28,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("keys", "list"), "apps.keys:list", "list the keystores and their addresses"),
     (("keys", "address"), "apps.keys:address", "print the address of a keystore"),
     (("config", "show"), "apps.config:show", "print the resolved configuration (secrets redacted)"),
+    (("chain", "deploy"), "apps.chain_deploy", "deploy the contracts, write the deployments JSON"),
     (("chain", "smoke"), "veritrain.chain.smoke", "deploy, stake, post an order, settle one unit"),
     (("market", "serve"), "market.serve", "run the market API (FastAPI) on embedded defaults or given URLs"),
     (("market", "worker"), "market.worker", "run a Celery worker for the market"),

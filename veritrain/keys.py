@@ -175,9 +175,7 @@ def keystore_address(path: Path) -> str:
         raise KeystoreError(f"{path} declares a malformed address {address!r}") from err
 
 
-def load_signer(
-    path: Path, *, password_env: str = DEFAULT_PASSWORD_ENV, prompt: bool = True
-) -> LocalAccount:
+def load_signer(path: Path, *, password_env: str = DEFAULT_PASSWORD_ENV, prompt: bool = True) -> LocalAccount:
     """The account of a keystore (decrypted with the passphrase from `password_env` or a prompt) or of a
     plain hex key file (with a warning). Cached per file: a second call neither asks nor decrypts again."""
     from eth_account import Account
