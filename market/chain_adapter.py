@@ -14,8 +14,10 @@ from eth_account import Account
 from eth_account.signers.local import LocalAccount
 
 from market.domain.replication import Reputation
+from market.metrics import record_settlement
 from market.ports import ChainEvent, ChainOrder, MarketTerms, SignedAccept, SignedVerdict
 from veritrain.chain.client import ChainClient, Signed
+from veritrain.chain.tx import Receipt
 from veritrain.errors import MarketError
 from veritrain.keys import load_signer
 from veritrain.settings import Settings
@@ -25,6 +27,12 @@ ZERO_ADDRESS = "0x" + "0" * 40
 
 def _sig(hex_signature: str) -> bytes:
     return bytes.fromhex(hex_signature.removeprefix("0x"))
+
+
+def _mined(action: str, receipt: Receipt) -> str:
+    """Count a mined settlement transaction and its gas for this worker's /metrics; its hash."""
+    record_settlement(action, receipt.gas_used)
+    return receipt.tx_hash
 
 
 def _hex(value: Any) -> Any:
@@ -85,32 +93,33 @@ class ChainClientSettlement:
         accepts: Sequence[SignedAccept],
     ) -> int:
         signed = [Signed(a.provider, _sig(a.signature), a.nonce, a.deadline) for a in accepts]
-        unit_id, _ = self.client.assign(order_id, unit_key, list(providers), list(verifiers), signed)
+        unit_id, receipt = self.client.assign(order_id, unit_key, list(providers), list(verifiers), signed)
+        _mined("assign", receipt)
         return unit_id
 
     def commit_with_sig(
         self, unit_id: int, provider: str, commitment: str, nonce: int, deadline: int, signature: str
     ) -> str:
         signed = Signed(provider, _sig(signature), nonce, deadline)
-        return self.client.commit_with_sig(unit_id, provider, commitment, signed).tx_hash
+        return _mined("commit", self.client.commit_with_sig(unit_id, provider, commitment, signed))
 
     def reveal(self, unit_id: int, provider: str, result_digest: str, salt: str) -> str:
-        return self.client.reveal(unit_id, provider, result_digest, salt).tx_hash
+        return _mined("reveal", self.client.reveal(unit_id, provider, result_digest, salt))
 
     def request_verification(self, unit_id: int) -> str:
-        return self.client.request_verification(unit_id).tx_hash
+        return _mined("request_verification", self.client.request_verification(unit_id))
 
     def finalize(self, unit_id: int) -> str:
-        return self.client.finalize(unit_id).tx_hash
+        return _mined("finalize", self.client.finalize(unit_id))
 
     def submit_verdict(
         self, unit_id: int, outcomes: Sequence[int], reasons_hash: str, verdicts: Sequence[SignedVerdict]
     ) -> str:
         signed = [Signed(v.verifier, _sig(v.signature), v.nonce, v.deadline) for v in verdicts]
-        return self.client.submit_verdict(unit_id, list(outcomes), reasons_hash, signed).tx_hash
+        return _mined("verdict", self.client.submit_verdict(unit_id, list(outcomes), reasons_hash, signed))
 
     def expire_unit(self, unit_id: int) -> str:
-        return self.client.expire_unit(unit_id).tx_hash
+        return _mined("expire", self.client.expire_unit(unit_id))
 
     def block_number(self) -> int:
         return int(self.client.w3.eth.block_number)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 OVERRIDES = {
     "database_url": "VERITRAIN_DATABASE_URL",
@@ -70,7 +71,17 @@ def run(args: argparse.Namespace) -> int:
     apply_overrides(args)
     from veritrain.settings import load_settings
 
-    load_settings().ensure_dirs()
+    settings = load_settings()
+    settings.ensure_dirs()
+    if settings.metrics_port:
+        if args.pool == "prefork":  # tasks would count in child processes this endpoint cannot see
+            print("veritrain market worker: --metrics-port needs --pool solo or threads", file=sys.stderr)
+            return 2
+        from prometheus_client import start_http_server
+
+        from market.metrics import WORKER_REGISTRY
+
+        start_http_server(settings.metrics_port, addr=settings.metrics_host, registry=WORKER_REGISTRY)
     from market.tasks import app
 
     argv = [

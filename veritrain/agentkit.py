@@ -23,6 +23,7 @@ from pydantic import Field
 
 from veritrain.codec import WireModel
 from veritrain.errors import AgentError, InvalidInput, VeritrainError
+from veritrain.metrics import AgentMetrics
 
 if TYPE_CHECKING:
     import torch
@@ -197,6 +198,12 @@ class BlobPlane:
         """Start listening; returns the full multiaddr (with /p2p/<peer id>) other agents dial."""
         return self._node.start()
 
+    def bytes_served(self) -> int | None:
+        """Blob bytes this host served, from the data plane's server counters (`P2PNode.counters`, added by
+        the p2p stream); None while the P2PNode in use has no counters."""
+        counters = getattr(self._node, "counters", None)
+        return None if counters is None else int(counters.snapshot().bytes_served)
+
     def fetch(self, peer_addr: str, digest: str) -> bytes:
         """The blob `digest` (sha256 hex) from the peer at `peer_addr`, also kept in our own store."""
         if self.store.has(digest):
@@ -332,6 +339,14 @@ class AgentPlumbing:
             self.store, self.account, settings.p2p_port, settings.data_dir, settings.p2p_host
         )
         self.p2p_addr = ""
+        self.metrics = AgentMetrics(self.blobs.bytes_served)
+        self._metrics_at = (settings.metrics_host, settings.metrics_port)
+
+    def start_metrics(self) -> None:
+        """Serve this agent's /metrics when a port is configured (0: off)."""
+        host, port = self._metrics_at
+        if port:
+            self.metrics.serve(host, port)
 
     def signed_registration(self, role: AgentRole, device: DeviceProfile) -> Signed[Registration]:
         """This agent's registration for the market: measured device, recipes, libp2p address, signed."""
