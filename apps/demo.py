@@ -82,6 +82,7 @@ class DemoConfig:
     verifier_quorum: int = 1
     tolerances: Path | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+    metrics: bool = False  # serve /metrics on a free port per agent and for the worker
 
     @property
     def work_dir(self) -> Path:
@@ -117,6 +118,7 @@ class Party:
     dishonest_strategy: str | None = None
     p2p_port: int = 0
     peer_addr: str = ""
+    metrics_port: int = 0
 
     @property
     def address(self) -> str:
@@ -154,6 +156,7 @@ class Marketplace:
         self.killed: set[str] = set()
         self._worker_restarts = 0
         self._worker_launch: tuple[dict[str, str], Path] = ({}, config.work_dir)
+        self.worker_metrics_port = free_port() if config.metrics else 0
         self.keystore_folder = config.work_dir / "keystore"
         self.keystore_passphrase = secrets.token_hex(16)
 
@@ -299,13 +302,17 @@ class Marketplace:
         env["VERITRAIN_KEYSTORE"] = str(self.write_keystore(self.parties["operator"]))
         # Each child runs in its own folder, so whatever a library writes to its cwd stays with it.
         self.procs.start("market", self.cli("market", "serve"), env=env, cwd=market_dir)
-        self.procs.start("worker", self.cli("market", "worker"), env=env, cwd=market_dir)
+        self.procs.start("worker", self.worker_argv(), env=env, cwd=market_dir)
         self._worker_launch = (env, market_dir)
         self.procs.wait_ready("market", lambda: http_ok(f"{self.market_url}/health"), timeout=90)
         self.emit(
             f"market: API pid {self.procs['market'].pid} on {self.market_url}, "
             f"Celery worker pid {self.procs['worker'].pid}"
         )
+
+    def worker_argv(self) -> list[str]:
+        argv = self.cli("market", "worker")
+        return [*argv, "--metrics-port", str(self.worker_metrics_port)] if self.worker_metrics_port else argv
 
     def agent_argv(self, party: Party) -> list[str]:
         command = "node" if party.role == "provider" else "verifier"
@@ -319,6 +326,8 @@ class Marketplace:
             "--name",
             party.name,
         )
+        if party.metrics_port:
+            argv += ["--metrics-port", str(party.metrics_port)]
         if party.role == "verifier" and self.config.tolerances is not None:
             argv += ["--tolerances", str(self.config.tolerances)]
         if party.role == "provider":
@@ -342,6 +351,8 @@ class Marketplace:
         data_dir.mkdir(parents=True, exist_ok=True)
         if not party.p2p_port:
             party.p2p_port = free_port()
+        if self.config.metrics and not party.metrics_port:
+            party.metrics_port = free_port()
         peer_id = peer_id_of(load_or_create_peer_key(data_dir / "peer.key"))
         party.peer_addr = f"/ip4/127.0.0.1/tcp/{party.p2p_port}/p2p/{peer_id}"
         self.procs.start(party.name, self.agent_argv(party), env=self.child_env(data_dir), cwd=data_dir)
@@ -361,7 +372,7 @@ class Marketplace:
                 f"market: Celery worker exited with code {worker.returncode()}; restarting it "
                 f"({self._worker_restarts}/{MAX_WORKER_RESTARTS}), see {worker.log_path}"
             )
-            self.procs.start("worker", self.cli("market", "worker"), env=env, cwd=cwd)
+            self.procs.start("worker", self.worker_argv(), env=env, cwd=cwd)
         self.procs.check_alive([proc.name for proc in self.procs if proc.name not in self.killed])
 
     def restart_agent(self, name: str) -> None:

@@ -23,6 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from sqlmodel import col, func, select
 
+from market.domain.matching import DeclineReason
 from market.domain.states import OrderState, ReplicaState, UnitState
 from market.service import MarketService
 from market.store import (
@@ -42,6 +43,10 @@ log = logging.getLogger(__name__)
 # Outbox entries not yet on chain; their age is the settlement lag.
 UNSENT_OUTBOX_STATES = ("pending", "sending")
 SENT_OUTBOX_STATES = ("sent", "confirmed")
+# Label values every scrape shows, at 0 until they happen (a family without samples would be absent).
+DECLINE_REASONS = (*(reason.value for reason in DeclineReason), "not_enough_verifiers")
+SETTLEMENT_ACTIONS = ("assign", "commit", "reveal", "request_verification", "finalize", "verdict", "expire")
+MATCH_OUTCOMES = ("chosen", "none")
 VERDICT_STATES = {
     ReplicaState.ACCEPTED.value: "accept",
     ReplicaState.FAULT.value: "fault",
@@ -149,13 +154,13 @@ class MarketCollector(Collector):
                 "veritrain_match_passes",
                 "Matching decisions on a unit, by whether a provider was chosen",
                 "outcome",
-                dict(self._match_passes),
+                {outcome: self._match_passes[outcome] for outcome in MATCH_OUTCOMES},
             )
             yield _counter(
                 "veritrain_match_declines",
                 "Candidates declined by matching, by reason",
                 "reason",
-                dict(self._declines),
+                {reason: self._declines[reason] for reason in {*DECLINE_REASONS, *self._declines}},
             )
         yield _counter(
             "veritrain_verdicts",
@@ -183,7 +188,7 @@ class MarketCollector(Collector):
             "veritrain_settlement_transactions",
             "Settlement transactions sent or confirmed on chain, by action",
             "action",
-            dict(sent),
+            {action: sent[action] for action in {*SETTLEMENT_ACTIONS, *sent}},
         )
         yield GaugeMetricFamily(
             "veritrain_outbox_lag_seconds",
