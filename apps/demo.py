@@ -14,6 +14,7 @@ URLs), kill a provider mid-unit, and apply the same money checks (apps.demo_repo
 from __future__ import annotations
 
 import argparse
+import json
 import secrets
 import shutil
 import sys
@@ -34,6 +35,7 @@ from apps.demo_report import (
 )
 from apps.procs import ProcessGroup, free_port, http_ok, signals_ignored, terminate_as_interrupt
 from veritrain.errors import DemoCheckFailed, VeritrainError
+from veritrain.progress import progress_bar
 
 if TYPE_CHECKING:
     from eth_account.signers.local import LocalAccount
@@ -825,7 +827,8 @@ def run_demo(config: DemoConfig, emit: Callable[[str], None]) -> dict[str, Any]:
         before = start_stack(market)
         buyer = Buyer(market)
         buyer.post_order()
-        buyer.wait_completed(deadline)
+        with progress_bar("rounds accepted", config.rounds) as rounds_bar:
+            buyer.wait_completed(deadline, on_tick=lambda status: rounds_bar(status["rounds_accepted"]))
         buyer.close(deadline)
         market.withdraw_all_credits()
         after = market.holdings()
@@ -868,6 +871,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds before the demo gives up")
     parser.add_argument("--database-url", default=None, help="market database (default: a SQLite file)")
     parser.add_argument("--broker-url", default=None, help="Celery broker (default: filesystem://)")
+    parser.add_argument(
+        "--json", action="store_true", help="print the report as JSON on stdout (progress goes to stderr)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -883,7 +889,7 @@ def run(args: argparse.Namespace) -> int:
         database_url=args.database_url,
         broker_url=args.broker_url,
     )
-    emit = progress_printer()
+    emit = progress_printer(sys.stderr if args.json else None)
     try:
         report = run_demo(config, emit)
     except DemoCheckFailed as err:
@@ -896,6 +902,8 @@ def run(args: argparse.Namespace) -> int:
         emit("interrupted: every child process was stopped")
         return 130
     emit(f"report: {config.out_dir / 'demo-report.json'} ({report['wall_time_s']} s)")
+    if args.json:
+        print(json.dumps(report, sort_keys=True))
     return 0
 
 

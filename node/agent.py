@@ -346,6 +346,7 @@ class ProviderAgent(AgentPlumbing):
         from node.unit import run_unit
         from veritrain.datasets import load_dataset
         from veritrain.pol import result_digest
+        from veritrain.progress import progress_bar
 
         folder = self.unit_dir(assignment.unit_id)
         spec = unit_spec_of(assignment)
@@ -382,7 +383,13 @@ class ProviderAgent(AgentPlumbing):
             )
             final_state, transcript, checkpoints = self.dishonest(spec, start, dataset)
         else:
-            result = run_unit(spec, start, folder / "work", on_progress=on_progress, dataset=dataset)
+            with progress_bar(f"unit {assignment.unit_id}", spec.steps) as bar:
+
+                def tracked(step: int, total: int, loss: float) -> None:
+                    on_progress(step, total, loss)
+                    bar(step, loss=loss)
+
+                result = run_unit(spec, start, folder / "work", on_progress=tracked, dataset=dataset)
             final_state, transcript = result.final_state, result.transcript
             checkpoints = [load_state_file(path) for path in result.checkpoint_paths]
         for checkpoint in checkpoints:
