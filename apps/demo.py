@@ -19,7 +19,7 @@ import secrets
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -110,6 +110,22 @@ class DemoConfig:
         marker.write_text("created by `veritrain demo`; deleted and recreated by the next run\n")
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where each process of the marketplace runs: the address of its host, and the command prefix that
+    starts a process there. Names are "chain", "market" (API and worker) and the parties' names. The
+    default is this machine's loopback for all; apps.testbed puts each on a host of its own."""
+
+    addresses: Mapping[str, str] = field(default_factory=dict)
+    launch: Callable[[str, list[str]], list[str]] | None = None
+
+    def address(self, name: str) -> str:
+        return self.addresses.get(name, "127.0.0.1")
+
+    def wrap(self, name: str, argv: list[str]) -> list[str]:
+        return self.launch(name, argv) if self.launch is not None else argv
+
+
 @dataclass
 class Party:
     """One account of the demo and the process (if any) acting for it."""
@@ -145,8 +161,11 @@ class Marketplace:
     `stop()` (or leaving the context) stops every child process by PID, also after a failure or Ctrl-C.
     """
 
-    def __init__(self, config: DemoConfig, emit: Callable[[str], None]) -> None:
+    def __init__(
+        self, config: DemoConfig, emit: Callable[[str], None], placement: Placement | None = None
+    ) -> None:
         self.config = config
+        self.placement = placement or Placement()
         self.emit = emit
         self.procs = ProcessGroup(config.log_dir)
         self.parties: dict[str, Party] = {}
@@ -178,7 +197,7 @@ class Marketplace:
 
     @property
     def market_url(self) -> str:
-        return f"http://127.0.0.1:{self.market_port}"
+        return f"http://{self.placement.address('market')}:{self.market_port}"
 
     @property
     def client(self) -> ChainClient:
@@ -216,13 +235,25 @@ class Marketplace:
         return self.providers() + self.verifiers()
 
     def start_chain(self) -> None:
-        """Start a local hardhat node (veritrain.chain.HardhatNode stops it by its own PID)."""
-        from veritrain.chain.backends import HardhatNode
+        """Start a local hardhat node (veritrain.chain.HardhatNode stops it by its own PID), or, placed on a
+        host of its own, a `hardhat node` listening on that host's address."""
+        from veritrain.chain.backends import HardhatNode, find_repo_root
 
         self.config.log_dir.mkdir(parents=True, exist_ok=True)
-        self.node = HardhatNode(log_path=self.config.log_dir / "hardhat-node.log").start()
-        self.rpc_url = self.node.url
-        self.emit(f"chain: hardhat node pid {self.node.pid} on {self.rpc_url}")
+        if "chain" not in self.placement.addresses:
+            self.node = HardhatNode(log_path=self.config.log_dir / "hardhat-node.log").start()
+            self.rpc_url = self.node.url
+            self.emit(f"chain: hardhat node pid {self.node.pid} on {self.rpc_url}")
+            return
+        root = find_repo_root()
+        host, port = self.placement.address("chain"), free_port()
+        hardhat = str(root / "node_modules" / ".bin" / "hardhat")
+        argv = [hardhat, "node", "--hostname", host, "--port", str(port)]
+        env = {"HARDHAT_DISABLE_TELEMETRY_PROMPT": "true"}
+        self.procs.start("chain", self.placement.wrap("chain", argv), env=env, cwd=root)
+        self.rpc_url = f"http://{host}:{port}"
+        self.procs.wait_ready("chain", lambda: _rpc_ok(self.rpc_url), timeout=60)
+        self.emit(f"chain: hardhat node pid {self.procs['chain'].pid} on {self.rpc_url}")
 
     def deploy_and_fund(self) -> None:
         """Deploy the contracts (short windows for a demo) and mint tokens to the buyer and the agents."""
@@ -235,8 +266,10 @@ class Marketplace:
             verdict_window=self.config.verdict_window_s,
             verifier_quorum=self.config.verifier_quorum,
         )
+        from veritrain.chain.backends import RpcBackend
+
         self.chain = ChainClient.deploy(
-            self.node.backend(),
+            RpcBackend(self.rpc_url),
             self.parties["deployer"].account,
             operator=self.parties["operator"].account,
             params=params,
@@ -266,7 +299,7 @@ class Marketplace:
             "VERITRAIN_CHAIN_ID": str(self.client.chain_id),
             "VERITRAIN_DEPLOYMENTS_FILE": str(self.deployments_path),
             "VERITRAIN_MARKET_URL": self.market_url,
-            "VERITRAIN_MARKET_HOST": "127.0.0.1",
+            "VERITRAIN_MARKET_HOST": self.placement.address("market"),
             "VERITRAIN_MARKET_PORT": str(self.market_port),
             "VERITRAIN_DATABASE_URL": self.config.database_url
             or f"sqlite:///{market_dir / 'market.sqlite3'}",
@@ -303,8 +336,9 @@ class Marketplace:
         env = self.child_env(market_dir)
         env["VERITRAIN_KEYSTORE"] = str(self.write_keystore(self.parties["operator"]))
         # Each child runs in its own folder, so whatever a library writes to its cwd stays with it.
-        self.procs.start("market", self.cli("market", "serve"), env=env, cwd=market_dir)
-        self.procs.start("worker", self.worker_argv(), env=env, cwd=market_dir)
+        serve = self.placement.wrap("market", self.cli("market", "serve"))
+        self.procs.start("market", serve, env=env, cwd=market_dir)
+        self.procs.start("worker", self.placement.wrap("market", self.worker_argv()), env=env, cwd=market_dir)
         self._worker_launch = (env, market_dir)
         self.procs.wait_ready("market", lambda: http_ok(f"{self.market_url}/health"), timeout=90)
         self.emit(
@@ -325,6 +359,8 @@ class Marketplace:
             str(self.write_keystore(party)),
             "--p2p-port",
             str(party.p2p_port),
+            "--p2p-host",
+            self.placement.address(party.name),
             "--name",
             party.name,
         )
@@ -356,8 +392,9 @@ class Marketplace:
         if self.config.metrics and not party.metrics_port:
             party.metrics_port = free_port()
         peer_id = peer_id_of(load_or_create_peer_key(data_dir / "peer.key"))
-        party.peer_addr = f"/ip4/127.0.0.1/tcp/{party.p2p_port}/p2p/{peer_id}"
-        self.procs.start(party.name, self.agent_argv(party), env=self.child_env(data_dir), cwd=data_dir)
+        party.peer_addr = f"/ip4/{self.placement.address(party.name)}/tcp/{party.p2p_port}/p2p/{peer_id}"
+        argv = self.placement.wrap(party.name, self.agent_argv(party))
+        self.procs.start(party.name, argv, env=self.child_env(data_dir), cwd=data_dir)
         marker = f" *** DISHONEST ({party.dishonest_strategy}) ***" if party.dishonest_strategy else ""
         self.emit(f"{party.name}: pid {self.procs[party.name].pid}, {party.address}{marker}")
 
@@ -374,7 +411,7 @@ class Marketplace:
                 f"market: Celery worker exited with code {worker.returncode()}; restarting it "
                 f"({self._worker_restarts}/{MAX_WORKER_RESTARTS}), see {worker.log_path}"
             )
-            self.procs.start("worker", self.worker_argv(), env=env, cwd=cwd)
+            self.procs.start("worker", self.placement.wrap("market", self.worker_argv()), env=env, cwd=cwd)
         self.procs.check_alive([proc.name for proc in self.procs if proc.name not in self.killed])
 
     def restart_agent(self, name: str) -> None:
@@ -504,6 +541,16 @@ def order_money(events: list[Event], order_id: int) -> tuple[OrderMoney, list[Un
         deposit=deposit, payouts=payouts, verdict_fees=verdict_fees, refund=refund, slashed=slashed
     )
     return money, [units[key] for key in sorted(units)]
+
+
+def _rpc_ok(url: str) -> bool:
+    from veritrain.chain.backends import RpcBackend
+    from veritrain.chain.errors import RpcUnavailable
+
+    try:
+        return RpcBackend(url, timeout=1.0).chain_id > 0
+    except RpcUnavailable:
+        return False
 
 
 def _hex(value: Any) -> str:
@@ -812,10 +859,12 @@ def build_report(
 
 
 @contextmanager
-def marketplace(config: DemoConfig, emit: Callable[[str], None]) -> Iterator[Marketplace]:
+def marketplace(
+    config: DemoConfig, emit: Callable[[str], None], placement: Placement | None = None
+) -> Iterator[Marketplace]:
     """A marketplace that is stopped whatever happens (failure, Ctrl-C, SIGTERM)."""
     config.fresh_work_dir()
-    with terminate_as_interrupt(), Marketplace(config, emit) as market:
+    with terminate_as_interrupt(), Marketplace(config, emit, placement) as market:
         yield market
 
 

@@ -12,9 +12,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import pytest
+from needs import require
 
-IN_CI = os.environ.get("CI", "").lower() == "true"
 HEADLESS_FLAGS = (
     "--headless=new",
     "--no-sandbox",  # root in a container: chromium's sandbox needs user namespaces it may not have
@@ -28,13 +27,9 @@ HEADLESS_FLAGS = (
 def chromium(profile_dir: Path) -> Iterator[Any]:
     """A headless chromium session; quits in any case."""
     browser, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    if browser is None or driver is None:
-        message = (
-            "Debian chromium and chromium-driver are needed (scripts/setup installs them with apt as root)"
-        )
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
+    missing = "chromium or chromedriver is missing" if browser is None or driver is None else None
+    require(missing, "scripts/setup installs Debian's chromium and chromium-driver with apt as root")
+    assert browser is not None and driver is not None
     os.environ.setdefault("SE_OFFLINE", "true")  # Selenium Manager must not try to download anything
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
