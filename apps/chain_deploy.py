@@ -35,7 +35,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out", type=Path, default=None, help="deployments JSON (default: deployments_file or <data dir>)"
     )
-    parser.add_argument("--force", action="store_true", help="replace an existing deployments file")
+    existing = parser.add_mutually_exclusive_group()
+    existing.add_argument("--force", action="store_true", help="replace an existing deployments file")
+    existing.add_argument(
+        "--keep-existing",
+        action="store_true",
+        help="if the deployments file exists and its contracts are on this chain, keep it (idempotent step)",
+    )
     parser.add_argument("--json", action="store_true", help="print the deployment as JSON")
 
 
@@ -72,11 +78,15 @@ def deploy(args: argparse.Namespace) -> dict[str, Any]:
         keystore_password_env=args.password_env,
     )
     out = args.out or settings.deployments_file or settings.data_dir / "deployments.json"
-    if out.exists() and not args.force:
+    if out.exists() and not (args.force or args.keep_existing):
         raise ConfigError(f"{out} exists (a deployment the market and agents may use); --force replaces it")
     backend = RpcBackend(settings.chain_rpc_url)
     if backend.chain_id != settings.chain_id:
         raise WrongChainId(settings.chain_id, backend.chain_id, f"node at {settings.chain_rpc_url}")
+    if out.exists() and args.keep_existing:
+        kept = ChainClient.connect(backend, out)  # WrongChainId / DeploymentError if it is not live here
+        print(f"keeping the deployment in {out}: its contracts are on chain {kept.chain_id}")
+        return {**kept.deployment.to_dict(), "file": str(out)}
     if settings.keystore is not None:
         deployer = load_signer(settings.keystore, password_env=settings.keystore_password_env)
     elif backend.chain_id == HARDHAT_CHAIN_ID:

@@ -56,6 +56,9 @@ def test_deploy_with_a_keystore_writes_a_usable_deployments_file(
     assert main([*argv]) == 2
     assert "--force replaces it" in capsys.readouterr().err
     assert json.loads(out.read_text())["addresses"] == printed["addresses"]
+    # ... but an idempotent deployment step (deploy/compose.yaml) keeps a live one and succeeds
+    assert main([*argv, "--keep-existing", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["addresses"] == printed["addresses"]
 
 
 def test_chain_id_mismatch_is_refused_before_anything_is_sent(
