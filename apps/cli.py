@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+from veritrain.errors import VeritrainError
+
 # (words, module, help). Keep heavy imports (torch, web3) inside each module's run().
 COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("demo",), "apps.demo", "run the whole marketplace on embedded defaults and write a report"),
@@ -98,7 +100,11 @@ def main(argv: list[str] | None = None) -> int:
         # the environment carries it to this process's settings and to every process the command starts
         os.environ["VERITRAIN_CONFIG"] = str(args.config.resolve())
     module, function = _entry(args._module, "run")
-    return int(getattr(module, function)(args) or 0)
+    try:
+        return int(getattr(module, function)(args) or 0)
+    except VeritrainError as err:  # a typed refusal (bad config, key, input) is one line, not a traceback
+        print(f"veritrain: {type(err).__name__}: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -54,8 +54,29 @@ def dashboard_state(service: MarketService, max_orders: int = MAX_ORDERS) -> dic
         unit_ids = [unit.id for unit in units if unit.id is not None]
         replicas = store.replicas_of_units(session, unit_ids)
         rounds = session.exec(select(RoundRow).where(col(RoundRow.order_id).in_(order_ids))).all()
+        jobs = {
+            job.unit_id: job
+            for job in session.exec(
+                select(VerificationJobRow).where(col(VerificationJobRow.unit_id).in_(unit_ids))
+            ).all()
+        }
+        verdicts: dict[int, list[VerdictSignatureRow]] = defaultdict(list)
+        job_ids = [job.id for job in jobs.values()]
+        for row in session.exec(
+            select(VerdictSignatureRow)
+            .where(col(VerdictSignatureRow.job_id).in_(job_ids))
+            .order_by(col(VerdictSignatureRow.id))
+        ).all():
+            verdicts[row.job_id].append(row)
+        settlement: dict[int, list[OutboxRow]] = defaultdict(list)
+        for entry in session.exec(
+            select(OutboxRow).where(col(OutboxRow.unit_id).in_(unit_ids)).order_by(col(OutboxRow.id))
+        ).all():
+            settlement[entry.unit_id].append(entry)
         unit_views = {
-            unit.id: _unit(session, unit, replicas.get(unit.id, [])) for unit in units if unit.id is not None
+            unit.id: _unit(unit, replicas.get(unit.id, []), jobs.get(unit.id), verdicts, settlement[unit.id])
+            for unit in units
+            if unit.id is not None
         }
         curves = _loss_curves(store.loss_points_of_units(session, unit_ids), units, replicas)
         return {
@@ -102,15 +123,15 @@ def _order(
     }
 
 
-def _unit(session: Session, unit: UnitRow, replicas: list[ReplicaRow]) -> dict[str, Any]:
-    job = session.exec(select(VerificationJobRow).where(VerificationJobRow.unit_id == unit.id)).first()
+def _unit(
+    unit: UnitRow,
+    replicas: list[ReplicaRow],
+    job: VerificationJobRow | None,
+    verdicts: dict[int, list[VerdictSignatureRow]],
+    settlement: list[OutboxRow],
+) -> dict[str, Any]:
     verification = None
-    if job is not None:
-        signatures = session.exec(
-            select(VerdictSignatureRow)
-            .where(VerdictSignatureRow.job_id == job.id)
-            .order_by(col(VerdictSignatureRow.id))
-        ).all()
+    if job is not None and job.id is not None:
         verification = {
             "job_id": job.id,
             "reason": job.reason,
@@ -120,12 +141,9 @@ def _unit(session: Session, unit: UnitRow, replicas: list[ReplicaRow]) -> dict[s
                     "verifier": v.verifier,
                     "outcomes": [OUTCOME_NAMES.get(o, str(o)) for o in json.loads(v.outcomes_json)],
                 }
-                for v in signatures
+                for v in verdicts.get(job.id, [])
             ],
         }
-    settlement = session.exec(
-        select(OutboxRow).where(OutboxRow.unit_id == unit.id).order_by(col(OutboxRow.id))
-    ).all()
     return {
         "id": unit.id,
         "order_id": unit.order_id,

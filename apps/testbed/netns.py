@@ -38,6 +38,8 @@ T = TypeVar("T")
 class TestbedError(VeritrainError):
     """The testbed could not be built or used (not root, no iproute2, a command failed)."""
 
+    __test__ = False  # not a pytest test class, whatever its name
+
 
 @dataclass(frozen=True)
 class Host:

@@ -78,3 +78,15 @@ def test_config_show_redacts_secrets(
     assert main(["config", "show"]) == 0
     text = capsys.readouterr().out
     assert "hunter2" not in text and "abab" not in text and "market_port" in text
+
+
+def test_a_refused_command_is_one_line_and_exit_code_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("VERITRAIN_KEYSTORE", "")
+    monkeypatch.delenv("VERITRAIN_KEYSTORE")
+    assert main(["node", "run", "--data-dir", str(tmp_path)]) == 2
+    assert "AgentError: no key: give --keystore FILE" in capsys.readouterr().err
+    config = write(tmp_path / "v.toml", "market_port = [1]\n")
+    assert main(["--config", str(config), "verifier", "run", "--keystore", "k.json"]) == 2
+    assert "ConfigError: invalid configuration: market_port" in capsys.readouterr().err
