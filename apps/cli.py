@@ -2,7 +2,12 @@
 
 Subcommand modules are imported lazily (only the chosen one), so `veritrain --help` stays fast and a
 missing optional part breaks only its own command. Each module exposes
-``configure(parser: argparse.ArgumentParser) -> None`` and ``run(args: argparse.Namespace) -> int``.
+``configure(parser: argparse.ArgumentParser) -> None`` and ``run(args: argparse.Namespace) -> int``; a
+module holding several commands of one group is named "module:name" and exposes ``configure_<name>`` and
+``run_<name>``.
+
+``veritrain --config FILE <command>`` names the TOML configuration for the command and every process it
+starts (it sets ``VERITRAIN_CONFIG``; see :mod:`veritrain.settings`).
 """
 
 from __future__ import annotations
@@ -10,11 +15,22 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
 import sys
+from pathlib import Path
+from types import ModuleType
+
+from veritrain.errors import VeritrainError
 
 # (words, module, help). Keep heavy imports (torch, web3) inside each module's run().
 COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("demo",), "apps.demo", "run the whole marketplace on embedded defaults and write a report"),
+    (("keys", "new"), "apps.keys:new", "create a key in an encrypted keystore"),
+    (("keys", "import"), "apps.keys:import", "encrypt an existing private key into a keystore"),
+    (("keys", "list"), "apps.keys:list", "list the keystores and their addresses"),
+    (("keys", "address"), "apps.keys:address", "print the address of a keystore"),
+    (("config", "show"), "apps.config:show", "print the resolved configuration (secrets redacted)"),
+    (("chain", "deploy"), "apps.chain_deploy", "deploy the contracts, write the deployments JSON"),
     (("chain", "smoke"), "veritrain.chain.smoke", "deploy, stake, post an order, settle one unit"),
     (("market", "serve"), "market.serve", "run the market API (FastAPI) on embedded defaults or given URLs"),
     (("market", "worker"), "market.worker", "run a Celery worker for the market"),
@@ -30,15 +46,24 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
 def _available(module: str) -> bool:
     """True if the module exists (a role package may be absent from a partial install)."""
     try:
-        return importlib.util.find_spec(module) is not None
+        return importlib.util.find_spec(module.partition(":")[0]) is not None
     except ModuleNotFoundError:
         return False
+
+
+def _entry(module: str, kind: str) -> tuple[ModuleType, str]:
+    """The imported module of a command and the name of its `configure`/`run` function."""
+    name, _, command = module.partition(":")
+    return importlib.import_module(name), f"{kind}_{command}" if command else kind
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     """Build the parser; only the module of the command named in argv is imported."""
     parser = argparse.ArgumentParser(
         prog="veritrain", description="Veritrain: verified AI training on idle GPUs"
+    )
+    parser.add_argument(
+        "--config", type=Path, metavar="FILE", help="TOML configuration file (default: $VERITRAIN_CONFIG)"
     )
     groups: dict[str, argparse._SubParsersAction] = {}
     top = parser.add_subparsers(dest="command", required=True)
@@ -49,20 +74,37 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
             sub = top.add_parser(words[0], help=help_text)
         else:
             if words[0] not in groups:
-                group_parser = top.add_parser(words[0], help=f"{words[0]} commands")
+                members = [w[1] for w, m, _ in COMMANDS if w[0] == words[0] and _available(m)]
+                group_parser = top.add_parser(words[0], help=f"{words[0]} {'|'.join(members)}")
                 groups[words[0]] = group_parser.add_subparsers(dest="subcommand", required=True)
             sub = groups[words[0]].add_parser(words[1], help=help_text)
         sub.set_defaults(_module=module)
         if list(words) == argv[: len(words)]:
-            importlib.import_module(module).configure(sub)
+            imported, function = _entry(module, "configure")
+            getattr(imported, function)(sub)
     return parser
+
+
+def _command_words(argv: list[str]) -> list[str]:
+    """argv without the global options, so the chosen command's words can be recognised."""
+    words = list(argv)
+    while words and words[0].startswith("--config"):
+        words = words[1:] if "=" in words[0] else words[2:]
+    return words
 
 
 def main(argv: list[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser(args_list).parse_args(args_list)
-    module = importlib.import_module(args._module)
-    return int(module.run(args) or 0)
+    args = build_parser(_command_words(args_list)).parse_args(args_list)
+    if args.config is not None:
+        # the environment carries it to this process's settings and to every process the command starts
+        os.environ["VERITRAIN_CONFIG"] = str(args.config.resolve())
+    module, function = _entry(args._module, "run")
+    try:
+        return int(getattr(module, function)(args) or 0)
+    except VeritrainError as err:  # a typed refusal (bad config, key, input) is one line, not a traceback
+        print(f"veritrain: {type(err).__name__}: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

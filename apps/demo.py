@@ -14,11 +14,12 @@ URLs), kill a provider mid-unit, and apply the same money checks (apps.demo_repo
 from __future__ import annotations
 
 import argparse
-import os
+import json
+import secrets
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -34,6 +35,7 @@ from apps.demo_report import (
 )
 from apps.procs import ProcessGroup, free_port, http_ok, signals_ignored, terminate_as_interrupt
 from veritrain.errors import DemoCheckFailed, VeritrainError
+from veritrain.progress import progress_bar
 
 if TYPE_CHECKING:
     from eth_account.signers.local import LocalAccount
@@ -82,6 +84,7 @@ class DemoConfig:
     verifier_quorum: int = 1
     tolerances: Path | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+    metrics: bool = False  # serve /metrics on a free port per agent and for the worker
 
     @property
     def work_dir(self) -> Path:
@@ -107,6 +110,22 @@ class DemoConfig:
         marker.write_text("created by `veritrain demo`; deleted and recreated by the next run\n")
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where each process of the marketplace runs: the address of its host, and the command prefix that
+    starts a process there. Names are "chain", "market" (API and worker) and the parties' names. The
+    default is this machine's loopback for all; apps.testbed puts each on a host of its own."""
+
+    addresses: Mapping[str, str] = field(default_factory=dict)
+    launch: Callable[[str, list[str]], list[str]] | None = None
+
+    def address(self, name: str) -> str:
+        return self.addresses.get(name, "127.0.0.1")
+
+    def wrap(self, name: str, argv: list[str]) -> list[str]:
+        return self.launch(name, argv) if self.launch is not None else argv
+
+
 @dataclass
 class Party:
     """One account of the demo and the process (if any) acting for it."""
@@ -117,6 +136,7 @@ class Party:
     dishonest_strategy: str | None = None
     p2p_port: int = 0
     peer_addr: str = ""
+    metrics_port: int = 0
 
     @property
     def address(self) -> str:
@@ -141,8 +161,11 @@ class Marketplace:
     `stop()` (or leaving the context) stops every child process by PID, also after a failure or Ctrl-C.
     """
 
-    def __init__(self, config: DemoConfig, emit: Callable[[str], None]) -> None:
+    def __init__(
+        self, config: DemoConfig, emit: Callable[[str], None], placement: Placement | None = None
+    ) -> None:
         self.config = config
+        self.placement = placement or Placement()
         self.emit = emit
         self.procs = ProcessGroup(config.log_dir)
         self.parties: dict[str, Party] = {}
@@ -154,6 +177,9 @@ class Marketplace:
         self.killed: set[str] = set()
         self._worker_restarts = 0
         self._worker_launch: tuple[dict[str, str], Path] = ({}, config.work_dir)
+        self.worker_metrics_port = free_port() if config.metrics else 0
+        self.keystore_folder = config.work_dir / "keystore"
+        self.keystore_passphrase = secrets.token_hex(16)
 
     def __enter__(self) -> Marketplace:
         return self
@@ -171,7 +197,7 @@ class Marketplace:
 
     @property
     def market_url(self) -> str:
-        return f"http://127.0.0.1:{self.market_port}"
+        return f"http://{self.placement.address('market')}:{self.market_port}"
 
     @property
     def client(self) -> ChainClient:
@@ -209,13 +235,25 @@ class Marketplace:
         return self.providers() + self.verifiers()
 
     def start_chain(self) -> None:
-        """Start a local hardhat node (veritrain.chain.HardhatNode stops it by its own PID)."""
-        from veritrain.chain.backends import HardhatNode
+        """Start a local hardhat node (veritrain.chain.HardhatNode stops it by its own PID), or, placed on a
+        host of its own, a `hardhat node` listening on that host's address."""
+        from veritrain.chain.backends import HardhatNode, find_repo_root
 
         self.config.log_dir.mkdir(parents=True, exist_ok=True)
-        self.node = HardhatNode(log_path=self.config.log_dir / "hardhat-node.log").start()
-        self.rpc_url = self.node.url
-        self.emit(f"chain: hardhat node pid {self.node.pid} on {self.rpc_url}")
+        if "chain" not in self.placement.addresses:
+            self.node = HardhatNode(log_path=self.config.log_dir / "hardhat-node.log").start()
+            self.rpc_url = self.node.url
+            self.emit(f"chain: hardhat node pid {self.node.pid} on {self.rpc_url}")
+            return
+        root = find_repo_root()
+        host, port = self.placement.address("chain"), free_port()
+        hardhat = str(root / "node_modules" / ".bin" / "hardhat")
+        argv = [hardhat, "node", "--hostname", host, "--port", str(port)]
+        env = {"HARDHAT_DISABLE_TELEMETRY_PROMPT": "true"}
+        self.procs.start("chain", self.placement.wrap("chain", argv), env=env, cwd=root)
+        self.rpc_url = f"http://{host}:{port}"
+        self.procs.wait_ready("chain", lambda: _rpc_ok(self.rpc_url), timeout=60)
+        self.emit(f"chain: hardhat node pid {self.procs['chain'].pid} on {self.rpc_url}")
 
     def deploy_and_fund(self) -> None:
         """Deploy the contracts (short windows for a demo) and mint tokens to the buyer and the agents."""
@@ -228,8 +266,10 @@ class Marketplace:
             verdict_window=self.config.verdict_window_s,
             verifier_quorum=self.config.verifier_quorum,
         )
+        from veritrain.chain.backends import RpcBackend
+
         self.chain = ChainClient.deploy(
-            self.node.backend(),
+            RpcBackend(self.rpc_url),
             self.parties["deployer"].account,
             operator=self.parties["operator"].account,
             params=params,
@@ -259,13 +299,14 @@ class Marketplace:
             "VERITRAIN_CHAIN_ID": str(self.client.chain_id),
             "VERITRAIN_DEPLOYMENTS_FILE": str(self.deployments_path),
             "VERITRAIN_MARKET_URL": self.market_url,
-            "VERITRAIN_MARKET_HOST": "127.0.0.1",
+            "VERITRAIN_MARKET_HOST": self.placement.address("market"),
             "VERITRAIN_MARKET_PORT": str(self.market_port),
             "VERITRAIN_DATABASE_URL": self.config.database_url
             or f"sqlite:///{market_dir / 'market.sqlite3'}",
             "OMP_NUM_THREADS": str(self.config.torch_threads),
             "MKL_NUM_THREADS": str(self.config.torch_threads),
             "HARDHAT_DISABLE_TELEMETRY_PROMPT": "true",
+            "VERITRAIN_KEYSTORE_PASSWORD": self.keystore_passphrase,
         }
         if self.config.broker_url:  # else API and worker share a filesystem:// broker in the market dir
             env["VERITRAIN_BROKER_URL"] = self.config.broker_url
@@ -273,14 +314,15 @@ class Marketplace:
         env.update(self.config.extra_env)
         return env
 
-    def write_key_file(self, party: Party) -> Path:
-        """The party's private key in a 0600 file (never on a command line, where `ps` shows it)."""
-        folder = self.config.work_dir / "keys"
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{party.name}.key"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write("0x" + bytes(party.account.key).hex() + "\n")
+    def write_keystore(self, party: Party) -> Path:
+        """The party's key in an encrypted keystore (cheap scrypt: these are the public dev accounts); the
+        run's random passphrase reaches the children in their environment, never on a command line."""
+        from veritrain.keys import encrypt_key, write_keystore
+
+        path = self.keystore_folder / f"{party.name}.json"
+        if not path.exists():
+            keystore = encrypt_key(bytes(party.account.key), self.keystore_passphrase, light=True)
+            write_keystore(self.keystore_folder, party.name, keystore)
         return path
 
     def cli(self, *words: str) -> list[str]:
@@ -292,10 +334,11 @@ class Marketplace:
         market_dir = self.config.work_dir / "market"
         market_dir.mkdir(parents=True, exist_ok=True)
         env = self.child_env(market_dir)
-        env["VERITRAIN_OPERATOR_KEY"] = "0x" + bytes(self.parties["operator"].account.key).hex()
+        env["VERITRAIN_KEYSTORE"] = str(self.write_keystore(self.parties["operator"]))
         # Each child runs in its own folder, so whatever a library writes to its cwd stays with it.
-        self.procs.start("market", self.cli("market", "serve"), env=env, cwd=market_dir)
-        self.procs.start("worker", self.cli("market", "worker"), env=env, cwd=market_dir)
+        serve = self.placement.wrap("market", self.cli("market", "serve"))
+        self.procs.start("market", serve, env=env, cwd=market_dir)
+        self.procs.start("worker", self.placement.wrap("market", self.worker_argv()), env=env, cwd=market_dir)
         self._worker_launch = (env, market_dir)
         self.procs.wait_ready("market", lambda: http_ok(f"{self.market_url}/health"), timeout=90)
         self.emit(
@@ -303,18 +346,26 @@ class Marketplace:
             f"Celery worker pid {self.procs['worker'].pid}"
         )
 
+    def worker_argv(self) -> list[str]:
+        argv = self.cli("market", "worker")
+        return [*argv, "--metrics-port", str(self.worker_metrics_port)] if self.worker_metrics_port else argv
+
     def agent_argv(self, party: Party) -> list[str]:
         command = "node" if party.role == "provider" else "verifier"
         argv = self.cli(
             command,
             "run",
-            "--key-file",
-            str(self.write_key_file(party)),
+            "--keystore",
+            str(self.write_keystore(party)),
             "--p2p-port",
             str(party.p2p_port),
+            "--p2p-host",
+            self.placement.address(party.name),
             "--name",
             party.name,
         )
+        if party.metrics_port:
+            argv += ["--metrics-port", str(party.metrics_port)]
         if party.role == "verifier" and self.config.tolerances is not None:
             argv += ["--tolerances", str(self.config.tolerances)]
         if party.role == "provider":
@@ -338,9 +389,12 @@ class Marketplace:
         data_dir.mkdir(parents=True, exist_ok=True)
         if not party.p2p_port:
             party.p2p_port = free_port()
+        if self.config.metrics and not party.metrics_port:
+            party.metrics_port = free_port()
         peer_id = peer_id_of(load_or_create_peer_key(data_dir / "peer.key"))
-        party.peer_addr = f"/ip4/127.0.0.1/tcp/{party.p2p_port}/p2p/{peer_id}"
-        self.procs.start(party.name, self.agent_argv(party), env=self.child_env(data_dir), cwd=data_dir)
+        party.peer_addr = f"/ip4/{self.placement.address(party.name)}/tcp/{party.p2p_port}/p2p/{peer_id}"
+        argv = self.placement.wrap(party.name, self.agent_argv(party))
+        self.procs.start(party.name, argv, env=self.child_env(data_dir), cwd=data_dir)
         marker = f" *** DISHONEST ({party.dishonest_strategy}) ***" if party.dishonest_strategy else ""
         self.emit(f"{party.name}: pid {self.procs[party.name].pid}, {party.address}{marker}")
 
@@ -357,7 +411,7 @@ class Marketplace:
                 f"market: Celery worker exited with code {worker.returncode()}; restarting it "
                 f"({self._worker_restarts}/{MAX_WORKER_RESTARTS}), see {worker.log_path}"
             )
-            self.procs.start("worker", self.cli("market", "worker"), env=env, cwd=cwd)
+            self.procs.start("worker", self.placement.wrap("market", self.worker_argv()), env=env, cwd=cwd)
         self.procs.check_alive([proc.name for proc in self.procs if proc.name not in self.killed])
 
     def restart_agent(self, name: str) -> None:
@@ -487,6 +541,16 @@ def order_money(events: list[Event], order_id: int) -> tuple[OrderMoney, list[Un
         deposit=deposit, payouts=payouts, verdict_fees=verdict_fees, refund=refund, slashed=slashed
     )
     return money, [units[key] for key in sorted(units)]
+
+
+def _rpc_ok(url: str) -> bool:
+    from veritrain.chain.backends import RpcBackend
+    from veritrain.chain.errors import RpcUnavailable
+
+    try:
+        return RpcBackend(url, timeout=1.0).chain_id > 0
+    except RpcUnavailable:
+        return False
 
 
 def _hex(value: Any) -> str:
@@ -795,10 +859,12 @@ def build_report(
 
 
 @contextmanager
-def marketplace(config: DemoConfig, emit: Callable[[str], None]) -> Iterator[Marketplace]:
+def marketplace(
+    config: DemoConfig, emit: Callable[[str], None], placement: Placement | None = None
+) -> Iterator[Marketplace]:
     """A marketplace that is stopped whatever happens (failure, Ctrl-C, SIGTERM)."""
     config.fresh_work_dir()
-    with terminate_as_interrupt(), Marketplace(config, emit) as market:
+    with terminate_as_interrupt(), Marketplace(config, emit, placement) as market:
         yield market
 
 
@@ -810,7 +876,8 @@ def run_demo(config: DemoConfig, emit: Callable[[str], None]) -> dict[str, Any]:
         before = start_stack(market)
         buyer = Buyer(market)
         buyer.post_order()
-        buyer.wait_completed(deadline)
+        with progress_bar("rounds accepted", config.rounds) as rounds_bar:
+            buyer.wait_completed(deadline, on_tick=lambda status: rounds_bar(status["rounds_accepted"]))
         buyer.close(deadline)
         market.withdraw_all_credits()
         after = market.holdings()
@@ -853,6 +920,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds before the demo gives up")
     parser.add_argument("--database-url", default=None, help="market database (default: a SQLite file)")
     parser.add_argument("--broker-url", default=None, help="Celery broker (default: filesystem://)")
+    parser.add_argument(
+        "--json", action="store_true", help="print the report as JSON on stdout (progress goes to stderr)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -868,7 +938,7 @@ def run(args: argparse.Namespace) -> int:
         database_url=args.database_url,
         broker_url=args.broker_url,
     )
-    emit = progress_printer()
+    emit = progress_printer(sys.stderr if args.json else None)
     try:
         report = run_demo(config, emit)
     except DemoCheckFailed as err:
@@ -881,6 +951,8 @@ def run(args: argparse.Namespace) -> int:
         emit("interrupted: every child process was stopped")
         return 130
     emit(f"report: {config.out_dir / 'demo-report.json'} ({report['wall_time_s']} s)")
+    if args.json:
+        print(json.dumps(report, sort_keys=True))
     return 0
 
 

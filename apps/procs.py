@@ -268,7 +268,11 @@ def http_ok(url: str, timeout: float = 1.0) -> bool:
 
 @contextlib.contextmanager
 def terminate_as_interrupt() -> Iterator[None]:
-    """Turn SIGTERM into KeyboardInterrupt while active, so `finally` blocks stop our children."""
+    """Turn SIGTERM into KeyboardInterrupt while active, so `finally` blocks stop our children (main thread
+    only: signal handlers cannot be set elsewhere, and there the thread's owner handles shutdown)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
 
     def _raise(signum: int, frame: object) -> None:
         raise KeyboardInterrupt(f"signal {signum}")

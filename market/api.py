@@ -11,10 +11,13 @@ from typing import Annotated, Any
 
 from fastapi import FastAPI, Request, status
 from fastapi import Path as FastApiPath
-from fastapi.responses import JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from market.dashboard import DASHBOARD_HTML, dashboard_state
+from market.metrics import market_registry
 from market.service import MarketService
 from veritrain.errors import (
     IllegalTransition,
@@ -37,6 +40,7 @@ from veritrain.messages import (
     Offer,
     OrderRequest,
     OrderStatus,
+    Progress,
     Registration,
     RevealSubmission,
     Signed,
@@ -93,6 +97,28 @@ def create_app(service: MarketService) -> FastAPI:
     @app.get("/health")
     def health() -> Ack:
         return Ack(detail="ok")
+
+    metrics = market_registry(service)
+
+    @app.get("/metrics", include_in_schema=False)
+    def prometheus_metrics() -> Response:
+        """The market's state in Prometheus text format (market/metrics.py)."""
+        return Response(generate_latest(metrics), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/", include_in_schema=False)
+    def dashboard_page() -> HTMLResponse:
+        """The read-only dashboard: one self-contained page that polls /dashboard/data."""
+        return HTMLResponse(DASHBOARD_HTML, headers={"Cache-Control": "no-cache"})
+
+    @app.get("/dashboard/data")
+    def dashboard_data() -> dict[str, Any]:
+        """Public market state for the dashboard: latest orders, their units and loss curves, agents."""
+        return dashboard_state(service)
+
+    @app.post("/agents/progress", responses=_ERRORS)
+    def progress(signed: Signed[Progress]) -> Ack:
+        stored = service.progress.report(signed)
+        return Ack(detail=f"{stored} loss points of unit {signed.message.unit_id}")
 
     @app.post("/agents/register", responses=_ERRORS)
     def register(signed: Signed[Registration]) -> AgentInfo:

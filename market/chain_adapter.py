@@ -1,7 +1,8 @@
 """The market's :class:`market.ports.SettlementPort` over :class:`veritrain.chain.client.ChainClient`.
 
 The market is the JobMarket operator: it proposes assignments and relays the parties' signed forms,
-paying their gas with its own key (``VERITRAIN_OPERATOR_KEY``).
+paying their gas with its own key: the keystore of the settings (``--keystore``), or
+``VERITRAIN_OPERATOR_KEY``.
 """
 
 from __future__ import annotations
@@ -10,11 +11,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from eth_account import Account
+from eth_account.signers.local import LocalAccount
 
 from market.domain.replication import Reputation
+from market.metrics import record_settlement
 from market.ports import ChainEvent, ChainOrder, MarketTerms, SignedAccept, SignedVerdict
 from veritrain.chain.client import ChainClient, Signed
+from veritrain.chain.tx import Receipt
 from veritrain.errors import MarketError
+from veritrain.keys import load_signer
 from veritrain.settings import Settings
 
 ZERO_ADDRESS = "0x" + "0" * 40
@@ -22,6 +27,12 @@ ZERO_ADDRESS = "0x" + "0" * 40
 
 def _sig(hex_signature: str) -> bytes:
     return bytes.fromhex(hex_signature.removeprefix("0x"))
+
+
+def _mined(action: str, receipt: Receipt) -> str:
+    """Count a mined settlement transaction and its gas for this worker's /metrics; its hash."""
+    record_settlement(action, receipt.gas_used)
+    return receipt.tx_hash
 
 
 def _hex(value: Any) -> Any:
@@ -82,32 +93,33 @@ class ChainClientSettlement:
         accepts: Sequence[SignedAccept],
     ) -> int:
         signed = [Signed(a.provider, _sig(a.signature), a.nonce, a.deadline) for a in accepts]
-        unit_id, _ = self.client.assign(order_id, unit_key, list(providers), list(verifiers), signed)
+        unit_id, receipt = self.client.assign(order_id, unit_key, list(providers), list(verifiers), signed)
+        _mined("assign", receipt)
         return unit_id
 
     def commit_with_sig(
         self, unit_id: int, provider: str, commitment: str, nonce: int, deadline: int, signature: str
     ) -> str:
         signed = Signed(provider, _sig(signature), nonce, deadline)
-        return self.client.commit_with_sig(unit_id, provider, commitment, signed).tx_hash
+        return _mined("commit", self.client.commit_with_sig(unit_id, provider, commitment, signed))
 
     def reveal(self, unit_id: int, provider: str, result_digest: str, salt: str) -> str:
-        return self.client.reveal(unit_id, provider, result_digest, salt).tx_hash
+        return _mined("reveal", self.client.reveal(unit_id, provider, result_digest, salt))
 
     def request_verification(self, unit_id: int) -> str:
-        return self.client.request_verification(unit_id).tx_hash
+        return _mined("request_verification", self.client.request_verification(unit_id))
 
     def finalize(self, unit_id: int) -> str:
-        return self.client.finalize(unit_id).tx_hash
+        return _mined("finalize", self.client.finalize(unit_id))
 
     def submit_verdict(
         self, unit_id: int, outcomes: Sequence[int], reasons_hash: str, verdicts: Sequence[SignedVerdict]
     ) -> str:
         signed = [Signed(v.verifier, _sig(v.signature), v.nonce, v.deadline) for v in verdicts]
-        return self.client.submit_verdict(unit_id, list(outcomes), reasons_hash, signed).tx_hash
+        return _mined("verdict", self.client.submit_verdict(unit_id, list(outcomes), reasons_hash, signed))
 
     def expire_unit(self, unit_id: int) -> str:
-        return self.client.expire_unit(unit_id).tx_hash
+        return _mined("expire", self.client.expire_unit(unit_id))
 
     def block_number(self) -> int:
         return int(self.client.w3.eth.block_number)
@@ -126,15 +138,23 @@ class ChainClientSettlement:
         ]
 
 
+def operator_account(settings: Settings, *, prompt: bool = False) -> LocalAccount:
+    """The operator's key: the settings' keystore (unlocked once per process, so `market serve` and
+    `market worker` may prompt at start and their tasks reuse it), else ``VERITRAIN_OPERATOR_KEY``."""
+    key = settings.operator_key.get_secret_value()
+    if key:
+        return Account.from_key(key)
+    if settings.keystore is None:
+        raise MarketError("the market needs the operator key: --keystore FILE (or VERITRAIN_OPERATOR_KEY)")
+    return load_signer(settings.keystore, password_env=settings.keystore_password_env, prompt=prompt)
+
+
 def connect_chain(settings: Settings) -> ChainClientSettlement:
     """Attach to the deployment in ``settings.deployments_file`` at ``settings.chain_rpc_url``."""
     from veritrain.chain.backends import RpcBackend
 
     if settings.deployments_file is None:
         raise MarketError("set VERITRAIN_DEPLOYMENTS_FILE to the deployments JSON the chain client wrote")
-    key = settings.operator_key.get_secret_value()
-    if not key:
-        raise MarketError("set VERITRAIN_OPERATOR_KEY to the market operator's private key")
     backend = RpcBackend(settings.chain_rpc_url)
-    client = ChainClient.connect(backend, settings.deployments_file, relayer=Account.from_key(key))
+    client = ChainClient.connect(backend, settings.deployments_file, relayer=operator_account(settings))
     return ChainClientSettlement(client)

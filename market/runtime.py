@@ -42,6 +42,17 @@ def load_chain(settings: Settings) -> SettlementPort | None:
     return factory(settings)
 
 
+def load_chain_key(settings: Settings) -> None:
+    """Unlock the operator's keystore now (prompting if need be) when the market will settle on a chain
+    through :mod:`market.chain_adapter`; the adapter later finds the key unlocked."""
+    custom_chain = bool(settings.chain_factory) or settings.deployments_file is None
+    if custom_chain or settings.operator_key.get_secret_value():
+        return
+    from market.chain_adapter import operator_account
+
+    operator_account(settings, prompt=True)
+
+
 def build_service(settings: Settings | None = None, *, create_schema: bool = True) -> MarketService:
     settings = settings or load_settings()
     settings.ensure_dirs()

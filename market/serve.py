@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import os
 
-from market.worker import OVERRIDES
+from market.worker import add_operator_arguments, apply_overrides
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -15,14 +14,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--broker-url", help="Celery broker the API sends tasks to")
     parser.add_argument("--data-dir", help="folder for the embedded database and broker")
     parser.add_argument("--chain-factory", help="module:callable building the chain port from the settings")
+    add_operator_arguments(parser)
     parser.add_argument("--log-level", default="info")
 
 
 def run(args: argparse.Namespace) -> int:
-    for attribute, variable in OVERRIDES.items():
-        value = getattr(args, attribute, None)
-        if value:
-            os.environ[variable] = str(value)
+    apply_overrides(args)
     import uvicorn
 
     from market.api import create_app

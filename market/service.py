@@ -8,6 +8,7 @@ tests hold. It only composes; each lifecycle lives in its own module:
 - ``verification`` (:mod:`market.verification`): verifiers' jobs and signed verdicts.
 - ``outbox`` (:mod:`market.outbox`): settlement intents sent to the chain.
 - ``sync`` (:mod:`market.sync`): chain events applied to the market.
+- ``progress`` (:mod:`market.progress`): providers' reported losses (the dashboard's live curve).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from market.matchmaker import Matchmaker
 from market.orders import OrderBook
 from market.outbox import SettlementOutbox
 from market.ports import RecipeCatalog, SettlementPort
+from market.progress import ProgressReports
 from market.registry import AgentRegistry
 from market.store import MarketStore
 from market.sync import ChainSync
@@ -51,3 +53,4 @@ class MarketService(Lifecycle):
         self.verification = VerificationJobs(self.ctx, self.orders)
         self.outbox = SettlementOutbox(self.ctx, self.assignments, self.agents)
         self.sync = ChainSync(self.ctx, self.assignments, self.agents)
+        self.progress = ProgressReports(self.ctx)

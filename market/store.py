@@ -223,6 +223,20 @@ class OutboxRow(SQLModel, table=True):
     updated_at: int
 
 
+class LossPointRow(SQLModel, table=True):
+    """A training loss a provider reported for its replica (signed `Progress`; the dashboard's curve)."""
+
+    __tablename__ = "loss_points"
+    __table_args__ = (UniqueConstraint("unit_id", "provider", "step"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    unit_id: int = Field(foreign_key="units.id", index=True)
+    provider: str = Field(max_length=42)
+    step: int  # 1-based within the unit
+    loss_e6: int = Field(sa_type=Uint256Text)
+    at: int
+
+
 class ChainCursorRow(SQLModel, table=True):
     __tablename__ = "chain_cursor"
 
@@ -530,6 +544,27 @@ class MarketStore:
             select(OutboxRow).where(col(OutboxRow.state).in_(states)).order_by(col(OutboxRow.id)).limit(limit)
         )
         return session.exec(query).all()
+
+    # --- reported losses ---
+
+    def add_loss_points(self, session: Session, rows: Sequence[dict[str, Any]]) -> None:
+        """Insert reported points, skipping (unit, provider, step) already stored (a resent report)."""
+        if not rows:
+            return
+        unit_id, provider = rows[0]["unit_id"], rows[0]["provider"]
+        query = select(LossPointRow.step).where(
+            LossPointRow.unit_id == unit_id, LossPointRow.provider == provider
+        )
+        seen = set(session.exec(query).all())
+        fresh = [row for row in rows if row["step"] not in seen]
+        if fresh:
+            session.execute(_table(LossPointRow).insert(), fresh)
+
+    def loss_points_of_units(self, session: Session, unit_ids: Sequence[int]) -> Sequence[LossPointRow]:
+        if not unit_ids:
+            return []
+        query = select(LossPointRow).where(col(LossPointRow.unit_id).in_(unit_ids))
+        return session.exec(query.order_by(col(LossPointRow.unit_id), col(LossPointRow.step))).all()
 
     # --- chain cursor ---
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 OVERRIDES = {
     "database_url": "VERITRAIN_DATABASE_URL",
@@ -16,7 +17,36 @@ OVERRIDES = {
     "data_dir": "VERITRAIN_DATA_DIR",
     "chain_factory": "VERITRAIN_CHAIN_FACTORY",
     "queue": "VERITRAIN_CELERY_QUEUE",
+    "keystore": "VERITRAIN_KEYSTORE",
+    "password_env": "VERITRAIN_KEYSTORE_PASSWORD_ENV",
+    "metrics_port": "VERITRAIN_METRICS_PORT",
+    "metrics_host": "VERITRAIN_METRICS_HOST",
 }
+
+
+def add_operator_arguments(parser: argparse.ArgumentParser) -> None:
+    """The market operator's key, shared by `market serve` and `market worker`."""
+    parser.add_argument(
+        "--keystore", help="the operator's keystore (`veritrain keys new`); default: $VERITRAIN_KEYSTORE"
+    )
+    parser.add_argument(
+        "--password-env",
+        metavar="VAR",
+        help="environment variable holding the keystore passphrase (default VERITRAIN_KEYSTORE_PASSWORD)",
+    )
+
+
+def apply_overrides(args: argparse.Namespace) -> None:
+    """Export the flags as VERITRAIN_* variables (before settings are read) and unlock the operator key
+    now, where a prompt can still be answered; the tasks reuse the unlocked key."""
+    for attribute, variable in OVERRIDES.items():
+        value = getattr(args, attribute, None)
+        if value:
+            os.environ[variable] = str(value)
+    from market.runtime import load_chain_key
+    from veritrain.settings import load_settings
+
+    load_chain_key(load_settings())
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -28,6 +58,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", help="folder for the embedded database, broker and results")
     parser.add_argument("--chain-factory", help="module:callable building the chain port from the settings")
     parser.add_argument("--queue", help="Celery queue name (default veritrain-market)")
+    add_operator_arguments(parser)
+    parser.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port (0: off)")
+    parser.add_argument("--metrics-host", help="address /metrics listens on (default 127.0.0.1)")
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--pool", default="solo", choices=["solo", "prefork", "threads"])
     parser.add_argument("--no-beat", action="store_true", help="do not run the periodic market tick here")
@@ -35,13 +68,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    for attribute, variable in OVERRIDES.items():
-        value = getattr(args, attribute, None)
-        if value:
-            os.environ[variable] = str(value)
+    apply_overrides(args)
     from veritrain.settings import load_settings
 
-    load_settings().ensure_dirs()
+    settings = load_settings()
+    settings.ensure_dirs()
+    if settings.metrics_port:
+        if args.pool == "prefork":  # tasks would count in child processes this endpoint cannot see
+            print("veritrain market worker: --metrics-port needs --pool solo or threads", file=sys.stderr)
+            return 2
+        from prometheus_client import start_http_server
+
+        from market.metrics import WORKER_REGISTRY
+
+        start_http_server(settings.metrics_port, addr=settings.metrics_host, registry=WORKER_REGISTRY)
     from market.tasks import app
 
     argv = [

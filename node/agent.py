@@ -35,6 +35,7 @@ import httpx
 from veritrain.agentkit import (
     HTTP_TIMEOUT_S,
     SIGNATURE_TTL_S,
+    AgentCommonConfig,
     AgentPlumbing,
     UnitManifest,
     add_common_agent_arguments,
@@ -60,6 +61,7 @@ logger = logging.getLogger("veritrain.node")
 
 HEARTBEAT_INTERVAL_S = 0.5
 DEFAULT_PRICE_PER_PFLOP = 10**18  # 1 VERI per PFLOP of training compute
+PROGRESS_POINTS_PER_UNIT = 200  # loss points a replica reports to the market's live curve, at most
 
 
 # --- provider agent -----------------------------------------------------------------------------------
@@ -96,22 +98,12 @@ class UnitRecord:
         return cls(**json.loads(path.read_text()))
 
 
-@dataclass(frozen=True)
-class AgentConfig:
-    name: str
-    key_file: Path
-    data_dir: Path
-    market_url: str
-    rpc_url: str
-    deployments: Path
-    p2p_port: int
-    p2p_host: str
+@dataclass(frozen=True, kw_only=True)
+class AgentConfig(AgentCommonConfig):
     price_per_pflop: int
     price_step_bps: int
-    stake: int | None
     dishonest: str | None
     device: str = "cpu"
-    threads: int = 1
 
 
 class ProviderAgent(AgentPlumbing):
@@ -127,6 +119,8 @@ class ProviderAgent(AgentPlumbing):
         self._worker: threading.Thread | None = None
         self._worker_error: BaseException | None = None
         self._stop = threading.Event()
+        self._progress: list[tuple[int, int, float]] = []  # (unit, step, loss) the next tick reports
+        self._progress_lock = threading.Lock()
         self.dishonest = load_forger(config.dishonest) if config.dishonest else None
         if config.dishonest:
             logger.warning(
@@ -139,6 +133,7 @@ class ProviderAgent(AgentPlumbing):
         """Measure the device, open the data plane, stake, register, offer."""
         from veritrain.device import measure_device
 
+        self.start_metrics()
         self.device = measure_device(self.config.device)
         logger.info(
             "device %s: %.3f TFLOP/s, %d MiB free, class %s",
@@ -160,13 +155,16 @@ class ProviderAgent(AgentPlumbing):
             self._worker.join(timeout=30)
         self.blobs.stop()
         self.market.close()
+        self.metrics.close()
 
     def run_forever(self) -> None:
         """Heartbeat loop: every reply may hand out work; errors from the market are logged and retried."""
         while not self._stop.is_set():
             try:
                 self.tick()
+                self.metrics.heartbeats.labels("ok").inc()
             except (MarketError, httpx.HTTPError) as err:  # market restarting or refusing: keep state, retry
+                self.metrics.heartbeats.labels("error").inc()
                 logger.warning("market: %s", err)
             self._stop.wait(HEARTBEAT_INTERVAL_S)
 
@@ -238,6 +236,32 @@ class ProviderAgent(AgentPlumbing):
                 self.run_or_commit(assignment)
             elif assignment.phase == AssignmentPhase.REVEAL:
                 self.reveal(assignment)
+        self.send_progress()
+
+    def send_progress(self) -> None:
+        """Report the losses recorded since the last tick, signed, at most MAX_PROGRESS_POINTS per message
+        (from the heartbeat thread, so its nonces stay in order with the heartbeats')."""
+        from veritrain.api_client import MarketRefused
+        from veritrain.messages import LOSS_SCALE, MAX_PROGRESS_POINTS, Progress, sign_message
+
+        with self._progress_lock:
+            points, self._progress = self._progress, []
+        while points:
+            unit_id = points[0][0]
+            batch = [p for p in points if p[0] == unit_id][:MAX_PROGRESS_POINTS]
+            points = [p for p in points if p not in batch]
+            message = Progress(
+                agent=self.address,
+                nonce=self.clock.next_nonce(),
+                timestamp=self.clock.now(),
+                unit_id=unit_id,
+                steps=tuple(step for _, step, _ in batch),
+                losses_e6=tuple(max(0, round(loss * LOSS_SCALE)) for _, _, loss in batch),
+            )
+            try:
+                self.market.progress(sign_message(message, self.account.key, self.deployment.chain_id))
+            except MarketRefused as err:  # the unit moved on (dropped, settled): the points are moot
+                logger.info("progress of unit %d not taken: %s", unit_id, err)
 
     # unit phases --------------------------------------------------------------------------------------
 
@@ -295,6 +319,7 @@ class ProviderAgent(AgentPlumbing):
             self._worker = None
             if self._worker_error is not None:
                 error, self._worker_error = self._worker_error, None
+                self.metrics.units.labels("failed").inc()
                 logger.error("unit failed: %s: %s", type(error).__name__, error)
             elif self.config.price_step_bps:
                 self.send_offer()
@@ -321,6 +346,7 @@ class ProviderAgent(AgentPlumbing):
         from node.unit import run_unit
         from veritrain.datasets import load_dataset
         from veritrain.pol import result_digest
+        from veritrain.progress import progress_bar
 
         folder = self.unit_dir(assignment.unit_id)
         spec = unit_spec_of(assignment)
@@ -329,11 +355,18 @@ class ProviderAgent(AgentPlumbing):
         dataset = load_dataset(spec.recipe_config().dataset, unhex32(assignment.dataset_digest))
         started = time.monotonic()
         report_every = max(1, spec.steps // 4)
+        sample_every = max(1, spec.steps // PROGRESS_POINTS_PER_UNIT)
+        steps_run = 0
         saved = sorted((folder / "work").glob("ckpt-*.safetensors")) if (folder / "work").is_dir() else []
         if saved:
             logger.info("unit %d: resuming after a restart from %s", assignment.unit_id, saved[-1].name)
 
         def on_progress(step: int, total: int, loss: float) -> None:
+            nonlocal steps_run
+            steps_run += 1
+            if step % sample_every == 0 or step == total:
+                with self._progress_lock:
+                    self._progress.append((assignment.unit_id, step, loss))
             if step % report_every == 0 or step == total:
                 logger.info(
                     "unit %d: step %d/%d loss %.4f (%.1fs)",
@@ -350,7 +383,13 @@ class ProviderAgent(AgentPlumbing):
             )
             final_state, transcript, checkpoints = self.dishonest(spec, start, dataset)
         else:
-            result = run_unit(spec, start, folder / "work", on_progress=on_progress, dataset=dataset)
+            with progress_bar(f"unit {assignment.unit_id}", spec.steps) as bar:
+
+                def tracked(step: int, total: int, loss: float) -> None:
+                    on_progress(step, total, loss)
+                    bar(step, loss=loss)
+
+                result = run_unit(spec, start, folder / "work", on_progress=tracked, dataset=dataset)
             final_state, transcript = result.final_state, result.transcript
             checkpoints = [load_state_file(path) for path in result.checkpoint_paths]
         for checkpoint in checkpoints:
@@ -372,6 +411,8 @@ class ProviderAgent(AgentPlumbing):
         record.salt = hex32(secrets.token_bytes(32))
         record.losses = [float(loss) for loss in transcript.losses]
         record.save(folder)  # salt and result on disk before the commitment leaves this process
+        elapsed = time.monotonic() - started
+        self.metrics.record_unit("trained", elapsed, steps_run * spec.recipe_config().tokens_per_step)
         logger.info(
             "unit %d done in %.1fs: result %s, final loss %.4f",
             assignment.unit_id,

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+
+if str(Path(__file__).parent) not in sys.path:  # shared helpers beside this file (needs.py) by name
+    sys.path.insert(0, str(Path(__file__).parent))
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 

@@ -24,6 +24,7 @@ import httpx
 
 from veritrain.agentkit import (
     HTTP_TIMEOUT_S,
+    AgentCommonConfig,
     AgentPlumbing,
     BlobPlane,
     UnitManifest,
@@ -54,18 +55,8 @@ RETRY_MAX_S = 30.0
 VERDICT_TTL_S = 600
 
 
-@dataclass(frozen=True)
-class VerifierConfig:
-    name: str
-    key_file: Path
-    data_dir: Path
-    market_url: str
-    rpc_url: str
-    deployments: Path
-    p2p_port: int
-    p2p_host: str
-    stake: int | None
-    threads: int = 1
+@dataclass(frozen=True, kw_only=True)
+class VerifierConfig(AgentCommonConfig):
     tolerances: Path | None = None
 
 
@@ -111,6 +102,7 @@ class VerifierAgent(AgentPlumbing):
     def start(self) -> None:
         from veritrain.device import measure_device
 
+        self.start_metrics()
         self.device = measure_device("cpu")
         self.p2p_addr = self.blobs.start()
         preload_datasets()
@@ -127,6 +119,7 @@ class VerifierAgent(AgentPlumbing):
         self._stop.set()
         self.blobs.stop()
         self.market.close()
+        self.metrics.close()
 
     def register(self) -> None:
         from veritrain.messages import AgentRole
@@ -137,7 +130,9 @@ class VerifierAgent(AgentPlumbing):
         while not self._stop.is_set():
             try:
                 self.tick()
+                self.metrics.heartbeats.labels("ok").inc()
             except (MarketError, httpx.HTTPError) as err:  # market restarting or refusing: keep state, retry
+                self.metrics.heartbeats.labels("error").inc()
                 logger.warning("market: %s", err)
             self._stop.wait(POLL_INTERVAL_S)
 
@@ -242,6 +237,10 @@ class VerifierAgent(AgentPlumbing):
             separators=(",", ":"),
         )
         self.submit(job, outcomes, reasons)
+        elapsed = time.monotonic() - started
+        self.metrics.record_unit("verified", elapsed, decision.reexecuted_steps * recipe.tokens_per_step)
+        for replica in decision.replicas:
+            self.metrics.verdicts.labels(replica.verdict.value).inc()
         logger.info(
             "job %d (unit %s): %s path, outcomes %s, %d steps re-executed in %.1fs",
             job.job_id,
@@ -249,7 +248,7 @@ class VerifierAgent(AgentPlumbing):
             decision.path,
             outcomes,
             decision.reexecuted_steps,
-            time.monotonic() - started,
+            elapsed,
         )
         for line in decision.log:
             logger.info("job %d: %s", job.job_id, line)

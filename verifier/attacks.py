@@ -17,6 +17,7 @@ The verifier re-executes in this process (native vector path, 1 thread). Output 
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import itertools
 import json
@@ -99,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
 
     from verifier.bench_workers import CONFIGS, VERIFIER_CONFIG, WorkerPool
     from verifier.calibrate import load_tolerances
+    from veritrain.progress import progress_bar
 
     torch.set_num_threads(VERIFIER_CONFIG.threads)
     trials = args.trials or (6 if args.quick else 50)
@@ -106,14 +108,15 @@ def run(args: argparse.Namespace) -> int:
     tolerances = load_tolerances(args.recipe, args.tolerances)
     policy = VerifierPolicy(spot_check_bps=args.spot_check_bps)
     started = time.monotonic()
-    with WorkerPool(CONFIGS) as pool:
+    plain = functools.partial(print, flush=True)
+    with WorkerPool(CONFIGS) as pool, progress_bar("attack-suite seeds", trials, plain=plain) as update:
         bench = Bench(args.recipe, args.steps, args.checkpoint_every, tolerances, policy)
         for seed, spec, start, runs in bench.honest_runs(pool, trials):
             bench.honest_units(seed, spec, start, runs)
             bench.attack_trials(seed, spec, start, runs)
             if seed < boundary_seeds:
                 bench.noise_boundary(seed, spec, start, runs)
-            print(f"seed {seed + 1}/{trials} done at {time.monotonic() - started:.0f} s", flush=True)
+            update(seed + 1, elapsed=f"{time.monotonic() - started:.0f} s")
         identities = pool.identities
     result = bench.report(trials, identities, time.monotonic() - started, args)
     args.json.parent.mkdir(parents=True, exist_ok=True)

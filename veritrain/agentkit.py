@@ -17,12 +17,13 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
 from veritrain.codec import WireModel
 from veritrain.errors import AgentError, InvalidInput, VeritrainError
+from veritrain.metrics import AgentMetrics
 
 if TYPE_CHECKING:
     import torch
@@ -130,19 +131,6 @@ class ManifestAnswer(WireModel):
 # --- keys, chain reads, market HTTP -------------------------------------------------------------------
 
 
-def load_account(key_file: Path) -> LocalAccount:
-    """The agent's eth-account key from a file holding its hex private key (mode 0600 recommended)."""
-    from eth_account import Account
-
-    try:
-        text = key_file.read_text().strip()
-        return Account.from_key(text)
-    except FileNotFoundError:
-        raise AgentError(f"key file {key_file} does not exist") from None
-    except ValueError as err:
-        raise AgentError(f"key file {key_file} does not hold a private key: {err}") from err
-
-
 def connect_chain(rpc_url: str, deployments: Path) -> ChainClient:
     """Read-and-sign access to the deployed contracts; agents never send a transaction themselves."""
     from veritrain.chain.backends import RpcBackend
@@ -209,6 +197,12 @@ class BlobPlane:
     def start(self) -> str:
         """Start listening; returns the full multiaddr (with /p2p/<peer id>) other agents dial."""
         return self._node.start()
+
+    def bytes_served(self) -> int | None:
+        """Blob bytes this host served, from the data plane's server counters (`P2PNode.counters`, added by
+        the p2p stream); None while the P2PNode in use has no counters."""
+        counters = getattr(self._node, "counters", None)
+        return None if counters is None else int(counters.snapshot().bytes_served)
 
     def fetch(self, peer_addr: str, digest: str) -> bytes:
         """The blob `digest` (sha256 hex) from the peer at `peer_addr`, also kept in our own store."""
@@ -308,31 +302,34 @@ def unit_spec_of(unit: UnitWork) -> Any:
     )
 
 
-class AgentSettings(Protocol):
-    """The part of an agent's configuration its plumbing needs (both roles' config dataclasses have it)."""
+@dataclass(frozen=True, kw_only=True)
+class AgentCommonConfig:
+    """What both agents are configured with (`resolve_common`); each role's config adds its own fields."""
 
-    @property
-    def key_file(self) -> Path: ...
-    @property
-    def data_dir(self) -> Path: ...
-    @property
-    def rpc_url(self) -> str: ...
-    @property
-    def deployments(self) -> Path: ...
-    @property
-    def p2p_port(self) -> int: ...
-    @property
-    def p2p_host(self) -> str: ...
+    name: str
+    keystore: Path
+    password_env: str
+    data_dir: Path
+    market_url: str
+    rpc_url: str
+    deployments: Path
+    p2p_port: int
+    p2p_host: str
+    metrics_port: int
+    metrics_host: str
+    stake: int | None
+    threads: int = 1
 
 
 class AgentPlumbing:
     """What every agent opens the same way before its role logic: its key and address, the chain, a nonce
     clock, its blob store and the libp2p data plane serving it. Role agents subclass it."""
 
-    def __init__(self, settings: AgentSettings) -> None:
+    def __init__(self, settings: AgentCommonConfig) -> None:
         from veritrain.blobstore import BlobStore
+        from veritrain.keys import load_signer
 
-        self.account = load_account(settings.key_file)
+        self.account = load_signer(settings.keystore, password_env=settings.password_env)
         self.address = str(self.account.address)
         self.chain = connect_chain(settings.rpc_url, settings.deployments)
         self.deployment = self.chain.deployment
@@ -342,6 +339,14 @@ class AgentPlumbing:
             self.store, self.account, settings.p2p_port, settings.data_dir, settings.p2p_host
         )
         self.p2p_addr = ""
+        self.metrics = AgentMetrics(self.blobs.bytes_served)
+        self._metrics_at = (settings.metrics_host, settings.metrics_port)
+
+    def start_metrics(self) -> None:
+        """Serve this agent's /metrics when a port is configured (0: off)."""
+        host, port = self._metrics_at
+        if port:
+            self.metrics.serve(host, port)
 
     def signed_registration(self, role: AgentRole, device: DeviceProfile) -> Signed[Registration]:
         """This agent's registration for the market: measured device, recipes, libp2p address, signed."""
@@ -391,15 +396,30 @@ def stake_by_permit(chain: ChainClient, account: LocalAccount, amount: int) -> N
 def add_common_agent_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments both agents take; URLs default to veritrain.settings (VERITRAIN_* environment)."""
     parser.add_argument(
-        "--key-file", type=Path, required=True, help="file holding the agent's hex private key"
+        "--keystore",
+        "--key-file",
+        dest="keystore",
+        type=Path,
+        default=None,
+        help="the agent's encrypted keystore (`veritrain keys new`; a plain hex key file works but warns); "
+        "default: $VERITRAIN_KEYSTORE",
+    )
+    parser.add_argument(
+        "--password-env",
+        default=None,
+        metavar="VAR",
+        help="environment variable holding the keystore passphrase (default VERITRAIN_KEYSTORE_PASSWORD); "
+        "a prompt when it is unset",
     )
     parser.add_argument("--name", default="", help="a label for logs")
     parser.add_argument("--data-dir", type=Path, default=None, help="default: $VERITRAIN_DATA_DIR")
     parser.add_argument("--market-url", default=None)
     parser.add_argument("--rpc-url", default=None)
     parser.add_argument("--deployments", type=Path, default=None, help="default: $VERITRAIN_DEPLOYMENTS_FILE")
-    parser.add_argument("--p2p-port", type=int, default=0, help="libp2p TCP port (0: any free port)")
-    parser.add_argument("--p2p-host", default="127.0.0.1", help="IPv4 address to listen on for libp2p")
+    parser.add_argument("--p2p-port", type=int, default=None, help="libp2p TCP port (default 0: any free)")
+    parser.add_argument("--p2p-host", default=None, help="IPv4 address to listen on for libp2p")
+    parser.add_argument("--metrics-port", type=int, default=None, help="Prometheus /metrics port (0: off)")
+    parser.add_argument("--metrics-host", default=None, help="address /metrics listens on")
     parser.add_argument(
         "--stake", type=int, default=None, help="base units to keep bonded (default: all tokens)"
     )
@@ -409,17 +429,32 @@ def add_common_agent_arguments(parser: argparse.ArgumentParser) -> None:
 def resolve_common(args: argparse.Namespace) -> dict[str, Any]:
     from veritrain.settings import load_settings
 
-    settings = load_settings(data_dir=args.data_dir)
-    deployments = args.deployments or settings.deployments_file or settings.data_dir / "deployments.json"
+    settings = load_settings(
+        data_dir=args.data_dir,
+        keystore=args.keystore,
+        keystore_password_env=args.password_env,
+        market_url=args.market_url,
+        chain_rpc_url=args.rpc_url,
+        deployments_file=args.deployments,
+        p2p_port=args.p2p_port,
+        p2p_host=args.p2p_host,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
+    )
+    if settings.keystore is None:
+        raise AgentError("no key: give --keystore FILE or set keystore in the configuration")
     return {
-        "name": args.name or args.key_file.stem,
-        "key_file": args.key_file,
+        "name": args.name or settings.keystore.stem,
+        "keystore": settings.keystore,
+        "password_env": settings.keystore_password_env,
         "data_dir": Path(settings.data_dir),
-        "market_url": args.market_url or settings.market_url,
-        "rpc_url": args.rpc_url or settings.chain_rpc_url,
-        "deployments": deployments,
-        "p2p_port": args.p2p_port,
-        "p2p_host": args.p2p_host,
+        "market_url": settings.market_url,
+        "rpc_url": settings.chain_rpc_url,
+        "deployments": settings.deployments_file or settings.data_dir / "deployments.json",
+        "p2p_port": settings.p2p_port,
+        "p2p_host": settings.p2p_host,
+        "metrics_port": settings.metrics_port,
+        "metrics_host": settings.metrics_host,
         "stake": args.stake,
         "threads": args.threads,
     }

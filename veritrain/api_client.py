@@ -25,6 +25,7 @@ from veritrain.messages import (
     Offer,
     OrderRequest,
     OrderStatus,
+    Progress,
     Registration,
     RevealSubmission,
     Signed,
@@ -83,6 +84,9 @@ class MarketClient:
 
     def offer(self, signed: Signed[Offer]) -> Ack:
         return self._call("POST", "/agents/offer", Ack, signed)
+
+    def progress(self, signed: Signed[Progress]) -> Ack:
+        return self._call("POST", "/agents/progress", Ack, signed)
 
     def accept(self, submission: AcceptSubmission) -> Ack:
         return self._call("POST", "/assignments/accept", Ack, submission)

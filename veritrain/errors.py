@@ -38,6 +38,21 @@ class DemoCheckFailed(VeritrainError):
     """An acceptance check of `veritrain demo` failed (the report says which)."""
 
 
+# --- keys and configuration (keys.py, settings.py)
+
+
+class KeystoreError(InvalidInput):
+    """A key could not be loaded: missing file, not a keystore or key, or no passphrase available."""
+
+
+class WrongPassphrase(KeystoreError):
+    """The passphrase does not decrypt the keystore (its MAC does not match)."""
+
+
+class ConfigError(InvalidInput):
+    """The configuration file or environment holds a value Veritrain cannot use."""
+
+
 # --- market (control plane) and signed agent messages ---------------------------------------------
 
 

@@ -19,7 +19,7 @@ from typing import Annotated, Any, ClassVar, Generic, Literal, TypeVar
 from eth_account import Account
 from eth_account.messages import encode_typed_data
 from eth_utils import keccak, to_checksum_address
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from veritrain.errors import InvalidSignature, ReplayedMessage
 
@@ -156,6 +156,36 @@ class Offer(AgentMessage):
 
     price_per_pflop: Uint256
     expires_at: Uint64
+
+
+MAX_PROGRESS_POINTS = 64
+LOSS_SCALE = 10**6  # EIP-712 has no floats: a loss travels as round(loss × 10⁶)
+
+
+class Progress(AgentMessage):
+    """Training losses a provider reports while its replica of a unit runs (the dashboard's live curve).
+
+    Reported, not verified: the market shows them as the provider's word until the unit is settled, and
+    drops the points of a replica judged fault or fraud. ``steps`` are 1-based within the unit."""
+
+    PRIMARY_TYPE: ClassVar[str] = "Progress"
+    EXTRA_FIELDS: ClassVar[tuple[tuple[str, str, str], ...]] = (
+        ("unitId", "uint64", "unit_id"),
+        ("steps", "uint64[]", "steps"),
+        ("lossesE6", "uint64[]", "losses_e6"),
+    )
+
+    unit_id: RowId
+    steps: tuple[Annotated[int, Field(ge=1, le=10**9)], ...] = Field(
+        min_length=1, max_length=MAX_PROGRESS_POINTS
+    )
+    losses_e6: tuple[Uint64, ...] = Field(min_length=1, max_length=MAX_PROGRESS_POINTS)
+
+    @model_validator(mode="after")
+    def _paired(self) -> Progress:
+        if len(self.steps) != len(self.losses_e6):
+            raise ValueError(f"{len(self.steps)} steps but {len(self.losses_e6)} losses")
+        return self
 
 
 class AgentInfo(Frozen):
@@ -422,6 +452,7 @@ __all__ = [
     "OrderRequest",
     "OrderSpec",
     "OrderStatus",
+    "Progress",
     "Registration",
     "ReplicaOutcome",
     "ReplicaResult",

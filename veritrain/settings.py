@@ -1,26 +1,74 @@
-"""Settings shared by every role (market, worker, agents, demo): one place for URLs and folders.
+"""Settings shared by every role (market, worker, agents, buyer, demo): one place for URLs and folders.
 
 Embedded defaults need no service: a SQLite file and a `filesystem://` Celery broker under the data
-dir, and a local JSON-RPC node. Each value can be overridden by an environment variable with the
-prefix ``VERITRAIN_`` (for example ``VERITRAIN_DATABASE_URL=postgresql+psycopg://...``), so scaling
-out is a URL change, not a code change.
+dir, and a local JSON-RPC node. Each value comes, highest precedence first, from a command-line flag,
+an environment variable with the prefix ``VERITRAIN_`` (for example
+``VERITRAIN_DATABASE_URL=postgresql+psycopg://...``), the TOML file named by ``VERITRAIN_CONFIG``
+(``veritrain --config FILE``; top-level keys are the field names below), then the default. So scaling out
+is a URL change, not a code change, and one file configures every process of a host.
 """
 
 from __future__ import annotations
 
+import os
+import tomllib
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import SecretStr, ValidationError, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from veritrain.errors import ConfigError
 
 FILESYSTEM_BROKER_URL = "filesystem://"
+CONFIG_ENV = "VERITRAIN_CONFIG"
+REDACTED = "**********"
+
+
+class TomlFileSource(PydanticBaseSettingsSource):
+    """The TOML file named by ``VERITRAIN_CONFIG``; an unknown key is an error (a typo must not pass)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], path: Path) -> None:
+        super().__init__(settings_cls)
+        self.path = path
+        try:
+            self.values = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"configuration file {path} does not exist ({CONFIG_ENV})") from None
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
+            raise ConfigError(f"configuration file {path} is not valid TOML: {err}") from None
+        unknown = sorted(set(self.values) - set(settings_cls.model_fields))
+        if unknown:
+            raise ConfigError(f"{path}: unknown setting(s) {unknown}; `veritrain config show` lists them")
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self.values.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self.values)
 
 
 class Settings(BaseSettings):
     """Resolved configuration; empty URL fields are derived from ``data_dir``."""
 
     model_config = SettingsConfigDict(env_prefix="VERITRAIN_", frozen=True, extra="ignore")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Flags (init arguments) over the environment over the TOML file of ``VERITRAIN_CONFIG``."""
+        config = os.environ.get(CONFIG_ENV)
+        if not config:
+            return (init_settings, env_settings)
+        return (init_settings, env_settings, TomlFileSource(settings_cls, Path(config)))
 
     data_dir: Path = Path(".veritrain")
     database_url: str = ""
@@ -32,7 +80,18 @@ class Settings(BaseSettings):
     chain_factory: str = ""
     deployments_file: Path | None = None
     # The market's operator/relayer key (hex). It proposes assignments and relays signed forms.
+    # Prefer `keystore`: an encrypted file instead of a key in the environment.
     operator_key: SecretStr = SecretStr("")
+    # This process's key (market operator, agent or buyer): an encrypted keystore (veritrain.keys) or,
+    # with a warning, a plain hex key file; its passphrase comes from the variable named here or a prompt.
+    keystore: Path | None = None
+    keystore_password_env: str = "VERITRAIN_KEYSTORE_PASSWORD"
+    # Prometheus /metrics of an agent or a Celery worker (the market API serves it on its own port); 0: off.
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 0
+    # An agent's libp2p listen address (0: any free port).
+    p2p_host: str = "127.0.0.1"
+    p2p_port: int = 0
     market_url: str = "http://127.0.0.1:8700"
     market_host: str = "127.0.0.1"
     market_port: int = 8700
@@ -92,5 +151,30 @@ class Settings(BaseSettings):
 
 
 def load_settings(**overrides: Any) -> Settings:
-    """Settings from the environment, with explicit overrides (for CLIs and tests) taking precedence."""
-    return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    """Settings from the environment and the config file, with explicit overrides (flags, tests) first.
+
+    A value that does not validate is a :class:`ConfigError` naming the setting."""
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as err:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
+        raise ConfigError(f"invalid configuration: {problems}") from None
+
+
+def redacted(settings: Settings) -> dict[str, Any]:
+    """Every setting as JSON-able values, with secrets and passwords inside URLs replaced by asterisks."""
+    values = settings.model_dump(mode="json")
+    for name, value in values.items():
+        if isinstance(getattr(settings, name), SecretStr):
+            values[name] = REDACTED if value else ""
+        elif isinstance(value, str) and "://" in value:
+            values[name] = _redact_url(value)
+    return values
+
+
+def _redact_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:{REDACTED}@{host}"))

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import sys
 import uuid
+from pathlib import Path
 
 import pytest
+
+HERE = Path(__file__).parent
+if str(HERE) not in sys.path:  # helpers beside the tests (browser.py) are imported by name
+    sys.path.insert(0, str(HERE))
 
 
 @pytest.fixture

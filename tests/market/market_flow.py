@@ -11,7 +11,7 @@ from sqlalchemy import text
 
 from market.service import MarketService
 from market.store import MarketStore
-from veritrain.chain.eip712 import commitment
+from veritrain.chain.eip712 import commitment, outcomes_hash
 from veritrain.messages import AgentRole, OrderRequest
 
 
@@ -139,3 +139,29 @@ def run_unit(
     if drain_after:
         drain_outbox(service)  # commits, reveals, finalize
     return unit_id
+
+
+def verdict_body(
+    signer: AgentKey, job: dict[str, Any], outcomes: list[int], reasons: str, clock: Clock
+) -> dict[str, Any]:
+    """A verifier's signed verdict on a pulled job, as the body of POST /verification/verdict."""
+    deadline = clock.now + 600
+    signature = signer.sign(
+        "Verdict",
+        {
+            "unitId": job["chain_unit_id"],
+            "outcomesHash": outcomes_hash(outcomes),
+            "reasonsHash": reasons,
+            "nonce": 0,
+            "deadline": deadline,
+        },
+    )
+    return {
+        "job_id": job["job_id"],
+        "verifier": signer.address,
+        "outcomes": outcomes,
+        "reasons_hash": reasons,
+        "nonce": 0,
+        "deadline": deadline,
+        "signature": signature,
+    }

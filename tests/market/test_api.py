@@ -15,7 +15,7 @@ import pytest
 from agents import CHAIN_ID, Clock, chain_order_for, order_spec
 from chain_double import DEFAULT_FREE_STAKE, LedgerChain
 from fastapi.testclient import TestClient
-from market_flow import drain_outbox, post_order, pull, register_market, run_unit, snapshot
+from market_flow import drain_outbox, post_order, pull, register_market, run_unit, snapshot, verdict_body
 
 from market.api import create_app
 from market.context import MarketConfig, Triggers
@@ -23,7 +23,7 @@ from market.domain.replication import ReplicationPolicy
 from market.outbox import OUTBOX_MAX_ATTEMPTS
 from market.service import MarketService
 from market.store import MarketStore
-from veritrain.chain.eip712 import commitment, outcomes_hash
+from veritrain.chain.eip712 import commitment
 from veritrain.messages import Heartbeat, OrderRequest, sign_message
 
 
@@ -91,27 +91,7 @@ def test_disagreeing_replicas_go_to_verifiers_and_a_quorum_verdict_settles(
     assert job["reason"] == "digests_differ" and len(job["replicas"]) == 3
     signer = next(v for v in verifiers if v.address in {a for a, jobs in pulled.items() if jobs})
     outcomes = [2 if r["provider"] == cheat else 0 for r in job["replicas"]]
-    reasons = "0x" + "99" * 32
-    deadline = clock.now + 600
-    signature = signer.sign(
-        "Verdict",
-        {
-            "unitId": job["chain_unit_id"],
-            "outcomesHash": outcomes_hash(outcomes),
-            "reasonsHash": reasons,
-            "nonce": 0,
-            "deadline": deadline,
-        },
-    )
-    body = {
-        "job_id": job["job_id"],
-        "verifier": signer.address,
-        "outcomes": outcomes,
-        "reasons_hash": reasons,
-        "nonce": 0,
-        "deadline": deadline,
-        "signature": signature,
-    }
+    body = verdict_body(signer, job, outcomes, "0x" + "99" * 32, clock)
     assert client.post("/verification/verdict", json=body).status_code == 200
     drain_outbox(service)
     (recorded,) = ledger.effects("VerdictRecorded")
@@ -552,26 +532,8 @@ def test_a_provider_that_never_commits_becomes_a_fault_and_the_unit_still_comple
     signer, (job,) = next((v, j) for v, j in zip(verifiers, jobs, strict=True) if j)
     assert job["reason"] == "missing"
     outcomes = [1 if r["provider"] == silent else 0 for r in job["replicas"]]
-    reasons, deadline = "0x" + "98" * 32, clock.now + 600
-    signature = signer.sign(
-        "Verdict",
-        {
-            "unitId": chain_unit,
-            "outcomesHash": outcomes_hash(outcomes),
-            "reasonsHash": reasons,
-            "nonce": 0,
-            "deadline": deadline,
-        },
-    )
-    body = {
-        "job_id": job["job_id"],
-        "verifier": signer.address,
-        "outcomes": outcomes,
-        "reasons_hash": reasons,
-        "nonce": 0,
-        "deadline": deadline,
-        "signature": signature,
-    }
+    assert job["chain_unit_id"] == chain_unit
+    body = verdict_body(signer, job, outcomes, "0x" + "98" * 32, clock)
     assert client.post("/verification/verdict", json=body).status_code == 200
     drain_outbox(service)
     assert ledger.effects("VerdictRecorded")[0]["outcomes"] == outcomes

@@ -1,0 +1,98 @@
+"""`veritrain chain deploy`: put the contracts on a chain and write the deployments JSON every process reads.
+
+The operator's first command. It checks the node's chain id against the one expected (`--chain-id`, or
+`chain_id` in the configuration) before anything is signed, so a typo in the RPC URL cannot deploy on (and
+spend gas on) the wrong network. On a local hardhat node (chain id 31337) without `--keystore`, the
+public development account 0 deploys; anywhere else the deployer's keystore is required. The deployment
+code itself is `veritrain.chain` (`ChainClient.deploy`); this command only chooses keys and checks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from veritrain.errors import VeritrainError
+
+HARDHAT_CHAIN_ID = 31337
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--rpc-url", default=None, help="JSON-RPC node (default: chain_rpc_url, a local node)"
+    )
+    parser.add_argument(
+        "--chain-id", type=int, default=None, help="the chain id the node must have (default: chain_id)"
+    )
+    parser.add_argument("--keystore", type=Path, default=None, help="the deployer's keystore")
+    parser.add_argument("--password-env", default=None, metavar="VAR", help="variable holding its passphrase")
+    parser.add_argument(
+        "--operator", default=None, help="address of the market operator key (default: the deployer)"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=None, help="deployments JSON (default: deployments_file or <data dir>)"
+    )
+    existing = parser.add_mutually_exclusive_group()
+    existing.add_argument("--force", action="store_true", help="replace an existing deployments file")
+    existing.add_argument(
+        "--keep-existing",
+        action="store_true",
+        help="if the deployments file exists and its contracts are on this chain, keep it (idempotent step)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the deployment as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        deployment = deploy(args)
+    except VeritrainError as err:
+        print(f"veritrain chain deploy: {type(err).__name__}: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(deployment))
+    else:
+        addresses = deployment["addresses"]
+        print(f"deployed on chain {deployment['chainId']} at block {deployment['block']}:")
+        for name, address in addresses.items():
+            print(f"  {name:<12} {address}")
+        print(f"operator {deployment['operator']}; written to {deployment['file']}")
+    return 0
+
+
+def deploy(args: argparse.Namespace) -> dict[str, Any]:
+    """Check the chain and the keys, deploy, write the file; returns the deployment with its file path."""
+    from veritrain.chain.backends import RpcBackend, dev_accounts
+    from veritrain.chain.client import ChainClient
+    from veritrain.chain.errors import WrongChainId
+    from veritrain.errors import ConfigError, KeystoreError
+    from veritrain.keys import load_signer
+    from veritrain.settings import load_settings
+
+    settings = load_settings(
+        chain_rpc_url=args.rpc_url,
+        chain_id=args.chain_id,
+        keystore=args.keystore,
+        keystore_password_env=args.password_env,
+    )
+    out = args.out or settings.deployments_file or settings.data_dir / "deployments.json"
+    if out.exists() and not (args.force or args.keep_existing):
+        raise ConfigError(f"{out} exists (a deployment the market and agents may use); --force replaces it")
+    backend = RpcBackend(settings.chain_rpc_url)
+    if backend.chain_id != settings.chain_id:
+        raise WrongChainId(settings.chain_id, backend.chain_id, f"node at {settings.chain_rpc_url}")
+    if out.exists() and args.keep_existing:
+        kept = ChainClient.connect(backend, out)  # WrongChainId / DeploymentError if it is not live here
+        print(f"keeping the deployment in {out}: its contracts are on chain {kept.chain_id}")
+        return {**kept.deployment.to_dict(), "file": str(out)}
+    if settings.keystore is not None:
+        deployer = load_signer(settings.keystore, password_env=settings.keystore_password_env)
+    elif backend.chain_id == HARDHAT_CHAIN_ID:
+        deployer = dev_accounts(1)[0]
+        print(f"no --keystore: deploying with hardhat's public development account {deployer.address}")
+    else:
+        raise KeystoreError(f"chain {backend.chain_id} is not a local hardhat node: give --keystore")
+    client = ChainClient.deploy(backend, deployer, operator=args.operator, save_to=out)
+    return {**client.deployment.to_dict(), "file": str(out)}
