@@ -198,11 +198,9 @@ class BlobPlane:
         """Start listening; returns the full multiaddr (with /p2p/<peer id>) other agents dial."""
         return self._node.start()
 
-    def bytes_served(self) -> int | None:
-        """Blob bytes this host served, from the data plane's server counters (`P2PNode.counters`, added by
-        the p2p stream); None while the P2PNode in use has no counters."""
-        counters = getattr(self._node, "counters", None)
-        return None if counters is None else int(counters.snapshot().bytes_served)
+    def bytes_served(self) -> int:
+        """Blob bytes this host served, from the data plane's server counters."""
+        return int(self._node.counters.snapshot().bytes_served)
 
     def fetch(self, peer_addr: str, digest: str) -> bytes:
         """The blob `digest` (sha256 hex) from the peer at `peer_addr`, also kept in our own store."""

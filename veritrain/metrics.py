@@ -23,27 +23,24 @@ UNIT_DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 900, 1800, 3600, 4 * 3600, 
 
 
 class _BytesServed(Collector):
-    """`veritrain_blob_bytes_served_total`, read from the data plane's counters at scrape time (absent
-    while the data plane counts nothing)."""
+    """`veritrain_blob_bytes_served_total`, read from the data plane's counters at scrape time."""
 
-    def __init__(self, read: Callable[[], int | None]) -> None:
+    def __init__(self, read: Callable[[], int]) -> None:
         self._read = read
 
     def collect(self) -> Iterator[CounterMetricFamily]:
-        served = self._read()
-        if served is not None:
-            yield CounterMetricFamily(
-                "veritrain_blob_bytes_served",
-                "Blob bytes this agent served to peers over libp2p",
-                value=served,
-            )
+        yield CounterMetricFamily(
+            "veritrain_blob_bytes_served",
+            "Blob bytes this agent served to peers over libp2p",
+            value=self._read(),
+        )
 
 
 class AgentMetrics:
     """The families every agent exports; a provider fills the training ones, a verifier the verdict ones
     (its replays count as training tokens too: re-execution is the verifier's compute)."""
 
-    def __init__(self, bytes_served: Callable[[], int | None]) -> None:
+    def __init__(self, bytes_served: Callable[[], int]) -> None:
         self.registry = CollectorRegistry()
         self.heartbeats = Counter(
             "veritrain_agent_heartbeats",

@@ -20,13 +20,8 @@ from browser import chromium, save_artifact
 from prometheus_client.parser import text_string_to_metric_families
 
 from apps.demo import Buyer, DemoConfig, Marketplace, marketplace, progress_printer, start_stack
-from veritrain.p2p import P2PNode
 
 pytestmark = [pytest.mark.slow, pytest.mark.node_backend, pytest.mark.torch, pytest.mark.timeout(420)]
-
-# Seam: the p2p stream adds `P2PNode.counters` (blob bytes served); until it lands the agents cannot
-# report the family. Drop this condition once it has.
-BLOB_COUNTERS = "counters" in P2PNode.__init__.__code__.co_names
 
 
 def scrape(port: int) -> dict[str, float]:
@@ -127,10 +122,9 @@ def test_dashboard_shows_a_running_order_and_every_endpoint_exports_metrics(tmp_
     assert total(after, "veritrain_unit_duration_seconds_count") >= 3
     assert max(s.get("veritrain_training_tokens_per_second[]", 0) for s in after) > 0
     assert total(after, "veritrain_agent_heartbeats_total[('result', 'ok')]") > 0
-    if BLOB_COUNTERS:
-        assert total(after, "veritrain_blob_bytes_served_total") > total(
-            before, "veritrain_blob_bytes_served_total"
-        )
+    assert total(after, "veritrain_blob_bytes_served_total") > total(
+        before, "veritrain_blob_bytes_served_total"
+    )
     assert total(checked, "veritrain_agent_units_total[('outcome', 'verified')]") >= 1
     assert total(checked, "veritrain_agent_verdicts_total[('outcome', 'fraud')]") >= 1
     assert worker["veritrain_settlement_gas_total[('action', 'assign')]"] > 0
