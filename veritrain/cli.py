@@ -22,6 +22,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("verifier", "run"), "verifier.agent", "run a verifier agent"),
     (("bench", "chain"), "veritrain.chain.bench", "gas of each contract action for one 3-replica unit"),
     (("bench", "calibrate"), "verifier.calibrate", "honest-vs-honest distances and tolerances"),
+    (("bench", "training"), "veritrain.bench_training", "DiLoCo vs data-parallel, robust rounds, real size"),
     (("bench", "verification"), "verifier.attacks", "run the attack suite against the verifier core"),
     (("bench", "market"), "market.bench", "matching throughput/latency and orchestration overhead"),
 ]

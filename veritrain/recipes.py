@@ -211,8 +211,10 @@ def _make_modules() -> tuple[type, type]:
                 part.reshape(batch, length, self.n_heads, head_dim).transpose(1, 2)
                 for part in qkv.split(d, dim=-1)
             )
-            scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(head_dim))
-            scores = scores.masked_fill(causal_mask[:length, :length], float("-inf"))
+            # Scale q, not the T×T scores (exact for head_dim 16 or 64: a power of two), and mask the
+            # scores in place: backward then keeps one T×T tensor per layer (softmax's output), not four.
+            scores = (q * (1.0 / math.sqrt(head_dim))) @ k.transpose(-2, -1)
+            scores.masked_fill_(causal_mask[:length, :length], float("-inf"))
             attended = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(batch, length, d)
             x = x + functional.linear(attended, self.attn_out)
             hidden = functional.gelu(functional.linear(self.mlp_norm(x), self.mlp_in, self.mlp_in_bias))
@@ -301,13 +303,13 @@ def _initialise(model: torch.nn.Module, recipe_name: str, seed: int) -> None:
 def _activation_floats(config: TransformerConfig | MLPConfig, batch: int) -> int:
     """Floats autograd keeps for the backward pass, counted from the forward code above, plus one block's
     worth of transient gradients: per block ≈ 14·B·T·d (norms, q/k/v, attention output, residuals) +
-    3·B·T·d_ff (MLP input, GELU in/out) + 4·B·h·T² (scores, scaled, masked, softmax); the one-hot input,
+    3·B·T·d_ff (MLP input, GELU in/out) + B·h·T² (the softmax output); the one-hot input,
     logits and log-softmax add 3·B·T·V. An estimate to refuse hopeless devices, not a bound."""
     if isinstance(config, MLPConfig):
         return 3 * batch * (config.in_features + sum(config.hidden) + config.n_classes)
     tokens = batch * config.seq_len
     block = 14 * tokens * config.d_model + 3 * tokens * config.d_ff
-    block += 4 * batch * config.n_heads * config.seq_len**2
+    block += batch * config.n_heads * config.seq_len**2
     return (config.n_layers + 1) * block + 3 * tokens * config.vocab_size + 2 * tokens * config.d_model
 
 
@@ -334,7 +336,7 @@ RECIPES: dict[str, Recipe] = {
                 vocab_size=256, seq_len=256, d_model=512, n_layers=8, n_heads=8, d_ff=2048
             ),
             optimizer=OptimizerConfig(lr=6e-4, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1),
-            batch_size=8,
+            batch_size=4,
             description="byte-level transformer LM (25.6M parameters, 256-byte context) on the whole "
             "standard-library source tree; the real-size recipe, a unit of minutes on one GPU",
         ),
