@@ -173,8 +173,8 @@ def run_diloco(
         results = []
         for shard in range(shards):
             spec = pol.UnitSpec(LOSS_RECIPE, SEED, round_index, shard, inner_steps, inner_steps, shards)
-            start = diloco.unit_start_state(state, inner[shard])
-            final, _ = pol.train_steps(recipe, dataset, start, spec, 0, inner_steps)
+            unit_start = diloco.unit_start_state(state, inner[shard])
+            final, _ = pol.train_steps(recipe, dataset, unit_start, spec, 0, inner_steps)
             inner[shard] = final
             results.append(final)
         if poison is not None:
@@ -244,8 +244,9 @@ def ring_allreduce_bytes(parameters: int, shards: int, steps: int) -> int:
 # ---------------------------------------------------------------- real-size aggregate and provider memory
 
 
-def synthetic_result(genesis: pol.State, shard: int) -> pol.State:
-    """A stand-in for shard m's trained state (timing only): genesis plus portable noise, step 100."""
+def synthetic_result(genesis: pol.State, shard: int, scale: float = 1e-3, step: int = 100) -> pol.State:
+    """A stand-in for shard m's trained state, the same bytes on every machine: genesis weights plus
+    portable noise of std `scale`, moments = |noise|, step `step` (timings and test vectors)."""
     import torch
 
     from veritrain.recipes import portable_normal
@@ -253,9 +254,9 @@ def synthetic_result(genesis: pol.State, shard: int) -> pol.State:
     result: pol.State = {}
     for name, tensor in genesis.items():
         if name == pol.STEP_KEY:
-            result[name] = torch.tensor(100, dtype=torch.int64)
+            result[name] = torch.tensor(step, dtype=torch.int64)
             continue
-        noise = portable_normal("bench", shard, name, tensor.numel(), 1e-3).reshape(tensor.shape)
+        noise = portable_normal("bench", shard, name, tensor.numel(), scale).reshape(tensor.shape)
         result[name] = tensor + noise if name.startswith(pol.MODEL_PREFIX) else noise.abs()
     return result
 
@@ -310,9 +311,18 @@ def _provider_main(recipe_name: str, steps: int, workdir: str) -> int:
 
     spec = pol.UnitSpec(recipe_name, SEED, 0, 0, steps, 1)
     run_unit(spec, pol.initial_state(get_recipe(recipe_name), 0), Path(workdir))
-    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-    print(json.dumps({"peak_rss_mb": peak_kib / 1024}))
+    print(json.dumps({"peak_rss_mb": peak_rss_kib() / 1024}))
     return 0
+
+
+def peak_rss_kib() -> int:
+    """This process's peak resident set (VmHWM). Not getrusage's ru_maxrss: Linux keeps that across
+    fork + exec, so a child started by a big parent would report the parent's size."""
+    with open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # no /proc (not Linux): KiB or bytes
 
 
 # ---------------------------------------------------------------- the bench

@@ -27,32 +27,18 @@ FORMULAS = {
 }
 
 
-def _result(genesis: dict[str, Any], shard: int, scale: float) -> dict[str, Any]:
-    """A shard's 'trained' state, portable on every machine: genesis plus portable noise, step 7."""
-    import torch
-
-    from veritrain import pol
-    from veritrain.recipes import portable_normal
-
-    state = {}
-    for name, tensor in genesis.items():
-        if name == pol.STEP_KEY:
-            state[name] = torch.tensor(7, dtype=torch.int64)
-            continue
-        noise = portable_normal("vector", shard, name, tensor.numel(), scale).reshape(tensor.shape)
-        state[name] = tensor + noise if name.startswith(pol.MODEL_PREFIX) else noise.abs()
-    return state
-
-
 def _case(name: str, recipe: str, round_index: int, present: list[bool], config: Any) -> dict[str, Any]:
     from veritrain import diloco, pol
+    from veritrain.bench_training import synthetic_result
     from veritrain.recipes import get_recipe
 
     genesis = pol.initial_state(get_recipe(recipe), 0)
     round_state = diloco.genesis_round_state(genesis)
     if round_index:  # a later round: momentum already non-zero
-        round_state = diloco.outer_step(round_state, [_result(genesis, 99, 1e-3)], diloco.OuterConfig())
-    results = tuple(_result(genesis, m, 1e-3 * (m + 1)) if ok else None for m, ok in enumerate(present))
+        round_state = diloco.outer_step(round_state, [synthetic_result(genesis, 99)], diloco.OuterConfig())
+    results = tuple(
+        synthetic_result(genesis, m, 1e-3 * (m + 1), 7) if ok else None for m, ok in enumerate(present)
+    )
     inputs = diloco.AggregateInputs(round_index, round_state, results, config)
     output = diloco.aggregate(inputs)
     return {
