@@ -10,8 +10,9 @@ The kernel API the market calls (everything else here is internal):
 
 - ``OuterConfig(aggregation, trim, lr, momentum)`` — the order's outer optimizer; ``.digest()`` is the
   ``outerConfigDigest`` stored with the order; ``.min_shards`` is the smallest quorum it can aggregate.
-- ``genesis_round_state(pol.initial_state(recipe, seed))`` — round 0's state; the order anchors
-  ``pol.state_digest`` of it (``genesisStateDigest``) and stores ``pol.canonical_state_bytes`` as its blob.
+- ``order_genesis(recipe, seed, shards)`` — round 0's state, created once by the buyer; the order anchors
+  ``pol.state_digest`` of it (``genesisStateDigest``) and ``pol.canonical_state_bytes`` is its blob. The
+  same bytes on every machine (portable init), so a provider may also regenerate it and check the digest.
 - ``unit_start_state(round_state, previous)`` — the start state of unit (r, m): θ_r plus the inner AdamW
   moments and step of shard m's last accepted result (``previous``; None before its first). The inner
   state never leaves its shard's chain of results and is never averaged (OpenDiLoCo).
@@ -51,10 +52,20 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from veritrain.errors import AggregateMismatch, InvalidInput
-from veritrain.pol import EXP_AVG_PREFIX, EXP_AVG_SQ_PREFIX, MODEL_PREFIX, STEP_KEY, State, state_digest
+from veritrain.pol import (
+    EXP_AVG_PREFIX,
+    EXP_AVG_SQ_PREFIX,
+    MODEL_PREFIX,
+    STEP_KEY,
+    State,
+    initial_state,
+    state_digest,
+)
 
 if TYPE_CHECKING:
     import torch
+
+    from veritrain.recipes import Recipe
 
 MOMENTUM_PREFIX = "outer.momentum."
 AGGREGATIONS = ("mean", "trimmed_mean", "median")
@@ -112,6 +123,15 @@ class OuterConfig:
 
 
 # ---------------------------------------------------------------- round state and unit starts
+
+
+def order_genesis(recipe: Recipe, seed: int, shards: int) -> State:
+    """What an order anchors as round 0's start: the genesis training state for M = 1 (sequential
+    training), its round state (θ_0, zero momentum) for M > 1 (the aggregate unit's start digest)."""
+    if not 1 <= shards <= MAX_SHARDS:
+        raise InvalidInput(f"shards must be in 1..{MAX_SHARDS}, got {shards}")
+    initial = initial_state(recipe, seed)
+    return initial if shards == 1 else genesis_round_state(initial)
 
 
 def genesis_round_state(initial: Mapping[str, torch.Tensor]) -> State:

@@ -17,7 +17,10 @@ Pure functions, no files (node/unit.py does the files). Why each choice:
 Additions to the agreed interface (/tmp/training_spec.md), all backwards compatible: ``UnitSpec`` has
 ``num_shards`` (default 1) and ``hyper_overrides``; ``batch_for_step`` takes ``num_shards=1``;
 ``canonical_state_bytes`` (the bytes ``state_digest`` hashes, usable as the state blob);
-``Transcript.checkpoint_proof`` / ``verify_checkpoint``; ``execute_unit`` (a whole unit in memory).
+``Transcript.checkpoint_proof`` / ``verify_checkpoint``; ``execute_unit`` (a whole unit in memory);
+``train_on_batches`` (the one training loop, also the benchmark's data-parallel baseline); ``device=`` on
+the training functions (the model, batches and moments live there; every returned state is on the CPU,
+so digests always hash CPU bytes — callers set the deterministic settings, ``veritrain.device``).
 ``UnitSpec`` field order is part of the interface (callers construct it positionally).
 """
 

@@ -142,6 +142,12 @@ def test_unit_start_carries_the_shards_own_inner_state_and_the_rounds_weights() 
     genesis = pol.initial_state(get_recipe("digits-mlp"), 0)
     state0 = diloco.genesis_round_state(genesis)
     assert pol.state_digest(diloco.unit_start_state(state0, None)) == pol.state_digest(genesis)
+    anchored = {m: pol.state_digest(diloco.order_genesis(get_recipe("digits-mlp"), 0, m)) for m in (1, 2, 8)}
+    assert anchored == {
+        1: pol.state_digest(genesis),
+        2: pol.state_digest(state0),
+        8: pol.state_digest(state0),
+    }
     previous = {
         name: tensor + 1 if name != pol.STEP_KEY else torch.tensor(12) for name, tensor in genesis.items()
     }
