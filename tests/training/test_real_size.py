@@ -85,7 +85,7 @@ def test_real_recipe_trains_a_step_and_a_verifier_replays_it_bitwise(
     spec = pol.UnitSpec(recipe=REAL, order_seed=1, round_index=0, shard=0, steps=1, checkpoint_every=1)
     start = pol.initial_state(spec.recipe_config(), 0)
     result = run_unit(spec, start, tmp_path, dataset=tree_dataset)
-    assert abs(result.transcript.losses[0] - math.log(256)) < 0.5  # a fresh byte model is near uniform
+    assert abs(result.transcript.losses[0] - math.log(256)) < 1.0  # a fresh byte model: ≈ uniform (6.02)
     replayed, losses = reexecutor(spec, tree_dataset)(load_checkpoint(result.checkpoint_paths[0]), 0, 1)
     assert pol.state_digest(replayed) == result.transcript.final_digest != pol.state_digest(start)
     assert tuple(losses) == result.transcript.losses
