@@ -5,6 +5,11 @@ fetch checkpoints to re-execute segments. Each checkpoint is written to a tempor
 renamed, so a crash leaves either the old set of files or the new one, never half a file. The checkpoint's
 safetensors metadata carries the unit spec, the start-state digest and the transcript so far (losses and
 checkpoint digests), so a resumed run rebuilds the same transcript and the same result digest.
+
+Devices: ``run_unit`` and ``reexecutor`` (a verifier's segment replay) take an ``Execution`` (cpu with a
+pinned thread count, cuda[:i], mps). The device is probed and the recipe's memory estimate checked before
+the first step (DeviceUnavailable / DeviceUnsuitable, nothing written); training runs under
+``device.deterministic``; states are moved back to the CPU for every digest and checkpoint.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from veritrain.device import Execution, deterministic, prepare
 from veritrain.errors import CheckpointError, InvalidState, UnitStopped
 from veritrain.pol import (
     State,
@@ -166,15 +172,19 @@ def run_unit(
     on_progress: ProgressCallback | None = None,
     stop_after_step: int | None = None,
     dataset: Dataset | None = None,
+    execution: Execution | None = None,
 ) -> UnitResult:
     """Run (or resume) a unit in `workdir`; bit-identical result whether or not it was interrupted.
 
     ``on_progress(completed_steps, total_steps, loss)`` runs after every step. ``stop_after_step=s`` stops
-    like a crash after s completed steps (checkpoints so far stay) and raises UnitStopped.
+    like a crash after s completed steps (checkpoints so far stay) and raises UnitStopped. `execution`
+    (default: this process's CPU thread count) is probed and checked before anything is written.
     """
     from veritrain.datasets import load_dataset
 
     recipe = spec.recipe_config()
+    execution = execution or Execution()
+    prepare(recipe, execution)
     data = dataset if dataset is not None else load_dataset(recipe.dataset)
     check_state(recipe, start_state)
     workdir = Path(workdir)
@@ -198,17 +208,20 @@ def run_unit(
         if on_progress is not None:
             on_progress(step + 1, spec.steps, loss)
 
-    for begin, end in itertools.pairwise(steps):
-        if end <= resume.step:
-            continue
-        segment_end = end if stop_after_step is None else max(begin, min(end, stop_after_step))
-        state, segment_losses = train_steps(recipe, data, state, spec, begin, segment_end, report)
-        if segment_end < end:
-            raise UnitStopped(segment_end)
-        losses.extend(segment_losses)
-        digests.append(state_digest(state))
-        metadata = _unit_metadata(spec, start_digest, end, losses, digests)
-        save_checkpoint(state, checkpoint_path(workdir, end), metadata)
+    with deterministic(execution):
+        for begin, end in itertools.pairwise(steps):
+            if end <= resume.step:
+                continue
+            segment_end = end if stop_after_step is None else max(begin, min(end, stop_after_step))
+            state, segment_losses = train_steps(
+                recipe, data, state, spec, begin, segment_end, report, execution.device
+            )
+            if segment_end < end:
+                raise UnitStopped(segment_end)
+            losses.extend(segment_losses)
+            digests.append(state_digest(state))
+            metadata = _unit_metadata(spec, start_digest, end, losses, digests)
+            save_checkpoint(state, checkpoint_path(workdir, end), metadata)
     transcript = Transcript(
         spec=spec,
         checkpoint_steps=steps,
@@ -224,3 +237,20 @@ def run_unit(
         result_digest=result_digest(transcript.final_digest, transcript.merkle_root()),
         checkpoint_paths=tuple(checkpoint_path(workdir, step) for step in steps),
     )
+
+
+def reexecutor(
+    spec: UnitSpec, dataset: Dataset, execution: Execution | None = None
+) -> Callable[[Mapping[str, torch.Tensor], int, int], tuple[State, list[float]]]:
+    """A verifier's segment replay for `spec` on `execution` (``verifier.core.Reexecutor``): the device
+    is probed and checked once, here, and each segment runs under the same deterministic settings as a
+    provider's unit."""
+    recipe = spec.recipe_config()
+    execution = execution or Execution()
+    prepare(recipe, execution)
+
+    def replay(state: Mapping[str, torch.Tensor], start: int, end: int) -> tuple[State, list[float]]:
+        with deterministic(execution):
+            return train_steps(recipe, dataset, dict(state), spec, start, end, None, execution.device)
+
+    return replay

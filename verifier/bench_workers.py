@@ -29,15 +29,18 @@ CONTROLLED_ENV = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "OMP_WAIT_POLICY")
 
 @dataclass(frozen=True)
 class HardwareConfig:
-    """A simulated hardware class: torch thread count plus environment variables read at torch import."""
+    """A hardware class to run: torch device and thread count plus environment variables read at torch
+    import (CPU configs simulate other machines; a GPU config runs on the real device)."""
 
     name: str
     threads: int
     env: Mapping[str, str] = field(default_factory=dict)
+    device: str = "cpu"
 
     def describe(self) -> str:
         extra = " ".join(f"{key}={value}" for key, value in sorted(self.env.items()))
-        return f"{self.threads} thread(s)" + (f", {extra}" if extra else ", native vector path")
+        where = "" if self.device == "cpu" else f"{self.device}, "
+        return where + f"{self.threads} thread(s)" + (f", {extra}" if extra else ", native vector path")
 
 
 # The heterogeneity one CPU machine offers (TOOLCHAIN.md): thread count, the generic vs. native
@@ -79,6 +82,7 @@ class Worker:
         }
         env.update(config.env)
         env["VERITRAIN_BENCH_THREADS"] = str(config.threads)
+        env["VERITRAIN_BENCH_DEVICE"] = config.device
         self._process = subprocess.Popen(
             [python, "-m", "verifier.bench_workers"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
         )
@@ -129,14 +133,21 @@ class WorkerPool:
 # ---------------------------------------------------------------- the worker side
 
 
+def _device() -> str:
+    return os.environ.get("VERITRAIN_BENCH_DEVICE", "cpu")
+
+
 def _identity() -> dict[str, object]:
     import torch
+
+    from veritrain.device import hardware_class
 
     return {
         "threads": torch.get_num_threads(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "env": {key: os.environ.get(key, "") for key in CONTROLLED_ENV},
         "torch": torch.__version__,
+        "hardware_class": hardware_class(_device()),
     }
 
 
@@ -145,7 +156,7 @@ def _execute_unit(spec: Any, start_state: Any) -> Any:
     from veritrain.datasets import load_dataset
 
     recipe = spec.recipe_config()
-    return pol.execute_unit(load_dataset(recipe.dataset), spec, start_state)
+    return pol.execute_unit(load_dataset(recipe.dataset), spec, start_state, device=_device())
 
 
 def _train(spec: Any, state: Any, start_step: int, end_step: int) -> Any:
@@ -153,7 +164,8 @@ def _train(spec: Any, state: Any, start_step: int, end_step: int) -> Any:
     from veritrain.datasets import load_dataset
 
     recipe = spec.recipe_config()
-    return pol.train_steps(recipe, load_dataset(recipe.dataset), state, spec, start_step, end_step)
+    dataset = load_dataset(recipe.dataset)
+    return pol.train_steps(recipe, dataset, state, spec, start_step, end_step, device=_device())
 
 
 METHODS: dict[str, Callable[..., Any]] = {
@@ -165,11 +177,16 @@ METHODS: dict[str, Callable[..., Any]] = {
 
 def serve() -> None:
     """Worker main loop: frames in on stdin, frames out on stdout (prints go to stderr)."""
-    import torch
+    from veritrain.device import Execution, deterministic
 
-    torch.set_num_threads(int(os.environ.get("VERITRAIN_BENCH_THREADS", "1")))
+    execution = Execution(_device(), int(os.environ.get("VERITRAIN_BENCH_THREADS", "1")))
     requests, replies = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr
+    with deterministic(execution):
+        _serve_requests(requests, replies)
+
+
+def _serve_requests(requests: IO[bytes], replies: IO[bytes]) -> None:
     while True:
         try:
             method, kwargs = _read_frame(requests)

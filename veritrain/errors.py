@@ -119,6 +119,18 @@ class UnitStopped(VeritrainError):
         self.step = step
 
 
+class DeviceUnavailable(VeritrainError):
+    """The requested device does not exist here or its driver failed when probed (no unit was started)."""
+
+
+class DeviceUnsuitable(VeritrainError):
+    """The device cannot run this recipe (e.g. its memory estimate exceeds free memory); refused up front."""
+
+
+class AggregateMismatch(InvalidInput):
+    """The inputs of a DiLoCo aggregate unit do not fit together (shapes, names, digests or round)."""
+
+
 # --- data plane (codec, blob store, libp2p blob protocol) ---
 
 

@@ -17,7 +17,10 @@ Pure functions, no files (node/unit.py does the files). Why each choice:
 Additions to the agreed interface (/tmp/training_spec.md), all backwards compatible: ``UnitSpec`` has
 ``num_shards`` (default 1) and ``hyper_overrides``; ``batch_for_step`` takes ``num_shards=1``;
 ``canonical_state_bytes`` (the bytes ``state_digest`` hashes, usable as the state blob);
-``Transcript.checkpoint_proof`` / ``verify_checkpoint``; ``execute_unit`` (a whole unit in memory).
+``Transcript.checkpoint_proof`` / ``verify_checkpoint``; ``execute_unit`` (a whole unit in memory);
+``train_on_batches`` (the one training loop, also the benchmark's data-parallel baseline); ``device=`` on
+the training functions (the model, batches and moments live there; every returned state is on the CPU,
+so digests always hash CPU bytes — callers set the deterministic settings, ``veritrain.device``).
 ``UnitSpec`` field order is part of the interface (callers construct it positionally).
 """
 
@@ -29,7 +32,7 @@ import itertools
 import json
 import math
 import struct
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
@@ -109,7 +112,12 @@ class UnitSpec:
 
 
 def initial_state(recipe: Recipe, seed: int) -> State:
-    """Weights from the recipe's seeded init, zero AdamW moments, step 0."""
+    """Round 0's start state (the genesis): portable seeded weights, zero AdamW moments, step 0.
+
+    Bitwise identical on every machine (recipes.portable_normal), so the buyer creates it once, the order
+    anchors ``state_digest`` of it, and any provider may either regenerate it and check that digest or
+    fetch the blob ``canonical_state_bytes`` by digest — both give the same bytes.
+    """
     import torch
 
     model = recipe.build_model(seed)
@@ -123,25 +131,31 @@ def initial_state(recipe: Recipe, seed: int) -> State:
     return state
 
 
-def canonical_state_bytes(state: Mapping[str, torch.Tensor]) -> bytes:
-    """The byte stream a state digest covers: domain tag, tensor count, then per tensor sorted by name its
-    length-prefixed name, dtype and shape and its raw little-endian bytes. Usable as the state's blob."""
+def _canonical_parts(state: Mapping[str, torch.Tensor]) -> Iterator[bytes | memoryview]:
+    """The pieces of ``canonical_state_bytes`` in order; tensor bytes as views, never copied."""
     import torch
 
-    parts = [STATE_DOMAIN, len(state).to_bytes(8, "big")]
+    yield STATE_DOMAIN + len(state).to_bytes(8, "big")
     for name in sorted(state):
         tensor = state[name].detach().cpu().contiguous()
         name_bytes = name.encode()
         dtype_bytes = str(tensor.dtype).removeprefix("torch.").encode()
-        raw = tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
-        parts += [
-            len(name_bytes).to_bytes(4, "big") + name_bytes,
-            len(dtype_bytes).to_bytes(4, "big") + dtype_bytes,
-            tensor.ndim.to_bytes(4, "big") + b"".join(d.to_bytes(8, "big") for d in tensor.shape),
-            len(raw).to_bytes(8, "big"),
-            raw,
-        ]
-    return b"".join(parts)
+        raw = tensor.reshape(-1).view(torch.uint8).numpy().data if tensor.numel() else memoryview(b"")
+        yield b"".join(
+            (
+                len(name_bytes).to_bytes(4, "big") + name_bytes,
+                len(dtype_bytes).to_bytes(4, "big") + dtype_bytes,
+                tensor.ndim.to_bytes(4, "big") + b"".join(d.to_bytes(8, "big") for d in tensor.shape),
+                raw.nbytes.to_bytes(8, "big"),
+            )
+        )
+        yield raw
+
+
+def canonical_state_bytes(state: Mapping[str, torch.Tensor]) -> bytes:
+    """The byte stream a state digest covers: domain tag, tensor count, then per tensor sorted by name its
+    length-prefixed name, dtype and shape and its raw little-endian bytes. Usable as the state's blob."""
+    return b"".join(_canonical_parts(state))
 
 
 STATE_DTYPE_NAMES = (
@@ -212,8 +226,12 @@ def state_from_canonical_bytes(blob: bytes) -> State:
 
 
 def state_digest(state: Mapping[str, torch.Tensor]) -> bytes:
-    """sha256 of ``canonical_state_bytes``: sorted names, dtype, shape and raw bytes; never file bytes."""
-    return hashlib.sha256(canonical_state_bytes(state)).digest()
+    """sha256 of ``canonical_state_bytes``: sorted names, dtype, shape and raw bytes; never file bytes.
+    Hashed piece by piece, so a 300 MB state costs no second copy in memory."""
+    hasher = hashlib.sha256()
+    for part in _canonical_parts(state):
+        hasher.update(part)
+    return hasher.digest()
 
 
 def state_step(state: Mapping[str, torch.Tensor]) -> int:
@@ -295,7 +313,7 @@ def batch_for_step(
     indices = batch_indices(recipe, dataset, order_seed, round_index, shard, step, num_shards)
     if "tokens" in dataset.tensors:
         offsets = torch.arange(recipe.seq_len + 1, dtype=torch.int64)
-        windows = dataset.tensors["tokens"][indices[:, None] + offsets]
+        windows = dataset.tensors["tokens"][indices[:, None] + offsets].to(torch.int64)
         return windows[:, :-1], windows[:, 1:]
     return dataset.tensors["images"][indices], dataset.tensors["labels"][indices]
 
@@ -322,35 +340,58 @@ def train_steps(
     start_step: int,
     end_step: int,
     on_step: Callable[[int, float], None] | None = None,
+    device: str = "cpu",
 ) -> tuple[State, list[float]]:
     """Run unit steps [start_step, end_step) from `state`; returns the new state and the loss of each step.
 
     `state` is not modified. `recipe` should be ``spec.recipe_config()`` (passed in so callers may train a
     deliberately different recipe, e.g. an attacker in the benchmark). ``on_step(step, loss)`` runs after
-    each step. Deterministic: the same inputs on the same machine config give bit-identical outputs.
+    each step. Deterministic: the same inputs on the same hardware class give bit-identical outputs.
+    """
+    if not 0 <= start_step <= end_step <= spec.steps:
+        raise InvalidInput(f"segment [{start_step}, {end_step}) is outside the unit's 0..{spec.steps}")
+    batches = (
+        batch_for_step(recipe, dataset, spec.order_seed, spec.round_index, spec.shard, step, spec.num_shards)
+        for step in range(start_step, end_step)
+    )
+
+    def report(index: int, loss: float) -> None:
+        if on_step is not None:
+            on_step(start_step + index, loss)
+
+    return train_on_batches(recipe, state, batches, report, device)
+
+
+def train_on_batches(
+    recipe: Recipe,
+    state: Mapping[str, torch.Tensor],
+    batches: Iterable[Batch],
+    on_step: Callable[[int, float], None] | None = None,
+    device: str = "cpu",
+) -> tuple[State, list[float]]:
+    """One AdamW step per batch from `state` (not modified), computed on `device`; returns the new state
+    (CPU tensors, ready to digest) and each step's loss; ``on_step(batch index, loss)`` after each step.
+
+    The one training loop: units (``train_steps``) and the benchmark's data-parallel baseline share it.
     """
     import torch
 
-    if not 0 <= start_step <= end_step <= spec.steps:
-        raise InvalidInput(f"segment [{start_step}, {end_step}) is outside the unit's 0..{spec.steps}")
     check_state(recipe, state)
-    model = recipe.build_model()
+    target = torch.device(device)
+    model = recipe.build_model(seed=None).to(target)
     parameters = dict(model.named_parameters())
     with torch.no_grad():
         for name, parameter in parameters.items():
             parameter.copy_(state[MODEL_PREFIX + name])
-    exp_avg = {name: state[EXP_AVG_PREFIX + name].clone() for name in parameters}
-    exp_avg_sq = {name: state[EXP_AVG_SQ_PREFIX + name].clone() for name in parameters}
+    exp_avg = {name: state[EXP_AVG_PREFIX + name].to(target, copy=True) for name in parameters}
+    exp_avg_sq = {name: state[EXP_AVG_SQ_PREFIX + name].to(target, copy=True) for name in parameters}
     optimizer_step = state_step(state)
     config = recipe.optimizer
     losses: list[float] = []
-    for step in range(start_step, end_step):
-        inputs, targets = batch_for_step(
-            recipe, dataset, spec.order_seed, spec.round_index, spec.shard, step, spec.num_shards
-        )
+    for index, (inputs, targets) in enumerate(batches):
         for parameter in parameters.values():
             parameter.grad = None
-        loss = model.loss(inputs, targets)  # type: ignore[operator]
+        loss = model.loss(inputs.to(target), targets.to(target))  # type: ignore[operator]
         loss.backward()
         optimizer_step += 1
         bias_correction1 = 1.0 - config.beta1**optimizer_step
@@ -370,12 +411,12 @@ def train_steps(
         loss_value = float(loss.detach())
         losses.append(loss_value)
         if on_step is not None:
-            on_step(step, loss_value)
+            on_step(index, loss_value)
     new_state: State = {}
     for name, parameter in parameters.items():
-        new_state[MODEL_PREFIX + name] = parameter.detach().clone()
-        new_state[EXP_AVG_PREFIX + name] = exp_avg[name]
-        new_state[EXP_AVG_SQ_PREFIX + name] = exp_avg_sq[name]
+        new_state[MODEL_PREFIX + name] = parameter.detach().to("cpu", copy=True)
+        new_state[EXP_AVG_PREFIX + name] = exp_avg[name].cpu()
+        new_state[EXP_AVG_SQ_PREFIX + name] = exp_avg_sq[name].cpu()
     new_state[STEP_KEY] = torch.tensor(optimizer_step, dtype=torch.int64)
     return new_state, losses
 
@@ -504,6 +545,7 @@ def execute_unit(
     spec: UnitSpec,
     start_state: Mapping[str, torch.Tensor],
     on_step: Callable[[int, float], None] | None = None,
+    device: str = "cpu",
 ) -> UnitExecution:
     """Run a whole unit in memory (no files): what an honest replica computes, for verifiers and benches."""
     recipe = spec.recipe_config()
@@ -512,7 +554,7 @@ def execute_unit(
     checkpoints: dict[int, State] = {0: state}
     losses: list[float] = []
     for begin, end in itertools.pairwise(steps):
-        state, segment = train_steps(recipe, dataset, state, spec, begin, end, on_step)
+        state, segment = train_steps(recipe, dataset, state, spec, begin, end, on_step, device)
         losses.extend(segment)
         checkpoints[end] = state
     transcript = Transcript(

@@ -4,9 +4,17 @@ Why a registry: providers never run buyer code. An order names a recipe (a name 
 every party builds the same model from that config, so parameter count and FLOPs per step are computed
 from the built model, never taken from the buyer's word.
 
-Every op is chosen to give bitwise-identical results for any CPU thread count (TOOLCHAIN.md: only
-``nn.LayerNorm``'s backward differs), so RMSNorm and attention are written out by hand, and parameters are
-initialised from an explicit ``torch.Generator`` — no global RNG is read or advanced.
+Determinism, and what is *not* promised: the same recipe on the same hardware class (docs/VERIFICATION.md:
+device, CPU vendor and vector path, MKL mode, intra-op thread count, torch build) gives bitwise-identical
+results. Across thread counts results may differ (measured: digits-mlp's last-layer weight gradient on an
+AMD EPYC, 1 vs 2 threads), so the thread count is part of the hardware class and the unit runner pins it.
+RMSNorm and the embedding lookup are still written out (``nn.LayerNorm``'s backward and the index
+backward had the largest thread-count effects measured), which keeps cross-class drift small.
+
+Initial weights are **bitwise portable**: drawn from SHAKE-256 (keyed by recipe, seed and tensor name) with
+integer arithmetic and two IEEE roundings, never from ``torch.Generator`` whose normal sampler differs with
+the CPU vector path (measured: ``ATEN_CPU_CAPABILITY=default`` gave other weights). So every machine
+creates the same round-0 state, and the digest the order anchors is reproducible by anybody.
 """
 
 from __future__ import annotations
@@ -16,15 +24,19 @@ import hashlib
 import itertools
 import math
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from veritrain.errors import InvalidInput, UnknownRecipe
 
 if TYPE_CHECKING:
     import torch
 
-INIT_DOMAIN = b"veritrain/init/v1"
-GRAD_CHUNK_ROWS = 64
+INIT_DOMAIN = b"veritrain/init/v2"
+# Irwin–Hall: a standardized sum of INIT_TERMS (even: the centre is an integer) uniform 16-bit integers
+# approximates N(0, 1) (bounded at ±3.46σ); its variance INIT_TERMS·(65536² − 1)/12 is exact.
+INIT_TERMS = 4
+INIT_SUM_STD = math.sqrt(INIT_TERMS * (65536**2 - 1) / 12)
+FLOAT32_BYTES = 4
 
 
 @dataclass(frozen=True)
@@ -61,6 +73,24 @@ class OptimizerConfig:
 
 
 @dataclass(frozen=True)
+class MemoryEstimate:
+    """Training memory of one recipe in bytes. ``state`` (weights + moments) is what a checkpoint holds."""
+
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int
+
+    @property
+    def state(self) -> int:
+        return self.weights + self.optimizer
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.gradients + self.optimizer + self.activations
+
+
+@dataclass(frozen=True)
 class Recipe:
     """A model + dataset + optimizer + batch shape; one name in the registry."""
 
@@ -80,13 +110,12 @@ class Recipe:
     def tokens_per_step(self) -> int:
         return self.batch_size * self.seq_len
 
-    def build_model(self, seed: int = 0) -> torch.nn.Module:
-        """The model with parameters drawn from a generator seeded by (recipe name, seed)."""
-        import torch
-
+    def build_model(self, seed: int | None = 0) -> torch.nn.Module:
+        """The model with portable seeded parameters; ``seed=None`` leaves them uninitialised (for callers
+        that overwrite every parameter from a state, where a 25M-parameter init would be wasted seconds)."""
         model = _build_uninitialised(self.model)
-        generator = torch.Generator().manual_seed(init_seed(self.name, seed))
-        _initialise(model, generator)
+        if seed is not None:
+            _initialise(model, self.name, seed)
         return model
 
     def param_count(self) -> int:
@@ -96,6 +125,16 @@ class Recipe:
     def flops_per_step(self) -> int:
         """Training FLOPs of one optimizer step: 6 · parameters · tokens (Kaplan et al. 2020)."""
         return 6 * self.param_count() * self.tokens_per_step
+
+    def memory_estimate(self) -> MemoryEstimate:
+        """Bytes a training step needs (fp32): weights, gradients, AdamW moments and saved activations."""
+        params = self.param_count() * FLOAT32_BYTES
+        return MemoryEstimate(
+            weights=params,
+            gradients=params,
+            optimizer=2 * params,
+            activations=_activation_floats(self.model, self.batch_size) * FLOAT32_BYTES,
+        )
 
     def with_overrides(self, overrides: tuple[tuple[str, float], ...]) -> Recipe:
         """A copy with optimizer hyper-parameters overridden (names must be OptimizerConfig fields)."""
@@ -111,10 +150,26 @@ class Recipe:
         return replace(self, optimizer=replace(self.optimizer, **values))  # type: ignore[arg-type]
 
 
-def init_seed(recipe_name: str, seed: int) -> int:
-    """A 63-bit generator seed from sha256(domain, recipe name, seed): unrelated recipes never share init."""
-    material = INIT_DOMAIN + b"\x00" + recipe_name.encode() + b"\x00" + seed.to_bytes(16, "big", signed=True)
-    return int.from_bytes(hashlib.sha256(material).digest()[:8], "big") >> 1
+def portable_normal(recipe_name: str, seed: int, tensor_name: str, count: int, std: float) -> torch.Tensor:
+    """`count` float32 draws ≈ N(0, std²), bitwise identical on every IEEE-754 machine.
+
+    SHAKE-256(domain, recipe, seed, tensor name) gives INIT_TERMS little-endian uint16 per value; their
+    exact integer sum, centred, is scaled in float64 (one rounding) and cast to float32 (one rounding).
+    Keyed by tensor name, so a tensor's values do not depend on which other tensors exist.
+    """
+    import numpy as np
+    import torch
+
+    material = b"\x00".join(
+        (INIT_DOMAIN, recipe_name.encode(), seed.to_bytes(16, "big", signed=True), tensor_name.encode())
+    )
+    raw = np.frombuffer(hashlib.shake_256(material).digest(2 * INIT_TERMS * count), dtype="<u2")
+    terms = raw.reshape(count, INIT_TERMS)
+    total = terms[:, 0].astype(np.int64)
+    for column in range(1, INIT_TERMS):
+        total += terms[:, column]
+    values = (total - INIT_TERMS * 65535 // 2).astype(np.float64) * (std / INIT_SUM_STD)
+    return torch.from_numpy(values.astype(np.float32))
 
 
 def _make_modules() -> tuple[type, type]:
@@ -122,52 +177,6 @@ def _make_modules() -> tuple[type, type]:
     import torch
     from torch import nn
     from torch.nn import functional
-
-    class ChunkedLinear(torch.autograd.Function):
-        """y = x·Wᵀ + b whose weight/bias gradients sum fixed row chunks in a fixed order.
-
-        Why: for a large reduction dimension (rows = batch·tokens ≥ ~1024) the BLAS splits the sum over
-        threads, so ``gᵀ·x`` differs with the thread count (measured: 1 vs 2 threads). Products over
-        at most ``GRAD_CHUNK_ROWS`` rows are computed whole by one thread (measured up to 8 threads).
-        """
-
-        @staticmethod
-        def forward(
-            ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
-        ) -> torch.Tensor:
-            ctx.save_for_backward(x, weight)
-            ctx.has_bias = bias is not None
-            return functional.linear(x, weight, bias)
-
-        @staticmethod
-        def backward(
-            ctx: Any, grad_output: torch.Tensor
-        ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
-            x, weight = ctx.saved_tensors
-            rows_out = grad_output.reshape(-1, grad_output.shape[-1])
-            rows_in = x.reshape(-1, x.shape[-1])
-            whole = rows_out.shape[0] // GRAD_CHUNK_ROWS * GRAD_CHUNK_ROWS
-            chunks_out = rows_out[:whole].reshape(-1, GRAD_CHUNK_ROWS, rows_out.shape[1])
-            chunks_in = rows_in[:whole].reshape(-1, GRAD_CHUNK_ROWS, rows_in.shape[1])
-            partial_weights = list(torch.bmm(chunks_out.transpose(1, 2), chunks_in).unbind(0))
-            partial_biases = list(chunks_out.sum(dim=1).unbind(0))
-            if whole < rows_out.shape[0]:
-                partial_weights.append(rows_out[whole:].t() @ rows_in[whole:])
-                partial_biases.append(rows_out[whole:].sum(dim=0))
-            grad_weight = torch.zeros_like(weight)
-            for partial in partial_weights:  # fixed left-to-right order
-                grad_weight += partial
-            grad_bias = None
-            if ctx.has_bias:
-                grad_bias = torch.zeros(weight.shape[0], dtype=weight.dtype)
-                for partial in partial_biases:
-                    grad_bias += partial
-            grad_input = grad_output @ weight if ctx.needs_input_grad[0] else None
-            return grad_input, grad_weight, grad_bias
-
-    def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        output: torch.Tensor = ChunkedLinear.apply(x, weight, bias)
-        return output
 
     class RMSNorm(nn.Module):
         """x / sqrt(mean(x²) + eps) · gain, written out: per-row reductions only, thread-count invariant."""
@@ -197,17 +206,19 @@ def _make_modules() -> tuple[type, type]:
         def forward(self, x: torch.Tensor, causal_mask: torch.Tensor) -> torch.Tensor:
             batch, length, d = x.shape
             head_dim = d // self.n_heads
-            qkv = linear(self.attn_norm(x), self.qkv)
+            qkv = functional.linear(self.attn_norm(x), self.qkv)
             q, k, v = (
                 part.reshape(batch, length, self.n_heads, head_dim).transpose(1, 2)
                 for part in qkv.split(d, dim=-1)
             )
-            scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(head_dim))
-            scores = scores.masked_fill(causal_mask[:length, :length], float("-inf"))
+            # Scale q, not the T×T scores (exact for head_dim 16 or 64: a power of two), and mask the
+            # scores in place: backward then keeps one T×T tensor per layer (softmax's output), not four.
+            scores = (q * (1.0 / math.sqrt(head_dim))) @ k.transpose(-2, -1)
+            scores.masked_fill_(causal_mask[:length, :length], float("-inf"))
             attended = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(batch, length, d)
-            x = x + linear(attended, self.attn_out)
-            hidden = functional.gelu(linear(self.mlp_norm(x), self.mlp_in, self.mlp_in_bias))
-            return x + linear(hidden, self.mlp_out, self.mlp_out_bias)
+            x = x + functional.linear(attended, self.attn_out)
+            hidden = functional.gelu(functional.linear(self.mlp_norm(x), self.mlp_in, self.mlp_in_bias))
+            return x + functional.linear(hidden, self.mlp_out, self.mlp_out_bias)
 
     class CharTransformer(nn.Module):
         """Byte-level LM: logits for the next byte at every position."""
@@ -225,12 +236,12 @@ def _make_modules() -> tuple[type, type]:
         def forward(self, tokens: torch.Tensor) -> torch.Tensor:
             length = tokens.shape[1]
             # One-hot product, not indexing: the backward of indexing (index_put with accumulate) sums
-            # repeated tokens in a thread-count-dependent order (measured).
+            # repeated tokens in a thread-count-dependent order (measured); a product drifts less.
             one_hot = functional.one_hot(tokens, self.token_embedding.shape[0]).to(self.token_embedding.dtype)
-            x = linear(one_hot, self.token_embedding.t()) + self.position_embedding[:length]
+            x = functional.linear(one_hot, self.token_embedding.t()) + self.position_embedding[:length]
             for block in self.blocks:
                 x = block(x, self.causal_mask)
-            return linear(self.final_norm(x), self.head)
+            return functional.linear(self.final_norm(x), self.head)
 
         def loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
             logits = self(inputs)
@@ -248,7 +259,7 @@ def _make_modules() -> tuple[type, type]:
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             last = len(self.weights) - 1
             for index, (weight, bias) in enumerate(zip(self.weights, self.biases, strict=True)):
-                x = linear(x, weight, bias)
+                x = functional.linear(x, weight, bias)
                 if index < last:
                     x = functional.gelu(x)
             return x
@@ -273,20 +284,33 @@ def _build_uninitialised(config: TransformerConfig | MLPConfig) -> torch.nn.Modu
     return mlp_class(config)
 
 
-def _initialise(model: torch.nn.Module, generator: torch.Generator) -> None:
-    """Fill in sorted-name order: gains 1, biases 0, embeddings N(0, 0.02), matrices N(0, 1/fan_in)."""
+def _initialise(model: torch.nn.Module, recipe_name: str, seed: int) -> None:
+    """Gains 1, biases 0, embeddings ≈ N(0, 0.02²), matrices ≈ N(0, 1/fan_in), all portable draws."""
     import torch
 
     with torch.no_grad():
-        for name, parameter in sorted(model.named_parameters()):
+        for name, parameter in model.named_parameters():
             if name.endswith("gain"):
                 parameter.fill_(1.0)
             elif parameter.ndim == 1:
                 parameter.zero_()
-            elif "embedding" in name:
-                parameter.normal_(0.0, 0.02, generator=generator)
             else:
-                parameter.normal_(0.0, 1.0 / math.sqrt(parameter.shape[1]), generator=generator)
+                std = 0.02 if "embedding" in name else 1.0 / math.sqrt(parameter.shape[1])
+                values = portable_normal(recipe_name, seed, name, parameter.numel(), std)
+                parameter.copy_(values.reshape(parameter.shape))
+
+
+def _activation_floats(config: TransformerConfig | MLPConfig, batch: int) -> int:
+    """Floats autograd keeps for the backward pass, counted from the forward code above, plus one block's
+    worth of transient gradients: per block ≈ 14·B·T·d (norms, q/k/v, attention output, residuals) +
+    3·B·T·d_ff (MLP input, GELU in/out) + B·h·T² (the softmax output); the one-hot input,
+    logits and log-softmax add 3·B·T·V. An estimate to refuse hopeless devices, not a bound."""
+    if isinstance(config, MLPConfig):
+        return 3 * batch * (config.in_features + sum(config.hidden) + config.n_classes)
+    tokens = batch * config.seq_len
+    block = 14 * tokens * config.d_model + 3 * tokens * config.d_ff
+    block += batch * config.n_heads * config.seq_len**2
+    return (config.n_layers + 1) * block + 3 * tokens * config.vocab_size + 2 * tokens * config.d_model
 
 
 @functools.cache
@@ -304,6 +328,17 @@ RECIPES: dict[str, Recipe] = {
             optimizer=OptimizerConfig(lr=3e-3, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.0),
             batch_size=16,
             description="byte-level transformer LM on a fixed set of Python standard-library sources",
+        ),
+        Recipe(
+            name="charlm-25m",
+            dataset="python-stdlib-tree",
+            model=TransformerConfig(
+                vocab_size=256, seq_len=256, d_model=512, n_layers=8, n_heads=8, d_ff=2048
+            ),
+            optimizer=OptimizerConfig(lr=6e-4, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1),
+            batch_size=4,
+            description="byte-level transformer LM (25.6M parameters, 256-byte context) on the whole "
+            "standard-library source tree; the real-size recipe, a unit of minutes on one GPU",
         ),
         Recipe(
             name="digits-mlp",

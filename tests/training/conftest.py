@@ -50,6 +50,23 @@ def run_worker_with_progress(
     return result, trained
 
 
+def run_genesis_worker(env: dict[str, str]) -> str:
+    """The worker's ``--genesis`` output in a fresh process whose environment adds `env`."""
+    clean = {
+        key: value for key, value in WORKER_ENV.items() if key not in ("ATEN_CPU_CAPABILITY", "MKL_CBWR")
+    }
+    completed = subprocess.run(
+        [*worker_command("digits-mlp", 1, 1), "--genesis"],
+        cwd=REPO_ROOT,
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    return completed.stdout.strip().splitlines()[-1]
+
+
 def run_worker(recipe: str, steps: int, every: int, *extra: str) -> dict[str, Any]:
     """Run one unit in a fresh Python process and return its printed digests."""
     return run_worker_with_progress(recipe, steps, every, *extra)[0]

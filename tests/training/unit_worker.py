@@ -1,7 +1,11 @@
 """Subprocess worker for the training tests: runs one unit and prints its digests as JSON.
 
 Run as a script (``python unit_worker.py --recipe ... [--workdir DIR]``). With ``--workdir`` it runs
-node.unit.run_unit and prints ``step <n>`` after every step (flushed), so a parent can SIGKILL it mid-run.
+node.unit.run_unit and prints ``step <n>`` after every step (flushed), so a parent can SIGKILL it mid-run;
+``--pin N`` makes run_unit pin N intra-op threads whatever the process setting (``--threads``) is.
+With ``--genesis`` it prints, per registry recipe, the digests of round 0's state, of the DiLoCo round
+state built from it and of a DiLoCo unit's start state (the configuration under test, such as
+ATEN_CPU_CAPABILITY, comes from the environment).
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ def main() -> int:
     parser.add_argument("--order-seed", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--workdir", type=Path)
+    parser.add_argument("--pin", type=int, help="intra-op threads run_unit pins (with --workdir)")
+    parser.add_argument("--genesis", action="store_true")
     args = parser.parse_args()
 
     import torch
@@ -29,6 +35,11 @@ def main() -> int:
     from node.unit import run_unit
     from veritrain import pol
     from veritrain.datasets import load_dataset
+    from veritrain.device import Execution
+
+    if args.genesis:
+        print(json.dumps(genesis_digests(args.init_seed)), flush=True)
+        return 0
 
     spec = pol.UnitSpec(
         recipe=args.recipe,
@@ -47,10 +58,25 @@ def main() -> int:
         def progress(completed: int, total: int, loss: float) -> None:
             print(f"step {completed}", flush=True)
 
-        result = run_unit(spec, start, args.workdir, on_progress=progress)
+        result = run_unit(
+            spec, start, args.workdir, on_progress=progress, execution=Execution(threads=args.pin)
+        )
         result_digest, final = result.result_digest, result.transcript.final_digest
     print(json.dumps({"result_digest": result_digest.hex(), "final_digest": final.hex()}), flush=True)
     return 0
+
+
+def genesis_digests(seed: int) -> dict[str, list[str]]:
+    from veritrain import diloco, pol
+    from veritrain.recipes import RECIPES
+
+    digests = {}
+    for name, recipe in sorted(RECIPES.items()):
+        genesis = pol.initial_state(recipe, seed)
+        round_state = diloco.genesis_round_state(genesis)
+        start = diloco.unit_start_state(round_state, None)
+        digests[name] = [pol.state_digest(state).hex() for state in (genesis, round_state, start)]
+    return digests
 
 
 if __name__ == "__main__":
