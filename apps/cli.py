@@ -37,7 +37,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("node", "run"), "node.agent", "run a provider agent"),
     (("verifier", "run"), "verifier.agent", "run a verifier agent"),
     (("bench", "chain"), "veritrain.chain.bench", "gas of each contract action for one 3-replica unit"),
-    (("bench", "training"), "veritrain.bench_training", "DiLoCo vs data-parallel, robust rounds, real size"),
+    (("bench", "training"), "apps.bench_training", "DiLoCo vs data-parallel, robust rounds, real size"),
     (("bench", "calibrate"), "verifier.calibrate", "honest-vs-honest distances and tolerances"),
     (("bench", "verification"), "verifier.attacks", "run the attack suite against the verifier core"),
     (("bench", "market"), "apps.bench_market", "matching throughput/latency and orchestration overhead"),

@@ -28,8 +28,8 @@ FORMULAS = {
 
 
 def _case(name: str, recipe: str, round_index: int, present: list[bool], config: Any) -> dict[str, Any]:
+    from apps.bench_training import synthetic_result
     from veritrain import diloco, pol
-    from veritrain.bench_training import synthetic_result
     from veritrain.recipes import get_recipe
 
     genesis = pol.initial_state(get_recipe(recipe), 0)

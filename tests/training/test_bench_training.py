@@ -11,7 +11,7 @@ pytestmark = pytest.mark.torch
 
 
 def test_ring_allreduce_moves_twice_the_gradient_less_one_share_per_worker_and_step() -> None:
-    from veritrain.bench_training import ring_allreduce_bytes
+    from apps.bench_training import ring_allreduce_bytes
 
     # 4 workers, 10 fp32 parameters: each sends 2·(3/4)·40 = 60 bytes per step.
     assert ring_allreduce_bytes(10, 4, 1) == 4 * 60
@@ -22,7 +22,7 @@ def test_ring_allreduce_moves_twice_the_gradient_less_one_share_per_worker_and_s
 def test_poison_scales_and_flips_the_pseudo_gradient_only() -> None:
     import torch
 
-    from veritrain.bench_training import POISON_SCALE, poison_scaled_sign_flip
+    from apps.bench_training import POISON_SCALE, poison_scaled_sign_flip
 
     round_state = {"model.w": torch.tensor([1.0, 2.0]), "outer.momentum.w": torch.zeros(2)}
     result = {"model.w": torch.tensor([0.5, 2.5]), "optim.exp_avg.w": torch.ones(2)}
@@ -33,7 +33,7 @@ def test_poison_scales_and_flips_the_pseudo_gradient_only() -> None:
 
 @pytest.mark.slow
 def test_a_tiny_bench_run_writes_every_figure_and_takes_the_market_hook() -> None:
-    from veritrain.bench_training import BenchSize, Progress, measure
+    from apps.bench_training import BenchSize, Progress, measure
 
     size = BenchSize(
         shards=2,

@@ -299,7 +299,7 @@ def real_size_aggregate(recipe_name: str, shards: int, progress: Progress) -> di
 def provider_peak_rss_mb(recipe_name: str, steps: int) -> float:
     """Peak RSS of a fresh process that trains `steps` steps of the recipe with node.unit.run_unit."""
     with tempfile.TemporaryDirectory(prefix="veritrain-bench-provider-") as tmp:
-        command = [sys.executable, "-m", "veritrain.bench_training", recipe_name, str(steps), tmp]
+        command = [sys.executable, "-m", "apps.bench_training", recipe_name, str(steps), tmp]
         output = subprocess.run(command, capture_output=True, text=True, check=True, timeout=3600).stdout
     return float(json.loads(output.strip().splitlines()[-1])["peak_rss_mb"])
 
