@@ -307,6 +307,8 @@ class OrderBook(Lifecycle):
         if previous is not None:
             for prior in self.store.units_of_round(session, row_id(previous)):
                 holders.extend(self._holders(session, prior, digest))
+        for sibling in self.store.units_of_round(session, row_id(round_row)):  # they fetched it and keep it
+            holders.extend(a for a in self._holders(session, sibling) if a not in holders)
         return StateSource(state_digest=digest, holders=tuple(holders))
 
     def _previous_result(self, session: Session, unit: UnitRow) -> StateSource | None:
@@ -326,14 +328,20 @@ class OrderBook(Lifecycle):
         return None
 
     def _result_source(self, session: Session, unit: UnitRow) -> StateSource:
-        """An accepted unit's state and the accepted replicas that hold it."""
+        """An accepted shard unit's state and who holds it: its accepted replicas, and the accepted
+        replicas of its round's aggregate unit, which fetched it (so one lost provider loses no state)."""
         digest = next_state(unit.round_index, self._accepted_replicas(session, unit))
-        return StateSource(state_digest=digest, holders=tuple(self._holders(session, unit, digest)))
+        holders = self._holders(session, unit, digest)
+        for sibling in self.store.units_of_round(session, unit.round_id):
+            if sibling.kind == UnitKind.AGGREGATE.value:
+                holders.extend(a for a in self._holders(session, sibling) if a not in holders)
+        return StateSource(state_digest=digest, holders=tuple(holders))
 
-    def _holders(self, session: Session, unit: UnitRow, digest: str) -> list[str]:
+    def _holders(self, session: Session, unit: UnitRow, digest: str | None = None) -> list[str]:
+        """Addresses of the unit's accepted replicas (that produced ``digest``, when given)."""
         holders = []
         for replica in self.store.replicas_of(session, row_id(unit)):
-            if replica.state == ReplicaState.ACCEPTED.value and replica.state_digest == digest:
+            if replica.state == ReplicaState.ACCEPTED.value and digest in (None, replica.state_digest):
                 agent = self.store.find_agent(session, replica.provider)
                 if agent is not None and agent.p2p_addr:
                     holders.append(agent.p2p_addr)
