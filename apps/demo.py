@@ -938,7 +938,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=None, help="folder for the report (default: current dir)")
     parser.add_argument("--providers", type=int, default=5)
     parser.add_argument("--verifiers", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument(
+        "--rounds", type=int, default=None, help="rounds of the order (default: 4 / shards, the same compute)"
+    )
     parser.add_argument("--unit-steps", type=int, default=40)
     parser.add_argument("--replicas", type=int, default=3)
     parser.add_argument(
@@ -958,7 +960,7 @@ def run(args: argparse.Namespace) -> int:
         out_dir=(args.out or Path.cwd()).resolve(),
         providers=args.providers,
         verifiers=args.verifiers,
-        rounds=args.rounds,
+        rounds=args.rounds or max(1, DemoConfig.rounds // args.shards),
         unit_steps=args.unit_steps,
         replicas=args.replicas,
         shards=args.shards,
