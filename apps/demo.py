@@ -527,7 +527,7 @@ def order_money(events: list[Event], order_id: int) -> tuple[OrderMoney, list[Un
                 unit.result_digests[str(args["provider"])] = _hex(args["resultDigest"])
             elif event.name == "UnitFinalized":
                 unit.settlement, unit.outcomes = "finalized (fast path)", ["accept"] * len(unit.providers)
-                unit.finalized_digest = _hex(args["resultDigest"])
+                unit.finalized_digest = _hex(args["resultDigest"]) if "resultDigest" in args else None
                 for provider in unit.providers:
                     payouts[provider] = payouts.get(provider, 0) + price
             elif event.name == "UnitExpired":

@@ -258,3 +258,59 @@ def test_two_diloco_rounds_of_two_shards_train(digits_dataset: Any) -> None:
         ).output_state
     assert pol.state_step(inner[0]) == 3 * steps  # the inner AdamW state kept running on its shard
     assert max(last_losses[-2:]) < min(first_losses)
+
+
+class _Blobs:
+    """A blob plane of content-addressed state blobs in memory (what agentkit's helpers fetch from)."""
+
+    def __init__(self, *states: Any) -> None:
+        from veritrain.agentkit import encode_state
+
+        self.blobs = {hashlib.sha256(encode_state(s)).hexdigest(): encode_state(s) for s in states}
+
+    def fetch_any(self, holders: list[str], digest: str) -> bytes:
+        return self.blobs[digest]
+
+
+def test_agents_derive_unit_starts_and_aggregate_inputs_from_the_assignment() -> None:
+    from veritrain import diloco, pol
+    from veritrain.agentkit import aggregate_inputs_of, unit_start_of
+    from veritrain.errors import AgentError
+    from veritrain.messages import OuterFields, StateSource, UnitKind, UnitWork
+    from veritrain.recipes import get_recipe
+
+    def source(state: Any) -> StateSource:
+        return StateSource(state_digest="0x" + pol.state_digest(state).hex(), holders=("peer",))
+
+    recipe = get_recipe("digits-mlp")
+    genesis = pol.initial_state(recipe, 5)
+    base = {"order_id": 1, "recipe": "digits-mlp", "dataset_digest": "0x" + "00" * 32, "seed": 5}
+    base |= {"start_step": 0, "checkpoint_every": 1, "num_shards": 2, "unit_id": 3}
+    round0 = UnitWork(**base, round_index=0, shard=1, steps=4, start_state=StateSource(state_digest=None))
+    assert pol.state_digest(unit_start_of(round0, _Blobs())) == pol.state_digest(genesis)
+
+    round_state = diloco.genesis_round_state(genesis)
+    moved = {name: tensor + 1 for name, tensor in genesis.items() if name.startswith("model.")}
+    previous = {**genesis, **moved, pol.STEP_KEY: genesis[pol.STEP_KEY] + 4}
+    blobs = _Blobs(round_state, previous)
+    round1 = round0.model_copy(
+        update={"round_index": 1, "start_state": source(round_state), "previous": source(previous)}
+    )
+    expected = diloco.unit_start_state(round_state, previous)
+    assert pol.state_digest(unit_start_of(round1, blobs)) == pol.state_digest(expected)
+
+    outer = OuterFields(aggregation="median", trim=0, lr=0.5, momentum=0.8)
+    work = round1.model_copy(
+        update={
+            "kind": UnitKind.AGGREGATE,
+            "previous": None,
+            "shard_results": (None, source(previous)),
+            "outer": outer,
+        }
+    )
+    inputs = aggregate_inputs_of(work, blobs)
+    assert inputs.config == diloco.OuterConfig("median", 0, 0.5, 0.8) and inputs.round_index == 1
+    assert inputs.results[0] is None and inputs.results[1] is not None
+    assert pol.state_digest(inputs.round_state) == pol.state_digest(round_state)
+    with pytest.raises(AgentError, match="aggregate"):
+        aggregate_inputs_of(work.model_copy(update={"shard_results": (None,)}), blobs)
