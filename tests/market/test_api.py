@@ -630,10 +630,16 @@ def test_matching_settling_and_advancing_are_triggered_when_work_appears(
 
 
 def _run_proposed_units(
-    client: TestClient, service: MarketService, keys: dict[str, Any], reveal: Any, reveal_status: int = 200
+    client: TestClient,
+    service: MarketService,
+    keys: dict[str, Any],
+    reveal: Any,
+    reveal_status: int = 200,
+    silent_shards: tuple[int, ...] = (),
 ) -> dict[int, dict[str, Any]]:
     """Drive every proposed unit (k = 1) through accept, commit and reveal; ``reveal(assignment)`` gives
-    (result digest, state digest, transcript root). Returns each unit's assignment as its provider saw it."""
+    (result digest, state digest, transcript root); the providers of ``silent_shards`` accept and then
+    never commit. Returns each unit's assignment as its provider saw it."""
     seen: dict[int, dict[str, Any]] = {}
     owner: dict[int, Any] = {}
     for key in keys.values():
@@ -644,6 +650,7 @@ def _run_proposed_units(
                 assert client.post("/assignments/accept", json=sub.model_dump(mode="json")).status_code == 200
     drain_outbox(service)
     salt = "0x" + "5a" * 32
+    owner = {u: key for u, key in owner.items() if seen[u]["shard"] not in silent_shards}
     for unit_id, key in owner.items():
         (assignment,) = [x for x in pull(client, key) if x["unit_id"] == unit_id and x["phase"] == "run"]
         result, _, _ = reveal(assignment)
@@ -739,3 +746,36 @@ def test_an_aggregate_reveal_that_does_not_open_its_result_is_refused(
     assert view["kind"] == "aggregate"
     unit = next(u for u in service.orders.order_status(_order_id(service)).units if u.kind == "aggregate")
     assert unit.state == "revealing"
+
+
+def test_a_shard_quorum_aggregates_without_a_failed_shard(
+    client: TestClient, service: MarketService, ledger: LedgerChain, make_agent: Any, clock: Clock
+) -> None:
+    no_audit(service)
+    providers, _ = register_market(client, make_agent)
+    keys = {k.address: k for k in providers}
+    post_order(client, ledger, make_agent(), clock, shards=3, shard_quorum=2, replicas=1, total_steps=20)
+    service.matching.match_pending()
+    digest = "0x" + "cd" * 32
+    _run_proposed_units(
+        client, service, keys, lambda a: (digest, digest, "0x" + "77" * 32), silent_shards=(1,)
+    )
+    assert service.orders.advance_orders() == 0  # shard 1 is still in its commit window
+    clock.now += 4000  # past commit + reveal + verdict windows: the silent shard's unit expires
+    for key in providers:
+        pull(client, key)
+    assert service.agents.sweep().expiring_units == 1
+    drain_outbox(service)
+    assert service.orders.advance_orders() == 1  # quorum 2 accepted, the rest failed: aggregate, no retry
+    units = service.orders.order_status(_order_id(service)).units
+    assert [(u.shard, u.kind, u.state) for u in units] == [
+        (0, "train", "accepted"),
+        (1, "train", "failed"),
+        (2, "train", "accepted"),
+        (3, "aggregate", "pending"),
+    ]
+    with service.store.transaction() as session:  # what the aggregate's replicas will be told
+        unit = service.store.get_unit(session, units[3].unit_id)
+        work = service.orders.unit_work(session, service.store.get_order(session, unit.order_id), unit)
+    assert [s and s.state_digest for s in work["shard_results"]] == [digest, None, digest]
+    assert work["kind"] == "aggregate" and work["outer"].aggregation == "mean"
