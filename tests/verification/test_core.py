@@ -314,3 +314,75 @@ def test_an_aggregate_unit_is_judged_by_bitwise_recomputation() -> None:
         ("c", Verdict.FAULT),
         ("d", Verdict.ACCEPT),
     ]
+
+
+def test_the_verifier_agent_signs_outcomes_of_an_aggregate_job_from_fetched_blobs() -> None:
+    """The agent's glue (verifier.agent.VerifierAgent.verify_aggregate): inputs fetched by digest, one
+    outcome per replica in assignment order, reasons that name the recomputed digest."""
+    import hashlib
+    import json
+    from types import SimpleNamespace
+    from typing import Any
+
+    from verifier.agent import VerifierAgent
+    from veritrain import diloco
+    from veritrain.agentkit import encode_state
+    from veritrain.messages import OuterFields, ReplicaResult, StateSource, UnitKind, VerificationJobView
+
+    start = {"model.w": torch.tensor([1.0, 2.0]), "outer.momentum.w": torch.tensor([0.0, 0.5])}
+    result = {"model.w": torch.tensor([0.25, 1.5])}
+    blobs = {hashlib.sha256(encode_state(s)).hexdigest(): encode_state(s) for s in (start, result)}
+
+    def source(state: Any) -> StateSource:
+        return StateSource(state_digest="0x" + pol.state_digest(state).hex(), holders=("peer",))
+
+    honest = diloco.aggregate(diloco.AggregateInputs(1, start, (result, result), diloco.OuterConfig()))
+    replicas = [
+        ("0x" + "a" * 40, honest.result_digest),
+        ("0x" + "b" * 40, b"\x01" * 32),
+        ("0x" + "c" * 40, None),
+    ]
+    job = VerificationJobView(
+        unit_id=9,
+        order_id=1,
+        recipe="digits-mlp",
+        dataset_digest="0x" + "00" * 32,
+        seed=5,
+        round_index=1,
+        shard=2,
+        start_step=20,
+        steps=0,
+        checkpoint_every=1,
+        num_shards=2,
+        start_state=source(start),
+        kind=UnitKind.AGGREGATE,
+        shard_results=(source(result), source(result)),
+        outer=OuterFields(aggregation="mean", trim=0, lr=0.7, momentum=0.9),
+        job_id=4,
+        chain_unit_id=7,
+        randomness="0x" + "11" * 32,
+        reason="spot_check",
+        replicas=tuple(
+            ReplicaResult(
+                provider=p,
+                result_digest=None if d is None else "0x" + d.hex(),
+                state_digest=None,
+                transcript_root=None,
+                p2p_addr="peer",
+            )
+            for p, d in replicas
+        ),
+    )
+    signed: list[tuple[tuple[int, ...], str]] = []
+    counted: list[str] = []
+    agent = SimpleNamespace(
+        blobs=SimpleNamespace(fetch_any=lambda holders, digest: blobs[digest]),
+        submit=lambda job, outcomes, reasons: signed.append((outcomes, reasons)),
+        metrics=SimpleNamespace(
+            verdicts=SimpleNamespace(labels=lambda v: SimpleNamespace(inc=lambda: counted.append(v)))
+        ),
+    )
+    VerifierAgent.verify_aggregate(agent, job)
+    ((outcomes, reasons),) = signed
+    assert outcomes == (0, 2, 1) and counted == ["accept", "fraud", "fault"]
+    assert json.loads(reasons)["expected"] == "0x" + honest.result_digest.hex()
