@@ -314,3 +314,52 @@ def test_agents_derive_unit_starts_and_aggregate_inputs_from_the_assignment() ->
     assert pol.state_digest(inputs.round_state) == pol.state_digest(round_state)
     with pytest.raises(AgentError, match="aggregate"):
         aggregate_inputs_of(work.model_copy(update={"shard_results": (None,)}), blobs)
+
+
+def test_a_provider_runs_an_aggregate_unit_and_keeps_what_opens_its_result(tmp_path: Any) -> None:
+    """node.agent.ProviderAgent.aggregate: output blob stored (the next round's start), and the record's
+    state digest and root (= inputs commitment) open the result digest it will commit to."""
+    from types import SimpleNamespace
+
+    from node.agent import ProviderAgent, UnitRecord
+    from veritrain import diloco, pol
+    from veritrain.agentkit import encode_state
+    from veritrain.messages import OuterFields, StateSource, UnitKind, UnitWork
+
+    start = round_state([1.0, 2.0], [0.0, 0.5])
+    result = states({"model.w": [0.25, 1.5]})
+    blobs = {hashlib.sha256(encode_state(s)).hexdigest(): encode_state(s) for s in (start, result)}
+    stored: dict[str, bytes] = {}
+
+    def source(state: Any) -> StateSource:
+        return StateSource(state_digest="0x" + pol.state_digest(state).hex(), holders=("peer",))
+
+    work = UnitWork(
+        unit_id=9,
+        order_id=1,
+        recipe="digits-mlp",
+        dataset_digest="0x" + "00" * 32,
+        seed=5,
+        round_index=1,
+        shard=2,
+        start_step=20,
+        steps=0,
+        checkpoint_every=1,
+        num_shards=2,
+        start_state=source(start),
+        kind=UnitKind.AGGREGATE,
+        shard_results=(source(result), None),
+        outer=OuterFields(aggregation="mean", trim=0, lr=0.7, momentum=0.9),
+    )
+    agent = SimpleNamespace(
+        blobs=SimpleNamespace(fetch_any=lambda holders, digest: blobs[digest]),
+        store=SimpleNamespace(put=lambda data: stored.setdefault(hashlib.sha256(data).hexdigest(), data)),
+        unit_dir=lambda unit_id: tmp_path / str(unit_id),
+    )
+    ProviderAgent.aggregate(agent, work)
+    record = UnitRecord.load(tmp_path / "9", 9)
+    expected = diloco.aggregate(diloco.AggregateInputs(1, start, (result, None), diloco.OuterConfig()))
+    assert record.result_digest == "0x" + expected.result_digest.hex() and record.salt
+    assert record.state_digest == "0x" + expected.output_digest.hex()
+    assert record.transcript_root == "0x" + expected.inputs_commitment.hex()
+    assert expected.output_digest.hex() in stored  # served to the next round's providers
