@@ -316,50 +316,114 @@ def test_agents_derive_unit_starts_and_aggregate_inputs_from_the_assignment() ->
         aggregate_inputs_of(work.model_copy(update={"shard_results": (None,)}), blobs)
 
 
+def _aggregate_job(start: Any, results: tuple[Any, ...]) -> tuple[dict[str, Any], Any]:
+    """The UnitWork fields of aggregate unit 9 (round 1, M = 2) over `start` and `results`, and a blob
+    plane stand-in serving those states by digest."""
+    from types import SimpleNamespace
+
+    from veritrain import pol
+    from veritrain.agentkit import encode_state
+    from veritrain.messages import OuterFields, StateSource, UnitKind
+
+    def source(state: Any) -> StateSource:
+        return StateSource(state_digest="0x" + pol.state_digest(state).hex(), holders=("peer",))
+
+    blobs = {
+        hashlib.sha256(encode_state(s)).hexdigest(): encode_state(s)
+        for s in (start, *results)
+        if s is not None
+    }
+    fields = {
+        "unit_id": 9,
+        "order_id": 1,
+        "recipe": "digits-mlp",
+        "dataset_digest": "0x" + "00" * 32,
+        "seed": 5,
+        "round_index": 1,
+        "shard": 2,
+        "start_step": 20,
+        "steps": 0,
+        "checkpoint_every": 1,
+        "num_shards": 2,
+        "start_state": source(start),
+        "kind": UnitKind.AGGREGATE,
+        "shard_results": tuple(None if r is None else source(r) for r in results),
+        "outer": OuterFields(aggregation="mean", trim=0, lr=0.7, momentum=0.9),
+    }
+    return fields, SimpleNamespace(fetch_any=lambda holders, digest: blobs[digest])
+
+
 def test_a_provider_runs_an_aggregate_unit_and_keeps_what_opens_its_result(tmp_path: Any) -> None:
     """node.agent.ProviderAgent.aggregate: output blob stored (the next round's start), and the record's
     state digest and root (= inputs commitment) open the result digest it will commit to."""
     from types import SimpleNamespace
 
     from node.agent import ProviderAgent, UnitRecord
-    from veritrain import diloco, pol
-    from veritrain.agentkit import encode_state
-    from veritrain.messages import OuterFields, StateSource, UnitKind, UnitWork
+    from veritrain import diloco
+    from veritrain.messages import UnitWork
 
-    start = round_state([1.0, 2.0], [0.0, 0.5])
-    result = states({"model.w": [0.25, 1.5]})
-    blobs = {hashlib.sha256(encode_state(s)).hexdigest(): encode_state(s) for s in (start, result)}
+    start, result = round_state([1.0, 2.0], [0.0, 0.5]), states({"model.w": [0.25, 1.5]})
+    fields, blobs = _aggregate_job(start, (result, None))
     stored: dict[str, bytes] = {}
-
-    def source(state: Any) -> StateSource:
-        return StateSource(state_digest="0x" + pol.state_digest(state).hex(), holders=("peer",))
-
-    work = UnitWork(
-        unit_id=9,
-        order_id=1,
-        recipe="digits-mlp",
-        dataset_digest="0x" + "00" * 32,
-        seed=5,
-        round_index=1,
-        shard=2,
-        start_step=20,
-        steps=0,
-        checkpoint_every=1,
-        num_shards=2,
-        start_state=source(start),
-        kind=UnitKind.AGGREGATE,
-        shard_results=(source(result), None),
-        outer=OuterFields(aggregation="mean", trim=0, lr=0.7, momentum=0.9),
-    )
     agent = SimpleNamespace(
-        blobs=SimpleNamespace(fetch_any=lambda holders, digest: blobs[digest]),
+        blobs=blobs,
         store=SimpleNamespace(put=lambda data: stored.setdefault(hashlib.sha256(data).hexdigest(), data)),
         unit_dir=lambda unit_id: tmp_path / str(unit_id),
     )
-    ProviderAgent.aggregate(agent, work)
+    ProviderAgent.aggregate(agent, UnitWork(**fields))
     record = UnitRecord.load(tmp_path / "9", 9)
     expected = diloco.aggregate(diloco.AggregateInputs(1, start, (result, None), diloco.OuterConfig()))
     assert record.result_digest == "0x" + expected.result_digest.hex() and record.salt
     assert record.state_digest == "0x" + expected.output_digest.hex()
     assert record.transcript_root == "0x" + expected.inputs_commitment.hex()
     assert expected.output_digest.hex() in stored  # served to the next round's providers
+
+
+def test_the_verifier_agent_signs_outcomes_of_an_aggregate_job_from_fetched_blobs() -> None:
+    """verifier.agent.VerifierAgent.verify_aggregate: one outcome per replica in assignment order (accept,
+    fraud, fault), reasons that name the recomputed digest."""
+    from types import SimpleNamespace
+
+    from verifier.agent import VerifierAgent
+    from veritrain import diloco
+    from veritrain.messages import ReplicaResult, VerificationJobView
+
+    start, result = round_state([1.0, 2.0], [0.0, 0.5]), states({"model.w": [0.25, 1.5]})
+    fields, blobs = _aggregate_job(start, (result, result))
+    honest = diloco.aggregate(diloco.AggregateInputs(1, start, (result, result), diloco.OuterConfig()))
+    revealed = [
+        ("0x" + "a" * 40, honest.result_digest),
+        ("0x" + "b" * 40, b"\x01" * 32),
+        ("0x" + "c" * 40, None),
+    ]
+    replicas = tuple(
+        ReplicaResult(
+            provider=p,
+            result_digest=d and "0x" + d.hex(),
+            state_digest=None,
+            transcript_root=None,
+            p2p_addr="x",
+        )
+        for p, d in revealed
+    )
+    job = VerificationJobView(
+        **fields,
+        job_id=4,
+        chain_unit_id=7,
+        randomness="0x" + "11" * 32,
+        reason="spot_check",
+        replicas=replicas,
+    )
+    signed: list[tuple[tuple[int, ...], str]] = []
+    counted: list[str] = []
+    agent = SimpleNamespace(
+        blobs=blobs,
+        submit=lambda job, outcomes, reasons: signed.append((outcomes, reasons)),
+        metrics=SimpleNamespace(
+            verdicts=SimpleNamespace(labels=lambda v: SimpleNamespace(inc=lambda: counted.append(v)))
+        ),
+    )
+    VerifierAgent.verify_aggregate(agent, job)
+    ((outcomes, reasons),) = signed
+    assert outcomes == (0, 2, 1) and counted == ["accept", "fraud", "fault"]
+    assert json.loads(reasons)["expected"] == "0x" + honest.result_digest.hex()
