@@ -73,6 +73,8 @@ class DemoConfig:
     rounds: int = 4
     unit_steps: int = 40
     replicas: int = 3
+    shards: int = 1  # M > 1: DiLoCo rounds of M shard units and one aggregate unit
+    provider_env: tuple[dict[str, str], ...] = ()  # extra environment of provider i (CPU configurations)
     seed: int = 2026
     timeout_s: float = 300.0
     database_url: str | None = None
@@ -394,7 +396,10 @@ class Marketplace:
         peer_id = peer_id_of(load_or_create_peer_key(data_dir / "peer.key"))
         party.peer_addr = f"/ip4/{self.placement.address(party.name)}/tcp/{party.p2p_port}/p2p/{peer_id}"
         argv = self.placement.wrap(party.name, self.agent_argv(party))
-        self.procs.start(party.name, argv, env=self.child_env(data_dir), cwd=data_dir)
+        env = self.child_env(data_dir)
+        if party.role == "provider" and self.providers().index(party) < len(self.config.provider_env):
+            env.update(self.config.provider_env[self.providers().index(party)])
+        self.procs.start(party.name, argv, env=env, cwd=data_dir)
         marker = f" *** DISHONEST ({party.dishonest_strategy}) ***" if party.dishonest_strategy else ""
         self.emit(f"{party.name}: pid {self.procs[party.name].pid}, {party.address}{marker}")
 
@@ -491,6 +496,7 @@ class UnitOutcome:
     result_digests: dict[str, str] = field(default_factory=dict)
     slashed: dict[str, int] = field(default_factory=dict)
     signing_verifiers: list[str] = field(default_factory=list)
+    finalized_digest: str | None = None  # the resultDigest the chain recorded on the fast path
 
 
 OUTCOME_NAMES = {0: "accept", 1: "fault", 2: "fraud"}
@@ -521,6 +527,7 @@ def order_money(events: list[Event], order_id: int) -> tuple[OrderMoney, list[Un
                 unit.result_digests[str(args["provider"])] = _hex(args["resultDigest"])
             elif event.name == "UnitFinalized":
                 unit.settlement, unit.outcomes = "finalized (fast path)", ["accept"] * len(unit.providers)
+                unit.finalized_digest = _hex(args["resultDigest"]) if "resultDigest" in args else None
                 for provider in unit.providers:
                     payouts[provider] = payouts.get(provider, 0) + price
             elif event.name == "UnitExpired":
@@ -584,6 +591,7 @@ class Buyer:
             total_steps=config.rounds * config.unit_steps,
             unit_steps=config.unit_steps,
             replicas=config.replicas,
+            shards=config.shards,
             seed=config.seed,
             max_price_per_pflop=MAX_PRICE_PER_PFLOP,
             verifier_fee_per_unit=VERIFIER_FEE_PER_UNIT,
@@ -611,7 +619,8 @@ class Buyer:
         self.order_id = status.order_id
         self.market.emit(
             f"buyer: order {self.chain_order_id} posted — {config.recipe}, {config.rounds} rounds x "
-            f"{config.unit_steps} steps, k = {config.replicas}, escrow {plan.total / TOKEN:.4f} VERI "
+            f"{config.shards} shard(s) x {config.unit_steps} steps, k = {config.replicas}, "
+            f"escrow {plan.total / TOKEN:.4f} VERI "
             f"({plan.price_per_replica / TOKEN:.4f} per replica, {plan.verifier_fee_per_unit / TOKEN:.1f} "
             "verifier fee per unit)"
         )
@@ -638,7 +647,8 @@ class Buyer:
                     who = ", ".join(names.get(p, p[:10]) for p in unit["providers"]) or "-"
                     self.market.emit(
                         f"round {unit['round_index'] + 1}/{status['rounds_total']} unit {unit['unit_id']} "
-                        f"(attempt {unit['attempt']}): {unit['state']:<10} providers [{who}]"
+                        f"({_unit_label(unit)}attempt {unit['attempt']}): {unit['state']:<10} "
+                        f"providers [{who}]"
                     )
             if on_tick is not None:
                 on_tick(status)
@@ -677,35 +687,51 @@ class TrainingResult:
     weights_path: Path
 
 
-def collect_training(market: Marketplace, units: list[UnitOutcome], out_dir: Path) -> TrainingResult:
-    """Fetch each accepted unit's PoL manifest and the final state from the providers over libp2p."""
+def _unit_label(unit: dict[str, Any]) -> str:
+    if unit["kind"] == "aggregate":
+        return "aggregate, "
+    return f"shard {unit['shard']}, " if unit["shard"] else ""
+
+
+def collect_training(
+    market: Marketplace, units: list[UnitOutcome], status: dict[str, Any], out_dir: Path
+) -> TrainingResult:
+    """Fetch each accepted training unit's PoL manifest and the order's final state (the last accepted
+    unit's state; for M > 1 the last aggregate unit's output) from the providers over libp2p."""
     from safetensors.torch import save_file
 
-    from veritrain.agentkit import BlobPlane, UnitManifest, decode_state
+    from veritrain.agentkit import BlobPlane, decode_state
     from veritrain.blobstore import BlobStore
+    from veritrain.pol import state_digest
 
     buyer = market.parties["buyer"]
     folder = market.config.work_dir / "buyer"
     peers = {party.address: party.peer_addr for party in market.providers()}
+    aggregates = {u["chain_unit_id"] for u in status["units"] if u["kind"] == "aggregate"}
+    final_digest = str(status["current_state_digest"])
     plane = BlobPlane(BlobStore(folder / "blobs"), buyer.account, free_port(), folder)
     plane.start()
     try:
         losses: list[float] = []
         boundaries: list[int] = []
-        manifest: UnitManifest | None = None
+        holders: list[str] = []
         for unit in units:
             accepted = [p for p, o in zip(unit.providers, unit.outcomes, strict=True) if o == "accept"]
             if not accepted:
                 continue
+            holders = [peers[p] for p in accepted] + [a for a in peers.values() if a not in holders]
+            if unit.chain_unit_id in aggregates:
+                continue
             manifest = _fetch_manifest(plane, accepted, unit, peers)
             boundaries.append(len(losses))
             losses.extend(float(loss) for loss in manifest.transcript["losses"])
-        if manifest is None:
-            raise DemoCheckFailed("no unit of the order was accepted")
-        digest = manifest.state_digest.removeprefix("0x")
-        state = decode_state(plane.fetch_any([peers[p] for p in accepted], digest))
+        if not losses:
+            raise DemoCheckFailed("no training unit of the order was accepted")
+        state = decode_state(plane.fetch_any(holders, final_digest.removeprefix("0x")))
     finally:
         plane.stop()
+    if "0x" + state_digest(state).hex() != final_digest:
+        raise DemoCheckFailed(f"the final state served is not {final_digest}")
     weights = {
         name.removeprefix("model."): tensor.contiguous()
         for name, tensor in state.items()
@@ -713,11 +739,9 @@ def collect_training(market: Marketplace, units: list[UnitOutcome], out_dir: Pat
     }
     weights_path = out_dir / "final-weights.safetensors"
     save_file(
-        weights,
-        str(weights_path),
-        metadata={"state_digest": manifest.state_digest, "recipe": market.config.recipe},
+        weights, str(weights_path), metadata={"state_digest": final_digest, "recipe": market.config.recipe}
     )
-    return TrainingResult(losses, boundaries[1:], manifest.state_digest, weights_path)
+    return TrainingResult(losses, boundaries[1:], final_digest, weights_path)
 
 
 def _fetch_manifest(plane: Any, accepted: list[str], unit: UnitOutcome, peers: dict[str, str]) -> Any:
@@ -852,6 +876,7 @@ def build_report(
             "rounds": market.config.rounds,
             "unit_steps": market.config.unit_steps,
             "replicas": market.config.replicas,
+            "shards": market.config.shards,
         },
         "wall_time_s": round(time.monotonic() - started, 1),
     }
@@ -883,7 +908,7 @@ def run_demo(config: DemoConfig, emit: Callable[[str], None]) -> dict[str, Any]:
         after = market.holdings()
         emit("buyer: order closed, every party withdrew its credit; fetching results over libp2p")
         _, units = order_money(market.events(buyer.posted_block), buyer.chain_order_id)
-        training = collect_training(market, units, config.out_dir)
+        training = collect_training(market, units, buyer.status(), config.out_dir)
         write_loss_curve(training.losses, training.round_boundaries, config.out_dir / "loss-curve.png")
         report, checks = build_report(market, buyer, before, after, training, started)
     write_report(config.out_dir / "demo-report.json", report)
@@ -913,9 +938,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=None, help="folder for the report (default: current dir)")
     parser.add_argument("--providers", type=int, default=5)
     parser.add_argument("--verifiers", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument(
+        "--rounds", type=int, default=None, help="rounds of the order (default: 4 / shards, the same compute)"
+    )
     parser.add_argument("--unit-steps", type=int, default=40)
     parser.add_argument("--replicas", type=int, default=3)
+    parser.add_argument(
+        "--shards", type=int, default=1, help="M shards per round (M > 1: DiLoCo with an aggregate unit)"
+    )
     parser.add_argument("--dishonest-strategy", default=DEFAULT_DISHONEST_STRATEGY)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds before the demo gives up")
     parser.add_argument("--database-url", default=None, help="market database (default: a SQLite file)")
@@ -930,9 +960,10 @@ def run(args: argparse.Namespace) -> int:
         out_dir=(args.out or Path.cwd()).resolve(),
         providers=args.providers,
         verifiers=args.verifiers,
-        rounds=args.rounds,
+        rounds=args.rounds or max(1, DemoConfig.rounds // args.shards),
         unit_steps=args.unit_steps,
         replicas=args.replicas,
+        shards=args.shards,
         dishonest_strategy=args.dishonest_strategy,
         timeout_s=args.timeout,
         database_url=args.database_url,
