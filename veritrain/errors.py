@@ -84,6 +84,10 @@ class OrderMismatch(InvalidInput):
     """An order's off-chain spec does not match the on-chain order it names (spec hash, units, replicas)."""
 
 
+class InvalidOrderSpec(InvalidInput):
+    """A buyer's order file is malformed, names an unknown field, or its deadline has passed."""
+
+
 class OuterStepNotImplemented(MarketError, NotImplementedError):
     """Rounds with M > 1 units need the DiLoCo outer step, which is an interface only so far."""
 
