@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+import time
 import tomllib
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
@@ -186,6 +187,24 @@ def post_order(
     with MarketClient(market_url, timeout=30) as api:
         status = api.post_order(OrderRequest(spec=spec, chain_order_id=chain_order_id))
     return PostedOrder(chain_order_id, status.order_id, posted_block, plan.total)
+
+
+def close_order(
+    client: ChainClient, chain_order_id: int, account: LocalAccount, timeout_s: float, poll_s: float = 0.5
+) -> int:
+    """Close the order (what is left of its escrow becomes the buyer's credit) and return the refund. A unit
+    the market saw accepted may still be settling on chain, so UnitsStillOpen is retried until `timeout_s`."""
+    from veritrain.chain.errors import UnitsStillOpen
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            receipt = client.close_order(chain_order_id, sender=account)
+            return int(receipt.event("OrderClosed").args["refund"])
+        except UnitsStillOpen:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(poll_s)
 
 
 # --- where an order's money went, from chain events -------------------------------------------------

@@ -574,16 +574,9 @@ class Buyer:
 
     def close(self, deadline: float) -> None:
         """Close the order (its leftover escrow becomes the buyer's credit); waits for settlements to land."""
-        from veritrain.chain.errors import UnitsStillOpen
+        from apps.buyer import close_order
 
-        while True:
-            try:
-                self.market.client.close_order(self.chain_order_id, sender=self.party.account)
-                return
-            except UnitsStillOpen:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(POLL_S)
+        close_order(self.market.client, self.chain_order_id, self.party.account, deadline - time.monotonic())
 
 
 def collect_training(market: Marketplace, units: list[UnitOutcome], out_dir: Path) -> TrainingResult:

@@ -333,19 +333,21 @@ def run_fetch(args: argparse.Namespace) -> int:
 
 def configure_close(parser: argparse.ArgumentParser) -> None:
     _order_id(parser)
+    parser.add_argument(
+        "--wait", type=float, default=120.0, help="seconds to wait for units still settling on chain"
+    )
     _common(parser)
 
 
 def run_close(args: argparse.Namespace) -> int:
-    from apps.buyer import veri
+    from apps.buyer import close_order, veri
 
     session = Session(args)
     client = session.chain()
     with session.market() as api:
         status = api.order_status(args.order_id)
     account = session.signer()
-    receipt = client.close_order(status.chain_order_id, sender=account)
-    refund = int(receipt.event("OrderClosed").args["refund"])
+    refund = close_order(client, status.chain_order_id, account, args.wait)
     credit = client.credits(account)
     if credit:
         client.withdraw_credit(account)

@@ -70,7 +70,16 @@ def _env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 def post(chain: Chain, tmp_path: Path, text: str, *extra: str, deployments: Path | None = None) -> int:
     spec = tmp_path / "order.toml"
     spec.write_text(text)
-    argv = ["order", "post", str(spec), "--yes", "--keystore", str(chain.keystore), "--rpc-url", chain.node.url]
+    argv = [
+        "order",
+        "post",
+        str(spec),
+        "--yes",
+        "--keystore",
+        str(chain.keystore),
+        "--rpc-url",
+        chain.node.url,
+    ]
     return main([*argv, "--deployments", str(deployments or chain.deployments), *extra])
 
 
@@ -90,7 +99,11 @@ def chain_state(chain: Chain) -> tuple[int, int, int]:
         ("recipe = 'charlm-tiny\ntotal_steps = 16", (), "InvalidOrderSpec: order file"),
         (GOOD + "colour = 'blue'\n", (), "InvalidOrderSpec: invalid order: colour: Extra inputs"),
         (GOOD.replace("charlm-tiny", "my-own-model"), (), "UnknownRecipe: unknown recipe 'my-own-model'"),
-        (GOOD.replace('deadline_in = "2h"', "deadline = 2001-01-01T00:00:00Z"), (), "InvalidOrderSpec: deadline"),
+        (
+            GOOD.replace('deadline_in = "2h"', "deadline = 2001-01-01T00:00:00Z"),
+            (),
+            "InvalidOrderSpec: deadline",
+        ),
         (GOOD.replace("total_steps = 16", "total_steps = 12"), (), "not a multiple of unit_steps"),
         (GOOD.replace('"10 VERI"', '"100000 VERI"'), (), "UnderfundedOrder: the escrow is"),
         (GOOD, ("--chain-id", "1"), "WrongChainId: chain id 31337 where 1 was expected"),
