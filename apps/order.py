@@ -9,9 +9,11 @@ so a refused order leaves nothing signed and nothing sent. `--json` prints one J
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -218,7 +220,7 @@ def configure_watch(parser: argparse.ArgumentParser) -> None:
 
 
 def run_watch(args: argparse.Namespace) -> int:
-    """Live progress until the order finishes: a rich table on a terminal, changed lines elsewhere."""
+    """Live progress until the order finishes: a live rich view on a terminal, each new line elsewhere."""
     from rich.live import Live
     from rich.text import Text
 
@@ -228,18 +230,18 @@ def run_watch(args: argparse.Namespace) -> int:
     session = Session(args)
     console = stderr_console()
     deadline = None if args.timeout is None else time.monotonic() + args.timeout
-    printed: list[str] = []
-    with session.market() as api, Live(console=console, auto_refresh=False) as live:
+    printed: set[str] = set()
+    live = Live(console=console, auto_refresh=False) if console.is_terminal else None
+    with session.market() as api, live or nullcontext():
         while True:
             view = order_view(api, args.order_id)
             lines = _status_lines(view)
-            if console.is_terminal:
+            if live is not None:
                 live.update(Text("\n".join(lines)), refresh=True)
-            else:
-                for line in lines:
-                    if line not in printed:
-                        print(line, file=sys.stderr if args.json else sys.stdout, flush=True)
-                        printed.append(line)
+            for line in lines if live is None else ():
+                if line not in printed:  # off a terminal: each new line once, for logs and pipes
+                    print(line, file=sys.stderr if args.json else sys.stdout, flush=True)
+                    printed.add(line)
             if view["state"] in FINISHED:
                 break
             if deadline is not None and time.monotonic() > deadline:
@@ -271,11 +273,11 @@ def run_fetch(args: argparse.Namespace) -> int:
     with session.market() as api:
         status = api.order_status(args.order_id)
         peers = api.order_peers(args.order_id).peers
-        spec = api.dashboard_data()
+        dashboard = api.dashboard_data()
     if status.state != "completed":
         raise InvalidInput(f"order {args.order_id} is {status.state}, not completed: nothing final to fetch")
     money, units = order_money(client.events(), status.chain_order_id)
-    recipe = next((o["recipe"] for o in spec["orders"] if o["id"] == args.order_id), "")
+    recipe = next((o["recipe"] for o in dashboard["orders"] if o["id"] == args.order_id), "")
     out: Path = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     folder = session.settings.data_dir / "buyer"
@@ -316,6 +318,9 @@ def run_fetch(args: argparse.Namespace) -> int:
         "verifier_fees": money.verdict_fees,
         "refund": money.refund,
     }
+    report["final_weights_sha256"] = hashlib.sha256(
+        (out / "final-weights.safetensors").read_bytes()
+    ).hexdigest()
     (out / "report.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
     if args.json:
         print(json.dumps({**report, "out": str(out)}, sort_keys=True))

@@ -31,3 +31,13 @@ def test_help_lists_every_command_of_every_role() -> None:
     for words, _, _ in COMMANDS:  # and nothing registered is hidden
         if len(words) == 2:
             assert words[1] in groups[words[0]], f"veritrain {' '.join(words)} missing from --help"
+
+
+def test_readme_keeps_two_set_up_commands_and_links_the_four_guides() -> None:
+    readme = (VERITRAIN.parents[2] / "README.md").read_text()
+    blocks = readme.split("```bash\n")[1:]
+    assert len(blocks) == 1, "the README has one runnable block: the set-up"
+    commands = [line.split("#")[0].strip() for line in blocks[0].split("```")[0].splitlines()]
+    assert [c for c in commands if c] == ["scripts/demo", "scripts/test"]
+    for guide in ("OPERATORS", "PROVIDERS", "VERIFIERS", "BUYERS"):
+        assert f"(docs/{guide}.md)" in readme
