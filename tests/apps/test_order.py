@@ -7,10 +7,17 @@ The happy path (post, watch, fetch, close against a running market) is tests/e2e
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 from apps.buyer import parse_amount, spec_from_table
@@ -145,6 +152,44 @@ def test_a_good_order_reaches_the_market_only_after_every_check(
     assert post(chain, tmp_path, GOOD) == 2
     assert "MarketError: market at http://127.0.0.1:9 unreachable" in capsys.readouterr().err
     assert chain_state(chain) == before
+
+
+def test_a_market_on_another_chain_is_refused(
+    chain: Chain, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real `veritrain market serve` configured for chain 5: the buyer on 31337 stops before signing."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VERITRAIN_")}
+    env |= {"VERITRAIN_DATA_DIR": str(tmp_path / "market"), "VERITRAIN_CHAIN_ID": "5"}
+    argv = [sys.executable, "-m", "apps", "market", "serve", "--port", str(port), "--log-level", "warning"]
+    with open(tmp_path / "serve.log", "w") as log:
+        market = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not _answers(f"http://127.0.0.1:{port}/health"):  # readiness poll with a deadline
+            assert market.poll() is None and time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
+            time.sleep(0.2)
+        monkeypatch.setenv("VERITRAIN_MARKET_URL", f"http://127.0.0.1:{port}")
+        before = chain_state(chain)
+        assert post(chain, tmp_path, GOOD) == 2
+        assert "WrongChainId: chain id 5 where 31337 was expected (market at" in capsys.readouterr().err
+        assert chain_state(chain) == before
+    finally:
+        os.killpg(market.pid, signal.SIGTERM)
+        market.wait(timeout=20)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False
 
 
 def test_spec_fields_pass_through_and_amounts_are_exact() -> None:
