@@ -6,6 +6,7 @@ The happy path (post, watch, fetch, close against a running market) is tests/e2e
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -154,13 +155,27 @@ def test_a_good_order_reaches_the_market_only_after_every_check(
     assert chain_state(chain) == before
 
 
-def test_a_market_on_another_chain_is_refused(
-    chain: Chain, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("market_chain", "error"),
+    [
+        (5, "WrongChainId: chain id 5 where 31337 was expected (market at"),
+        (31337, "InvalidInput: not confirmed: run in a terminal to answer, or pass --yes"),
+    ],
+    ids=["market-on-another-chain", "not-confirmed"],
+)
+def test_the_market_is_checked_then_the_buyer_must_confirm(
+    chain: Chain,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    market_chain: int,
+    error: str,
 ) -> None:
-    """A real `veritrain market serve` configured for chain 5: the buyer on 31337 stops before signing."""
+    """A real `veritrain market serve`: on another chain the buyer stops; on this one, without --yes and
+    without a terminal to answer the question, it stops too. Either way before signing."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("VERITRAIN_")}
-    env |= {"VERITRAIN_DATA_DIR": str(tmp_path / "market"), "VERITRAIN_CHAIN_ID": "5"}
+    env |= {"VERITRAIN_DATA_DIR": str(tmp_path / "market"), "VERITRAIN_CHAIN_ID": str(market_chain)}
     argv = [sys.executable, "-m", "apps", "market", "serve", "--port", str(port), "--log-level", "warning"]
     with open(tmp_path / "serve.log", "w") as log:
         market = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -171,8 +186,12 @@ def test_a_market_on_another_chain_is_refused(
             time.sleep(0.2)
         monkeypatch.setenv("VERITRAIN_MARKET_URL", f"http://127.0.0.1:{port}")
         before = chain_state(chain)
-        assert post(chain, tmp_path, GOOD) == 2
-        assert "WrongChainId: chain id 5 where 31337 was expected (market at" in capsys.readouterr().err
+        spec = tmp_path / "order.toml"
+        spec.write_text(GOOD)
+        argv = ["order", "post", str(spec), "--keystore", str(chain.keystore), "--rpc-url", chain.node.url]
+        monkeypatch.setattr("sys.stdin", io.StringIO("y\n"))  # an answer, but not from a terminal
+        assert main([*argv, "--deployments", str(chain.deployments)]) == 2
+        assert error in capsys.readouterr().err
         assert chain_state(chain) == before
     finally:
         os.killpg(market.pid, signal.SIGTERM)
