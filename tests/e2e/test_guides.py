@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import time
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,7 +28,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 GUIDES = ("OPERATORS", "PROVIDERS", "VERIFIERS", "BUYERS")
 PLACEHOLDER = re.compile(r"<[a-z][a-z-]*>")
-GUIDE_TIMEOUT_S = {"OPERATORS": 300, "PROVIDERS": 180, "VERIFIERS": 180, "BUYERS": 420}
+GUIDE_TIMEOUT_S = {"OPERATORS": 240, "PROVIDERS": 120, "VERIFIERS": 120, "BUYERS": 360}
 PASSPHRASE = "guide-test-passphrase"
 
 
@@ -151,6 +152,12 @@ def terminals(tmp_path: Path, private_queue: str) -> Iterator[Terminals]:
         started.stop()
 
 
+@pytest.mark.slow
+@pytest.mark.node_backend
+@pytest.mark.torch
+@pytest.mark.postgres
+@pytest.mark.redis
+@pytest.mark.timeout(900)
 def test_a_buyer_follows_the_guides_to_verified_weights(
     terminals: Terminals, fresh_postgres_url: str, redis_url: str
 ) -> None:
@@ -177,10 +184,13 @@ def test_a_buyer_follows_the_guides_to_verified_weights(
 
     data = httpx.get(f"{market_url}/dashboard/data", timeout=10).json()
     assert [order["state"] for order in data["orders"]] == ["completed"], output
-    result = root / "buyers" / "veritrain-buyer" / "result"
+    buyer = root / "buyers" / "veritrain-buyer"
+    order = tomllib.loads((buyer / "order.toml").read_text())
+    result = buyer / "result"
     report = json.loads((result / "report.json").read_text())
     assert report["order_id"] == data["orders"][0]["id"]
-    assert len(report["losses"]) == 16 and report["losses"][-1] < report["losses"][0]
+    # one verified loss per step of the order (from the PoL transcripts), and training made progress
+    assert len(report["losses"]) == order["total_steps"] and report["losses"][-1] < report["losses"][0]
     from safetensors import safe_open
 
     with safe_open(str(result / "final-weights.safetensors"), "pt") as weights:
