@@ -293,37 +293,59 @@ class TrainingResult:
 
 
 def collect_training(
-    plane: BlobPlane, units: list[UnitOutcome], peers: dict[str, str], out: Path, recipe: str
+    plane: BlobPlane,
+    units: list[UnitOutcome],
+    peers: dict[str, str],
+    out: Path,
+    *,
+    recipe: str,
+    final_digest: str,
+    aggregates: frozenset[int] = frozenset(),
 ) -> TrainingResult:
-    """Fetch each accepted unit's PoL manifest from a provider the chain accepted (`peers`: address →
-    libp2p address), each checked against the result digest the chain settled; then the last unit's final
-    state, whose blob address is its digest; write the model's weights as safetensors at `out`."""
+    """Fetch each accepted training unit's PoL manifest from a provider the chain accepted (`peers`:
+    address → libp2p address), each checked against the result digest the chain settled, then the order's
+    final state `final_digest` (the market's word), and write the model's weights as safetensors at `out`.
+
+    M = 1 (no `aggregates`, the chain unit ids of DiLoCo aggregate units): the final state must be the one
+    the last accepted unit's chain-verified manifest names. M > 1: the last unit the chain accepted must be
+    an aggregate; its output is taken by `final_digest`, which the fetched bytes must hash to (the buyer does
+    not re-derive the aggregate's result digest from the round's inputs yet)."""
     from safetensors.torch import save_file
 
     from veritrain.agentkit import decode_state
 
     losses: list[float] = []
     boundaries: list[int] = []
-    last: tuple[UnitManifest, list[str]] | None = None
+    last_manifest: UnitManifest | None = None
+    last: UnitOutcome | None = None
     for unit in units:
         if not unit.accepted:
             continue
-        manifest = _fetch_manifest(plane, unit, peers)
+        last = unit
+        if unit.chain_unit_id in aggregates:
+            continue
+        last_manifest = _fetch_manifest(plane, unit, peers)
         boundaries.append(len(losses))
-        losses.extend(float(loss) for loss in manifest.transcript["losses"])
-        last = manifest, unit.accepted
-    if last is None:
-        raise DigestMismatch("no unit of the order was accepted on chain: there is no verified result")
-    manifest, holders = last
-    digest = manifest.state_digest.removeprefix("0x")
-    state = decode_state(plane.fetch_any([peers[p] for p in holders if p in peers], digest))
+        losses.extend(float(loss) for loss in last_manifest.transcript["losses"])
+    if last is None or last_manifest is None:
+        raise DigestMismatch("no training unit of the order was accepted on chain: no verified result")
+    if not aggregates and last_manifest.state_digest != final_digest:
+        raise DigestMismatch(
+            f"the market names final state {final_digest}; the chain-verified last unit made "
+            f"{last_manifest.state_digest}"
+        )
+    if aggregates and last.chain_unit_id not in aggregates:
+        raise DigestMismatch(f"the last unit the chain accepted ({last.chain_unit_id}) is not an aggregate")
+    holders = [peers[p] for p in last.accepted if p in peers]
+    holders += [address for address in peers.values() if address not in holders]
+    state = decode_state(plane.fetch_any(holders, final_digest.removeprefix("0x")))  # blob address = digest
     weights = {
         name.removeprefix("model."): tensor.contiguous()
         for name, tensor in state.items()
         if name.startswith("model.")
     }
-    save_file(weights, str(out), metadata={"state_digest": manifest.state_digest, "recipe": recipe})
-    return TrainingResult(losses, boundaries[1:], manifest.state_digest, out)
+    save_file(weights, str(out), metadata={"state_digest": final_digest, "recipe": recipe})
+    return TrainingResult(losses, boundaries[1:], final_digest, out)
 
 
 def _fetch_manifest(plane: BlobPlane, unit: UnitOutcome, peers: dict[str, str]) -> UnitManifest:

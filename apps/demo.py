@@ -579,8 +579,11 @@ class Buyer:
         close_order(self.market.client, self.chain_order_id, self.party.account, deadline - time.monotonic())
 
 
-def collect_training(market: Marketplace, units: list[UnitOutcome], out_dir: Path) -> TrainingResult:
-    """Fetch the verified results from the providers over libp2p (apps.buyer.collect_training)."""
+def collect_training(
+    market: Marketplace, units: list[UnitOutcome], status: dict[str, Any], out_dir: Path
+) -> TrainingResult:
+    """Fetch the verified results from the providers over libp2p (apps.buyer.collect_training); the final
+    state is the one the market's order `status` names."""
     from veritrain.agentkit import BlobPlane
     from veritrain.blobstore import BlobStore
 
@@ -590,7 +593,12 @@ def collect_training(market: Marketplace, units: list[UnitOutcome], out_dir: Pat
     plane.start()
     try:
         return collect_training_from(
-            plane, units, peers, out_dir / "final-weights.safetensors", market.config.recipe
+            plane,
+            units,
+            peers,
+            out_dir / "final-weights.safetensors",
+            recipe=market.config.recipe,
+            final_digest=str(status["current_state_digest"]),
         )
     finally:
         plane.stop()
@@ -740,7 +748,7 @@ def run_demo(config: DemoConfig, emit: Callable[[str], None]) -> dict[str, Any]:
         after = market.holdings()
         emit("buyer: order closed, every party withdrew its credit; fetching results over libp2p")
         _, units = order_money(market.events(buyer.posted_block), buyer.chain_order_id)
-        training = collect_training(market, units, config.out_dir)
+        training = collect_training(market, units, buyer.status(), config.out_dir)
         write_loss_curve(training.losses, training.round_boundaries, config.out_dir / "loss-curve.png")
         report, checks = build_report(market, buyer, before, after, training, started)
     write_report(config.out_dir / "demo-report.json", report)

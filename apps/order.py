@@ -266,7 +266,6 @@ def run_fetch(args: argparse.Namespace) -> int:
     from apps.demo_report import write_loss_curve
     from veritrain.agentkit import BlobPlane
     from veritrain.blobstore import BlobStore
-    from veritrain.errors import DigestMismatch
 
     session = Session(args)
     client = session.chain()
@@ -284,14 +283,16 @@ def run_fetch(args: argparse.Namespace) -> int:
     plane = BlobPlane(BlobStore(folder / "blobs"), session.signer(), 0, folder)
     plane.start()
     try:
-        training = collect_training(plane, units, peers, out / "final-weights.safetensors", recipe)
+        training = collect_training(
+            plane,
+            units,
+            peers,
+            out / "final-weights.safetensors",
+            recipe=recipe,
+            final_digest=str(status.current_state_digest),
+        )
     finally:
         plane.stop()
-    if training.final_state_digest != status.current_state_digest:
-        raise DigestMismatch(
-            f"the chain-verified final state {training.final_state_digest} is not the market's "
-            f"{status.current_state_digest}"
-        )
     write_loss_curve(training.losses, training.round_boundaries, out / "loss-curve.png")
     report = {
         "order_id": args.order_id,
