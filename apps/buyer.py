@@ -222,6 +222,7 @@ class UnitOutcome:
     result_digests: dict[str, str] = field(default_factory=dict)
     slashed: dict[str, int] = field(default_factory=dict)
     signing_verifiers: list[str] = field(default_factory=list)
+    finalized_digest: str | None = None  # the resultDigest the chain recorded on the fast path
 
     @property
     def accepted(self) -> list[str]:
@@ -253,6 +254,7 @@ def order_money(events: list[Event], order_id: int) -> tuple[OrderMoney, list[Un
                 unit.result_digests[str(args["provider"])] = _hex(args["resultDigest"])
             elif event.name == "UnitFinalized":
                 unit.settlement, unit.outcomes = "finalized (fast path)", ["accept"] * len(unit.providers)
+                unit.finalized_digest = _hex(args["resultDigest"]) if "resultDigest" in args else None
                 for provider in unit.providers:
                     payouts[provider] = payouts.get(provider, 0) + price
             elif event.name == "UnitExpired":

@@ -74,6 +74,8 @@ class DemoConfig:
     rounds: int = 4
     unit_steps: int = 40
     replicas: int = 3
+    shards: int = 1  # M > 1: DiLoCo rounds of M shard units and one aggregate unit
+    provider_env: tuple[dict[str, str], ...] = ()  # extra environment of provider i (CPU configurations)
     seed: int = 2026
     timeout_s: float = 300.0
     database_url: str | None = None
@@ -395,7 +397,10 @@ class Marketplace:
         peer_id = peer_id_of(load_or_create_peer_key(data_dir / "peer.key"))
         party.peer_addr = f"/ip4/{self.placement.address(party.name)}/tcp/{party.p2p_port}/p2p/{peer_id}"
         argv = self.placement.wrap(party.name, self.agent_argv(party))
-        self.procs.start(party.name, argv, env=self.child_env(data_dir), cwd=data_dir)
+        env = self.child_env(data_dir)
+        if party.role == "provider" and self.providers().index(party) < len(self.config.provider_env):
+            env.update(self.config.provider_env[self.providers().index(party)])
+        self.procs.start(party.name, argv, env=env, cwd=data_dir)
         marker = f" *** DISHONEST ({party.dishonest_strategy}) ***" if party.dishonest_strategy else ""
         self.emit(f"{party.name}: pid {self.procs[party.name].pid}, {party.address}{marker}")
 
@@ -516,6 +521,7 @@ class Buyer:
             total_steps=config.rounds * config.unit_steps,
             unit_steps=config.unit_steps,
             replicas=config.replicas,
+            shards=config.shards,
             seed=config.seed,
             max_price_per_pflop=MAX_PRICE_PER_PFLOP,
             verifier_fee_per_unit=VERIFIER_FEE_PER_UNIT,
@@ -530,7 +536,8 @@ class Buyer:
         self.posted_block = posted.posted_block
         self.market.emit(
             f"buyer: order {self.chain_order_id} posted — {config.recipe}, {config.rounds} rounds x "
-            f"{config.unit_steps} steps, k = {config.replicas}, escrow {plan.total / TOKEN:.4f} VERI "
+            f"{config.shards} shard(s) x {config.unit_steps} steps, k = {config.replicas}, "
+            f"escrow {plan.total / TOKEN:.4f} VERI "
             f"({plan.price_per_replica / TOKEN:.4f} per replica, {plan.verifier_fee_per_unit / TOKEN:.1f} "
             "verifier fee per unit)"
         )
@@ -557,7 +564,8 @@ class Buyer:
                     who = ", ".join(names.get(p, p[:10]) for p in unit["providers"]) or "-"
                     self.market.emit(
                         f"round {unit['round_index'] + 1}/{status['rounds_total']} unit {unit['unit_id']} "
-                        f"(attempt {unit['attempt']}): {unit['state']:<10} providers [{who}]"
+                        f"({_unit_label(unit)}attempt {unit['attempt']}): {unit['state']:<10} "
+                        f"providers [{who}]"
                     )
             if on_tick is not None:
                 on_tick(status)
@@ -579,11 +587,17 @@ class Buyer:
         close_order(self.market.client, self.chain_order_id, self.party.account, deadline - time.monotonic())
 
 
+def _unit_label(unit: dict[str, Any]) -> str:
+    if unit["kind"] == "aggregate":
+        return "aggregate, "
+    return f"shard {unit['shard']}, " if unit["shard"] else ""
+
+
 def collect_training(
     market: Marketplace, units: list[UnitOutcome], status: dict[str, Any], out_dir: Path
 ) -> TrainingResult:
-    """Fetch the verified results from the providers over libp2p (apps.buyer.collect_training); the final
-    state is the one the market's order `status` names."""
+    """Fetch the verified results from the providers over libp2p (apps.buyer.collect_training): each
+    training unit's PoL manifest and the order's final state (for M > 1 the last aggregate's output)."""
     from veritrain.agentkit import BlobPlane
     from veritrain.blobstore import BlobStore
 
@@ -599,6 +613,7 @@ def collect_training(
             out_dir / "final-weights.safetensors",
             recipe=market.config.recipe,
             final_digest=str(status["current_state_digest"]),
+            aggregates=frozenset(u["chain_unit_id"] for u in status["units"] if u["kind"] == "aggregate"),
         )
     finally:
         plane.stop()
@@ -717,6 +732,7 @@ def build_report(
             "rounds": market.config.rounds,
             "unit_steps": market.config.unit_steps,
             "replicas": market.config.replicas,
+            "shards": market.config.shards,
         },
         "wall_time_s": round(time.monotonic() - started, 1),
     }
@@ -778,9 +794,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=None, help="folder for the report (default: current dir)")
     parser.add_argument("--providers", type=int, default=5)
     parser.add_argument("--verifiers", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument(
+        "--rounds", type=int, default=None, help="rounds of the order (default: 4 / shards, the same compute)"
+    )
     parser.add_argument("--unit-steps", type=int, default=40)
     parser.add_argument("--replicas", type=int, default=3)
+    parser.add_argument(
+        "--shards", type=int, default=1, help="M shards per round (M > 1: DiLoCo with an aggregate unit)"
+    )
     parser.add_argument("--dishonest-strategy", default=DEFAULT_DISHONEST_STRATEGY)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds before the demo gives up")
     parser.add_argument("--database-url", default=None, help="market database (default: a SQLite file)")
@@ -795,9 +816,10 @@ def run(args: argparse.Namespace) -> int:
         out_dir=(args.out or Path.cwd()).resolve(),
         providers=args.providers,
         verifiers=args.verifiers,
-        rounds=args.rounds,
+        rounds=args.rounds or max(1, DemoConfig.rounds // args.shards),
         unit_steps=args.unit_steps,
         replicas=args.replicas,
+        shards=args.shards,
         dishonest_strategy=args.dishonest_strategy,
         timeout_s=args.timeout,
         database_url=args.database_url,

@@ -182,7 +182,6 @@ def order_view(api: MarketClient, order_id: int) -> dict[str, Any]:
         extra = units.get(str(unit["unit_id"]), {})
         verification = extra.get("verification") or {}
         unit["verdicts"] = [v["outcomes"] for v in verification.get("verdicts", [])]
-        unit["shard"] = extra.get("shard", 0)
     status["loss"] = shown["loss"] if shown else []
     return status
 
@@ -195,8 +194,9 @@ def _status_lines(view: dict[str, Any]) -> list[str]:
     ]
     for unit in view["units"]:
         verdicts = f" verdicts {unit['verdicts']}" if unit["verdicts"] else ""
+        what = "aggregate" if unit["kind"] == "aggregate" else f"shard {unit['shard']}"
         lines.append(
-            f"  round {unit['round_index']} shard {unit['shard']} unit {unit['unit_id']} "
+            f"  round {unit['round_index']} {what} unit {unit['unit_id']} "
             f"(attempt {unit['attempt']}): {unit['state']}, {len(unit['providers'])} replicas{verdicts}"
         )
     return lines
@@ -290,6 +290,9 @@ def run_fetch(args: argparse.Namespace) -> int:
             out / "final-weights.safetensors",
             recipe=recipe,
             final_digest=str(status.current_state_digest),
+            aggregates=frozenset(
+                u.chain_unit_id for u in status.units if u.kind == "aggregate" and u.chain_unit_id is not None
+            ),
         )
     finally:
         plane.stop()

@@ -23,6 +23,7 @@ from veritrain.messages import (
     CommitSubmission,
     ReplicaOutcome,
     RevealSubmission,
+    UnitKind,
 )
 
 
@@ -193,6 +194,8 @@ class Assignments(Lifecycle):
                 raise InvalidInput(
                     f"reveal of {submission.provider} for unit {unit.id} does not match its commitment"
                 )
+            if unit.kind == UnitKind.AGGREGATE.value:
+                _check_aggregate_opening(submission)
             replica.state = ReplicaState.REVEALED.value
             replica.result_digest = submission.result_digest
             replica.salt = submission.salt
@@ -359,3 +362,19 @@ def _phase(unit: UnitState, replica: ReplicaState) -> AssignmentPhase | None:
     if replica == ReplicaState.COMMITTED and unit == UnitState.REVEALING:
         return AssignmentPhase.REVEAL
     return None
+
+
+def _check_aggregate_opening(submission: RevealSubmission) -> None:
+    """An aggregate replica reveals its output state digest and inputs commitment beside the result digest
+    (in the state_digest / transcript_root fields); they must open it, since the output digest becomes the
+    next round's start."""
+    from veritrain.diloco import aggregate_result_digest
+
+    opened = aggregate_result_digest(
+        bytes.fromhex(submission.state_digest[2:]), bytes.fromhex(submission.transcript_root[2:])
+    )
+    if "0x" + opened.hex() != submission.result_digest:
+        raise InvalidInput(
+            f"aggregate reveal of {submission.provider}: output digest and inputs commitment do not open "
+            f"result digest {submission.result_digest}"
+        )

@@ -41,7 +41,6 @@ class MarketConfig:
     verdict_window_s: int = 1200
     verifiers_per_unit: int = 2
     verifier_quorum: int = 1
-    units_per_round: int = 1
     provider_collateral: int = 0  # used only without a chain (benchmarks); the chain's value wins
     pool_refresh_s: float = 5.0
     policy: ReplicationPolicy = DEFAULT_POLICY

@@ -6,8 +6,8 @@ hardware class, price). Never signatures, salts before they are revealed on chai
 addresses or anything about the operator. Bounded: the latest orders only, and each loss curve thinned to
 at most ``MAX_CURVE_POINTS`` points, so a long-running market's page stays small.
 
-The shapes of orders, rounds and units here follow the market's tables; when the order API gains DiLoCo
-rounds and shards (market-v2) only `_order` and `_unit` change.
+The shapes of orders, rounds and units here follow the market's tables (an order's `shards`, a unit's
+`kind`: `train` or the round's DiLoCo `aggregate`).
 """
 
 from __future__ import annotations
@@ -108,6 +108,7 @@ def _order(
         "total_steps": spec.get("total_steps"),
         "unit_steps": spec.get("unit_steps"),
         "replicas": spec.get("replicas"),
+        "shards": spec.get("shards", 1),
         "max_price_per_pflop": str(order.max_price_per_pflop),
         "deadline": order.deadline,
         "created_at": order.created_at,
@@ -149,6 +150,7 @@ def _unit(
         "order_id": unit.order_id,
         "round_index": unit.round_index,
         "shard": unit.shard,
+        "kind": unit.kind,
         "attempt": unit.attempt,
         "state": unit.state,
         "chain_unit_id": None if unit.chain_unit_id is None else str(unit.chain_unit_id),

@@ -3,6 +3,7 @@ through the outer step, retry failed units under a new key, expire late orders, 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from eth_abi import encode as abi_encode
@@ -11,11 +12,26 @@ from sqlmodel import Session
 
 from market.context import Lifecycle, row_id
 from market.domain.pricing import escrow_plan
-from market.domain.rounds import AcceptedReplica, outer_step_for, plan_round
+from market.domain.rounds import (
+    AcceptedReplica,
+    UnitPlan,
+    decide_shards,
+    next_state,
+    plan_aggregate,
+    plan_round,
+)
 from market.domain.states import OrderState, ReplicaState, RoundState, UnitState, advance
 from market.store import OrderRow, RoundRow, UnitRow
 from veritrain.errors import InvalidInput, MarketError, OrderMismatch, UnderfundedOrder
-from veritrain.messages import OrderRequest, OrderSpec, OrderStatus, StateSource, UnitStatus
+from veritrain.messages import (
+    OrderRequest,
+    OrderSpec,
+    OrderStatus,
+    OuterFields,
+    StateSource,
+    UnitKind,
+    UnitStatus,
+)
 
 
 def unit_key_for(chain_order_id: int, round_index: int, shard: int, attempt: int) -> str:
@@ -83,7 +99,7 @@ class OrderBook(Lifecycle):
                 spec_json=spec.model_dump_json(),
                 spec_hash=spec.spec_hash(),
                 recipe=spec.recipe,
-                rounds_total=spec.unit_count,
+                rounds_total=spec.rounds,
                 flops_per_step=recipe.flops_per_step,
                 min_memory_mb=recipe.min_memory_mb,
                 price_per_replica=on_chain.price_per_replica,
@@ -109,8 +125,8 @@ class OrderBook(Lifecycle):
         round_row = RoundRow(order_id=row_id(order), index=index, start_state_digest=start_state)
         session.add(round_row)
         session.flush()
-        for plan in plan_round(spec, index, self.config.units_per_round):
-            self._new_unit(session, order, round_row, spec, plan.shard, plan.start_step, plan.steps, 0, now)
+        for plan in plan_round(spec, index):
+            self._new_unit(session, order, round_row, spec, plan, 0, now)
         return round_row
 
     def _new_unit(
@@ -119,9 +135,7 @@ class OrderBook(Lifecycle):
         order: OrderRow,
         round_row: RoundRow,
         spec: OrderSpec,
-        shard: int,
-        start_step: int,
-        steps: int,
+        plan: UnitPlan,
         attempt: int,
         now: int,
     ) -> UnitRow:
@@ -129,12 +143,13 @@ class OrderBook(Lifecycle):
             order_id=row_id(order),
             round_id=row_id(round_row),
             round_index=round_row.index,
-            shard=shard,
+            shard=plan.shard,
+            kind=plan.kind.value,
             attempt=attempt,
-            unit_key=unit_key_for(order.chain_order_id, round_row.index, shard, attempt),
+            unit_key=unit_key_for(order.chain_order_id, round_row.index, plan.shard, attempt),
             k=spec.replicas,
-            start_step=start_step,
-            steps=steps,
+            start_step=plan.start_step,
+            steps=plan.steps,
             updated_at=now,
         )
         session.add(unit)
@@ -159,6 +174,8 @@ class OrderBook(Lifecycle):
                             r.provider for r in replicas if r.state != ReplicaState.DROPPED.value
                         ),
                         accepted_state_digest=accepted[0] if accepted else None,
+                        shard=unit.shard,
+                        kind=UnitKind(unit.kind),
                     )
                 )
             return OrderStatus(
@@ -196,47 +213,54 @@ class OrderBook(Lifecycle):
         if round_row is None:
             return 0
         units = self.store.units_of_round(session, row_id(round_row))
-        latest: dict[int, UnitRow] = {}
-        for unit in units:
-            if unit.shard not in latest or unit.attempt > latest[unit.shard].attempt:
-                latest[unit.shard] = unit
-        changed = 0
-        for shard, unit in latest.items():
-            if unit.state == UnitState.FAILED.value:  # migrate: a new attempt under a new unit key
-                self._new_unit(
-                    session, order, round_row, spec, shard, unit.start_step, unit.steps, unit.attempt + 1, now
-                )
-                changed += 1
-        if changed or any(u.state != UnitState.ACCEPTED.value for u in latest.values()):
-            return changed
-        accepted = [
-            [
-                AcceptedReplica(row_id(u), r.provider, r.state_digest or "")
-                for r in self.store.replicas_of(session, row_id(u))
-                if r.state == ReplicaState.ACCEPTED.value
-            ]
-            for u in sorted(latest.values(), key=lambda u: u.shard)
-        ]
-        step = outer_step_for(self.config.units_per_round)
-        next_state = step.next_state(round_row.index, round_row.start_state_digest, accepted)
+        shards = _latest(u for u in units if u.kind == UnitKind.TRAIN.value)
+        aggregates = _latest(u for u in units if u.kind == UnitKind.AGGREGATE.value)
+        closing = aggregates.get(spec.shards)
+        if closing is None:
+            decision = decide_shards(spec, {shard: UnitState(u.state) for shard, u in shards.items()})
+            for shard in decision.retry:  # migrate: a new attempt under a new unit key
+                unit = shards[shard]
+                retry = UnitPlan(round_row.index, shard, unit.start_step, unit.steps)
+                self._new_unit(session, order, round_row, spec, retry, unit.attempt + 1, now)
+            if decision.aggregate_over is None:
+                return len(decision.retry)
+            if spec.shards > 1:
+                plan = plan_aggregate(spec, round_row.index)
+                self._new_unit(session, order, round_row, spec, plan, 0, now)
+                return len(decision.retry) + 1
+            closing = shards[0]
+        elif closing.state == UnitState.FAILED.value:
+            plan = plan_aggregate(spec, round_row.index)
+            self._new_unit(session, order, round_row, spec, plan, closing.attempt + 1, now)
+            return 1
+        if closing.state != UnitState.ACCEPTED.value:
+            return 0
+        state = next_state(round_row.index, self._accepted_replicas(session, closing))
         round_row.state = advance(
             RoundState(round_row.state), RoundState.ACCEPTED, what=f"round {round_row.id}"
         )
-        round_row.next_state_digest = next_state
+        round_row.next_state_digest = state
         session.add(round_row)
         order.rounds_accepted += 1
-        order.current_state_digest = next_state
+        order.current_state_digest = state
         if order.rounds_accepted == order.rounds_total:
             order.state = advance(OrderState(order.state), OrderState.COMPLETED, what=f"order {order.id}")
         else:
-            self._open_round(session, order, spec, order.rounds_accepted, next_state, now)
+            self._open_round(session, order, spec, order.rounds_accepted, state, now)
         session.add(order)
         return 1
+
+    def _accepted_replicas(self, session: Session, unit: UnitRow) -> list[AcceptedReplica]:
+        return [
+            AcceptedReplica(row_id(unit), r.provider, r.state_digest or "")
+            for r in self.store.replicas_of(session, row_id(unit))
+            if r.state == ReplicaState.ACCEPTED.value
+        ]
 
     def unit_work(self, session: Session, order: OrderRow, unit: UnitRow) -> dict[str, Any]:
         """The UnitWork fields shared by a provider's assignment and a verifier's job."""
         spec = OrderSpec.model_validate_json(order.spec_json)
-        return {
+        work: dict[str, Any] = {
             "unit_id": row_id(unit),
             "order_id": row_id(order),
             "recipe": spec.recipe,
@@ -246,10 +270,31 @@ class OrderBook(Lifecycle):
             "shard": unit.shard,
             "start_step": unit.start_step,
             "steps": unit.steps,
-            "checkpoint_every": spec.checkpoint_every_for(unit.steps),
-            "num_shards": self.config.units_per_round,
+            "checkpoint_every": spec.checkpoint_every_for(unit.steps) if unit.steps else 1,
+            "num_shards": spec.shards,
             "start_state": self._start_state(session, unit),
+            "kind": UnitKind(unit.kind),
         }
+        if spec.shards == 1:
+            return work
+        if unit.kind == UnitKind.AGGREGATE.value:
+            round_units = self.store.units_of_round(session, unit.round_id)
+            shards = _latest(u for u in round_units if u.kind == UnitKind.TRAIN.value)
+            work["shard_results"] = tuple(
+                self._result_source(session, shards[shard])
+                if shard in shards and shards[shard].state == UnitState.ACCEPTED.value
+                else None
+                for shard in range(spec.shards)
+            )
+            work["outer"] = OuterFields(
+                aggregation=spec.outer_aggregation,
+                trim=spec.outer_trim,
+                lr=spec.outer_lr,
+                momentum=spec.outer_momentum,
+            )
+        else:
+            work["previous"] = self._previous_result(session, unit)
+        return work
 
     def _start_state(self, session: Session, unit: UnitRow) -> StateSource:
         """The round's start state and the agents that produced it (they keep and serve the blob)."""
@@ -261,9 +306,52 @@ class OrderBook(Lifecycle):
         holders: list[str] = []
         if previous is not None:
             for prior in self.store.units_of_round(session, row_id(previous)):
-                for replica in self.store.replicas_of(session, row_id(prior)):
-                    if replica.state == ReplicaState.ACCEPTED.value and replica.state_digest == digest:
-                        agent = self.store.find_agent(session, replica.provider)
-                        if agent is not None and agent.p2p_addr:
-                            holders.append(agent.p2p_addr)
+                holders.extend(self._holders(session, prior, digest))
+        for sibling in self.store.units_of_round(session, row_id(round_row)):  # they fetched it and keep it
+            holders.extend(a for a in self._holders(session, sibling) if a not in holders)
         return StateSource(state_digest=digest, holders=tuple(holders))
+
+    def _previous_result(self, session: Session, unit: UnitRow) -> StateSource | None:
+        """Shard m's last accepted result before this round (its inner AdamW state carries on from it), or
+        None when the shard has none yet."""
+        for index in range(unit.round_index - 1, -1, -1):
+            round_row = self.store.round_of(session, unit.order_id, index)
+            if round_row is None:
+                continue
+            for prior in self.store.units_of_round(session, row_id(round_row)):
+                if (
+                    prior.kind == UnitKind.TRAIN.value
+                    and prior.shard == unit.shard
+                    and prior.state == UnitState.ACCEPTED.value
+                ):
+                    return self._result_source(session, prior)
+        return None
+
+    def _result_source(self, session: Session, unit: UnitRow) -> StateSource:
+        """An accepted shard unit's state and who holds it: its accepted replicas, and the accepted
+        replicas of its round's aggregate unit, which fetched it (so one lost provider loses no state)."""
+        digest = next_state(unit.round_index, self._accepted_replicas(session, unit))
+        holders = self._holders(session, unit, digest)
+        for sibling in self.store.units_of_round(session, unit.round_id):
+            if sibling.kind == UnitKind.AGGREGATE.value:
+                holders.extend(a for a in self._holders(session, sibling) if a not in holders)
+        return StateSource(state_digest=digest, holders=tuple(holders))
+
+    def _holders(self, session: Session, unit: UnitRow, digest: str | None = None) -> list[str]:
+        """Addresses of the unit's accepted replicas (that produced ``digest``, when given)."""
+        holders = []
+        for replica in self.store.replicas_of(session, row_id(unit)):
+            if replica.state == ReplicaState.ACCEPTED.value and digest in (None, replica.state_digest):
+                agent = self.store.find_agent(session, replica.provider)
+                if agent is not None and agent.p2p_addr:
+                    holders.append(agent.p2p_addr)
+        return holders
+
+
+def _latest(units: Iterable[UnitRow]) -> dict[int, UnitRow]:
+    """Each shard's latest attempt."""
+    latest: dict[int, UnitRow] = {}
+    for unit in units:
+        if unit.shard not in latest or unit.attempt > latest[unit.shard].attempt:
+            latest[unit.shard] = unit
+    return latest

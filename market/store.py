@@ -130,6 +130,7 @@ class UnitRow(SQLModel, table=True):
     round_id: int = Field(foreign_key="rounds.id", index=True)
     round_index: int
     shard: int = 0
+    kind: str = Field(default="train", max_length=16)  # veritrain.messages.UnitKind
     attempt: int = 0
     unit_key: str = Field(unique=True, max_length=66)
     state: str = Field(default=UnitState.PENDING.value, index=True, max_length=16)

@@ -39,7 +39,7 @@ from veritrain.agentkit import (
     AgentPlumbing,
     UnitManifest,
     add_common_agent_arguments,
-    decode_state,
+    aggregate_inputs_of,
     encode_state,
     hex32,
     preload_datasets,
@@ -49,6 +49,7 @@ from veritrain.agentkit import (
     stake_by_permit,
     unhex32,
     unit_spec_of,
+    unit_start_of,
 )
 from veritrain.errors import AgentError, MarketError
 
@@ -330,27 +331,38 @@ class ProviderAgent(AgentPlumbing):
         except BaseException as err:  # reported by the heartbeat loop; the agent itself keeps running
             self._worker_error = err
 
-    def start_state(self, assignment: Assignment) -> State:
-        """The unit's start state: the recipe's seeded init for the first round, else fetched by digest."""
-        from veritrain.pol import initial_state
+    def aggregate(self, assignment: Assignment) -> None:
+        """Run an aggregate unit (the DiLoCo outer step) and keep its output state, the next round's start.
+        Its reveal carries the output digest and the inputs commitment, which open its result digest."""
+        from veritrain.diloco import aggregate
 
-        spec = unit_spec_of(assignment)
-        source = assignment.start_state
-        if source.state_digest is None:
-            return initial_state(spec.recipe_config(), assignment.seed)
-        digest = source.state_digest.removeprefix("0x")
-        return decode_state(self.blobs.fetch_any(list(source.holders), digest))
+        folder = self.unit_dir(assignment.unit_id)
+        result = aggregate(aggregate_inputs_of(assignment, self.blobs))
+        self.store.put(encode_state(result.output_state))
+        record = UnitRecord.load(folder, assignment.unit_id)
+        record.result_digest = hex32(result.result_digest)
+        record.state_digest = hex32(result.output_digest)
+        record.transcript_root = hex32(result.inputs_commitment)
+        record.salt = hex32(secrets.token_bytes(32))
+        record.save(folder)  # salt and result on disk before the commitment leaves this process
+        logger.info(
+            "aggregate unit %d done: next round starts from %s", assignment.unit_id, record.state_digest
+        )
 
     def train(self, assignment: Assignment) -> None:
         """Run the unit (resuming from its checkpoints) and keep its blobs; the next heartbeat commits."""
         from node.unit import run_unit
         from veritrain.datasets import load_dataset
+        from veritrain.messages import UnitKind
         from veritrain.pol import result_digest
         from veritrain.progress import progress_bar
 
+        if assignment.kind == UnitKind.AGGREGATE:
+            self.aggregate(assignment)
+            return
         folder = self.unit_dir(assignment.unit_id)
         spec = unit_spec_of(assignment)
-        start = self.start_state(assignment)
+        start = unit_start_of(assignment, self.blobs)
         self.store.put(encode_state(start))
         dataset = load_dataset(spec.recipe_config().dataset, unhex32(assignment.dataset_digest))
         started = time.monotonic()

@@ -29,7 +29,9 @@ from veritrain.agentkit import (
     BlobPlane,
     UnitManifest,
     add_common_agent_arguments,
+    aggregate_inputs_of,
     decode_state,
+    hex32,
     preload_datasets,
     resolve_common,
     run_agent,
@@ -37,6 +39,7 @@ from veritrain.agentkit import (
     stake_by_permit,
     unhex32,
     unit_spec_of,
+    unit_start_of,
 )
 from veritrain.api_client import MarketRefused
 from veritrain.errors import AgentError, MarketError, VeritrainError
@@ -195,20 +198,16 @@ class VerifierAgent(AgentPlumbing):
             )
         return result
 
-    def start_state(self, job: VerificationJobView, spec: UnitSpec) -> State:
-        from veritrain.pol import initial_state
-
-        if job.start_state.state_digest is None:
-            return initial_state(spec.recipe_config(), job.seed)
-        digest = job.start_state.state_digest.removeprefix("0x")
-        return decode_state(self.blobs.fetch_any(list(job.start_state.holders), digest))
-
     def verify(self, job: VerificationJobView) -> None:
         """Decide accept/fault/fraud per replica with the verifier core, sign and submit the verdict."""
         from verifier.core import UnitRequest, verify_unit
         from veritrain.datasets import load_dataset
+        from veritrain.messages import UnitKind
         from veritrain.pol import data_order_commitment, train_steps
 
+        if job.kind == UnitKind.AGGREGATE:
+            self.verify_aggregate(job)
+            return
         started = time.monotonic()
         tolerances = load_tolerances(job.recipe, self.config.tolerances)
         spec = unit_spec_of(job)
@@ -216,7 +215,7 @@ class VerifierAgent(AgentPlumbing):
         dataset = load_dataset(recipe.dataset, unhex32(job.dataset_digest))
         request = UnitRequest(
             spec=spec,
-            start_state=self.start_state(job, spec),
+            start_state=unit_start_of(job, self.blobs),
             data_order_commitment=data_order_commitment(recipe, dataset, spec),
             randomness=unhex32(job.randomness),
             spot_checked=job.reason == "spot_check",
@@ -252,6 +251,37 @@ class VerifierAgent(AgentPlumbing):
         )
         for line in decision.log:
             logger.info("job %d: %s", job.job_id, line)
+
+    def verify_aggregate(self, job: VerificationJobView) -> None:
+        """An aggregate unit is checked by recomputing it from the blobs (verifier.core.judge_aggregate),
+        which also checks the inputs commitment that the v1 contract does not compute itself."""
+        from verifier.core import judge_aggregate
+
+        started = time.monotonic()
+        revealed = [
+            (r.provider, None if r.result_digest is None else unhex32(r.result_digest)) for r in job.replicas
+        ]
+        expected, verdicts = judge_aggregate(aggregate_inputs_of(job, self.blobs), revealed)
+        reasons = json.dumps(
+            {
+                "path": "aggregate",
+                "expected": hex32(expected),
+                "replicas": [[v.provider, v.verdict.value, v.reason] for v in verdicts],
+            },
+            sort_keys=True,
+            separators=(",", ":"),
+        )
+        outcomes = tuple(OUTCOME_CODES[v.verdict.value] for v in verdicts)
+        self.submit(job, outcomes, reasons)
+        for verdict in verdicts:
+            self.metrics.verdicts.labels(verdict.verdict.value).inc()
+        logger.info(
+            "job %d (aggregate unit %s): outcomes %s, recomputed in %.1fs",
+            job.job_id,
+            job.chain_unit_id,
+            outcomes,
+            time.monotonic() - started,
+        )
 
     def submit(self, job: VerificationJobView, outcomes: tuple[int, ...], reasons: str) -> None:
         """Sign the contract's Verdict over the outcomes and the hash of the reasons; the market relays it."""

@@ -42,6 +42,8 @@ from veritrain.errors import InvalidInput, ToleranceUnavailable, VeritrainError
 if TYPE_CHECKING:
     import torch
 
+    from veritrain.diloco import AggregateInputs
+
 StateLike = Mapping[str, "torch.Tensor"]
 
 METRICS = ("rel_l2", "linf", "angle")
@@ -330,6 +332,30 @@ class UnitVerdict:
 
     def verdicts(self) -> tuple[Verdict, ...]:
         return tuple(replica.verdict for replica in self.replicas)
+
+
+def judge_aggregate(
+    inputs: AggregateInputs, revealed: Sequence[tuple[str, bytes | None]]
+) -> tuple[bytes, tuple[ReplicaVerdict, ...]]:
+    """Verdicts on an aggregate unit's replicas ((provider, revealed result digest or None) in assignment
+    order) and the recomputed result digest. The outer step is bitwise reproducible on every
+    configuration, so recomputation decides alone: the recomputed digest is accepted, any other revealed
+    digest is fraud (no tolerance applies), no reveal is a fault."""
+    from veritrain.diloco import verify_aggregate
+
+    claimed = [digest for _, digest in revealed if digest is not None]
+    check = verify_aggregate(inputs, claimed)
+    honest = iter(check.honest)
+    verdicts = []
+    for provider, digest in revealed:
+        if digest is None:
+            verdicts.append(ReplicaVerdict(provider, Verdict.FAULT, "no result revealed"))
+        elif next(honest):
+            verdicts.append(ReplicaVerdict(provider, Verdict.ACCEPT, "recomputed bitwise"))
+        else:
+            reason = "result digest differs from the recomputed outer step"
+            verdicts.append(ReplicaVerdict(provider, Verdict.FRAUD, reason))
+    return check.expected.result_digest, tuple(verdicts)
 
 
 # ---------------------------------------------------------------- submission checks (no re-execution)

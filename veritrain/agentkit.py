@@ -32,7 +32,8 @@ if TYPE_CHECKING:
     from veritrain.blobstore import BlobStore
     from veritrain.chain.client import ChainClient
     from veritrain.device import DeviceProfile
-    from veritrain.messages import AgentRole, Registration, Signed, UnitWork
+    from veritrain.diloco import AggregateInputs
+    from veritrain.messages import AgentRole, Registration, Signed, StateSource, UnitWork
     from veritrain.pol import State
 
 logger = logging.getLogger("veritrain.agent")
@@ -297,6 +298,50 @@ def unit_spec_of(unit: UnitWork) -> Any:
         steps=unit.steps,
         checkpoint_every=unit.checkpoint_every,
         num_shards=unit.num_shards,
+    )
+
+
+def fetch_state(blobs: BlobPlane, source: StateSource) -> State:
+    """A state by its digest, from our store or a holder (the content address checks the bytes)."""
+    if source.state_digest is None:
+        raise AgentError("a state source without a digest names no blob")
+    return decode_state(blobs.fetch_any(list(source.holders), source.state_digest.removeprefix("0x")))
+
+
+def round_state_of(work: UnitWork, blobs: BlobPlane) -> State:
+    """The state a unit's round starts from: fetched by digest, or regenerated at round 0 (the portable
+    genesis is the same bytes on every machine: the training state for M = 1, its round state for M > 1)."""
+    from veritrain.diloco import order_genesis
+    from veritrain.recipes import get_recipe
+
+    if work.start_state.state_digest is None:
+        return order_genesis(get_recipe(work.recipe), work.seed, work.num_shards)
+    return fetch_state(blobs, work.start_state)
+
+
+def unit_start_of(work: UnitWork, blobs: BlobPlane) -> State:
+    """A training unit's start state, the same for every replica and verifier: the round's state for
+    M = 1; for M > 1 the round's weights plus the shard's own AdamW moments from its last accepted result."""
+    from veritrain.diloco import unit_start_state
+
+    round_state = round_state_of(work, blobs)
+    if work.num_shards == 1:
+        return round_state
+    previous = None if work.previous is None else fetch_state(blobs, work.previous)
+    return unit_start_state(round_state, previous)
+
+
+def aggregate_inputs_of(work: UnitWork, blobs: BlobPlane) -> AggregateInputs:
+    """What an aggregate unit reads: the round's state, each shard's accepted result, the outer config."""
+    from veritrain.diloco import AggregateInputs
+
+    if work.outer is None or len(work.shard_results) != work.num_shards:
+        raise AgentError(f"unit {work.unit_id} is not a complete aggregate unit")
+    return AggregateInputs(
+        round_index=work.round_index,
+        round_state=round_state_of(work, blobs),
+        results=tuple(None if s is None else fetch_state(blobs, s) for s in work.shard_results),
+        config=work.outer.config(),
     )
 
 

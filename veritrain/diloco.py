@@ -19,8 +19,9 @@ The kernel API the market calls (everything else here is internal):
 - ``aggregate(AggregateInputs(...))`` — what an aggregator replica runs: the outer step plus every digest
   R9 names (``output_digest`` = the next round's start, ``inputs_commitment``, ``result_digest``).
 - ``verify_aggregate(inputs, claimed_result_digests)`` — the verifier side: recompute, compare bitwise.
-- ``inputs_commitment`` / ``aggregate_result_digest`` — the R9 formulas alone (the contract computes the
-  same from chain data; tests/fixtures/aggregate_vector.json pins them for both sides).
+- ``inputs_commitment`` / ``aggregate_result_digest`` — the R9 formulas alone (tests/fixtures/
+  aggregate_vector.json pins them; a contract that computes the commitment from chain data is future
+  work: the JobMarket v1 records the result digest, the verifier recomputes the commitment).
 
 M = 1 is not DiLoCo: there is no aggregate unit and round r+1 starts from round r's accepted final state
 (its digest anchored as the round's start), bit for bit today's sequential training.

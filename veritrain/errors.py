@@ -88,10 +88,6 @@ class OrderMismatch(InvalidInput):
     """An order's off-chain spec does not match the on-chain order it names (spec hash, units, replicas)."""
 
 
-class OuterStepNotImplemented(MarketError, NotImplementedError):
-    """Rounds with M > 1 units need the DiLoCo outer step, which is an interface only so far."""
-
-
 # --- training (recipes, datasets, proof-of-learning, unit execution) ---
 
 

@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import json
 from enum import IntEnum, StrEnum
-from typing import Annotated, Any, ClassVar, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Generic, Literal, TypeVar
 
 from eth_account import Account
 from eth_account.messages import encode_typed_data
 from eth_utils import keccak, to_checksum_address
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from veritrain.errors import InvalidSignature, ReplayedMessage
+from veritrain.errors import InvalidInput, InvalidSignature, ReplayedMessage
+
+if TYPE_CHECKING:
+    from veritrain.diloco import OuterConfig
 
 MARKET_DOMAIN_NAME = "Veritrain Market"
 DOMAIN_VERSION = "1"
@@ -29,6 +32,7 @@ MAX_REPLICAS = 5
 UINT64_MAX = 2**64 - 1
 UINT256_MAX = 2**256 - 1
 CHECKPOINTS_PER_UNIT = 4  # PoL segments per unit when the order names no checkpoint interval
+MAX_SHARDS = 1024  # shards per round an order may ask for
 
 
 def _checksum(value: str) -> str:
@@ -235,6 +239,11 @@ def verify_signed(signed: Signed[MessageT], chain_id: int) -> MessageT:
 # --- orders ----------------------------------------------------------------------------------------
 
 
+class UnitKind(StrEnum):
+    TRAIN = "train"  # H optimizer steps on one shard
+    AGGREGATE = "aggregate"  # the DiLoCo outer step over a round's accepted shard results (M > 1)
+
+
 class OrderSpec(Frozen):
     """What the buyer wants trained; its hash is the ``specHash`` of the on-chain order."""
 
@@ -252,20 +261,80 @@ class OrderSpec(Frozen):
     # PoL checkpoint interval in steps; None: CHECKPOINTS_PER_UNIT segments per unit. Part of the spec hash,
     # since replicas and verifiers must cut the transcript at the same steps.
     checkpoint_every: Annotated[int, Field(ge=1, le=10**9)] | None = None
+    # DiLoCo (DESIGN.md §3): M shards per round, each trains `unit_steps` inner steps on its own slice of
+    # the data; an aggregate unit applies the outer step. `total_steps` counts the steps of each shard.
+    # shard_quorum None: the round waits for all M shards; q: it proceeds once q are accepted and the
+    # others failed (never fewer than the aggregation rule can take). M = 1 is sequential training and
+    # takes none of the outer fields.
+    shards: Annotated[int, Field(ge=1, le=MAX_SHARDS)] = 1
+    shard_quorum: Annotated[int, Field(ge=1, le=MAX_SHARDS)] | None = None
+    outer_aggregation: Literal["mean", "trimmed_mean", "median"] = "mean"
+    outer_trim: Annotated[int, Field(ge=0, le=MAX_SHARDS)] = 0
+    outer_lr: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 0.7
+    outer_momentum: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)] = 0.9
+
+    @model_validator(mode="after")
+    def _diloco_fields(self) -> OrderSpec:
+        if self.shards == 1:
+            if any(getattr(self, name) != default for name, default in _DILOCO_DEFAULTS.items()):
+                raise ValueError("shard_quorum and the outer_* fields need shards >= 2")
+            return self
+        try:
+            config = self.outer_config()
+        except InvalidInput as exc:
+            raise ValueError(str(exc)) from exc
+        if not config.min_shards <= self.quorum <= self.shards:
+            raise ValueError(
+                f"shard_quorum must be in {config.min_shards}..{self.shards} "
+                f"({self.outer_aggregation} with trim {self.outer_trim}), got {self.shard_quorum}"
+            )
+        return self
+
+    @property
+    def rounds(self) -> int:
+        """Rounds of the order; the last one may be shorter."""
+        return -(-self.total_steps // self.unit_steps)
+
+    @property
+    def quorum(self) -> int:
+        """Accepted shards a round needs before its aggregate unit runs (M when the order waits for all)."""
+        return self.shards if self.shard_quorum is None else self.shard_quorum
 
     @property
     def unit_count(self) -> int:
-        """Units the order needs (one per round while M = 1); the last unit may be shorter."""
-        return -(-self.total_steps // self.unit_steps)
+        """Units the order escrows: one per round for M = 1; M training units plus one aggregate unit per
+        round for M > 1."""
+        return self.rounds if self.shards == 1 else self.rounds * (self.shards + 1)
+
+    def outer_config(self) -> OuterConfig:
+        """The order's outer optimizer as the DiLoCo kernel takes it."""
+        from veritrain.diloco import OuterConfig
+
+        return OuterConfig(self.outer_aggregation, self.outer_trim, self.outer_lr, self.outer_momentum)
 
     def spec_hash(self) -> str:
-        """keccak256 of the canonical JSON (sorted keys, no spaces) of the spec."""
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        """keccak256 of the canonical JSON (sorted keys, no spaces) of the spec. An M = 1 spec leaves the
+        DiLoCo fields out (they are all at their defaults), so its hash is what it was before they existed."""
+        fields = self.model_dump(mode="json")
+        if self.shards == 1:
+            for name in _DILOCO_DEFAULTS:
+                fields.pop(name)
+        canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return "0x" + keccak(canonical.encode()).hex()
 
     def checkpoint_every_for(self, unit_steps: int) -> int:
         """The checkpoint interval of a unit of ``unit_steps`` steps (never longer than the unit)."""
         return min(unit_steps, self.checkpoint_every or default_checkpoint_every(unit_steps))
+
+
+_DILOCO_DEFAULTS: dict[str, Any] = {
+    "shards": 1,
+    "shard_quorum": None,
+    "outer_aggregation": "mean",
+    "outer_trim": 0,
+    "outer_lr": 0.7,
+    "outer_momentum": 0.9,
+}
 
 
 def default_checkpoint_every(steps: int) -> int:
@@ -298,6 +367,8 @@ class UnitStatus(Frozen):
     chain_unit_id: int | None
     providers: tuple[str, ...]
     accepted_state_digest: str | None
+    shard: int = 0
+    kind: UnitKind = UnitKind.TRAIN
 
 
 OrderStatus.model_rebuild()
@@ -328,8 +399,29 @@ class StateSource(Frozen):
     holders: tuple[str, ...] = ()
 
 
+class OuterFields(Frozen):
+    """The order's outer optimizer, as an aggregate unit is told it."""
+
+    aggregation: Literal["mean", "trimmed_mean", "median"]
+    trim: Annotated[int, Field(ge=0, le=MAX_SHARDS)]
+    lr: float
+    momentum: float
+
+    def config(self) -> OuterConfig:
+        from veritrain.diloco import OuterConfig
+
+        return OuterConfig(self.aggregation, self.trim, self.lr, self.momentum)
+
+
 class UnitWork(Frozen):
-    """Everything needed to (re-)execute a unit: a provider trains it, a verifier replays its segments."""
+    """Everything needed to (re-)execute a unit: a provider trains it, a verifier replays its segments.
+
+    M = 1: ``start_state`` is the unit's start (None: the recipe's portable genesis). M > 1: it is the
+    round's state (θ_r, outer momentum; None: the genesis round state); a training unit starts from it
+    plus ``previous``, its shard's last accepted result (None: fresh AdamW moments); an aggregate unit
+    reads ``shard_results`` (per shard its accepted result this round, None for a shard left out under
+    the quorum) and applies ``outer``.
+    """
 
     unit_id: int
     order_id: int
@@ -343,6 +435,10 @@ class UnitWork(Frozen):
     checkpoint_every: Annotated[int, Field(ge=1)]
     num_shards: Annotated[int, Field(ge=1, le=2**16)]  # units per round (M); the data is cut in M slices
     start_state: StateSource
+    kind: UnitKind = UnitKind.TRAIN
+    previous: StateSource | None = None
+    shard_results: tuple[StateSource | None, ...] = Field(default=(), max_length=MAX_SHARDS)
+    outer: OuterFields | None = None
 
 
 class Assignment(UnitWork):
@@ -433,8 +529,9 @@ class Ack(Frozen):
 # --- replay defence -------------------------------------------------------------------------------
 
 
-def require_fresh(last_nonce: int | None, last_timestamp: int | None, nonce: int, timestamp: int, now: int,
-                  max_skew_s: int) -> None:
+def require_fresh(
+    last_nonce: int | None, last_timestamp: int | None, nonce: int, timestamp: int, now: int, max_skew_s: int
+) -> None:
     """Replay defence: nonce and timestamp strictly/weakly increase per agent and the clock is near ours."""
     if abs(timestamp - now) > max_skew_s:
         raise ReplayedMessage(f"timestamp {timestamp} is more than {max_skew_s}s from the market clock {now}")
@@ -461,6 +558,7 @@ __all__ = [
     "OrderRequest",
     "OrderSpec",
     "OrderStatus",
+    "OuterFields",
     "Progress",
     "Registration",
     "ReplicaOutcome",
@@ -468,6 +566,7 @@ __all__ = [
     "RevealSubmission",
     "Signed",
     "StateSource",
+    "UnitKind",
     "UnitStatus",
     "VerdictSubmission",
     "VerificationJobView",

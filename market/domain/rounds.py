@@ -1,30 +1,33 @@
-"""Rounds and the outer-step seam: how accepted unit results become the next round's start state.
+"""Rounds: which units a round runs, when it may close, and what its next start state is. Pure, no IO.
 
-M = 1 (plain sequential training) is a pass-through: the accepted state is the next start state. M > 1
-is DiLoCo (each unit trains on its own shard; the accepted pseudo-gradients are averaged and an outer
-Nesterov step is applied). That needs the tensors, so it runs in an agent, not here; the interface is
-present so the round logic does not change when it lands.
+M = 1 (sequential training): one training unit per round; its accepted state is the next round's start.
+M > 1 (DiLoCo, DESIGN.md §3): M training units, one per shard, then one **aggregate unit** over the
+accepted shard results; the aggregate's accepted output is the next round's start. A shard whose unit
+failed is re-assigned (a new attempt under a new unit key); with a shard quorum q < M the round goes on
+without it once q shards are accepted. A round never closes on a unit that is not accepted.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
-from veritrain.errors import MarketError, OuterStepNotImplemented
-from veritrain.messages import OrderSpec
+from market.domain.states import UnitState
+from veritrain.errors import MarketError
+from veritrain.messages import OrderSpec, UnitKind
 
 
 @dataclass(frozen=True, slots=True)
 class UnitPlan:
-    """One unit of a round: run ``steps`` optimizer steps from ``start_step`` on data shard ``shard``."""
+    """One unit of a round: run ``steps`` optimizer steps from ``start_step`` on data shard ``shard``; an
+    aggregate unit runs no optimizer steps (``steps`` 0) and takes the shard number M."""
 
     round_index: int
     shard: int
     start_step: int
     steps: int
+    kind: UnitKind = UnitKind.TRAIN
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,66 +39,52 @@ class AcceptedReplica:
     state_digest: str
 
 
-class OuterStep(Protocol):
-    """Turns the accepted results of round ``round_index`` into the next round's start state digest."""
+@dataclass(frozen=True, slots=True)
+class RoundDecision:
+    """What a round of an M > 1 order needs next: shards to re-assign, or the accepted shards to aggregate
+    over (None while the round still waits for units in flight)."""
 
-    units_per_round: int
-
-    def next_state(
-        self, round_index: int, start_state: str | None, accepted_by_unit: Sequence[Sequence[AcceptedReplica]]
-    ) -> str: ...
-
-
-class PassThroughOuterStep:
-    """M = 1: the round's single accepted state is the next start state (the majority digest if the
-    accepted replicas disagree within tolerance, ties broken by assignment order)."""
-
-    units_per_round = 1
-
-    def next_state(
-        self, round_index: int, start_state: str | None, accepted_by_unit: Sequence[Sequence[AcceptedReplica]]
-    ) -> str:
-        if len(accepted_by_unit) != 1:
-            raise MarketError(f"round {round_index}: M = 1 expects one unit, got {len(accepted_by_unit)}")
-        accepted = accepted_by_unit[0]
-        if not accepted:
-            raise MarketError(f"round {round_index}: no accepted replica to take the state from")
-        counts = Counter(replica.state_digest for replica in accepted)
-        best = max(counts.values())
-        return next(r.state_digest for r in accepted if counts[r.state_digest] == best)
+    retry: tuple[int, ...] = ()
+    aggregate_over: tuple[int, ...] | None = None
 
 
-class DiLoCoOuterStep:
-    """M > 1: average pseudo-gradients of the accepted shards and apply an outer Nesterov step."""
-
-    def __init__(self, units_per_round: int, outer_lr: float = 0.7, momentum: float = 0.9) -> None:
-        if units_per_round < 2:
-            raise ValueError("DiLoCo needs at least two units per round")
-        self.units_per_round = units_per_round
-        self.outer_lr = outer_lr
-        self.momentum = momentum
-
-    def next_state(
-        self, round_index: int, start_state: str | None, accepted_by_unit: Sequence[Sequence[AcceptedReplica]]
-    ) -> str:
-        raise OuterStepNotImplemented(
-            f"round {round_index}: the DiLoCo outer step (M = {self.units_per_round}) is not "
-            "implemented yet; orders run with M = 1"
-        )
-
-
-def outer_step_for(units_per_round: int) -> OuterStep:
-    return PassThroughOuterStep() if units_per_round == 1 else DiLoCoOuterStep(units_per_round)
-
-
-def plan_round(spec: OrderSpec, round_index: int, units_per_round: int = 1) -> list[UnitPlan]:
-    """Units of one round: each runs ``unit_steps`` from the round's first step on its own shard."""
-    if not 0 <= round_index < rounds_in(spec):
-        raise MarketError(f"round {round_index} is outside the order's {rounds_in(spec)} rounds")
+def plan_round(spec: OrderSpec, round_index: int) -> list[UnitPlan]:
+    """The training units of one round: each runs ``unit_steps`` from the round's first step on its shard."""
+    if not 0 <= round_index < spec.rounds:
+        raise MarketError(f"round {round_index} is outside the order's {spec.rounds} rounds")
     start = round_index * spec.unit_steps
     steps = min(spec.unit_steps, spec.total_steps - start)
-    return [UnitPlan(round_index, shard, start, steps) for shard in range(units_per_round)]
+    return [UnitPlan(round_index, shard, start, steps) for shard in range(spec.shards)]
 
 
-def rounds_in(spec: OrderSpec) -> int:
-    return spec.unit_count
+def plan_aggregate(spec: OrderSpec, round_index: int) -> UnitPlan:
+    """The aggregate unit of a round of an M > 1 order (shard number M keeps its unit key apart)."""
+    if spec.shards < 2:
+        raise MarketError("only an order with M >= 2 shards has aggregate units")
+    end = min((round_index + 1) * spec.unit_steps, spec.total_steps)
+    return UnitPlan(round_index, spec.shards, end, 0, UnitKind.AGGREGATE)
+
+
+def decide_shards(spec: OrderSpec, latest: Mapping[int, UnitState]) -> RoundDecision:
+    """Given the state of each training shard's latest attempt, re-assign failed shards while the quorum
+    still needs them; once every shard is settled and at least the quorum is accepted, aggregate."""
+    if set(latest) != set(range(spec.shards)):
+        raise MarketError(f"a round of {spec.shards} shards has units for shards {sorted(latest)}")
+    accepted = tuple(s for s in sorted(latest) if latest[s] == UnitState.ACCEPTED)
+    failed = tuple(s for s in sorted(latest) if latest[s] == UnitState.FAILED)
+    if len(accepted) < spec.quorum and failed:
+        return RoundDecision(retry=failed)
+    if len(accepted) + len(failed) < spec.shards:
+        return RoundDecision()  # units in flight: a round never cuts a running unit
+    return RoundDecision(aggregate_over=accepted)
+
+
+def next_state(round_index: int, accepted: Sequence[AcceptedReplica]) -> str:
+    """The state a round's closing unit (M = 1: its training unit; M > 1: its aggregate unit) hands to the
+    next round: the accepted replicas' state (the majority digest if accepted replicas of a training unit
+    disagree within tolerance, ties broken by assignment order)."""
+    if not accepted:
+        raise MarketError(f"round {round_index}: no accepted replica to take the state from")
+    counts = Counter(replica.state_digest for replica in accepted)
+    best = max(counts.values())
+    return next(r.state_digest for r in accepted if counts[r.state_digest] == best)

@@ -635,3 +635,155 @@ def test_matching_settling_and_advancing_are_triggered_when_work_appears(
     asked.clear()
     assert service.orders.advance_orders() == 1  # round 1 opens
     assert asked == ["match(refresh=False)"]
+
+
+def _run_proposed_units(
+    client: TestClient,
+    service: MarketService,
+    keys: dict[str, Any],
+    reveal: Any,
+    reveal_status: int = 200,
+    silent_shards: tuple[int, ...] = (),
+) -> dict[int, dict[str, Any]]:
+    """Drive every proposed unit (k = 1) through accept, commit and reveal; ``reveal(assignment)`` gives
+    (result digest, state digest, transcript root); the providers of ``silent_shards`` accept and then
+    never commit. Returns each unit's assignment as its provider saw it."""
+    seen: dict[int, dict[str, Any]] = {}
+    owner: dict[int, Any] = {}
+    for key in keys.values():
+        for assignment in pull(client, key):
+            if assignment["phase"] == "accept":
+                seen[assignment["unit_id"]], owner[assignment["unit_id"]] = assignment, key
+                sub = key.accept(assignment["unit_id"], assignment["chain_order_id"], assignment["unit_key"])
+                assert client.post("/assignments/accept", json=sub.model_dump(mode="json")).status_code == 200
+    drain_outbox(service)
+    salt = "0x" + "5a" * 32
+    owner = {u: key for u, key in owner.items() if seen[u]["shard"] not in silent_shards}
+    for unit_id, key in owner.items():
+        (assignment,) = [x for x in pull(client, key) if x["unit_id"] == unit_id and x["phase"] == "run"]
+        result, _, _ = reveal(assignment)
+        commit = "0x" + commitment(result, salt, key.address, assignment["chain_unit_id"]).hex()
+        deadline = key.clock.now + 600
+        message = {"unitId": assignment["chain_unit_id"], "provider": key.address, "commitment": commit}
+        signature = key.sign("Commit", {**message, "nonce": 0, "deadline": deadline})
+        body = {**message, "unit_id": unit_id, "nonce": 0, "deadline": deadline, "signature": signature}
+        del body["unitId"]
+        assert client.post("/assignments/commit", json=body).status_code == 200, body
+    for unit_id, key in owner.items():
+        result, state, root = reveal(seen[unit_id])
+        body = {"unit_id": unit_id, "provider": key.address, "result_digest": result, "salt": salt}
+        body |= {"state_digest": state, "transcript_root": root}
+        response = client.post("/assignments/reveal", json=body)
+        assert response.status_code == reveal_status, response.text
+    drain_outbox(service)
+    return seen
+
+
+def test_diloco_order_runs_m_shards_then_an_aggregate_unit_per_round(
+    client: TestClient, service: MarketService, ledger: LedgerChain, make_agent: Any, clock: Clock
+) -> None:
+    from veritrain.diloco import aggregate_result_digest
+
+    no_audit(service)
+    providers, _ = register_market(client, make_agent)
+    keys = {k.address: k for k in providers}
+    order = post_order(client, ledger, make_agent(), clock, shards=2, replicas=1)
+    assert order["rounds_total"] == 2
+    root = "0x" + "77" * 32
+
+    def shard_result(assignment: dict[str, Any]) -> tuple[str, str, str]:
+        digest = f"0x{assignment['round_index']:02x}{assignment['shard']:02x}" + "cd" * 30
+        return digest, digest, root
+
+    def aggregate_output(round_index: int) -> tuple[str, str, str]:
+        output, commitment_ = bytes([0xA0 + round_index]) * 32, bytes([0xC0 + round_index]) * 32
+        return (
+            "0x" + aggregate_result_digest(output, commitment_).hex(),
+            "0x" + output.hex(),
+            "0x" + commitment_.hex(),
+        )
+
+    for round_index in range(2):
+        service.matching.match_pending()
+        training = _run_proposed_units(client, service, keys, shard_result)
+        assert sorted((a["kind"], a["shard"], a["num_shards"]) for a in training.values()) == [
+            ("train", 0, 2),
+            ("train", 1, 2),
+        ]
+        for assignment in training.values():
+            if round_index == 0:
+                assert assignment["start_state"]["state_digest"] is None and assignment["previous"] is None
+            else:  # θ_1 from the aggregate, the inner moments from the shard's own last result
+                assert assignment["start_state"]["state_digest"] == aggregate_output(0)[1]
+                assert assignment["start_state"]["holders"]
+                assert (
+                    assignment["previous"]["state_digest"]
+                    == shard_result({**assignment, "round_index": 0})[0]
+                )
+        assert service.orders.advance_orders() == 1  # both shards accepted: the aggregate unit opens
+        service.matching.match_pending()
+        aggregate = _run_proposed_units(client, service, keys, lambda a, r=round_index: aggregate_output(r))
+        ((_, view),) = aggregate.items()
+        assert view["kind"] == "aggregate" and view["shard"] == 2 and view["outer"]["lr"] == 0.7
+        assert [s["state_digest"] for s in view["shard_results"]] == [
+            shard_result({"round_index": round_index, "shard": m})[0] for m in range(2)
+        ]
+        assert service.orders.advance_orders() == 1
+
+    final = client.get(f"/orders/{order['order_id']}").json()
+    assert final["state"] == "completed" and final["current_state_digest"] == aggregate_output(1)[1]
+    assert len(ledger.effects("UnitFinalized")) == 6
+
+
+def test_an_aggregate_reveal_that_does_not_open_its_result_is_refused(
+    client: TestClient, service: MarketService, ledger: LedgerChain, make_agent: Any, clock: Clock
+) -> None:
+    no_audit(service)
+    providers, _ = register_market(client, make_agent)
+    keys = {k.address: k for k in providers}
+    post_order(client, ledger, make_agent(), clock, shards=2, replicas=1, total_steps=20)
+    service.matching.match_pending()
+    digest = "0x" + "cd" * 32
+    _run_proposed_units(client, service, keys, lambda a: (digest, digest, "0x" + "77" * 32))
+    assert service.orders.advance_orders() == 1
+    service.matching.match_pending()
+    # result digest = state digest does not open as sha256(domain, output, inputs commitment): refused
+    (view,) = _run_proposed_units(
+        client, service, keys, lambda a: (digest, digest, "0x" + "77" * 32), reveal_status=400
+    ).values()
+    assert view["kind"] == "aggregate"
+    unit = next(u for u in service.orders.order_status(_order_id(service)).units if u.kind == "aggregate")
+    assert unit.state == "revealing"
+
+
+def test_a_shard_quorum_aggregates_without_a_failed_shard(
+    client: TestClient, service: MarketService, ledger: LedgerChain, make_agent: Any, clock: Clock
+) -> None:
+    no_audit(service)
+    providers, _ = register_market(client, make_agent)
+    keys = {k.address: k for k in providers}
+    post_order(client, ledger, make_agent(), clock, shards=3, shard_quorum=2, replicas=1, total_steps=20)
+    service.matching.match_pending()
+    digest = "0x" + "cd" * 32
+    _run_proposed_units(
+        client, service, keys, lambda a: (digest, digest, "0x" + "77" * 32), silent_shards=(1,)
+    )
+    assert service.orders.advance_orders() == 0  # shard 1 is still in its commit window
+    clock.now += 4000  # past commit + reveal + verdict windows: the silent shard's unit expires
+    for key in providers:
+        pull(client, key)
+    assert service.agents.sweep().expiring_units == 1
+    drain_outbox(service)
+    assert service.orders.advance_orders() == 1  # quorum 2 accepted, the rest failed: aggregate, no retry
+    units = service.orders.order_status(_order_id(service)).units
+    assert [(u.shard, u.kind, u.state) for u in units] == [
+        (0, "train", "accepted"),
+        (1, "train", "failed"),
+        (2, "train", "accepted"),
+        (3, "aggregate", "pending"),
+    ]
+    with service.store.transaction() as session:  # what the aggregate's replicas will be told
+        unit = service.store.get_unit(session, units[3].unit_id)
+        work = service.orders.unit_work(session, service.store.get_order(session, unit.order_id), unit)
+    assert [s and s.state_digest for s in work["shard_results"]] == [digest, None, digest]
+    assert work["kind"] == "aggregate" and work["outer"].aggregation == "mean"

@@ -6,6 +6,7 @@ import random
 from dataclasses import replace
 
 import pytest
+from pydantic import ValidationError
 
 from market.domain.matching import (
     CandidatePool,
@@ -19,9 +20,10 @@ from market.domain.pricing import FLOPS_PER_PFLOP, escrow_plan, price_for_flops,
 from market.domain.replication import Reputation, replication_factor, spot_check_drawn
 from market.domain.rounds import (
     AcceptedReplica,
-    DiLoCoOuterStep,
-    PassThroughOuterStep,
-    outer_step_for,
+    RoundDecision,
+    decide_shards,
+    next_state,
+    plan_aggregate,
     plan_round,
 )
 from market.domain.states import (
@@ -32,8 +34,9 @@ from market.domain.states import (
     advance,
     can_advance,
 )
-from veritrain.errors import IllegalTransition, OuterStepNotImplemented
-from veritrain.messages import OrderSpec
+from veritrain.diloco import OuterConfig
+from veritrain.errors import IllegalTransition, MarketError
+from veritrain.messages import OrderSpec, UnitKind
 
 
 def candidate(i: int, **overrides: object) -> ProviderCandidate:
@@ -280,24 +283,100 @@ def test_pricing_is_integer_per_pflop_and_rounds_up() -> None:
     assert isinstance(plan.total, int)
 
 
-def test_rounds_plan_and_pass_through_outer_step() -> None:
+def test_rounds_plan_and_next_state_of_sequential_training() -> None:
     order = spec()
-    assert [u.start_step for r in range(4) for u in plan_round(order, r)] == [0, 25, 50, 75]
-    step = outer_step_for(1)
-    assert isinstance(step, PassThroughOuterStep)
-    accepted = [
-        [AcceptedReplica(1, "a", "0xaa"), AcceptedReplica(1, "b", "0xbb"), AcceptedReplica(1, "c", "0xbb")]
+    assert order.rounds == 4 and order.unit_count == 4
+    assert [(u.shard, u.start_step) for r in range(4) for u in plan_round(order, r)] == [
+        (0, 0),
+        (0, 25),
+        (0, 50),
+        (0, 75),
     ]
-    assert step.next_state(0, None, accepted) == "0xbb"  # majority of accepted states
+    accepted = [
+        AcceptedReplica(1, "a", "0xaa"),
+        AcceptedReplica(1, "b", "0xbb"),
+        AcceptedReplica(1, "c", "0xbb"),
+    ]
+    assert next_state(0, accepted) == "0xbb"  # majority of accepted states
+    with pytest.raises(MarketError, match="no accepted replica"):
+        next_state(0, [])
+    with pytest.raises(MarketError, match="outside"):
+        plan_round(order, 4)
+    with pytest.raises(MarketError, match="aggregate"):
+        plan_aggregate(order, 0)
 
 
-def test_diloco_outer_step_is_an_interface_that_says_so() -> None:
-    step = outer_step_for(4)
-    assert isinstance(step, DiLoCoOuterStep) and step.units_per_round == 4
-    with pytest.raises(OuterStepNotImplemented, match="DiLoCo"):
-        step.next_state(0, None, [[AcceptedReplica(i, "p", "0x01")] for i in range(4)])
-    with pytest.raises(NotImplementedError):
-        step.next_state(0, None, [])
+def test_diloco_round_has_m_shard_units_and_one_aggregate_unit() -> None:
+    order = spec(shards=3, total_steps=90, unit_steps=25)
+    assert order.rounds == 4 and order.unit_count == 4 * 4  # 3 training + 1 aggregate per round
+    assert [(u.shard, u.start_step, u.steps) for u in plan_round(order, 3)] == [
+        (0, 75, 15),
+        (1, 75, 15),
+        (2, 75, 15),
+    ]
+    aggregate = plan_aggregate(order, 1)
+    assert (aggregate.shard, aggregate.start_step, aggregate.steps, aggregate.kind) == (
+        3,
+        50,
+        0,
+        UnitKind.AGGREGATE,
+    )
+
+
+A, F, R = UnitState.ACCEPTED, UnitState.FAILED, UnitState.COMMITTING
+
+
+def test_shards_wait_for_all_by_default_and_failed_shards_are_reassigned() -> None:
+    order = spec(shards=3)
+    assert decide_shards(order, {0: A, 1: R, 2: A}) == RoundDecision()  # a unit in flight: wait
+    assert decide_shards(order, {0: A, 1: F, 2: R}) == RoundDecision(retry=(1,))
+    assert decide_shards(order, {0: A, 1: F, 2: F}) == RoundDecision(retry=(1, 2))
+    assert decide_shards(order, {0: A, 1: A, 2: A}) == RoundDecision(aggregate_over=(0, 1, 2))
+    with pytest.raises(MarketError, match="shards"):
+        decide_shards(order, {0: A, 1: A})
+
+
+def test_shard_quorum_proceeds_without_failed_shards_once_reached() -> None:
+    order = spec(shards=3, shard_quorum=2)
+    assert decide_shards(order, {0: A, 1: F, 2: R}) == RoundDecision(retry=(1,))  # quorum not reached yet
+    assert decide_shards(order, {0: A, 1: F, 2: A}) == RoundDecision(aggregate_over=(0, 2))
+    assert decide_shards(order, {0: A, 1: A, 2: R}) == RoundDecision()  # never cuts a running unit
+    assert decide_shards(order, {0: A, 1: A, 2: F}) == RoundDecision(aggregate_over=(0, 1))
+    sequential = spec()
+    assert decide_shards(sequential, {0: F}) == RoundDecision(retry=(0,))
+    assert decide_shards(sequential, {0: A}) == RoundDecision(aggregate_over=(0,))
+
+
+def test_diloco_spec_fields_are_checked_and_hashed() -> None:
+    plain = spec()
+    assert spec(shards=1).spec_hash() == plain.spec_hash()  # M = 1 hashes as before the fields existed
+    two = spec(shards=2)
+    assert two.quorum == 2 and two.outer_config().digest() == OuterConfig().digest()
+    for change in (
+        {"outer_lr": 0.5},
+        {"outer_momentum": 0.8},
+        {"outer_aggregation": "median"},
+        {"shards": 3},
+    ):
+        assert spec(**{"shards": 2, **change}).spec_hash() != two.spec_hash()
+    assert spec(shards=5, outer_aggregation="trimmed_mean", outer_trim=1, shard_quorum=3).quorum == 3
+    for bad in (
+        {"outer_lr": 0.5},  # outer fields need M >= 2
+        {"shard_quorum": 1},
+        {"shards": 2, "shard_quorum": 3},  # more than M
+        {"shards": 4, "outer_aggregation": "trimmed_mean", "outer_trim": 1, "shard_quorum": 2},  # < 2·trim+1
+        {"shards": 2, "outer_trim": 1},  # trim without trimmed_mean
+        {"shards": 2, "outer_momentum": 1.0},
+        {"shards": 2, "outer_lr": float("nan")},
+        {"shards": 0},
+    ):
+        with pytest.raises(ValidationError):
+            spec(**bad)
+
+
+def test_escrow_covers_the_aggregate_units() -> None:
+    plan = escrow_plan(spec(shards=2), flops_per_step=4 * 10**13)
+    assert plan.units == 4 * 3 and plan.total == 12 * (3 * 3 * 10**18 + 7)
 
 
 def test_pool_keeps_unusable_providers_out_of_the_scan_and_says_why() -> None:

@@ -258,3 +258,172 @@ def test_two_diloco_rounds_of_two_shards_train(digits_dataset: Any) -> None:
         ).output_state
     assert pol.state_step(inner[0]) == 3 * steps  # the inner AdamW state kept running on its shard
     assert max(last_losses[-2:]) < min(first_losses)
+
+
+class _Blobs:
+    """A blob plane of content-addressed state blobs in memory (what agentkit's helpers fetch from)."""
+
+    def __init__(self, *states: Any) -> None:
+        from veritrain.agentkit import encode_state
+
+        self.blobs = {hashlib.sha256(encode_state(s)).hexdigest(): encode_state(s) for s in states}
+
+    def fetch_any(self, holders: list[str], digest: str) -> bytes:
+        return self.blobs[digest]
+
+
+def test_agents_derive_unit_starts_and_aggregate_inputs_from_the_assignment() -> None:
+    from veritrain import diloco, pol
+    from veritrain.agentkit import aggregate_inputs_of, unit_start_of
+    from veritrain.errors import AgentError
+    from veritrain.messages import OuterFields, StateSource, UnitKind, UnitWork
+    from veritrain.recipes import get_recipe
+
+    def source(state: Any) -> StateSource:
+        return StateSource(state_digest="0x" + pol.state_digest(state).hex(), holders=("peer",))
+
+    recipe = get_recipe("digits-mlp")
+    genesis = pol.initial_state(recipe, 5)
+    base = {"order_id": 1, "recipe": "digits-mlp", "dataset_digest": "0x" + "00" * 32, "seed": 5}
+    base |= {"start_step": 0, "checkpoint_every": 1, "num_shards": 2, "unit_id": 3}
+    round0 = UnitWork(**base, round_index=0, shard=1, steps=4, start_state=StateSource(state_digest=None))
+    assert pol.state_digest(unit_start_of(round0, _Blobs())) == pol.state_digest(genesis)
+
+    round_state = diloco.genesis_round_state(genesis)
+    moved = {name: tensor + 1 for name, tensor in genesis.items() if name.startswith("model.")}
+    previous = {**genesis, **moved, pol.STEP_KEY: genesis[pol.STEP_KEY] + 4}
+    blobs = _Blobs(round_state, previous)
+    round1 = round0.model_copy(
+        update={"round_index": 1, "start_state": source(round_state), "previous": source(previous)}
+    )
+    expected = diloco.unit_start_state(round_state, previous)
+    assert pol.state_digest(unit_start_of(round1, blobs)) == pol.state_digest(expected)
+
+    outer = OuterFields(aggregation="median", trim=0, lr=0.5, momentum=0.8)
+    work = round1.model_copy(
+        update={
+            "kind": UnitKind.AGGREGATE,
+            "previous": None,
+            "shard_results": (None, source(previous)),
+            "outer": outer,
+        }
+    )
+    inputs = aggregate_inputs_of(work, blobs)
+    assert inputs.config == diloco.OuterConfig("median", 0, 0.5, 0.8) and inputs.round_index == 1
+    assert inputs.results[0] is None and inputs.results[1] is not None
+    assert pol.state_digest(inputs.round_state) == pol.state_digest(round_state)
+    with pytest.raises(AgentError, match="aggregate"):
+        aggregate_inputs_of(work.model_copy(update={"shard_results": (None,)}), blobs)
+
+
+def _aggregate_job(start: Any, results: tuple[Any, ...]) -> tuple[dict[str, Any], Any]:
+    """The UnitWork fields of aggregate unit 9 (round 1, M = 2) over `start` and `results`, and a blob
+    plane stand-in serving those states by digest."""
+    from types import SimpleNamespace
+
+    from veritrain import pol
+    from veritrain.agentkit import encode_state
+    from veritrain.messages import OuterFields, StateSource, UnitKind
+
+    def source(state: Any) -> StateSource:
+        return StateSource(state_digest="0x" + pol.state_digest(state).hex(), holders=("peer",))
+
+    blobs = {
+        hashlib.sha256(encode_state(s)).hexdigest(): encode_state(s)
+        for s in (start, *results)
+        if s is not None
+    }
+    fields = {
+        "unit_id": 9,
+        "order_id": 1,
+        "recipe": "digits-mlp",
+        "dataset_digest": "0x" + "00" * 32,
+        "seed": 5,
+        "round_index": 1,
+        "shard": 2,
+        "start_step": 20,
+        "steps": 0,
+        "checkpoint_every": 1,
+        "num_shards": 2,
+        "start_state": source(start),
+        "kind": UnitKind.AGGREGATE,
+        "shard_results": tuple(None if r is None else source(r) for r in results),
+        "outer": OuterFields(aggregation="mean", trim=0, lr=0.7, momentum=0.9),
+    }
+    return fields, SimpleNamespace(fetch_any=lambda holders, digest: blobs[digest])
+
+
+def test_a_provider_runs_an_aggregate_unit_and_keeps_what_opens_its_result(tmp_path: Any) -> None:
+    """node.agent.ProviderAgent.aggregate: output blob stored (the next round's start), and the record's
+    state digest and root (= inputs commitment) open the result digest it will commit to."""
+    from types import SimpleNamespace
+
+    from node.agent import ProviderAgent, UnitRecord
+    from veritrain import diloco
+    from veritrain.messages import UnitWork
+
+    start, result = round_state([1.0, 2.0], [0.0, 0.5]), states({"model.w": [0.25, 1.5]})
+    fields, blobs = _aggregate_job(start, (result, None))
+    stored: dict[str, bytes] = {}
+    agent = SimpleNamespace(
+        blobs=blobs,
+        store=SimpleNamespace(put=lambda data: stored.setdefault(hashlib.sha256(data).hexdigest(), data)),
+        unit_dir=lambda unit_id: tmp_path / str(unit_id),
+    )
+    ProviderAgent.aggregate(agent, UnitWork(**fields))
+    record = UnitRecord.load(tmp_path / "9", 9)
+    expected = diloco.aggregate(diloco.AggregateInputs(1, start, (result, None), diloco.OuterConfig()))
+    assert record.result_digest == "0x" + expected.result_digest.hex() and record.salt
+    assert record.state_digest == "0x" + expected.output_digest.hex()
+    assert record.transcript_root == "0x" + expected.inputs_commitment.hex()
+    assert expected.output_digest.hex() in stored  # served to the next round's providers
+
+
+def test_the_verifier_agent_signs_outcomes_of_an_aggregate_job_from_fetched_blobs() -> None:
+    """verifier.agent.VerifierAgent.verify_aggregate: one outcome per replica in assignment order (accept,
+    fraud, fault), reasons that name the recomputed digest."""
+    from types import SimpleNamespace
+
+    from verifier.agent import VerifierAgent
+    from veritrain import diloco
+    from veritrain.messages import ReplicaResult, VerificationJobView
+
+    start, result = round_state([1.0, 2.0], [0.0, 0.5]), states({"model.w": [0.25, 1.5]})
+    fields, blobs = _aggregate_job(start, (result, result))
+    honest = diloco.aggregate(diloco.AggregateInputs(1, start, (result, result), diloco.OuterConfig()))
+    revealed = [
+        ("0x" + "a" * 40, honest.result_digest),
+        ("0x" + "b" * 40, b"\x01" * 32),
+        ("0x" + "c" * 40, None),
+    ]
+    replicas = tuple(
+        ReplicaResult(
+            provider=p,
+            result_digest=d and "0x" + d.hex(),
+            state_digest=None,
+            transcript_root=None,
+            p2p_addr="x",
+        )
+        for p, d in revealed
+    )
+    job = VerificationJobView(
+        **fields,
+        job_id=4,
+        chain_unit_id=7,
+        randomness="0x" + "11" * 32,
+        reason="spot_check",
+        replicas=replicas,
+    )
+    signed: list[tuple[tuple[int, ...], str]] = []
+    counted: list[str] = []
+    agent = SimpleNamespace(
+        blobs=blobs,
+        submit=lambda job, outcomes, reasons: signed.append((outcomes, reasons)),
+        metrics=SimpleNamespace(
+            verdicts=SimpleNamespace(labels=lambda v: SimpleNamespace(inc=lambda: counted.append(v)))
+        ),
+    )
+    VerifierAgent.verify_aggregate(agent, job)
+    ((outcomes, reasons),) = signed
+    assert outcomes == (0, 2, 1) and counted == ["accept", "fraud", "fault"]
+    assert json.loads(reasons)["expected"] == "0x" + honest.result_digest.hex()

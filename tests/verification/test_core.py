@@ -293,3 +293,24 @@ def test_tolerance_table_round_trips_and_extrapolates_linearly() -> None:
     assert restored.for_steps(16).groups["model"].rel_l2 == pytest.approx(
         2 * original.by_steps[8].groups["model"].rel_l2
     )
+
+
+def test_an_aggregate_unit_is_judged_by_bitwise_recomputation() -> None:
+    import hashlib
+
+    from verifier.core import judge_aggregate
+    from veritrain import diloco
+
+    start = {"model.w": torch.tensor([1.0, 2.0]), "outer.momentum.w": torch.tensor([0.1, 0.0])}
+    result = {"model.w": torch.tensor([0.5, 1.75])}
+    inputs = diloco.AggregateInputs(2, start, (result, None, result), diloco.OuterConfig())
+    honest = diloco.aggregate(inputs).result_digest
+    forged = diloco.aggregate_result_digest(hashlib.sha256(b"other").digest(), inputs.commitment())
+    expected, verdicts = judge_aggregate(inputs, [("a", honest), ("b", forged), ("c", None), ("d", honest)])
+    assert expected == honest
+    assert [(v.provider, v.verdict) for v in verdicts] == [
+        ("a", Verdict.ACCEPT),
+        ("b", Verdict.FRAUD),
+        ("c", Verdict.FAULT),
+        ("d", Verdict.ACCEPT),
+    ]

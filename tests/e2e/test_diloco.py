@@ -1,0 +1,238 @@
+"""DiLoCo orders (M = 2 shards) through the whole marketplace: PostgreSQL, Redis, a hardhat node, the
+market API, a Celery worker and the agents as separate processes (apps.demo).
+
+What the chain recorded is checked against an independent recomputation in the test: every round's
+aggregate unit is recomputed here from the blobs the providers serve (round state and accepted shard
+results), and its result digest must equal the one the chain finalized; the buyer's final weights must
+be the last aggregate's output.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from apps.demo import (
+    Buyer,
+    DemoConfig,
+    Marketplace,
+    UnitOutcome,
+    build_report,
+    collect_training,
+    marketplace,
+    order_money,
+    progress_printer,
+    start_stack,
+)
+from apps.procs import free_port
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.node_backend,
+    pytest.mark.torch,
+    pytest.mark.postgres,
+    pytest.mark.redis,
+    pytest.mark.timeout(600),
+]
+
+
+def _shard_unit_in_progress(market: Marketplace, buyer: Buyer, round_index: int) -> tuple[str, int] | None:
+    """(provider name, unit id) of a training unit of `round_index` whose provider's log shows steps."""
+    names = {party.address: party.name for party in market.providers()}
+    for unit in buyer.status()["units"]:
+        if (unit["round_index"], unit["kind"], unit["state"]) != (round_index, "train", "committing"):
+            continue
+        for address in unit["providers"]:
+            log = market.procs[names[address]].log_path.read_text(errors="replace")
+            if re.search(rf"unit {unit['unit_id']}: step \d+/", log):
+                return names[address], int(unit["unit_id"])
+    return None
+
+
+def anchored_digest(unit: UnitOutcome) -> str:
+    """The result digest the chain settled a unit on: finalized (fast path), or revealed by the replica a
+    verdict accepted (spot check)."""
+    (accepted,) = {
+        unit.result_digests[p] for p, o in zip(unit.providers, unit.outcomes, strict=True) if o == "accept"
+    }
+    assert unit.finalized_digest in (None, accepted)
+    return accepted
+
+
+def recompute_aggregates(
+    market: Marketplace, status: dict[str, Any], units: list[UnitOutcome]
+) -> list[tuple[str, str, str]]:
+    """Per round, as an independent verifier: (recomputed result digest, the digest the chain finalized,
+    recomputed output digest). Inputs are fetched over libp2p by the digests the market reported; their
+    content addresses make them the committed bytes."""
+    from veritrain.agentkit import BlobPlane, decode_state
+    from veritrain.blobstore import BlobStore
+    from veritrain.diloco import AggregateInputs, OuterConfig, aggregate, order_genesis
+    from veritrain.recipes import get_recipe
+
+    config = market.config
+    folder = config.work_dir / "auditor"
+    peers = [p.peer_addr for p in market.providers() if p.name not in market.killed]
+    plane = BlobPlane(BlobStore(folder / "blobs"), market.parties["buyer"].account, free_port(), folder)
+    plane.start()
+    chain = {unit.chain_unit_id: unit for unit in units}
+    found = []
+    try:
+        round_state = order_genesis(get_recipe(config.recipe), config.seed, config.shards)
+        for round_index in range(config.rounds):
+            accepted = [
+                u for u in status["units"] if u["round_index"] == round_index and u["state"] == "accepted"
+            ]
+            shards = {u["shard"]: u["accepted_state_digest"] for u in accepted if u["kind"] == "train"}
+            results = tuple(
+                decode_state(plane.fetch_any(peers, shards[m].removeprefix("0x")))
+                for m in range(config.shards)
+            )
+            recomputed = aggregate(AggregateInputs(round_index, round_state, results, OuterConfig()))
+            (closing,) = [u for u in accepted if u["kind"] == "aggregate"]
+            anchored = anchored_digest(chain[closing["chain_unit_id"]])
+            found.append(
+                ("0x" + recomputed.result_digest.hex(), anchored, "0x" + recomputed.output_digest.hex())
+            )
+            round_state = recomputed.output_state
+    finally:
+        plane.stop()
+    return found
+
+
+def test_m2_order_completes_with_a_shard_provider_killed_mid_unit(
+    fresh_postgres_url: str, redis_url: str, private_queue: str, tmp_path: Path
+) -> None:
+    # k = 1 on three providers: the provider training a round-0 shard dies mid-unit, so that attempt
+    # can be accepted for nobody; it must fail unpaid and the shard run again elsewhere, then the
+    # aggregate units close both rounds. Short chain windows so the dead attempt settles in about a minute.
+    config = DemoConfig(
+        out_dir=tmp_path,
+        providers=3,
+        dishonest=0,
+        verifiers=1,
+        replicas=1,
+        shards=2,
+        rounds=2,
+        unit_steps=60,
+        commit_window_s=40,
+        reveal_window_s=10,
+        verdict_window_s=30,
+        database_url=fresh_postgres_url,
+        broker_url=redis_url,
+        extra_env={"VERITRAIN_CELERY_QUEUE": private_queue, "VERITRAIN_HEARTBEAT_TIMEOUT_S": "5"},
+    )
+    emit = progress_printer()
+    started = time.monotonic()
+    with marketplace(config, emit) as market:
+        before = start_stack(market)
+        buyer = Buyer(market)
+        buyer.post_order()
+        victim: list[tuple[str, int]] = []
+
+        def crash_mid_unit(status: dict[str, Any]) -> None:
+            found = None if victim else _shard_unit_in_progress(market, buyer, round_index=0)
+            if found is not None:
+                market.kill(found[0])
+                victim.append(found)
+                emit(f"test: SIGKILLed {found[0]} while it trained unit {found[1]}")
+
+        buyer.wait_completed(started + 480, on_tick=crash_mid_unit)
+        assert victim, "no provider was caught mid-unit"
+        status = buyer.status()
+        buyer.close(started + 500)
+        market.withdraw_all_credits()
+        after = market.holdings()
+        _, checks = build_report(market, buyer, before, after, None, started)
+        money, units = order_money(market.events(buyer.posted_block), buyer.chain_order_id)
+        audited = recompute_aggregates(market, status, units)
+        training = collect_training(market, units, status, tmp_path)
+        killed = market.parties[victim[0][0]].address
+
+    # Every round closed on its aggregate unit, whose digest on chain is the one recomputed here.
+    assert len(audited) == config.rounds
+    for recomputed, anchored, _ in audited:
+        assert recomputed == anchored
+    assert status["current_state_digest"] == audited[-1][2] == training.final_state_digest
+    # The victim's attempt settled unpaid; its shard ran again, on another provider.
+    (dead,) = [u for u in status["units"] if u["unit_id"] == victim[0][1]]
+    retry = [
+        u
+        for u in status["units"]
+        if (u["round_index"], u["kind"], u["shard"], u["attempt"]) == (0, "train", dead["shard"], 1)
+    ]
+    assert dead["state"] == "failed" and len(retry) == 1 and retry[0]["state"] == "accepted"
+    assert killed not in retry[0]["providers"]
+    accepted = [u for u in units if "accept" in u.outcomes]
+    assert len(accepted) == config.rounds * (config.shards + 1)
+    assert money.payouts.get(killed, 0) == sum(1 for u in accepted if u.providers == [killed]) * (
+        money.payouts_total // len(accepted)
+    )
+    assert money.deposit == money.payouts_total + money.verdict_fees + money.refund
+    for name in ("escrow_balanced", "providers_paid_exactly", "parties_conserved", "supply_conserved"):
+        assert checks.results[name], (name, checks.details.get(name))
+
+
+# Honest CPU configurations that change the bits of training (DESIGN.md §4.6): the vector path, the thread
+# count (part of the hardware class) and MKL's conditional-numerical-reproducibility mode.
+CPU_CONFIGURATIONS = (
+    {},
+    {"ATEN_CPU_CAPABILITY": "default"},
+    {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"},
+    {"MKL_CBWR": "COMPATIBLE"},
+)
+
+
+def test_honest_providers_on_different_cpu_configurations_are_all_paid(
+    fresh_postgres_url: str, redis_url: str, private_queue: str, tmp_path: Path
+) -> None:
+    # k = 2 on four providers in four CPU configurations: replicas of one unit may disagree in the last
+    # bits (the verifier settles that within the calibrated tolerance), aggregate replicas never do.
+    config = DemoConfig(
+        out_dir=tmp_path,
+        providers=len(CPU_CONFIGURATIONS),
+        dishonest=0,
+        verifiers=1,
+        replicas=2,
+        shards=2,
+        rounds=2,
+        unit_steps=40,
+        database_url=fresh_postgres_url,
+        broker_url=redis_url,
+        extra_env={"VERITRAIN_CELERY_QUEUE": private_queue},
+        provider_env=CPU_CONFIGURATIONS,
+    )
+    emit = progress_printer()
+    started = time.monotonic()
+    with marketplace(config, emit) as market:
+        before = start_stack(market)
+        buyer = Buyer(market)
+        buyer.post_order()
+        buyer.wait_completed(started + 480)
+        status = buyer.status()
+        buyer.close(started + 500)
+        market.withdraw_all_credits()
+        after = market.holdings()
+        report, checks = build_report(market, buyer, before, after, None, started)
+        money, units = order_money(market.events(buyer.posted_block), buyer.chain_order_id)
+        audited = recompute_aggregates(market, status, units)
+        classes = {
+            party.name: re.findall(r"class (\S+)", market.procs[party.name].log_path.read_text())[:1]
+            for party in market.providers()
+        }
+
+    emit(f"test: hardware classes {classes}")
+    assert len({tuple(c) for c in classes.values()}) == len(CPU_CONFIGURATIONS)  # four distinct classes
+    outcomes = [outcome for unit in units for outcome in unit.outcomes]
+    assert outcomes.count("fault") == 0 and outcomes.count("fraud") == 0, report["units"]
+    assert len(units) == config.rounds * (config.shards + 1)  # nothing failed, nothing re-assigned
+    assert all(money.payouts.get(party.address, 0) > 0 for party in market.providers()), money.payouts
+    assert not money.slashed
+    for recomputed, anchored, _ in audited:
+        assert recomputed == anchored
+    for name in ("escrow_balanced", "providers_paid_exactly", "supply_conserved"):
+        assert checks.results[name], (name, checks.details.get(name))
