@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--out", type=Path, default=None, help="deployments JSON (default: deployments_file or <data dir>)"
+    )
+    parser.add_argument(
+        "--verifier-quorum",
+        type=int,
+        default=None,
+        help="verdict signatures a disputed unit needs (default 2; 1 for a first market with one verifier)",
     )
     existing = parser.add_mutually_exclusive_group()
     existing.add_argument("--force", action="store_true", help="replace an existing deployments file")
@@ -66,6 +73,7 @@ def deploy(args: argparse.Namespace) -> dict[str, Any]:
     """Check the chain and the keys, deploy, write the file; returns the deployment with its file path."""
     from veritrain.chain.backends import RpcBackend, dev_accounts
     from veritrain.chain.client import ChainClient
+    from veritrain.chain.deployment import MarketParams
     from veritrain.chain.errors import WrongChainId
     from veritrain.errors import ConfigError, KeystoreError
     from veritrain.keys import load_signer
@@ -94,5 +102,10 @@ def deploy(args: argparse.Namespace) -> dict[str, Any]:
         print(f"no --keystore: deploying with hardhat's public development account {deployer.address}")
     else:
         raise KeystoreError(f"chain {backend.chain_id} is not a local hardhat node: give --keystore")
-    client = ChainClient.deploy(backend, deployer, operator=args.operator, save_to=out)
+    params = MarketParams()
+    if args.verifier_quorum is not None:
+        if args.verifier_quorum < 1:
+            raise ConfigError("--verifier-quorum must be at least 1")
+        params = replace(params, verifier_quorum=args.verifier_quorum)
+    client = ChainClient.deploy(backend, deployer, operator=args.operator, params=params, save_to=out)
     return {**client.deployment.to_dict(), "file": str(out)}

@@ -25,10 +25,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from apps.buyer import TrainingResult, UnitOutcome, order_money
+from apps.buyer import collect_training as collect_training_from
 from apps.demo_report import (
     Checks,
     Holdings,
-    OrderMoney,
     conservation_checks,
     write_loss_curve,
     write_report,
@@ -484,72 +485,6 @@ class Marketplace:
                 client.withdraw_credit_with_sig(party.account, signed, relayer=relayer)
 
 
-@dataclass
-class UnitOutcome:
-    """One on-chain unit of the order, as the chain settled it."""
-
-    chain_unit_id: int
-    providers: list[str]
-    verifiers: list[str]
-    settlement: str = "open"
-    outcomes: list[str] = field(default_factory=list)
-    result_digests: dict[str, str] = field(default_factory=dict)
-    slashed: dict[str, int] = field(default_factory=dict)
-    signing_verifiers: list[str] = field(default_factory=list)
-    finalized_digest: str | None = None  # the resultDigest the chain recorded on the fast path
-
-
-OUTCOME_NAMES = {0: "accept", 1: "fault", 2: "fraud"}
-
-
-def order_money(events: list[Event], order_id: int) -> tuple[OrderMoney, list[UnitOutcome]]:
-    """Where one order's escrow went, from its JobMarket events alone (no market database involved)."""
-    deposit = refund = price = fee = verdict_fees = 0
-    units: dict[int, UnitOutcome] = {}
-    payouts: dict[str, int] = {}
-    slashed: dict[str, int] = {}
-    for event in events:
-        args = event.args
-        if event.name == "OrderPosted" and int(args["orderId"]) == order_id:
-            deposit, price, fee = (
-                int(args["escrow"]),
-                int(args["pricePerReplica"]),
-                int(args["verifierFeePerUnit"]),
-            )
-        elif event.name == "OrderClosed" and int(args["orderId"]) == order_id:
-            refund = int(args["refund"])
-        elif event.name == "UnitAssigned" and int(args["orderId"]) == order_id:
-            unit_id = int(args["unitId"])
-            units[unit_id] = UnitOutcome(unit_id, list(args["providers"]), list(args["verifiers"]))
-        elif "unitId" in args and int(args["unitId"]) in units:
-            unit = units[int(args["unitId"])]
-            if event.name == "ReplicaRevealed":
-                unit.result_digests[str(args["provider"])] = _hex(args["resultDigest"])
-            elif event.name == "UnitFinalized":
-                unit.settlement, unit.outcomes = "finalized (fast path)", ["accept"] * len(unit.providers)
-                unit.finalized_digest = _hex(args["resultDigest"]) if "resultDigest" in args else None
-                for provider in unit.providers:
-                    payouts[provider] = payouts.get(provider, 0) + price
-            elif event.name == "UnitExpired":
-                unit.settlement, unit.outcomes = "expired", ["none"] * len(unit.providers)
-            elif event.name == "ReplicaSlashed":
-                provider, amount = str(args["provider"]), int(args["amount"])
-                unit.slashed[provider] = amount
-                slashed[provider] = slashed.get(provider, 0) + amount
-            elif event.name == "VerdictRecorded":
-                outcomes = [int(o) for o in args["outcomes"]]
-                unit.settlement, unit.outcomes = "verdict", [OUTCOME_NAMES[o] for o in outcomes]
-                unit.signing_verifiers = [str(v) for v in args["verifiers"]]
-                verdict_fees += fee
-                for provider, outcome in zip(unit.providers, outcomes, strict=True):
-                    if outcome == 0:
-                        payouts[provider] = payouts.get(provider, 0) + price
-    money = OrderMoney(
-        deposit=deposit, payouts=payouts, verdict_fees=verdict_fees, refund=refund, slashed=slashed
-    )
-    return money, [units[key] for key in sorted(units)]
-
-
 def _rpc_ok(url: str) -> bool:
     from veritrain.chain.backends import RpcBackend
     from veritrain.chain.errors import RpcUnavailable
@@ -558,10 +493,6 @@ def _rpc_ok(url: str) -> bool:
         return RpcBackend(url, timeout=1.0).chain_id > 0
     except RpcUnavailable:
         return False
-
-
-def _hex(value: Any) -> str:
-    return "0x" + bytes(value).hex() if isinstance(value, bytes | bytearray) else str(value)
 
 
 class Buyer:
@@ -575,19 +506,18 @@ class Buyer:
         self.posted_block = 0
 
     def post_order(self) -> None:
-        """Escrow the order on chain at the max price, then register its spec with the market."""
-        from market.domain.pricing import escrow_plan
+        """Escrow the order on chain at the max price (by permit), then register its spec with the market."""
+        from apps.buyer import escrow_for, post_order
+        from veritrain.api_client import MarketRefused
         from veritrain.datasets import load_dataset
-        from veritrain.messages import OrderRequest, OrderSpec
+        from veritrain.messages import OrderSpec
         from veritrain.recipes import get_recipe
 
         config, client = self.market.config, self.market.client
-        recipe = get_recipe(config.recipe)
-        dataset = load_dataset(recipe.dataset)
         spec = OrderSpec(
             buyer=self.party.address,
             recipe=config.recipe,
-            dataset_digest="0x" + dataset.digest_hex,
+            dataset_digest="0x" + load_dataset(get_recipe(config.recipe).dataset).digest_hex,
             total_steps=config.rounds * config.unit_steps,
             unit_steps=config.unit_steps,
             replicas=config.replicas,
@@ -597,26 +527,13 @@ class Buyer:
             verifier_fee_per_unit=VERIFIER_FEE_PER_UNIT,
             deadline=client.now() + 3600,
         )
-        plan = escrow_plan(spec, recipe.flops_per_step())
-        self.posted_block = int(client.w3.eth.block_number)
-        client.approve(self.party.account, client.deployment.job_market, plan.total)
-        self.chain_order_id, _ = client.post_order(
-            self.party.account,
-            spec.spec_hash(),
-            plan.units,
-            plan.replicas,
-            plan.price_per_replica,
-            plan.verifier_fee_per_unit,
-            spec.deadline,
-        )
-        from veritrain.api_client import MarketClient, MarketRefused
-
+        plan = escrow_for(spec)
         try:
-            with MarketClient(self.market.market_url, timeout=30) as api:
-                status = api.post_order(OrderRequest(spec=spec, chain_order_id=self.chain_order_id))
+            posted = post_order(client, self.party.account, spec, plan, self.market.market_url)
         except MarketRefused as err:
             raise DemoCheckFailed(f"the market refused the order: {err}") from err
-        self.order_id = status.order_id
+        self.chain_order_id, self.order_id = posted.chain_order_id, posted.market_order_id
+        self.posted_block = posted.posted_block
         self.market.emit(
             f"buyer: order {self.chain_order_id} posted — {config.recipe}, {config.rounds} rounds x "
             f"{config.shards} shard(s) x {config.unit_steps} steps, k = {config.replicas}, "
@@ -665,26 +582,9 @@ class Buyer:
 
     def close(self, deadline: float) -> None:
         """Close the order (its leftover escrow becomes the buyer's credit); waits for settlements to land."""
-        from veritrain.chain.errors import UnitsStillOpen
+        from apps.buyer import close_order
 
-        while True:
-            try:
-                self.market.client.close_order(self.chain_order_id, sender=self.party.account)
-                return
-            except UnitsStillOpen:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(POLL_S)
-
-
-@dataclass
-class TrainingResult:
-    """The verified training: per accepted unit its losses, and the final state's model weights."""
-
-    losses: list[float]
-    round_boundaries: list[int]
-    final_state_digest: str
-    weights_path: Path
+        close_order(self.market.client, self.chain_order_id, self.party.account, deadline - time.monotonic())
 
 
 def _unit_label(unit: dict[str, Any]) -> str:
@@ -696,71 +596,27 @@ def _unit_label(unit: dict[str, Any]) -> str:
 def collect_training(
     market: Marketplace, units: list[UnitOutcome], status: dict[str, Any], out_dir: Path
 ) -> TrainingResult:
-    """Fetch each accepted training unit's PoL manifest and the order's final state (the last accepted
-    unit's state; for M > 1 the last aggregate unit's output) from the providers over libp2p."""
-    from safetensors.torch import save_file
-
-    from veritrain.agentkit import BlobPlane, decode_state
+    """Fetch the verified results from the providers over libp2p (apps.buyer.collect_training): each
+    training unit's PoL manifest and the order's final state (for M > 1 the last aggregate's output)."""
+    from veritrain.agentkit import BlobPlane
     from veritrain.blobstore import BlobStore
-    from veritrain.pol import state_digest
 
-    buyer = market.parties["buyer"]
     folder = market.config.work_dir / "buyer"
     peers = {party.address: party.peer_addr for party in market.providers()}
-    aggregates = {u["chain_unit_id"] for u in status["units"] if u["kind"] == "aggregate"}
-    final_digest = str(status["current_state_digest"])
-    plane = BlobPlane(BlobStore(folder / "blobs"), buyer.account, free_port(), folder)
+    plane = BlobPlane(BlobStore(folder / "blobs"), market.parties["buyer"].account, free_port(), folder)
     plane.start()
     try:
-        losses: list[float] = []
-        boundaries: list[int] = []
-        holders: list[str] = []
-        for unit in units:
-            accepted = [p for p, o in zip(unit.providers, unit.outcomes, strict=True) if o == "accept"]
-            if not accepted:
-                continue
-            holders = [peers[p] for p in accepted] + [a for a in peers.values() if a not in holders]
-            if unit.chain_unit_id in aggregates:
-                continue
-            manifest = _fetch_manifest(plane, accepted, unit, peers)
-            boundaries.append(len(losses))
-            losses.extend(float(loss) for loss in manifest.transcript["losses"])
-        if not losses:
-            raise DemoCheckFailed("no training unit of the order was accepted")
-        state = decode_state(plane.fetch_any(holders, final_digest.removeprefix("0x")))
+        return collect_training_from(
+            plane,
+            units,
+            peers,
+            out_dir / "final-weights.safetensors",
+            recipe=market.config.recipe,
+            final_digest=str(status["current_state_digest"]),
+            aggregates=frozenset(u["chain_unit_id"] for u in status["units"] if u["kind"] == "aggregate"),
+        )
     finally:
         plane.stop()
-    if "0x" + state_digest(state).hex() != final_digest:
-        raise DemoCheckFailed(f"the final state served is not {final_digest}")
-    weights = {
-        name.removeprefix("model."): tensor.contiguous()
-        for name, tensor in state.items()
-        if name.startswith("model.")
-    }
-    weights_path = out_dir / "final-weights.safetensors"
-    save_file(
-        weights, str(weights_path), metadata={"state_digest": final_digest, "recipe": market.config.recipe}
-    )
-    return TrainingResult(losses, boundaries[1:], final_digest, weights_path)
-
-
-def _fetch_manifest(plane: Any, accepted: list[str], unit: UnitOutcome, peers: dict[str, str]) -> Any:
-    from veritrain.agentkit import UnitManifest
-
-    errors = []
-    for provider in accepted:
-        try:
-            result = unit.result_digests[provider]
-            manifest = UnitManifest.from_bytes(
-                plane.fetch(peers[provider], plane.lookup_manifest(peers[provider], result))
-            )
-        except (VeritrainError, KeyError) as err:
-            errors.append(f"{provider}: {err}")
-            continue
-        if manifest.result_digest == result:
-            return manifest
-        errors.append(f"{provider}: manifest of another result")
-    raise DemoCheckFailed(f"unit {unit.chain_unit_id}: no accepted replica served its PoL manifest: {errors}")
 
 
 def start_stack(market: Marketplace) -> Holdings:

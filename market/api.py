@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from market.dashboard import DASHBOARD_HTML, dashboard_state
 from market.metrics import market_registry
+from market.results import order_peers
 from market.service import MarketService
 from veritrain.errors import (
     IllegalTransition,
@@ -38,6 +39,7 @@ from veritrain.messages import (
     Heartbeat,
     HeartbeatReply,
     Offer,
+    OrderPeers,
     OrderRequest,
     OrderStatus,
     Progress,
@@ -169,5 +171,10 @@ def create_app(service: MarketService) -> FastAPI:
     @app.get("/orders/{order_id}", responses=_ERRORS)
     def order_status(order_id: Annotated[int, FastApiPath(ge=1, le=2**63 - 1)]) -> OrderStatus:
         return service.orders.order_status(order_id)
+
+    @app.get("/orders/{order_id}/peers", responses=_ERRORS)
+    def peers_of_order(order_id: Annotated[int, FastApiPath(ge=1, le=2**63 - 1)]) -> OrderPeers:
+        """Where the order's results can be fetched (the buyer checks what it fetches against the chain)."""
+        return order_peers(service, order_id)
 
     return app

@@ -23,6 +23,7 @@ from veritrain.messages import (
     Heartbeat,
     HeartbeatReply,
     Offer,
+    OrderPeers,
     OrderRequest,
     OrderStatus,
     Progress,
@@ -64,8 +65,14 @@ class MarketClient:
         self.close()
 
     def _call(self, method: str, path: str, reply: type[ReplyT], body: BaseModel | None = None) -> ReplyT:
+        return reply.model_validate(self._json(method, path, body))
+
+    def _json(self, method: str, path: str, body: BaseModel | None = None) -> Any:
         payload: Any = body.model_dump(mode="json") if body is not None else None
-        response = self.http.request(method, path, json=payload)
+        try:
+            response = self.http.request(method, path, json=payload)
+        except httpx.TransportError as err:
+            raise MarketError(f"market at {self.http.base_url} unreachable: {err}") from err
         if response.status_code >= 400:
             try:
                 data = response.json()
@@ -74,7 +81,7 @@ class MarketClient:
             error = data.get("error", "HTTPError") if isinstance(data, dict) else "HTTPError"
             detail = data.get("detail", response.text) if isinstance(data, dict) else response.text
             raise MarketRefused(response.status_code, str(error), str(detail))
-        return reply.model_validate(response.json())
+        return response.json()
 
     def register(self, signed: Signed[Registration]) -> AgentInfo:
         return self._call("POST", "/agents/register", AgentInfo, signed)
@@ -108,3 +115,13 @@ class MarketClient:
 
     def order_status(self, order_id: int) -> OrderStatus:
         return self._call("GET", f"/orders/{order_id}", OrderStatus)
+
+    def order_peers(self, order_id: int) -> OrderPeers:
+        return self._call("GET", f"/orders/{order_id}/peers", OrderPeers)
+
+    def dashboard_data(self) -> dict[str, Any]:
+        """The dashboard's public read model (latest orders with units, verdicts and loss curves)."""
+        data = self._json("GET", "/dashboard/data")
+        if not isinstance(data, dict):
+            raise MarketError("the market's /dashboard/data is not a JSON object")
+        return data

@@ -80,6 +80,10 @@ class UnderfundedOrder(InvalidInput):
     """An order's on-chain escrow does not cover its units, replicas and verifier fees at its max price."""
 
 
+class InvalidOrderSpec(InvalidInput):
+    """A buyer's order file is malformed, names an unknown field, or its deadline has passed."""
+
+
 class OrderMismatch(InvalidInput):
     """An order's off-chain spec does not match the on-chain order it names (spec hash, units, replicas)."""
 

@@ -374,6 +374,14 @@ class UnitStatus(Frozen):
 OrderStatus.model_rebuild()
 
 
+class OrderPeers(Frozen):
+    """Where the results of an order can be fetched: provider address → its libp2p multiaddr."""
+
+    order_id: int
+    chain_order_id: int
+    peers: dict[str, str]
+
+
 # --- assignments (heartbeat reply) and relayed settlement forms -------------------------------------
 
 
@@ -546,6 +554,7 @@ __all__ = [
     "Heartbeat",
     "HeartbeatReply",
     "Offer",
+    "OrderPeers",
     "OrderRequest",
     "OrderSpec",
     "OrderStatus",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from apps.demo import order_money
+from apps.buyer import order_money
 from apps.demo_report import Checks, Holdings, conservation_checks, write_loss_curve
 from veritrain.chain.tx import Event
 

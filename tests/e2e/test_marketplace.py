@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
+from apps.buyer import order_money
 from apps.demo import (
     Buyer,
     DemoConfig,
     Marketplace,
     build_report,
     marketplace,
-    order_money,
     progress_printer,
     run_demo,
     start_stack,

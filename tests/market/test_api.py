@@ -68,6 +68,10 @@ def test_two_round_order_runs_to_completion_on_the_fast_path(
     assert final["state"] == "completed" and final["rounds_accepted"] == 2
     assert final["current_state_digest"] == digests[-1]
     assert len(ledger.effects("UnitFinalized")) == 2
+    # where the buyer fetches results: the libp2p address each provider of the order announced
+    peers = client.get(f"/orders/{order['order_id']}/peers").json()["peers"]
+    ran = {p for unit in final["units"] for p in unit["providers"]}
+    assert peers == {p: f"/ip4/127.0.0.1/tcp/4001/p2p/{p}" for p in ran}
     assert len(ledger.effects("UnitAssigned")) == 2
 
 
@@ -407,6 +411,7 @@ def test_openapi_lists_every_route() -> None:
         "/verification/verdict",
         "/orders",
         "/orders/{order_id}",
+        "/orders/{order_id}/peers",
     } <= paths
 
 
@@ -457,6 +462,9 @@ def test_market_client_types_replies_and_refusals(client: TestClient, make_agent
     with pytest.raises(MarketRefused) as missing:
         market.order_status(12345)
     assert missing.value.status == 404 and "does not exist" in missing.value.detail
+    with pytest.raises(MarketRefused) as no_peers:
+        market.order_peers(12345)
+    assert no_peers.value.status == 404
 
 
 def test_a_provider_that_never_commits_becomes_a_fault_and_the_unit_still_completes(

@@ -413,6 +413,19 @@ class ChainClient:
         }
         return self._sign(owner, self.token_domain, "Permit", message)
 
+    def relay_permit(
+        self, owner: str | LocalAccount, spender: str, value: int, permit: Signed, *, relayer: LocalAccount
+    ) -> Receipt:
+        """Submit the owner's ERC-2612 permit (`sign_permit`): sets its allowance to `spender` to `value`."""
+        v, r, s = eip712.split_signature(permit.signature)
+        return self._send(
+            relayer, self.token, "permit", _address(owner), _address(spender), value, permit.deadline, v, r, s
+        )
+
+    def send_ether(self, sender: LocalAccount, to: str | LocalAccount, amount: int) -> Receipt:
+        """A plain value transfer (gas money for a new key on a development chain)."""
+        return self.transactor.send(sender, _address(to), b"", value=amount)
+
     # ------------------------------------------------------------------ StakeManager
 
     def stake(self, staker: LocalAccount, amount: int) -> Receipt:

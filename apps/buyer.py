@@ -1,0 +1,376 @@
+"""What a buyer does, once for the `veritrain order` commands and the demo: build and check an order spec,
+escrow it by permit and register it, read where its money went from chain events, and collect the verified
+result (PoL manifests and the final state) over libp2p, checked against the digests the chain settled.
+
+Why here and not in a role: the buyer is not a market, provider or verifier; it is an application on top
+of the kernel (chain client, market HTTP client, blob plane) and reuses the market's escrow rule so the
+escrow it shows and signs is exactly what the market checks.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import time
+import tomllib
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from apps.demo_report import OrderMoney
+from veritrain.errors import DigestMismatch, InvalidOrderSpec, UnderfundedOrder, VeritrainError
+
+if TYPE_CHECKING:
+    from eth_account.signers.local import LocalAccount
+
+    from market.domain.pricing import EscrowPlan
+    from veritrain.agentkit import BlobPlane, UnitManifest
+    from veritrain.chain.client import ChainClient
+    from veritrain.chain.tx import Event
+    from veritrain.messages import OrderSpec
+
+TOKEN = 10**18
+PERMIT_TTL_S = 600
+OUTCOME_NAMES = {0: "accept", 1: "fault", 2: "fraud"}
+_DURATION = re.compile(r"^\s*(\d+)\s*([smhd])\s*$")
+_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_AMOUNT = re.compile(r"^\s*([0-9][0-9_]*(?:\.[0-9_]+)?)\s*VERI\s*$", re.IGNORECASE)
+MONEY_FIELDS = ("max_price_per_pflop", "verifier_fee_per_unit")
+
+
+# --- the order spec from a TOML file ---------------------------------------------------------------
+
+
+def load_spec_file(path: Path) -> dict[str, Any]:
+    """The TOML table of an order file; InvalidOrderSpec if it is missing or not TOML."""
+    try:
+        return tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise InvalidOrderSpec(f"order file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
+        raise InvalidOrderSpec(f"order file {path} is not valid TOML: {err}") from None
+
+
+def spec_from_table(table: dict[str, Any], *, buyer: str, now: int) -> OrderSpec:
+    """An OrderSpec from the file's keys, which are OrderSpec's own field names (so a field the spec gains
+    needs no change here), with three conveniences: `deadline_in` ("90m", "2h", "1d" or seconds) or
+    `deadline` as a TOML datetime; prices as base units or "1.5 VERI"; and the buyer's address and the
+    recipe's dataset digest filled in. An unknown key, a wrong type or a past deadline is InvalidOrderSpec."""
+    from veritrain.datasets import load_dataset
+    from veritrain.messages import OrderSpec
+    from veritrain.recipes import get_recipe
+
+    values = dict(table)
+    values["deadline"] = _deadline(values, now)
+    for name in MONEY_FIELDS:
+        if name in values:
+            values[name] = parse_amount(values[name], name)
+    if "buyer" in values and str(values["buyer"]).lower() != buyer.lower():
+        raise InvalidOrderSpec(f"the file names buyer {values['buyer']} but the key is {buyer}")
+    values["buyer"] = buyer
+    recipe = get_recipe(str(values.get("recipe", "")))  # UnknownRecipe before anything else is read
+    values.setdefault("dataset_digest", "0x" + load_dataset(recipe.dataset).digest_hex)
+    try:
+        spec = OrderSpec.model_validate(values)
+    except ValidationError as err:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'spec'}: {e['msg']}" for e in err.errors())
+        raise InvalidOrderSpec(f"invalid order: {problems}") from None
+    if spec.total_steps % spec.unit_steps:
+        raise InvalidOrderSpec(
+            f"total_steps {spec.total_steps} is not a multiple of unit_steps {spec.unit_steps}"
+        )
+    return spec
+
+
+def _deadline(values: dict[str, Any], now: int) -> int:
+    if "deadline_in" in values:
+        if "deadline" in values:
+            raise InvalidOrderSpec("give deadline or deadline_in, not both")
+        raw = values.pop("deadline_in")
+        match = _DURATION.match(raw) if isinstance(raw, str) else None
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            seconds = raw
+        elif match:
+            seconds = int(match[1]) * _SECONDS[match[2]]
+        else:
+            raise InvalidOrderSpec(f"deadline_in {raw!r}: give seconds or a duration like '90m', '2h', '1d'")
+        deadline = now + seconds
+    elif isinstance(values.get("deadline"), dt.datetime):
+        stamp = values["deadline"]
+        if stamp.tzinfo is None:
+            raise InvalidOrderSpec("deadline needs a time zone, e.g. 2026-12-01T12:00:00Z")
+        deadline = int(stamp.timestamp())
+    elif isinstance(values.get("deadline"), int):
+        deadline = int(values["deadline"])
+    else:
+        raise InvalidOrderSpec("the order needs deadline_in (e.g. '2h') or deadline (a TOML datetime)")
+    if deadline <= now:
+        raise InvalidOrderSpec(f"deadline {deadline} is not after the chain's time {now}")
+    return deadline
+
+
+def parse_amount(value: Any, name: str) -> int:
+    """Token base units from an integer or a "1.5 VERI" string; a fraction of a base unit is refused."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    match = _AMOUNT.match(value) if isinstance(value, str) else None
+    if match is None:
+        raise InvalidOrderSpec(f"{name} {value!r}: give base units (an integer) or an amount like '1.5 VERI'")
+    try:
+        units = Decimal(match[1].replace("_", "")) * TOKEN
+    except InvalidOperation:
+        raise InvalidOrderSpec(f"{name} {value!r} is not a number") from None
+    if units != units.to_integral_value():
+        raise InvalidOrderSpec(f"{name} {value!r} is finer than one base unit (10^-18 VERI)")
+    return int(units)
+
+
+def veri(amount: int) -> str:
+    """Base units as VERI for people, exact (no float rounding)."""
+    whole, fraction = divmod(amount, TOKEN)
+    return f"{whole}.{fraction:018d}".rstrip("0").rstrip(".") + " VERI"
+
+
+# --- escrow and posting ------------------------------------------------------------------------------
+
+
+def escrow_for(spec: OrderSpec) -> EscrowPlan:
+    """The escrow the market will require for this spec (its own rule, market.domain.pricing)."""
+    from market.domain.pricing import escrow_plan
+    from veritrain.recipes import get_recipe
+
+    return escrow_plan(spec, get_recipe(spec.recipe).flops_per_step())
+
+
+def check_funds(client: ChainClient, buyer: str, plan: EscrowPlan) -> None:
+    """UnderfundedOrder unless the buyer's token balance covers the escrow (checked before any signature)."""
+    balance = client.token_balance(buyer)
+    if balance < plan.total:
+        raise UnderfundedOrder(
+            f"the escrow is {veri(plan.total)} but {buyer} holds {veri(balance)} on chain {client.chain_id}"
+        )
+
+
+@dataclass(frozen=True)
+class PostedOrder:
+    chain_order_id: int
+    market_order_id: int
+    posted_block: int
+    escrow: int
+
+
+def post_order(
+    client: ChainClient, account: LocalAccount, spec: OrderSpec, plan: EscrowPlan, market_url: str
+) -> PostedOrder:
+    """Allow the JobMarket to pull the escrow by an ERC-2612 permit (no standing approval is left behind
+    beyond this order), post the order on chain, then register its spec with the market."""
+    from veritrain.api_client import MarketClient
+    from veritrain.messages import OrderRequest
+
+    posted_block = int(client.w3.eth.block_number)
+    market = client.deployment.job_market
+    if client.allowance(account, market) < plan.total:
+        permit = client.sign_permit(account, market, plan.total, client.now() + PERMIT_TTL_S)
+        client.relay_permit(account.address, market, plan.total, permit, relayer=account)
+    chain_order_id, _ = client.post_order(
+        account,
+        spec.spec_hash(),
+        plan.units,
+        plan.replicas,
+        plan.price_per_replica,
+        plan.verifier_fee_per_unit,
+        spec.deadline,
+    )
+    with MarketClient(market_url, timeout=30) as api:
+        status = api.post_order(OrderRequest(spec=spec, chain_order_id=chain_order_id))
+    return PostedOrder(chain_order_id, status.order_id, posted_block, plan.total)
+
+
+def close_order(
+    client: ChainClient, chain_order_id: int, account: LocalAccount, timeout_s: float, poll_s: float = 0.5
+) -> int:
+    """Close the order (what is left of its escrow becomes the buyer's credit) and return the refund. A unit
+    the market saw accepted may still be settling on chain, so UnitsStillOpen is retried until `timeout_s`."""
+    from veritrain.chain.errors import UnitsStillOpen
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            receipt = client.close_order(chain_order_id, sender=account)
+            return int(receipt.event("OrderClosed").args["refund"])
+        except UnitsStillOpen:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(poll_s)
+
+
+# --- where an order's money went, from chain events -------------------------------------------------
+
+
+@dataclass
+class UnitOutcome:
+    """One on-chain unit of the order, as the chain settled it."""
+
+    chain_unit_id: int
+    providers: list[str]
+    verifiers: list[str]
+    settlement: str = "open"
+    outcomes: list[str] = field(default_factory=list)
+    result_digests: dict[str, str] = field(default_factory=dict)
+    slashed: dict[str, int] = field(default_factory=dict)
+    signing_verifiers: list[str] = field(default_factory=list)
+    finalized_digest: str | None = None  # the resultDigest the chain recorded on the fast path
+
+    @property
+    def accepted(self) -> list[str]:
+        return [p for p, o in zip(self.providers, self.outcomes, strict=False) if o == "accept"]
+
+
+def order_money(events: list[Event], order_id: int) -> tuple[OrderMoney, list[UnitOutcome]]:
+    """Where one order's escrow went, from its JobMarket events alone (no market database involved)."""
+    deposit = refund = price = fee = verdict_fees = 0
+    units: dict[int, UnitOutcome] = {}
+    payouts: dict[str, int] = {}
+    slashed: dict[str, int] = {}
+    for event in events:
+        args = event.args
+        if event.name == "OrderPosted" and int(args["orderId"]) == order_id:
+            deposit, price, fee = (
+                int(args["escrow"]),
+                int(args["pricePerReplica"]),
+                int(args["verifierFeePerUnit"]),
+            )
+        elif event.name == "OrderClosed" and int(args["orderId"]) == order_id:
+            refund = int(args["refund"])
+        elif event.name == "UnitAssigned" and int(args["orderId"]) == order_id:
+            unit_id = int(args["unitId"])
+            units[unit_id] = UnitOutcome(unit_id, list(args["providers"]), list(args["verifiers"]))
+        elif "unitId" in args and int(args["unitId"]) in units:
+            unit = units[int(args["unitId"])]
+            if event.name == "ReplicaRevealed":
+                unit.result_digests[str(args["provider"])] = _hex(args["resultDigest"])
+            elif event.name == "UnitFinalized":
+                unit.settlement, unit.outcomes = "finalized (fast path)", ["accept"] * len(unit.providers)
+                unit.finalized_digest = _hex(args["resultDigest"]) if "resultDigest" in args else None
+                for provider in unit.providers:
+                    payouts[provider] = payouts.get(provider, 0) + price
+            elif event.name == "UnitExpired":
+                unit.settlement, unit.outcomes = "expired", ["none"] * len(unit.providers)
+            elif event.name == "ReplicaSlashed":
+                provider, amount = str(args["provider"]), int(args["amount"])
+                unit.slashed[provider] = amount
+                slashed[provider] = slashed.get(provider, 0) + amount
+            elif event.name == "VerdictRecorded":
+                outcomes = [int(o) for o in args["outcomes"]]
+                unit.settlement, unit.outcomes = "verdict", [OUTCOME_NAMES[o] for o in outcomes]
+                unit.signing_verifiers = [str(v) for v in args["verifiers"]]
+                verdict_fees += fee
+                for provider, outcome in zip(unit.providers, outcomes, strict=True):
+                    if outcome == 0:
+                        payouts[provider] = payouts.get(provider, 0) + price
+    money = OrderMoney(
+        deposit=deposit, payouts=payouts, verdict_fees=verdict_fees, refund=refund, slashed=slashed
+    )
+    return money, [units[key] for key in sorted(units)]
+
+
+def _hex(value: Any) -> str:
+    return "0x" + bytes(value).hex() if isinstance(value, bytes | bytearray) else str(value)
+
+
+# --- the verified result over libp2p ---------------------------------------------------------------
+
+
+@dataclass
+class TrainingResult:
+    """The verified training: per accepted unit its losses, and the final state's model weights."""
+
+    losses: list[float]
+    round_boundaries: list[int]
+    final_state_digest: str
+    weights_path: Path
+
+
+def collect_training(
+    plane: BlobPlane,
+    units: list[UnitOutcome],
+    peers: dict[str, str],
+    out: Path,
+    *,
+    recipe: str,
+    final_digest: str,
+    aggregates: frozenset[int] = frozenset(),
+) -> TrainingResult:
+    """Fetch each accepted training unit's PoL manifest from a provider the chain accepted (`peers`:
+    address → libp2p address), each checked against the result digest the chain settled, then the order's
+    final state `final_digest` (the market's word), and write the model's weights as safetensors at `out`.
+
+    M = 1 (no `aggregates`, the chain unit ids of DiLoCo aggregate units): the final state must be the one
+    the last accepted unit's chain-verified manifest names. M > 1: the last unit the chain accepted must be
+    an aggregate; its output is taken by `final_digest`, which the fetched bytes must hash to (the buyer does
+    not re-derive the aggregate's result digest from the round's inputs yet)."""
+    from safetensors.torch import save_file
+
+    from veritrain.agentkit import decode_state
+
+    losses: list[float] = []
+    boundaries: list[int] = []
+    last_manifest: UnitManifest | None = None
+    last: UnitOutcome | None = None
+    for unit in units:
+        if not unit.accepted:
+            continue
+        last = unit
+        if unit.chain_unit_id in aggregates:
+            continue
+        last_manifest = _fetch_manifest(plane, unit, peers)
+        boundaries.append(len(losses))
+        losses.extend(float(loss) for loss in last_manifest.transcript["losses"])
+    if last is None or last_manifest is None:
+        raise DigestMismatch("no training unit of the order was accepted on chain: no verified result")
+    if not aggregates and last_manifest.state_digest != final_digest:
+        raise DigestMismatch(
+            f"the market names final state {final_digest}; the chain-verified last unit made "
+            f"{last_manifest.state_digest}"
+        )
+    if aggregates and last.chain_unit_id not in aggregates:
+        raise DigestMismatch(f"the last unit the chain accepted ({last.chain_unit_id}) is not an aggregate")
+    holders = [peers[p] for p in last.accepted if p in peers]
+    holders += [address for address in peers.values() if address not in holders]
+    state = decode_state(plane.fetch_any(holders, final_digest.removeprefix("0x")))  # blob address = digest
+    weights = {
+        name.removeprefix("model."): tensor.contiguous()
+        for name, tensor in state.items()
+        if name.startswith("model.")
+    }
+    save_file(weights, str(out), metadata={"state_digest": final_digest, "recipe": recipe})
+    return TrainingResult(losses, boundaries[1:], final_digest, out)
+
+
+def _fetch_manifest(plane: BlobPlane, unit: UnitOutcome, peers: dict[str, str]) -> UnitManifest:
+    """The manifest of an accepted replica whose result digest is the one revealed on chain and is
+    sha256(domain, its state digest, its PoL root): a peer cannot hand us another state."""
+    from veritrain.agentkit import UnitManifest, unhex32
+    from veritrain.pol import result_digest
+
+    errors = []
+    for provider in unit.accepted:
+        try:
+            onchain = unit.result_digests[provider]
+            peer = peers[provider]
+            manifest = UnitManifest.from_bytes(plane.fetch(peer, plane.lookup_manifest(peer, onchain)))
+            derived = (
+                "0x" + result_digest(unhex32(manifest.state_digest), unhex32(manifest.transcript_root)).hex()
+            )
+        except (VeritrainError, KeyError, ValueError) as err:
+            errors.append(f"{provider}: {type(err).__name__}: {err}")
+            continue
+        if manifest.result_digest == onchain and derived == onchain:
+            return manifest
+        errors.append(f"{provider}: its manifest does not hash to the result digest {onchain} on chain")
+    raise DigestMismatch(
+        f"unit {unit.chain_unit_id}: no accepted replica served a verified manifest: {errors}"
+    )
