@@ -11,7 +11,7 @@ from sqlmodel import Session
 
 from market.context import Lifecycle, MarketContext, require_signer, row_id
 from market.domain.replication import audit_rate_ppm, spot_check_drawn
-from market.domain.states import ReplicaState, UnitState, advance
+from market.domain.states import ReplicaState, UnitState, advance, settle_to
 from market.matchmaker import Matchmaker
 from market.orders import OrderBook
 from market.store import OrderRow, ReplicaRow, UnitRow, VerificationJobRow
@@ -254,6 +254,7 @@ class Assignments(Lifecycle):
     def settle_unit(
         self, session: Session, unit: UnitRow, outcomes: Sequence[ReplicaOutcome], now: int
     ) -> None:
+        """Apply a settlement the chain recorded (finalize, verdict), whatever the market had seen before."""
         if unit.state in (UnitState.ACCEPTED.value, UnitState.FAILED.value):
             return
         live = self.ctx.live_replicas(session, unit)
@@ -263,17 +264,13 @@ class Assignments(Lifecycle):
             ReplicaOutcome.FRAUD: ReplicaState.FRAUD,
         }
         for replica, outcome in zip(live, outcomes, strict=True):
-            wanted = target[outcome]
-            if wanted == ReplicaState.FAULT and replica.state not in (ReplicaState.REVEALED.value,):
-                replica.state = ReplicaState.FAULT.value  # never revealed (or never committed): a fault
-            else:
-                replica.state = advance(
-                    ReplicaState(replica.state), wanted, what=f"replica of {replica.provider}"
-                )
+            replica.state = settle_to(
+                ReplicaState(replica.state), target[outcome], what=f"replica of {replica.provider}"
+            )
             session.add(replica)
             self._free_provider(replica.provider)
         accepted = ReplicaOutcome.ACCEPT in outcomes
-        unit.state = advance(
+        unit.state = settle_to(
             UnitState(unit.state),
             UnitState.ACCEPTED if accepted else UnitState.FAILED,
             what=f"unit {unit.id}",
@@ -298,7 +295,7 @@ class Assignments(Lifecycle):
                 replica.state = ReplicaState.FAULT.value
                 session.add(replica)
                 self._free_provider(replica.provider)
-        unit.state = advance(UnitState(unit.state), UnitState.FAILED, what=f"unit {unit.id}")
+        unit.state = settle_to(UnitState(unit.state), UnitState.FAILED, what=f"unit {unit.id}")
         unit.updated_at = now
 
     def _free_provider(self, provider: str) -> None:

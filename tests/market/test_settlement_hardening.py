@@ -1,0 +1,62 @@
+"""Issue 8: settlement against an adversary, on the real contracts (in-process EVM) and PostgreSQL.
+
+Each test plays one attack from the issue through the market's own code paths; the chain is the source of
+truth, so the market must end where the chain says, and never stall or pay out on its own say-so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from chain_market import ChainMarket, funded_accounts, result
+
+from market.store import MarketStore
+from veritrain.chain.backends import InProcessBackend
+from veritrain.chain.client import ChainClient, UnitState
+
+pytestmark = [pytest.mark.chain, pytest.mark.postgres]
+
+
+@pytest.fixture
+def market(fresh_postgres_url: str) -> Iterator[ChainMarket]:
+    with InProcessBackend() as backend:
+        accounts = list(backend.dev_accounts(9))
+        client = ChainClient.deploy(backend, accounts[0])
+        funded_accounts(client, accounts)
+        store = MarketStore(fresh_postgres_url)
+        store.create_schema()
+        try:
+            yield ChainMarket(client, store, accounts[1], accounts[2:6], accounts[6:9])
+        finally:
+            store.dispose()
+
+
+def test_sync_applies_a_finalize_revealed_around_the_market_and_keeps_going(market: ChainMarket) -> None:
+    """Finding 5: the providers reveal straight on chain, so `UnitFinalized` arrives while the market still
+    has every replica as committed. Sync applies it as the chain says and later events still apply."""
+    market.post_order()
+    unit_id, chosen = market.match_and_accept()
+    market.send_outbox()  # assign
+    honest = result("honest")
+    for provider in chosen:
+        market.commit(unit_id, provider, honest)
+    market.send_outbox()  # commits
+    assert market.unit(unit_id).state == "revealing"
+    assert market.reveal_on_chain(unit_id, {p.address: honest for p in chosen}, sender=chosen[0])
+
+    # a later event of another kind: a provider stakes more (matching must see it)
+    late = market.providers[-1] if market.providers[-1] not in chosen else chosen[0]
+    market.client.approve(late, market.client.deployment.stake_manager, 10**18)
+    market.client.stake(late, 10**18)
+
+    market.service.sync.sync_chain_events()
+    assert market.unit(unit_id).state == "accepted"
+    assert market.replica_states(unit_id) == ["accepted"] * 3
+    with market.store.transaction() as session:
+        assert {r.result_digest for r in market.store.replicas_of(session, unit_id)} == {honest.digest}
+        assert market.store.get_agent(session, late.address).free_stake == market.client.free_stake(late)
+        assert market.store.cursor(session).next_block == market.client.w3.eth.block_number + 1
+    assert market.service.outbox.pending_outbox() == []
+    chain_unit = market.unit(unit_id).chain_unit_id
+    assert chain_unit is not None and market.client.get_unit(chain_unit).state == UnitState.FINALIZED
