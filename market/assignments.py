@@ -278,6 +278,8 @@ class Assignments(Lifecycle):
         unit.updated_at = now
 
     def fail_unit(self, session: Session, unit: UnitRow, now: int) -> None:
+        if unit.state in (UnitState.ACCEPTED.value, UnitState.FAILED.value):
+            return
         for replica in self.ctx.live_replicas(session, unit):
             if replica.state in (
                 ReplicaState.PROPOSED.value,

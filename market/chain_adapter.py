@@ -121,6 +121,9 @@ class ChainClientSettlement:
     def expire_unit(self, unit_id: int) -> str:
         return _mined("expire", self.client.expire_unit(unit_id))
 
+    def unit_state(self, unit_id: int) -> str:
+        return self.client.get_unit(unit_id).state.name.lower()
+
     def block_number(self) -> int:
         return int(self.client.w3.eth.block_number)
 

@@ -14,14 +14,15 @@ from market.context import Lifecycle, MarketContext, row_id
 from market.domain.states import UnitState
 from market.ports import SignedAccept, SignedVerdict
 from market.registry import AgentRegistry
-from market.store import OutboxRow
+from market.store import OutboxRow, UnitRow
 from veritrain.errors import MarketError
 from veritrain.messages import ReplicaOutcome
 
 OUTBOX_MAX_ATTEMPTS = 5
 OUTBOX_LEASE_S = 60
-# Reverts that mean "this settlement already happened": the intent is done, not failed.
-ALREADY_SETTLED_ERRORS = frozenset({"UnitAlreadySettled", "InvalidUnitState"})
+# Unit states on chain (SettlementPort.unit_state) after which nothing more can be sent for the unit.
+CHAIN_SETTLED_STATES = frozenset({"finalized", "verdicted", "expired"})
+SETTLES_AS = {"finalize": "finalized", "verdict": "verdicted", "expire": "expired"}
 # Outbox actions that end a unit: its round may close (or a retry open) right away.
 SETTLING_ACTIONS = frozenset({"finalize", "verdict", "expire"})
 # Outbox actions that lock (assign) or release and slash (the settling ones) providers' stake.
@@ -60,7 +61,7 @@ class SettlementOutbox(Lifecycle):
         now = self.clock()
         with self.store.transaction() as session:
             entry = self.store.get_outbox(session, entry_id, for_update=True)
-            if entry.state in ("sent", "confirmed", "dead"):
+            if entry.state in ("sent", "confirmed", "reverted", "dead"):
                 return OutboxResult(entry_id, entry.state, False, "already done")
             if entry.state == "sending" and now - entry.updated_at < OUTBOX_LEASE_S:
                 return OutboxResult(entry_id, entry.state, False, "claimed by another run")
@@ -74,14 +75,36 @@ class SettlementOutbox(Lifecycle):
         try:
             tx_or_unit = self._send(action, payload)
         except ContractReverted as exc:
-            already = (
-                type(exc).__name__ in ALREADY_SETTLED_ERRORS
-                or getattr(exc, "name", "") in ALREADY_SETTLED_ERRORS
-            )
-            return self._record_send(entry_id, "confirmed" if already else "failed", None, str(exc))
+            return self._after_revert(entry_id, action, payload, exc)
         except Exception as exc:  # RPC down, timeout: retry later under the attempt cap
             return self._record_send(entry_id, "failed", None, f"{type(exc).__name__}: {exc}")
         return self._record_send(entry_id, "sent", tx_or_unit, "")
+
+    def _after_revert(
+        self, entry_id: int, action: str, payload: dict[str, Any], exc: Exception
+    ) -> OutboxResult:
+        """A revert is never a success: re-read the unit on chain and apply what the chain did.
+
+        Why: a revert such as UnitAlreadySettled only says somebody settled the unit, not how (a buyer may
+        expire it the moment its verdict deadline passes, paying nobody). A unit still open on chain
+        makes the intent a failure to retry."""
+        assert self.chain is not None
+        error = f"{type(exc).__name__}: {exc}"
+        try:
+            chain_state = self.chain.unit_state(int(payload["unit_id"])) if "unit_id" in payload else "none"
+        except Exception as read_error:  # RPC down: retry the whole intent later
+            return self._record_send(entry_id, "failed", None, f"{error}; re-read failed: {read_error}")
+        if chain_state not in CHAIN_SETTLED_STATES:
+            return self._record_send(entry_id, "failed", None, error)
+        # the chain did what this intent does (someone relayed it first): done; else superseded
+        done = SETTLES_AS.get(action.split(":", 1)[0]) == chain_state
+        return self._record_send(
+            entry_id,
+            "confirmed" if done else "reverted",
+            None,
+            f"{error}; unit is {chain_state}",
+            chain_state,
+        )
 
     def _prerequisites_sent(self, session: Session, entry: OutboxRow) -> bool:
         """A unit's actions go out in order: assign, commits, reveals, then finalize/verdict."""
@@ -126,7 +149,11 @@ class SettlementOutbox(Lifecycle):
             return chain.expire_unit(payload["unit_id"])
         raise MarketError(f"unknown settlement action {action!r}")
 
-    def _record_send(self, entry_id: int, outcome: str, result: str | None, error: str) -> OutboxResult:
+    def _record_send(
+        self, entry_id: int, outcome: str, result: str | None, error: str, chain_state: str = ""
+    ) -> OutboxResult:
+        """Record a send: ``sent`` applies the intent; ``reverted`` applies ``chain_state``, what the chain
+        settled instead; ``failed`` is retried."""
         now = self.clock()
         with self.store.transaction() as session:
             entry = self.store.get_outbox(session, entry_id, for_update=True)
@@ -137,11 +164,17 @@ class SettlementOutbox(Lifecycle):
             else:
                 entry.state = outcome
                 entry.tx_hash = result if result and result.startswith("0x") else entry.tx_hash
-                self._apply_settlement(session, entry, result, now)
+                unit = self.store.get_unit(session, entry.unit_id, for_update=True)
+                if chain_state:
+                    self._apply_chain_settlement(session, unit, chain_state, now)
+                else:
+                    self._apply_settlement(session, entry, unit, result, now)
+                session.add(unit)
             session.add(entry)
             recorded = OutboxResult(entry_id, entry.state, outcome == "sent", error)
             kind = entry.action.split(":", 1)[0]
-            landed = outcome != "failed" and kind in STAKE_CHANGING_ACTIONS
+            settled = bool(chain_state) or (outcome == "sent" and kind in SETTLING_ACTIONS)
+            landed = settled or (outcome == "sent" and kind == "assign")
             # later intents of the unit wait for this one (assign, commits, reveals, then the settlement)
             unblocked = outcome != "failed" and any(
                 e.unit_id == entry.unit_id and row_id(e) > entry_id
@@ -152,15 +185,16 @@ class SettlementOutbox(Lifecycle):
             )
         # the chain already shows the new stake and reputation: matching must not wait for the event sync
         self.agents.refresh_chain_facts(providers)
-        if landed and kind in SETTLING_ACTIONS:
+        if settled:
             self.triggers.advance()
         if unblocked:
             self.triggers.settle()
         return recorded
 
-    def _apply_settlement(self, session: Session, entry: OutboxRow, result: str | None, now: int) -> None:
-        """The market-side effect of a settlement that is now on chain."""
-        unit = self.store.get_unit(session, entry.unit_id, for_update=True)
+    def _apply_settlement(
+        self, session: Session, entry: OutboxRow, unit: UnitRow, result: str | None, now: int
+    ) -> None:
+        """The market-side effect of an intent that is now on chain."""
         kind = entry.action.split(":", 1)[0]
         if kind == "assign" and unit.state == UnitState.ASSIGNING.value:
             if result is not None and result.isdigit():
@@ -177,6 +211,15 @@ class SettlementOutbox(Lifecycle):
             if job is not None:
                 job.state = "relayed"
                 session.add(job)
-        elif kind == "expire" and unit.state not in (UnitState.ACCEPTED.value, UnitState.FAILED.value):
+        elif kind == "expire":
             self.assignments.fail_unit(session, unit, now)
-        session.add(unit)
+
+    def _apply_chain_settlement(self, session: Session, unit: UnitRow, chain_state: str, now: int) -> None:
+        """The unit's settlement as the chain holds it, re-read after a revert. A verdict's outcomes are
+        in its event only, so the chain sync applies those."""
+        if chain_state == "finalized":
+            self.assignments.settle_unit(
+                session, unit, [ReplicaOutcome.ACCEPT] * len(self.ctx.live_replicas(session, unit)), now
+            )
+        elif chain_state == "expired":
+            self.assignments.fail_unit(session, unit, now)

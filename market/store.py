@@ -215,7 +215,8 @@ class OutboxRow(SQLModel, table=True):
     unit_id: int = Field(foreign_key="units.id", index=True)
     action: str = Field(max_length=80)
     payload_json: str
-    state: str = Field(default="pending", index=True, max_length=16)  # pending -> sent -> confirmed | dead
+    # pending -> sent -> confirmed; reverted (the chain settled the unit otherwise); dead
+    state: str = Field(default="pending", index=True, max_length=16)
     attempts: int = 0
     tx_hash: str | None = Field(default=None, max_length=66)
     last_error: str | None = None

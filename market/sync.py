@@ -111,8 +111,7 @@ class ChainSync(Lifecycle):
             )
         elif name == "UnitExpired":
             self._confirm(session, row_id(unit), "expire", now)
-            if unit.state not in (UnitState.ACCEPTED.value, UnitState.FAILED.value):
-                self.assignments.fail_unit(session, unit, now)
+            self.assignments.fail_unit(session, unit, now)
         session.add(unit)
 
     def _record_replica_event(

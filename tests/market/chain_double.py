@@ -298,6 +298,11 @@ class LedgerChain:
                     self._credit_outcome(state, provider, OUTCOME_FAULT)
             return self._mine(state, "UnitExpired", {"unitId": unit_id})
 
+    def unit_state(self, unit_id: int) -> str:
+        with self._state() as state:
+            unit = state["units"].get(str(unit_id))
+            return "none" if unit is None else str(unit["state"])
+
     def block_number(self) -> int:
         with self._state() as state:
             return len(state["blocks"])

@@ -60,3 +60,35 @@ def test_sync_applies_a_finalize_revealed_around_the_market_and_keeps_going(mark
     assert market.service.outbox.pending_outbox() == []
     chain_unit = market.unit(unit_id).chain_unit_id
     assert chain_unit is not None and market.client.get_unit(chain_unit).state == UnitState.FINALIZED
+
+
+def test_a_settlement_that_reverts_applies_what_the_chain_did(market: ChainMarket) -> None:
+    """Finding 6: the buyer calls `expireUnit` the moment the verdict deadline passes, before the market's
+    finalize lands. The finalize reverts; the market re-reads the chain and fails the unit, so the round
+    does not advance on a unit that paid nobody (it retries the unit under a new key)."""
+    order_id = market.post_order()
+    unit_id, chosen = market.match_and_accept()
+    market.send_outbox()  # assign
+    honest = result("honest")
+    for provider in chosen:
+        market.commit(unit_id, provider, honest)
+    for provider in chosen:
+        market.service.assignments.reveal(market.reveal_submission(unit_id, provider, honest))
+    assert market.unit(unit_id).state == "finalizing"
+    market.send_outbox(skip=lambda action: action == "finalize")  # commits and reveals land
+    chain_unit = market.unit(unit_id).chain_unit_id
+    assert chain_unit is not None
+    verdict_deadline = market.client.get_unit(chain_unit).verdict_deadline
+    market.client.advance_time(verdict_deadline - market.client.now() + 1)
+    market.client.expire_unit(chain_unit, sender=market.buyer)
+
+    assert market.send_outbox() == ["reverted"]
+    assert market.unit(unit_id).state == "failed"
+    assert "accepted" not in market.replica_states(unit_id)
+    assert market.service.orders.advance_orders() == 1  # a new attempt, not the next round
+    status = market.service.orders.order_status(order_id)
+    assert status.rounds_accepted == 0 and status.current_state_digest is None
+    assert [u.state for u in status.units] == ["failed", "pending"]
+    assert all(market.client.credits(p) == 0 for p in chosen)
+    market.service.sync.sync_chain_events()  # the chain's own events agree
+    assert market.unit(unit_id).state == "failed"
