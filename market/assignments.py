@@ -10,12 +10,13 @@ from dataclasses import dataclass, field
 from sqlmodel import Session
 
 from market.context import Lifecycle, MarketContext, require_signer, row_id
+from market.domain.binding import is_bound
 from market.domain.replication import audit_rate_ppm, spot_check_drawn
 from market.domain.states import ReplicaState, UnitState, advance, settle_to
 from market.matchmaker import Matchmaker
 from market.orders import OrderBook
 from market.store import OrderRow, ReplicaRow, UnitRow, VerificationJobRow
-from veritrain.errors import IllegalTransition, InvalidInput, MarketError
+from veritrain.errors import IllegalTransition, InvalidInput, MarketError, UnboundResult
 from veritrain.messages import (
     AcceptSubmission,
     Assignment,
@@ -192,6 +193,11 @@ class Assignments(Lifecycle):
             if replica.commitment is None or "0x" + expected.hex() != replica.commitment:
                 raise InvalidInput(
                     f"reveal of {submission.provider} for unit {unit.id} does not match its commitment"
+                )
+            if not is_bound(submission.result_digest, submission.state_digest, submission.transcript_root):
+                raise UnboundResult(
+                    f"reveal of {submission.provider} for unit {unit.id}: state_digest and transcript_root "
+                    f"do not hash to result_digest {submission.result_digest}"
                 )
             replica.state = ReplicaState.REVEALED.value
             replica.result_digest = submission.result_digest

@@ -10,6 +10,7 @@ from eth_utils import keccak
 from sqlmodel import Session
 
 from market.context import Lifecycle, row_id
+from market.domain.binding import is_bound
 from market.domain.pricing import escrow_plan
 from market.domain.rounds import AcceptedReplica, outer_step_for, plan_round
 from market.domain.states import OrderState, ReplicaState, RoundState, UnitState, advance
@@ -202,21 +203,18 @@ class OrderBook(Lifecycle):
                 latest[unit.shard] = unit
         changed = 0
         for shard, unit in latest.items():
-            if unit.state == UnitState.FAILED.value:  # migrate: a new attempt under a new unit key
+            # migrate: a new attempt under a new unit key (also when no accepted replica reported a state
+            # bound to its result: the next round must never start from an unbound digest)
+            if unit.state == UnitState.FAILED.value or (
+                unit.state == UnitState.ACCEPTED.value and not self._bound_accepted(session, unit)
+            ):
                 self._new_unit(
                     session, order, round_row, spec, shard, unit.start_step, unit.steps, unit.attempt + 1, now
                 )
                 changed += 1
         if changed or any(u.state != UnitState.ACCEPTED.value for u in latest.values()):
             return changed
-        accepted = [
-            [
-                AcceptedReplica(row_id(u), r.provider, r.state_digest or "")
-                for r in self.store.replicas_of(session, row_id(u))
-                if r.state == ReplicaState.ACCEPTED.value
-            ]
-            for u in sorted(latest.values(), key=lambda u: u.shard)
-        ]
+        accepted = [self._bound_accepted(session, u) for u in sorted(latest.values(), key=lambda u: u.shard)]
         step = outer_step_for(self.config.units_per_round)
         next_state = step.next_state(round_row.index, round_row.start_state_digest, accepted)
         round_row.state = advance(
@@ -232,6 +230,15 @@ class OrderBook(Lifecycle):
             self._open_round(session, order, spec, order.rounds_accepted, next_state, now)
         session.add(order)
         return 1
+
+    def _bound_accepted(self, session: Session, unit: UnitRow) -> list[AcceptedReplica]:
+        """The unit's accepted replicas whose reported state is bound to their revealed result."""
+        return [
+            AcceptedReplica(row_id(unit), r.provider, r.state_digest or "")
+            for r in self.store.replicas_of(session, row_id(unit))
+            if r.state == ReplicaState.ACCEPTED.value
+            and is_bound(r.result_digest, r.state_digest, r.transcript_root)
+        ]
 
     def unit_work(self, session: Session, order: OrderRow, unit: UnitRow) -> dict[str, Any]:
         """The UnitWork fields shared by a provider's assignment and a verifier's job."""

@@ -142,6 +142,11 @@ class EncodeError(InvalidInput):
     """A value cannot be put on the wire: a frame over its cap, or an int outside uint256."""
 
 
+class UnboundResult(InvalidInput):
+    """A reported state digest and transcript root do not hash to the result digest they claim to make up
+    (sha256(domain ‖ state ‖ root)): accepting them would let a replica steer the next round."""
+
+
 class InvalidDigest(InvalidInput):
     """A blob digest is not 64 lowercase hex characters (sha256)."""
 

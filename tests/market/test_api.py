@@ -15,7 +15,17 @@ import pytest
 from agents import CHAIN_ID, Clock, chain_order_for, order_spec
 from chain_double import DEFAULT_FREE_STAKE, LedgerChain
 from fastapi.testclient import TestClient
-from market_flow import drain_outbox, post_order, pull, register_market, run_unit, snapshot, verdict_body
+from market_flow import (
+    ROOT,
+    bound,
+    drain_outbox,
+    post_order,
+    pull,
+    register_market,
+    run_unit,
+    snapshot,
+    verdict_body,
+)
 
 from market.api import create_app
 from market.context import MarketConfig, Triggers
@@ -482,7 +492,7 @@ def test_a_provider_that_never_commits_becomes_a_fault_and_the_unit_still_comple
     for address in working:
         (assignment,) = pull(client, keys[address])
         chain_unit = assignment["chain_unit_id"]
-        commit = "0x" + commitment(digest, salt, address, chain_unit).hex()
+        commit = "0x" + commitment(bound(digest), salt, address, chain_unit).hex()
         deadline = clock.now + 600
         signature = keys[address].sign(
             "Commit",
@@ -514,10 +524,10 @@ def test_a_provider_that_never_commits_becomes_a_fault_and_the_unit_still_comple
         body = {
             "unit_id": unit_id,
             "provider": address,
-            "result_digest": digest,
+            "result_digest": bound(digest),
             "salt": salt,
             "state_digest": digest,
-            "transcript_root": "0x" + "77" * 32,
+            "transcript_root": ROOT,
         }
         assert client.post("/assignments/reveal", json=body).status_code == 200
     clock.now += service.config.reveal_window_s

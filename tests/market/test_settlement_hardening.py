@@ -10,10 +10,12 @@ from collections.abc import Iterator
 
 import pytest
 from chain_market import ChainMarket, funded_accounts, result
+from market_flow import snapshot
 
 from market.store import MarketStore
 from veritrain.chain.backends import InProcessBackend
 from veritrain.chain.client import ChainClient, UnitState
+from veritrain.errors import UnboundResult
 
 pytestmark = [pytest.mark.chain, pytest.mark.postgres]
 
@@ -92,3 +94,40 @@ def test_a_settlement_that_reverts_applies_what_the_chain_did(market: ChainMarke
     assert all(market.client.credits(p) == 0 for p in chosen)
     market.service.sync.sync_chain_events()  # the chain's own events agree
     assert market.unit(unit_id).state == "failed"
+
+
+def test_a_reported_state_must_be_bound_to_the_revealed_result(market: ChainMarket) -> None:
+    """Finding 8: a replica reveals its committed result digest but reports another state digest (to steer
+    the next round). The market refuses it with a typed error and stores nothing."""
+    market.post_order()
+    unit_id, chosen = market.match_and_accept()
+    market.send_outbox()
+    honest = result("honest")
+    for provider in chosen:
+        market.commit(unit_id, provider, honest)
+    steering = market.reveal_submission(unit_id, chosen[0], honest).model_copy(
+        update={"state_digest": result("steered").state_digest}
+    )
+    before = snapshot(market.store)
+    with pytest.raises(UnboundResult, match="state_digest"):
+        market.service.assignments.reveal(steering)
+    assert snapshot(market.store) == before
+
+
+def test_the_next_round_never_starts_from_a_state_nobody_bound(market: ChainMarket) -> None:
+    """Finding 8: every replica revealed straight on chain, so the market holds no reported state bound to
+    the accepted digest: the round retries the unit instead of starting round 1 from an unbound digest."""
+    order_id = market.post_order()
+    unit_id, chosen = market.match_and_accept()
+    market.send_outbox()
+    honest = result("honest")
+    for provider in chosen:
+        market.commit(unit_id, provider, honest)
+    market.send_outbox()
+    assert market.reveal_on_chain(unit_id, {p.address: honest for p in chosen}, sender=chosen[0])
+    market.service.sync.sync_chain_events()
+    assert market.service.orders.advance_orders() == 1
+    status = market.service.orders.order_status(order_id)
+    assert status.rounds_accepted == 0 and status.current_state_digest is None
+    assert [(u.round_index, u.state) for u in status.units] == [(0, "accepted"), (0, "pending")]
+
