@@ -82,6 +82,7 @@ class ChainClientSettlement:
             verdict_window_s=params.verdict_window,
             verifier_quorum=params.verifier_quorum,
             provider_collateral=params.provider_collateral,
+            min_verifier_stake=params.min_verifier_stake,
         )
 
     def assign(

@@ -18,7 +18,10 @@ from market.store import OutboxRow, UnitRow
 from veritrain.errors import MarketError
 from veritrain.messages import ReplicaOutcome
 
-OUTBOX_MAX_ATTEMPTS = 5
+# A failed send is retried after 1, 2, 4 … s, at most every 5 min, never given up: each unit still ends,
+# by settlement or by its expiry, and a short RPC outage must not strand one in ASSIGNING or FINALIZING.
+OUTBOX_BACKOFF_BASE_S = 1
+OUTBOX_BACKOFF_MAX_S = 300
 OUTBOX_LEASE_S = 60
 # Unit states on chain (SettlementPort.unit_state) after which nothing more can be sent for the unit.
 CHAIN_SETTLED_STATES = frozenset({"finalized", "verdicted", "expired"})
@@ -37,6 +40,11 @@ class OutboxResult:
     detail: str = ""
 
 
+def backoff_s(attempts: int) -> int:
+    """Seconds to wait after the ``attempts``-th failed send: doubling from the base, capped."""
+    return int(min(OUTBOX_BACKOFF_MAX_S, OUTBOX_BACKOFF_BASE_S * 2 ** min(attempts - 1, 16)))
+
+
 class SettlementOutbox(Lifecycle):
     def __init__(self, ctx: MarketContext, assignments: Assignments, agents: AgentRegistry) -> None:
         super().__init__(ctx)
@@ -44,8 +52,11 @@ class SettlementOutbox(Lifecycle):
         self.agents = agents
 
     def pending_outbox(self, limit: int = 100) -> list[int]:
+        """Entries to send now (those backing off after a failure wait for their time)."""
+        now = self.clock()
         with self.store.transaction() as session:
-            return [row_id(row) for row in self.store.outbox_in(session, ["pending", "sending"], limit)]
+            due = self.store.outbox_in(session, ["pending", "sending", "retrying"], limit, due_by=now)
+            return [row_id(row) for row in due]
 
     def send_outbox_entry(self, entry_id: int) -> OutboxResult:
         """Send one settlement intent at most once per claim; safe to run twice or concurrently.
@@ -61,7 +72,7 @@ class SettlementOutbox(Lifecycle):
         now = self.clock()
         with self.store.transaction() as session:
             entry = self.store.get_outbox(session, entry_id, for_update=True)
-            if entry.state in ("sent", "confirmed", "reverted", "dead"):
+            if entry.state in ("sent", "confirmed", "reverted"):
                 return OutboxResult(entry_id, entry.state, False, "already done")
             if entry.state == "sending" and now - entry.updated_at < OUTBOX_LEASE_S:
                 return OutboxResult(entry_id, entry.state, False, "claimed by another run")
@@ -76,7 +87,7 @@ class SettlementOutbox(Lifecycle):
             tx_or_unit = self._send(action, payload)
         except ContractReverted as exc:
             return self._after_revert(entry_id, action, payload, exc)
-        except Exception as exc:  # RPC down, timeout: retry later under the attempt cap
+        except Exception as exc:  # RPC down, timeout: retry after a backoff
             return self._record_send(entry_id, "failed", None, f"{type(exc).__name__}: {exc}")
         return self._record_send(entry_id, "sent", tx_or_unit, "")
 
@@ -94,8 +105,8 @@ class SettlementOutbox(Lifecycle):
             chain_state = self.chain.unit_state(int(payload["unit_id"])) if "unit_id" in payload else "none"
         except Exception as read_error:  # RPC down: retry the whole intent later
             return self._record_send(entry_id, "failed", None, f"{error}; re-read failed: {read_error}")
-        if chain_state not in CHAIN_SETTLED_STATES:
-            return self._record_send(entry_id, "failed", None, error)
+        if chain_state not in CHAIN_SETTLED_STATES:  # refused while the unit is open: retry, blocking nothing
+            return self._record_send(entry_id, "retrying", None, error)
         # the chain did what this intent does (someone relayed it first): done; else superseded
         done = SETTLES_AS.get(action.split(":", 1)[0]) == chain_state
         return self._record_send(
@@ -152,15 +163,18 @@ class SettlementOutbox(Lifecycle):
     def _record_send(
         self, entry_id: int, outcome: str, result: str | None, error: str, chain_state: str = ""
     ) -> OutboxResult:
-        """Record a send: ``sent`` applies the intent; ``reverted`` applies ``chain_state``, what the chain
-        settled instead; ``failed`` is retried."""
+        """Record a send: ``sent`` applies the intent; ``confirmed``/``reverted`` apply ``chain_state``, what
+        the chain settled; ``failed`` (no answer) and ``retrying`` (the contract refused it for now) wait
+        out a backoff. Only ``pending`` holds back the unit's later intents: one the chain refused must not
+        block, say, the expiry that ends the unit."""
         now = self.clock()
         with self.store.transaction() as session:
             entry = self.store.get_outbox(session, entry_id, for_update=True)
             entry.updated_at = now
             entry.last_error = error or None
-            if outcome == "failed":
-                entry.state = "dead" if entry.attempts >= OUTBOX_MAX_ATTEMPTS else "pending"
+            if outcome in ("failed", "retrying"):
+                entry.state = "pending" if outcome == "failed" else "retrying"
+                entry.next_attempt_at = now + backoff_s(entry.attempts)
             else:
                 entry.state = outcome
                 entry.tx_hash = result if result and result.startswith("0x") else entry.tx_hash

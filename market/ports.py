@@ -38,6 +38,7 @@ class MarketTerms:
     verdict_window_s: int
     verifier_quorum: int
     provider_collateral: int
+    min_verifier_stake: int = 0
 
 
 @dataclass(frozen=True, slots=True)

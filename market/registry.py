@@ -116,17 +116,18 @@ class AgentRegistry(Lifecycle):
         return HeartbeatReply(agent=message.agent, assignments=tuple(assignments))
 
     def refresh_chain_facts(self, accounts: set[str]) -> None:
-        """Re-read free stake and reputation of registered providers from the chain's views into the store
-        and the candidate pool: a slashed or busy provider must not be matched on its old stake."""
+        """Re-read free stake and reputation of registered agents from the chain's views into the store
+        and the candidate pool: a slashed or busy provider, or a verifier that unstaked below the minimum,
+        must not be matched on its old stake."""
         if self.chain is None or not accounts:
             return
         with self.store.transaction() as session:
-            providers = [
+            known = [
                 a.address
                 for a in (self.store.find_agent(session, account) for account in sorted(accounts))
-                if a is not None and a.role == AgentRole.PROVIDER.value
+                if a is not None
             ]
-        facts = {address: self._chain_facts(address) for address in providers}
+        facts = {address: self._chain_facts(address) for address in known}
         refreshed = []
         with self.store.transaction() as session:
             for address, (free_stake, reputation) in facts.items():

@@ -30,7 +30,7 @@ from veritrain.settings import Settings
 
 JOB_MARKET = "0x" + "4a" * 20
 DEFAULT_FREE_STAKE = 10**21
-TERMS = MarketTerms(600, 600, 1200, verifier_quorum=1, provider_collateral=10**18)
+TERMS = MarketTerms(600, 600, 1200, verifier_quorum=1, provider_collateral=10**18, min_verifier_stake=10**18)
 OPEN_STATES = ("committing", "revealing")
 OUTCOME_ACCEPT, OUTCOME_FAULT = 0, 1
 

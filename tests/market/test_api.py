@@ -30,7 +30,7 @@ from market_flow import (
 from market.api import create_app
 from market.context import MarketConfig, Triggers
 from market.domain.replication import ReplicationPolicy
-from market.outbox import OUTBOX_MAX_ATTEMPTS
+from market.outbox import backoff_s
 from market.service import MarketService
 from market.store import MarketStore
 from veritrain.chain.eip712 import commitment
@@ -420,7 +420,7 @@ def test_openapi_lists_every_route() -> None:
     } <= paths
 
 
-def test_a_settlement_that_keeps_failing_is_dead_lettered_not_retried_forever(
+def test_a_settlement_that_keeps_failing_backs_off_and_is_never_given_up(
     client: TestClient,
     service: MarketService,
     ledger: LedgerChain,
@@ -428,7 +428,8 @@ def test_a_settlement_that_keeps_failing_is_dead_lettered_not_retried_forever(
     clock: Clock,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """SECURITY.md C3: an intent that fails every time stops after its attempt cap (no infinite requeue)."""
+    """Issue 8 finding 7: an intent that fails every time is retried after 1, 2, 4 ... s (no tight
+    requeue) and never dropped, so the unit settles once the chain answers again."""
     no_audit(service)
     providers, _ = register_market(client, make_agent)
     post_order(client, ledger, make_agent(), clock, total_steps=20)
@@ -436,20 +437,28 @@ def test_a_settlement_that_keeps_failing_is_dead_lettered_not_retried_forever(
     calls = []
 
     def rpc_down(unit_id: int) -> str:
-        calls.append(unit_id)
+        calls.append(clock.now)
         raise ConnectionError("RPC node unreachable")
 
     monkeypatch.setattr(ledger, "finalize", rpc_down)
     run_unit(
         client, service, {k.address: k for k in providers}, {"default": "0x" + "55" * 32}, drain_after=False
     )
-    for _ in range(12):  # commits and reveals go out; finalize fails each time until its cap
-        for entry_id in service.outbox.pending_outbox():
-            service.outbox.send_outbox_entry(entry_id)
+    start = clock.now
+    for second in range(64):
+        clock.now = start + second
+        for _ in range(3):  # several ticks in the same second send nothing more
+            for entry_id in service.outbox.pending_outbox():
+                service.outbox.send_outbox_entry(entry_id)
+    assert [t - start for t in calls] == [0, 1, 3, 7, 15, 31, 63]
     with service.store.transaction() as session:
-        (entry,) = [e for e in service.store.outbox_in(session, ["dead"]) if e.action == "finalize"]
-        assert entry.attempts == OUTBOX_MAX_ATTEMPTS and "unreachable" in (entry.last_error or "")
-    assert len(calls) == OUTBOX_MAX_ATTEMPTS and service.outbox.pending_outbox() == []
+        (entry,) = [e for e in service.store.outbox_in(session, ["pending"]) if e.action == "finalize"]
+        assert entry.next_attempt_at == start + 63 + backoff_s(7)
+        assert "unreachable" in (entry.last_error or "")
+    monkeypatch.undo()
+    clock.now = start + 63 + backoff_s(7)
+    drain_outbox(service)
+    assert len(ledger.effects("UnitFinalized")) == 1
 
 
 def test_market_client_types_replies_and_refusals(client: TestClient, make_agent: Any) -> None:

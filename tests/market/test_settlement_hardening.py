@@ -6,12 +6,16 @@ truth, so the market must end where the chain says, and never stall or pay out o
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
 
 import pytest
-from chain_market import ChainMarket, funded_accounts, result
+from chain_market import STAKE, ChainMarket, funded_accounts, result
 from market_flow import snapshot
 
+from market.ports import SettlementPort
 from market.store import MarketStore
 from veritrain.chain.backends import InProcessBackend
 from veritrain.chain.client import ChainClient, UnitState
@@ -131,3 +135,81 @@ def test_the_next_round_never_starts_from_a_state_nobody_bound(market: ChainMark
     assert status.rounds_accepted == 0 and status.current_state_digest is None
     assert [(u.round_index, u.state) for u in status.units] == [(0, "accepted"), (0, "pending")]
 
+
+WRITES = frozenset({"assign", "commit_with_sig", "reveal", "finalize", "submit_verdict", "expire_unit"})
+
+
+class Outage:
+    """The real port, but every transaction fails while the RPC node is down (reads keep working)."""
+
+    def __init__(self, port: SettlementPort) -> None:
+        self.port = port
+        self.down = False
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self.port, name)
+        if name not in WRITES:
+            return attribute
+
+        def send(*args: Any) -> Any:
+            if self.down:
+                raise ConnectionError("RPC node unreachable")
+            return attribute(*args)
+
+        return send
+
+
+def through_outage(market: ChainMarket, outage: Outage, seconds: int, then: int) -> None:
+    """The worker's tick: every second of market time it sends what is due; the RPC node is down for the
+    first ``seconds`` of ``then``."""
+    for tick in range(then):
+        outage.down = tick < seconds
+        market.send_outbox()
+        market.offset += 1
+
+
+def test_a_ten_second_rpc_outage_strands_no_unit(fresh_postgres_url: str) -> None:
+    """Finding 7: sends fail for 10 s while assigning and again while finalizing; backoff retries them
+    after the outage, so the unit settles instead of staying in ASSIGNING or FINALIZING forever."""
+    outage: Outage | None = None
+
+    def wrap(port: SettlementPort) -> SettlementPort:
+        nonlocal outage
+        outage = Outage(port)
+        return outage  # type: ignore[return-value]
+
+    with InProcessBackend() as backend:
+        accounts = list(backend.dev_accounts(9))
+        client = ChainClient.deploy(backend, accounts[0])
+        funded_accounts(client, accounts)
+        store = MarketStore(fresh_postgres_url)
+        store.create_schema()
+        market = ChainMarket(client, store, accounts[1], accounts[2:6], accounts[6:9], wrap=wrap)
+        assert outage is not None
+        market.post_order()
+        unit_id, chosen = market.match_and_accept()
+        through_outage(market, outage, seconds=10, then=60)
+        assert market.unit(unit_id).state == "committing"
+        honest = result("honest")
+        for provider in chosen:
+            market.commit(unit_id, provider, honest)
+        for provider in chosen:
+            market.service.assignments.reveal(market.reveal_submission(unit_id, provider, honest))
+        through_outage(market, outage, seconds=10, then=60)
+        assert market.unit(unit_id).state == "accepted"
+        assert all(market.client.credits(p) > 0 for p in chosen)
+        store.dispose()
+
+
+def test_a_verifier_that_unstaked_below_the_minimum_is_never_picked(market: ChainMarket) -> None:
+    """Finding 7: the contract refuses an assignment naming a verifier whose bonded stake fell below the
+    minimum; matching must see the unstake (through the event sync) and pick others."""
+    market.service.config = replace(market.service.config, verifiers_per_unit=3)  # all, if eligible
+    gone = market.verifiers[1]
+    market.client.request_unstake(gone, STAKE - market.client.params.min_verifier_stake + 1)
+    market.service.sync.sync_chain_events()
+    market.post_order()
+    unit_id, _ = market.match_and_accept()
+    assert gone.address not in json.loads(market.unit(unit_id).verifiers_json)
+    market.send_outbox()
+    assert market.unit(unit_id).state == "committing"

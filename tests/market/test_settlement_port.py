@@ -50,7 +50,9 @@ PARAMS = MarketParams(
     slash_amount=COLLATERAL // 2,
     min_verifier_stake=TOKEN,
 )
-EXPECTED_TERMS = MarketTerms(600, 600, 1200, verifier_quorum=1, provider_collateral=COLLATERAL)
+EXPECTED_TERMS = MarketTerms(
+    600, 600, 1200, verifier_quorum=1, provider_collateral=COLLATERAL, min_verifier_stake=TOKEN
+)
 PAST_EVERY_WINDOW = 600 + 600 + 1200 + 1
 DIGEST = "0x" + "5e" * 32
 OTHER_DIGEST = "0x" + "66" * 32
