@@ -121,8 +121,7 @@ class SettlementOutbox(Lifecycle):
         """A unit's actions go out in order: assign, commits, reveals, then finalize/verdict."""
         if entry.action == "assign":
             return True
-        earlier = self.store.outbox_in(session, ["pending", "sending", "failed"], limit=1000)
-        return not any(e.unit_id == entry.unit_id and row_id(e) < row_id(entry) for e in earlier)
+        return not self.store.outbox_before(session, entry.unit_id, row_id(entry), ["pending", "sending"])
 
     def _send(self, action: str, payload: dict[str, Any]) -> str:
         chain = self.chain
@@ -170,13 +169,16 @@ class SettlementOutbox(Lifecycle):
         now = self.clock()
         with self.store.transaction() as session:
             entry = self.store.get_outbox(session, entry_id, for_update=True)
+            if outcome in ("failed", "retrying") and entry.state != "sending":
+                # the chain sync confirmed it while this send was failing (say, a timeout after it landed)
+                return OutboxResult(entry_id, entry.state, False, error)
             entry.updated_at = now
             entry.last_error = error or None
             if outcome in ("failed", "retrying"):
                 entry.state = "pending" if outcome == "failed" else "retrying"
                 entry.next_attempt_at = now + backoff_s(entry.attempts)
             else:
-                entry.state = outcome
+                entry.state = "confirmed" if entry.state == "confirmed" else outcome
                 entry.tx_hash = result if result and result.startswith("0x") else entry.tx_hash
                 unit = self.store.get_unit(session, entry.unit_id, for_update=True)
                 if chain_state:

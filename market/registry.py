@@ -36,9 +36,10 @@ class AgentRegistry(Lifecycle):
         for recipe in message.recipes:
             self.recipes.lookup(recipe)  # UnknownRecipe for a name outside the registry
         now = self.clock()
+        with self.store.transaction() as session:  # a replay is refused before any RPC call is spent
+            self.ctx.accept_agent_message(session, message, now)
         free_stake, reputation = self._chain_facts(message.agent)
         with self.store.transaction() as session:
-            self.ctx.accept_agent_message(session, message, now)
             row = self.store.find_agent(session, message.agent) or AgentRow(
                 address=message.agent,
                 role=message.role.value,

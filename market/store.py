@@ -542,6 +542,15 @@ class MarketStore:
             raise NotFound(f"outbox entry {entry_id} does not exist")
         return row
 
+    def outbox_before(
+        self, session: Session, unit_id: int, before_id: int, states: Sequence[str]
+    ) -> Sequence[OutboxRow]:
+        """The unit's own intents older than ``before_id`` in ``states`` (however long the whole queue is)."""
+        query = select(OutboxRow).where(
+            OutboxRow.unit_id == unit_id, col(OutboxRow.id) < before_id, col(OutboxRow.state).in_(states)
+        )
+        return session.exec(query).all()
+
     def outbox_in(
         self, session: Session, states: Sequence[str], limit: int = 100, *, due_by: int | None = None
     ) -> Sequence[OutboxRow]:

@@ -36,10 +36,11 @@ class ChainSync(Lifecycle):
         self.agents = agents
 
     def sync_chain_events(self, max_blocks: int = 2000) -> int:
-        """Apply JobMarket events since the cursor; confirms outbox entries someone else may have sent."""
+        """Apply JobMarket events since the cursor up to ``confirmations`` blocks below the head; confirms
+        outbox entries someone else may have sent."""
         if self.chain is None:
             raise MarketError("the market has no chain configured")
-        head = self.chain.block_number()
+        head = self.chain.block_number() - self.config.confirmations
         now = self.clock()
         with self.store.transaction() as session:
             cursor = self.store.cursor(session)

@@ -60,6 +60,10 @@ class InvalidSignature(InvalidInput):
     """A signed message does not recover to the address it claims to come from."""
 
 
+class RateLimited(VeritrainError):
+    """Too many requests from one client: an endpoint that costs the server RPC calls is rationed."""
+
+
 class ReplayedMessage(InvalidInput):
     """A signed message reuses a nonce or timestamp already seen from its signer, or is too old/new."""
 

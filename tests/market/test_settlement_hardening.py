@@ -17,7 +17,7 @@ from market_flow import snapshot
 
 from market.ports import SettlementPort
 from market.store import MarketStore
-from veritrain.chain.backends import InProcessBackend
+from veritrain.chain.backends import HardhatNode, InProcessBackend
 from veritrain.chain.client import ChainClient, UnitState
 from veritrain.errors import UnboundResult
 
@@ -213,3 +213,36 @@ def test_a_verifier_that_unstaked_below_the_minimum_is_never_picked(market: Chai
     assert gone.address not in json.loads(market.unit(unit_id).verifiers_json)
     market.send_outbox()
     assert market.unit(unit_id).state == "committing"
+
+
+@pytest.mark.node_backend
+def test_sync_waits_for_confirmations_and_survives_a_reorg(
+    hardhat_node: HardhatNode, fresh_postgres_url: str
+) -> None:
+    """Finding 11: events are applied only N = 2 blocks deep. A block the chain drops (evm_revert, as in
+    a reorg) was never applied, and the block that replaces it at the same height is."""
+    backend = hardhat_node.backend()
+    accounts = list(backend.dev_accounts(9))
+    client = ChainClient.deploy(backend, accounts[0])
+    funded_accounts(client, accounts)
+    store = MarketStore(fresh_postgres_url)
+    store.create_schema()
+    market = ChainMarket(client, store, accounts[1], accounts[2:6], accounts[6:9])
+    market.service.config = replace(market.service.config, confirmations=2)
+    dropped, kept = market.providers[0], market.providers[1]
+    market.service.sync.sync_chain_events()
+    snapshot_id = backend.snapshot()
+    client.approve(dropped, client.deployment.stake_manager, 10**18)
+    client.stake(dropped, 10**18)  # the head block: not deep enough yet
+    market.service.sync.sync_chain_events()
+    backend.revert(snapshot_id)  # the reorg: the stake never happened
+    client.approve(kept, client.deployment.stake_manager, 10**18)
+    client.stake(kept, 10**18)  # what the chain holds at those heights now
+    client.advance_time(1)
+    client.advance_time(1)  # two blocks on top
+    market.service.sync.sync_chain_events()
+    with store.transaction() as session:
+        for account in (dropped, kept):
+            assert store.get_agent(session, account.address).free_stake == client.free_stake(account)
+        assert store.cursor(session).next_block == client.w3.eth.block_number - 2 + 1
+    store.dispose()
