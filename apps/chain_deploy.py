@@ -18,6 +18,8 @@ from typing import Any
 from veritrain.errors import VeritrainError
 
 HARDHAT_CHAIN_ID = 31337
+# longer than the default 7-day unbonding period: a staker can leave before a hostile role grant lands
+ADMIN_DELAY_S = 8 * 24 * 3600
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -34,6 +36,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--out", type=Path, default=None, help="deployments JSON (default: deployments_file or <data dir>)"
+    )
+    parser.add_argument(
+        "--admin-delay",
+        type=int,
+        default=ADMIN_DELAY_S,
+        metavar="SECONDS",
+        help="hand the contracts' admin roles to a timelock with this delay, so role grants are public "
+        f"that long before they land (default {ADMIN_DELAY_S}: 8 days; 0 keeps the deployer as admin)",
     )
     existing = parser.add_mutually_exclusive_group()
     existing.add_argument("--force", action="store_true", help="replace an existing deployments file")
@@ -94,5 +104,7 @@ def deploy(args: argparse.Namespace) -> dict[str, Any]:
         print(f"no --keystore: deploying with hardhat's public development account {deployer.address}")
     else:
         raise KeystoreError(f"chain {backend.chain_id} is not a local hardhat node: give --keystore")
-    client = ChainClient.deploy(backend, deployer, operator=args.operator, save_to=out)
+    client = ChainClient.deploy(
+        backend, deployer, operator=args.operator, save_to=out, admin_delay=args.admin_delay or None
+    )
     return {**client.deployment.to_dict(), "file": str(out)}
