@@ -19,6 +19,8 @@ from typing import Any
 from veritrain.errors import VeritrainError
 
 HARDHAT_CHAIN_ID = 31337
+# longer than the default 7-day unbonding period: a staker can leave before a hostile role grant lands
+ADMIN_DELAY_S = 8 * 24 * 3600
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -41,6 +43,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="verdict signatures a disputed unit needs (default 2; 1 for a first market with one verifier)",
+    )
+    parser.add_argument(
+        "--admin-delay",
+        type=int,
+        default=ADMIN_DELAY_S,
+        metavar="SECONDS",
+        help="hand the contracts' admin roles to a timelock with this delay, so role grants are public "
+        f"that long before they land (default {ADMIN_DELAY_S}: 8 days; 0 keeps the deployer as admin)",
     )
     existing = parser.add_mutually_exclusive_group()
     existing.add_argument("--force", action="store_true", help="replace an existing deployments file")
@@ -107,5 +117,12 @@ def deploy(args: argparse.Namespace) -> dict[str, Any]:
         if args.verifier_quorum < 1:
             raise ConfigError("--verifier-quorum must be at least 1")
         params = replace(params, verifier_quorum=args.verifier_quorum)
-    client = ChainClient.deploy(backend, deployer, operator=args.operator, params=params, save_to=out)
+    client = ChainClient.deploy(
+        backend,
+        deployer,
+        operator=args.operator,
+        params=params,
+        save_to=out,
+        admin_delay=args.admin_delay or None,
+    )
     return {**client.deployment.to_dict(), "file": str(out)}

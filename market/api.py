@@ -26,6 +26,7 @@ from veritrain.errors import (
     InvalidSignature,
     MarketError,
     NotFound,
+    RateLimited,
     ReplayedMessage,
     UnderfundedOrder,
     VeritrainError,
@@ -49,6 +50,7 @@ from veritrain.messages import (
     VerdictSubmission,
     VerificationJobsReply,
 )
+from veritrain.ratelimit import TokenBuckets
 
 
 class ErrorBody(BaseModel):
@@ -59,6 +61,7 @@ class ErrorBody(BaseModel):
 # Most specific first: the first matching class decides the status.
 ERROR_STATUS: tuple[tuple[type[VeritrainError], int], ...] = (
     (InvalidSignature, status.HTTP_401_UNAUTHORIZED),
+    (RateLimited, status.HTTP_429_TOO_MANY_REQUESTS),
     (ReplayedMessage, status.HTTP_409_CONFLICT),
     (UnderfundedOrder, status.HTTP_402_PAYMENT_REQUIRED),
     (InvalidInput, status.HTTP_400_BAD_REQUEST),
@@ -68,6 +71,9 @@ ERROR_STATUS: tuple[tuple[type[VeritrainError], int], ...] = (
 )
 
 _ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorBody} for code in (400, 401, 402, 404, 409)}
+# A registration reads the agent's stake and reputation from the chain: rationed per client address.
+REGISTER_RATE_PER_S = 2.0
+REGISTER_BURST = 20
 
 
 def status_for(exc: VeritrainError) -> int:
@@ -122,8 +128,13 @@ def create_app(service: MarketService) -> FastAPI:
         stored = service.progress.report(signed)
         return Ack(detail=f"{stored} loss points of unit {signed.message.unit_id}")
 
-    @app.post("/agents/register", responses=_ERRORS)
-    def register(signed: Signed[Registration]) -> AgentInfo:
+    register_buckets = TokenBuckets(REGISTER_RATE_PER_S, REGISTER_BURST)
+
+    @app.post("/agents/register", responses={**_ERRORS, 429: {"model": ErrorBody}})
+    def register(signed: Signed[Registration], request: Request) -> AgentInfo:
+        client_host = request.client.host if request.client else ""
+        if not register_buckets.take(client_host, service.ctx.clock()):
+            raise RateLimited(f"too many registrations from {client_host}; at most {REGISTER_RATE_PER_S}/s")
         row = service.agents.register(signed)
         return AgentInfo(
             address=row.address, role=AgentRole(row.role), operator=row.operator, online=row.online

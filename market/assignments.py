@@ -10,12 +10,13 @@ from dataclasses import dataclass, field
 from sqlmodel import Session
 
 from market.context import Lifecycle, MarketContext, require_signer, row_id
+from market.domain.binding import is_bound
 from market.domain.replication import audit_rate_ppm, spot_check_drawn
-from market.domain.states import ReplicaState, UnitState, advance
+from market.domain.states import ReplicaState, UnitState, advance, settle_to
 from market.matchmaker import Matchmaker
 from market.orders import OrderBook
 from market.store import OrderRow, ReplicaRow, UnitRow, VerificationJobRow
-from veritrain.errors import IllegalTransition, InvalidInput, MarketError
+from veritrain.errors import IllegalTransition, InvalidInput, MarketError, UnboundResult
 from veritrain.messages import (
     AcceptSubmission,
     Assignment,
@@ -194,8 +195,20 @@ class Assignments(Lifecycle):
                 raise InvalidInput(
                     f"reveal of {submission.provider} for unit {unit.id} does not match its commitment"
                 )
-            if unit.kind == UnitKind.AGGREGATE.value:
-                _check_aggregate_opening(submission)
+            aggregate = unit.kind == UnitKind.AGGREGATE.value
+            if not is_bound(
+                submission.result_digest,
+                submission.state_digest,
+                submission.transcript_root,
+                aggregate=aggregate,
+            ):
+                opened = (
+                    "output digest and inputs commitment" if aggregate else "state_digest and transcript_root"
+                )
+                raise UnboundResult(
+                    f"reveal of {submission.provider} for unit {unit.id}: {opened} "
+                    f"do not hash to result_digest {submission.result_digest}"
+                )
             replica.state = ReplicaState.REVEALED.value
             replica.result_digest = submission.result_digest
             replica.salt = submission.salt
@@ -257,6 +270,7 @@ class Assignments(Lifecycle):
     def settle_unit(
         self, session: Session, unit: UnitRow, outcomes: Sequence[ReplicaOutcome], now: int
     ) -> None:
+        """Apply a settlement the chain recorded (finalize, verdict), whatever the market had seen before."""
         if unit.state in (UnitState.ACCEPTED.value, UnitState.FAILED.value):
             return
         live = self.ctx.live_replicas(session, unit)
@@ -266,17 +280,13 @@ class Assignments(Lifecycle):
             ReplicaOutcome.FRAUD: ReplicaState.FRAUD,
         }
         for replica, outcome in zip(live, outcomes, strict=True):
-            wanted = target[outcome]
-            if wanted == ReplicaState.FAULT and replica.state not in (ReplicaState.REVEALED.value,):
-                replica.state = ReplicaState.FAULT.value  # never revealed (or never committed): a fault
-            else:
-                replica.state = advance(
-                    ReplicaState(replica.state), wanted, what=f"replica of {replica.provider}"
-                )
+            replica.state = settle_to(
+                ReplicaState(replica.state), target[outcome], what=f"replica of {replica.provider}"
+            )
             session.add(replica)
             self._free_provider(replica.provider)
         accepted = ReplicaOutcome.ACCEPT in outcomes
-        unit.state = advance(
+        unit.state = settle_to(
             UnitState(unit.state),
             UnitState.ACCEPTED if accepted else UnitState.FAILED,
             what=f"unit {unit.id}",
@@ -284,6 +294,8 @@ class Assignments(Lifecycle):
         unit.updated_at = now
 
     def fail_unit(self, session: Session, unit: UnitRow, now: int) -> None:
+        if unit.state in (UnitState.ACCEPTED.value, UnitState.FAILED.value):
+            return
         for replica in self.ctx.live_replicas(session, unit):
             if replica.state in (
                 ReplicaState.PROPOSED.value,
@@ -301,7 +313,7 @@ class Assignments(Lifecycle):
                 replica.state = ReplicaState.FAULT.value
                 session.add(replica)
                 self._free_provider(replica.provider)
-        unit.state = advance(UnitState(unit.state), UnitState.FAILED, what=f"unit {unit.id}")
+        unit.state = settle_to(UnitState(unit.state), UnitState.FAILED, what=f"unit {unit.id}")
         unit.updated_at = now
 
     def _free_provider(self, provider: str) -> None:
@@ -362,19 +374,3 @@ def _phase(unit: UnitState, replica: ReplicaState) -> AssignmentPhase | None:
     if replica == ReplicaState.COMMITTED and unit == UnitState.REVEALING:
         return AssignmentPhase.REVEAL
     return None
-
-
-def _check_aggregate_opening(submission: RevealSubmission) -> None:
-    """An aggregate replica reveals its output state digest and inputs commitment beside the result digest
-    (in the state_digest / transcript_root fields); they must open it, since the output digest becomes the
-    next round's start."""
-    from veritrain.diloco import aggregate_result_digest
-
-    opened = aggregate_result_digest(
-        bytes.fromhex(submission.state_digest[2:]), bytes.fromhex(submission.transcript_root[2:])
-    )
-    if "0x" + opened.hex() != submission.result_digest:
-        raise InvalidInput(
-            f"aggregate reveal of {submission.provider}: output digest and inputs commitment do not open "
-            f"result digest {submission.result_digest}"
-        )

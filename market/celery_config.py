@@ -3,7 +3,7 @@
 Delivery is at-least-once (acks_late; SECURITY.md §4.1), so every task is short and idempotent: it
 re-reads state from the store and the settlement outbox decides whether anything is left to do. A
 worker killed mid-task does not requeue forever (``task_reject_on_worker_lost`` stays off); the
-periodic tick re-dispatches whatever is still pending, and outbox entries carry their own attempt cap.
+periodic tick re-dispatches whatever is still pending; a failed outbox entry waits out its own backoff.
 """
 
 from __future__ import annotations

@@ -82,6 +82,7 @@ class ChainClientSettlement:
             verdict_window_s=params.verdict_window,
             verifier_quorum=params.verifier_quorum,
             provider_collateral=params.provider_collateral,
+            min_verifier_stake=params.min_verifier_stake,
         )
 
     def assign(
@@ -120,6 +121,9 @@ class ChainClientSettlement:
 
     def expire_unit(self, unit_id: int) -> str:
         return _mined("expire", self.client.expire_unit(unit_id))
+
+    def unit_state(self, unit_id: int) -> str:
+        return self.client.get_unit(unit_id).state.name.lower()
 
     def block_number(self) -> int:
         return int(self.client.w3.eth.block_number)

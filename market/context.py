@@ -43,6 +43,9 @@ class MarketConfig:
     verifier_quorum: int = 1
     provider_collateral: int = 0  # used only without a chain (benchmarks); the chain's value wins
     pool_refresh_s: float = 5.0
+    # chain events are applied only this many blocks below the head, so a reorg of up to this depth never
+    # touches what the market applied (0 suits a dev chain that mines a block only per transaction)
+    confirmations: int = 0
     policy: ReplicationPolicy = DEFAULT_POLICY
 
 

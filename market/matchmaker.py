@@ -104,6 +104,8 @@ class Matchmaker(Lifecycle):
         self.refresh_pool()
         now = self.clock()
         collateral = self._collateral()
+        # the contract refuses a verifier whose bonded stake fell below its minimum (it unstaked)
+        min_verifier_stake = self.chain.terms().min_verifier_stake if self.chain else 0
         results: list[Match] = []
         reserved: list[str] = []
         try:
@@ -111,7 +113,11 @@ class Matchmaker(Lifecycle):
                 units = self.store.units_in(session, [UnitState.PENDING.value], limit)
                 if not units:
                     return []
-                verifiers = [a for a in self.store.agents(session, AgentRole.VERIFIER.value) if a.online]
+                verifiers = [
+                    a
+                    for a in self.store.agents(session, AgentRole.VERIFIER.value)
+                    if a.online and a.free_stake >= min_verifier_stake
+                ]
                 replicas = self.store.replicas_of_units(session, [row_id(u) for u in units])
                 orders = {o.id: o for o in self.store.orders_by_ids(session, {u.order_id for u in units})}
                 specs: dict[int, dict[str, Any]] = {}

@@ -11,6 +11,7 @@ from eth_utils import keccak
 from sqlmodel import Session
 
 from market.context import Lifecycle, row_id
+from market.domain.binding import is_bound
 from market.domain.pricing import escrow_plan
 from market.domain.rounds import (
     AcceptedReplica,
@@ -217,7 +218,10 @@ class OrderBook(Lifecycle):
         aggregates = _latest(u for u in units if u.kind == UnitKind.AGGREGATE.value)
         closing = aggregates.get(spec.shards)
         if closing is None:
-            decision = decide_shards(spec, {shard: UnitState(u.state) for shard, u in shards.items()})
+            # an accepted unit whose replicas reported no state bound to their result is retried like a
+            # failed one: the next round must never start from an unbound digest
+            states = {shard: self._settled_state(session, u) for shard, u in shards.items()}
+            decision = decide_shards(spec, states)
             for shard in decision.retry:  # migrate: a new attempt under a new unit key
                 unit = shards[shard]
                 retry = UnitPlan(round_row.index, shard, unit.start_step, unit.steps)
@@ -229,13 +233,13 @@ class OrderBook(Lifecycle):
                 self._new_unit(session, order, round_row, spec, plan, 0, now)
                 return len(decision.retry) + 1
             closing = shards[0]
-        elif closing.state == UnitState.FAILED.value:
+        elif self._settled_state(session, closing) == UnitState.FAILED:
             plan = plan_aggregate(spec, round_row.index)
             self._new_unit(session, order, round_row, spec, plan, closing.attempt + 1, now)
             return 1
         if closing.state != UnitState.ACCEPTED.value:
             return 0
-        state = next_state(round_row.index, self._accepted_replicas(session, closing))
+        state = next_state(round_row.index, self._bound_accepted(session, closing))
         round_row.state = advance(
             RoundState(round_row.state), RoundState.ACCEPTED, what=f"round {round_row.id}"
         )
@@ -250,11 +254,24 @@ class OrderBook(Lifecycle):
         session.add(order)
         return 1
 
-    def _accepted_replicas(self, session: Session, unit: UnitRow) -> list[AcceptedReplica]:
+    def _settled_state(self, session: Session, unit: UnitRow) -> UnitState:
+        """The unit's state for round logic: accepted counts only with a bound state to start from."""
+        if unit.state == UnitState.ACCEPTED.value and not self._bound_accepted(session, unit):
+            return UnitState.FAILED
+        return UnitState(unit.state)
+
+    def _bound_accepted(self, session: Session, unit: UnitRow) -> list[AcceptedReplica]:
+        """The unit's accepted replicas whose reported state is bound to their revealed result."""
         return [
             AcceptedReplica(row_id(unit), r.provider, r.state_digest or "")
             for r in self.store.replicas_of(session, row_id(unit))
             if r.state == ReplicaState.ACCEPTED.value
+            and is_bound(
+                r.result_digest,
+                r.state_digest,
+                r.transcript_root,
+                aggregate=unit.kind == UnitKind.AGGREGATE.value,
+            )
         ]
 
     def unit_work(self, session: Session, order: OrderRow, unit: UnitRow) -> dict[str, Any]:
@@ -330,7 +347,7 @@ class OrderBook(Lifecycle):
     def _result_source(self, session: Session, unit: UnitRow) -> StateSource:
         """An accepted shard unit's state and who holds it: its accepted replicas, and the accepted
         replicas of its round's aggregate unit, which fetched it (so one lost provider loses no state)."""
-        digest = next_state(unit.round_index, self._accepted_replicas(session, unit))
+        digest = next_state(unit.round_index, self._bound_accepted(session, unit))
         holders = self._holders(session, unit, digest)
         for sibling in self.store.units_of_round(session, unit.round_id):
             if sibling.kind == UnitKind.AGGREGATE.value:

@@ -14,14 +14,18 @@ from market.context import Lifecycle, MarketContext, row_id
 from market.domain.states import UnitState
 from market.ports import SignedAccept, SignedVerdict
 from market.registry import AgentRegistry
-from market.store import OutboxRow
+from market.store import OutboxRow, UnitRow
 from veritrain.errors import MarketError
 from veritrain.messages import ReplicaOutcome
 
-OUTBOX_MAX_ATTEMPTS = 5
+# A failed send is retried after 1, 2, 4 … s, at most every 5 min, never given up: each unit still ends,
+# by settlement or by its expiry, and a short RPC outage must not strand one in ASSIGNING or FINALIZING.
+OUTBOX_BACKOFF_BASE_S = 1
+OUTBOX_BACKOFF_MAX_S = 300
 OUTBOX_LEASE_S = 60
-# Reverts that mean "this settlement already happened": the intent is done, not failed.
-ALREADY_SETTLED_ERRORS = frozenset({"UnitAlreadySettled", "InvalidUnitState"})
+# Unit states on chain (SettlementPort.unit_state) after which nothing more can be sent for the unit.
+CHAIN_SETTLED_STATES = frozenset({"finalized", "verdicted", "expired"})
+SETTLES_AS = {"finalize": "finalized", "verdict": "verdicted", "expire": "expired"}
 # Outbox actions that end a unit: its round may close (or a retry open) right away.
 SETTLING_ACTIONS = frozenset({"finalize", "verdict", "expire"})
 # Outbox actions that lock (assign) or release and slash (the settling ones) providers' stake.
@@ -36,6 +40,11 @@ class OutboxResult:
     detail: str = ""
 
 
+def backoff_s(attempts: int) -> int:
+    """Seconds to wait after the ``attempts``-th failed send: doubling from the base, capped."""
+    return int(min(OUTBOX_BACKOFF_MAX_S, OUTBOX_BACKOFF_BASE_S * 2 ** min(attempts - 1, 16)))
+
+
 class SettlementOutbox(Lifecycle):
     def __init__(self, ctx: MarketContext, assignments: Assignments, agents: AgentRegistry) -> None:
         super().__init__(ctx)
@@ -43,8 +52,11 @@ class SettlementOutbox(Lifecycle):
         self.agents = agents
 
     def pending_outbox(self, limit: int = 100) -> list[int]:
+        """Entries to send now (those backing off after a failure wait for their time)."""
+        now = self.clock()
         with self.store.transaction() as session:
-            return [row_id(row) for row in self.store.outbox_in(session, ["pending", "sending"], limit)]
+            due = self.store.outbox_in(session, ["pending", "sending", "retrying"], limit, due_by=now)
+            return [row_id(row) for row in due]
 
     def send_outbox_entry(self, entry_id: int) -> OutboxResult:
         """Send one settlement intent at most once per claim; safe to run twice or concurrently.
@@ -60,7 +72,7 @@ class SettlementOutbox(Lifecycle):
         now = self.clock()
         with self.store.transaction() as session:
             entry = self.store.get_outbox(session, entry_id, for_update=True)
-            if entry.state in ("sent", "confirmed", "dead"):
+            if entry.state in ("sent", "confirmed", "reverted"):
                 return OutboxResult(entry_id, entry.state, False, "already done")
             if entry.state == "sending" and now - entry.updated_at < OUTBOX_LEASE_S:
                 return OutboxResult(entry_id, entry.state, False, "claimed by another run")
@@ -74,21 +86,42 @@ class SettlementOutbox(Lifecycle):
         try:
             tx_or_unit = self._send(action, payload)
         except ContractReverted as exc:
-            already = (
-                type(exc).__name__ in ALREADY_SETTLED_ERRORS
-                or getattr(exc, "name", "") in ALREADY_SETTLED_ERRORS
-            )
-            return self._record_send(entry_id, "confirmed" if already else "failed", None, str(exc))
-        except Exception as exc:  # RPC down, timeout: retry later under the attempt cap
+            return self._after_revert(entry_id, action, payload, exc)
+        except Exception as exc:  # RPC down, timeout: retry after a backoff
             return self._record_send(entry_id, "failed", None, f"{type(exc).__name__}: {exc}")
         return self._record_send(entry_id, "sent", tx_or_unit, "")
+
+    def _after_revert(
+        self, entry_id: int, action: str, payload: dict[str, Any], exc: Exception
+    ) -> OutboxResult:
+        """A revert is never a success: re-read the unit on chain and apply what the chain did.
+
+        Why: a revert such as UnitAlreadySettled only says somebody settled the unit, not how (a buyer may
+        expire it the moment its verdict deadline passes, paying nobody). A unit still open on chain
+        makes the intent a failure to retry."""
+        assert self.chain is not None
+        error = f"{type(exc).__name__}: {exc}"
+        try:
+            chain_state = self.chain.unit_state(int(payload["unit_id"])) if "unit_id" in payload else "none"
+        except Exception as read_error:  # RPC down: retry the whole intent later
+            return self._record_send(entry_id, "failed", None, f"{error}; re-read failed: {read_error}")
+        if chain_state not in CHAIN_SETTLED_STATES:  # refused while the unit is open: retry, blocking nothing
+            return self._record_send(entry_id, "retrying", None, error)
+        # the chain did what this intent does (someone relayed it first): done; else superseded
+        done = SETTLES_AS.get(action.split(":", 1)[0]) == chain_state
+        return self._record_send(
+            entry_id,
+            "confirmed" if done else "reverted",
+            None,
+            f"{error}; unit is {chain_state}",
+            chain_state,
+        )
 
     def _prerequisites_sent(self, session: Session, entry: OutboxRow) -> bool:
         """A unit's actions go out in order: assign, commits, reveals, then finalize/verdict."""
         if entry.action == "assign":
             return True
-        earlier = self.store.outbox_in(session, ["pending", "sending", "failed"], limit=1000)
-        return not any(e.unit_id == entry.unit_id and row_id(e) < row_id(entry) for e in earlier)
+        return not self.store.outbox_before(session, entry.unit_id, row_id(entry), ["pending", "sending"])
 
     def _send(self, action: str, payload: dict[str, Any]) -> str:
         chain = self.chain
@@ -126,22 +159,38 @@ class SettlementOutbox(Lifecycle):
             return chain.expire_unit(payload["unit_id"])
         raise MarketError(f"unknown settlement action {action!r}")
 
-    def _record_send(self, entry_id: int, outcome: str, result: str | None, error: str) -> OutboxResult:
+    def _record_send(
+        self, entry_id: int, outcome: str, result: str | None, error: str, chain_state: str = ""
+    ) -> OutboxResult:
+        """Record a send: ``sent`` applies the intent; ``confirmed``/``reverted`` apply ``chain_state``, what
+        the chain settled; ``failed`` (no answer) and ``retrying`` (the contract refused it for now) wait
+        out a backoff. Only ``pending`` holds back the unit's later intents: one the chain refused must not
+        block, say, the expiry that ends the unit."""
         now = self.clock()
         with self.store.transaction() as session:
             entry = self.store.get_outbox(session, entry_id, for_update=True)
+            if outcome in ("failed", "retrying") and entry.state != "sending":
+                # the chain sync confirmed it while this send was failing (say, a timeout after it landed)
+                return OutboxResult(entry_id, entry.state, False, error)
             entry.updated_at = now
             entry.last_error = error or None
-            if outcome == "failed":
-                entry.state = "dead" if entry.attempts >= OUTBOX_MAX_ATTEMPTS else "pending"
+            if outcome in ("failed", "retrying"):
+                entry.state = "pending" if outcome == "failed" else "retrying"
+                entry.next_attempt_at = now + backoff_s(entry.attempts)
             else:
-                entry.state = outcome
+                entry.state = "confirmed" if entry.state == "confirmed" else outcome
                 entry.tx_hash = result if result and result.startswith("0x") else entry.tx_hash
-                self._apply_settlement(session, entry, result, now)
+                unit = self.store.get_unit(session, entry.unit_id, for_update=True)
+                if chain_state:
+                    self._apply_chain_settlement(session, unit, chain_state, now)
+                else:
+                    self._apply_settlement(session, entry, unit, result, now)
+                session.add(unit)
             session.add(entry)
             recorded = OutboxResult(entry_id, entry.state, outcome == "sent", error)
             kind = entry.action.split(":", 1)[0]
-            landed = outcome != "failed" and kind in STAKE_CHANGING_ACTIONS
+            settled = bool(chain_state) or (outcome == "sent" and kind in SETTLING_ACTIONS)
+            landed = settled or (outcome == "sent" and kind == "assign")
             # later intents of the unit wait for this one (assign, commits, reveals, then the settlement)
             unblocked = outcome != "failed" and any(
                 e.unit_id == entry.unit_id and row_id(e) > entry_id
@@ -152,15 +201,16 @@ class SettlementOutbox(Lifecycle):
             )
         # the chain already shows the new stake and reputation: matching must not wait for the event sync
         self.agents.refresh_chain_facts(providers)
-        if landed and kind in SETTLING_ACTIONS:
+        if settled:
             self.triggers.advance()
         if unblocked:
             self.triggers.settle()
         return recorded
 
-    def _apply_settlement(self, session: Session, entry: OutboxRow, result: str | None, now: int) -> None:
-        """The market-side effect of a settlement that is now on chain."""
-        unit = self.store.get_unit(session, entry.unit_id, for_update=True)
+    def _apply_settlement(
+        self, session: Session, entry: OutboxRow, unit: UnitRow, result: str | None, now: int
+    ) -> None:
+        """The market-side effect of an intent that is now on chain."""
         kind = entry.action.split(":", 1)[0]
         if kind == "assign" and unit.state == UnitState.ASSIGNING.value:
             if result is not None and result.isdigit():
@@ -177,6 +227,15 @@ class SettlementOutbox(Lifecycle):
             if job is not None:
                 job.state = "relayed"
                 session.add(job)
-        elif kind == "expire" and unit.state not in (UnitState.ACCEPTED.value, UnitState.FAILED.value):
+        elif kind == "expire":
             self.assignments.fail_unit(session, unit, now)
-        session.add(unit)
+
+    def _apply_chain_settlement(self, session: Session, unit: UnitRow, chain_state: str, now: int) -> None:
+        """The unit's settlement as the chain holds it, re-read after a revert. A verdict's outcomes are
+        in its event only, so the chain sync applies those."""
+        if chain_state == "finalized":
+            self.assignments.settle_unit(
+                session, unit, [ReplicaOutcome.ACCEPT] * len(self.ctx.live_replicas(session, unit)), now
+            )
+        elif chain_state == "expired":
+            self.assignments.fail_unit(session, unit, now)

@@ -38,6 +38,7 @@ class MarketTerms:
     verdict_window_s: int
     verifier_quorum: int
     provider_collateral: int
+    min_verifier_stake: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +98,11 @@ class SettlementPort(Protocol):
         self, unit_id: int, outcomes: Sequence[int], reasons_hash: str, verdicts: Sequence[SignedVerdict]
     ) -> str: ...
     def expire_unit(self, unit_id: int) -> str: ...
+    def unit_state(self, unit_id: int) -> str:
+        """The unit's state on chain, lower case: none, committing, revealing, finalized, verdicted,
+        expired (what the market re-reads after a revert)."""
+        ...
+
     def block_number(self) -> int: ...
     def block_hash(self, block_number: int) -> str: ...
     def events(self, from_block: int, to_block: int) -> list[ChainEvent]: ...

@@ -36,9 +36,10 @@ class AgentRegistry(Lifecycle):
         for recipe in message.recipes:
             self.recipes.lookup(recipe)  # UnknownRecipe for a name outside the registry
         now = self.clock()
+        with self.store.transaction() as session:  # a replay is refused before any RPC call is spent
+            self.ctx.accept_agent_message(session, message, now)
         free_stake, reputation = self._chain_facts(message.agent)
         with self.store.transaction() as session:
-            self.ctx.accept_agent_message(session, message, now)
             row = self.store.find_agent(session, message.agent) or AgentRow(
                 address=message.agent,
                 role=message.role.value,
@@ -116,17 +117,18 @@ class AgentRegistry(Lifecycle):
         return HeartbeatReply(agent=message.agent, assignments=tuple(assignments))
 
     def refresh_chain_facts(self, accounts: set[str]) -> None:
-        """Re-read free stake and reputation of registered providers from the chain's views into the store
-        and the candidate pool: a slashed or busy provider must not be matched on its old stake."""
+        """Re-read free stake and reputation of registered agents from the chain's views into the store
+        and the candidate pool: a slashed or busy provider, or a verifier that unstaked below the minimum,
+        must not be matched on its old stake."""
         if self.chain is None or not accounts:
             return
         with self.store.transaction() as session:
-            providers = [
+            known = [
                 a.address
                 for a in (self.store.find_agent(session, account) for account in sorted(accounts))
-                if a is not None and a.role == AgentRole.PROVIDER.value
+                if a is not None
             ]
-        facts = {address: self._chain_facts(address) for address in providers}
+        facts = {address: self._chain_facts(address) for address in known}
         refreshed = []
         with self.store.transaction() as session:
             for address, (free_stake, reputation) in facts.items():

@@ -216,8 +216,11 @@ class OutboxRow(SQLModel, table=True):
     unit_id: int = Field(foreign_key="units.id", index=True)
     action: str = Field(max_length=80)
     payload_json: str
-    state: str = Field(default="pending", index=True, max_length=16)  # pending -> sent -> confirmed | dead
+    # pending -> sending -> sent -> confirmed; reverted (the chain settled the unit otherwise);
+    # back to pending (no answer) or retrying (refused while the unit is open), each after a backoff
+    state: str = Field(default="pending", index=True, max_length=16)
     attempts: int = 0
+    next_attempt_at: int = 0  # a failed send waits until then (exponential backoff)
     tx_hash: str | None = Field(default=None, max_length=66)
     last_error: str | None = None
     created_at: int
@@ -540,11 +543,23 @@ class MarketStore:
             raise NotFound(f"outbox entry {entry_id} does not exist")
         return row
 
-    def outbox_in(self, session: Session, states: Sequence[str], limit: int = 100) -> Sequence[OutboxRow]:
-        query = (
-            select(OutboxRow).where(col(OutboxRow.state).in_(states)).order_by(col(OutboxRow.id)).limit(limit)
+    def outbox_before(
+        self, session: Session, unit_id: int, before_id: int, states: Sequence[str]
+    ) -> Sequence[OutboxRow]:
+        """The unit's own intents older than ``before_id`` in ``states`` (however long the whole queue is)."""
+        query = select(OutboxRow).where(
+            OutboxRow.unit_id == unit_id, col(OutboxRow.id) < before_id, col(OutboxRow.state).in_(states)
         )
         return session.exec(query).all()
+
+    def outbox_in(
+        self, session: Session, states: Sequence[str], limit: int = 100, *, due_by: int | None = None
+    ) -> Sequence[OutboxRow]:
+        """Entries in ``states`` by id; with ``due_by``, only those whose backoff ended by then."""
+        query = select(OutboxRow).where(col(OutboxRow.state).in_(states))
+        if due_by is not None:
+            query = query.where(col(OutboxRow.next_attempt_at) <= due_by)
+        return session.exec(query.order_by(col(OutboxRow.id)).limit(limit)).all()
 
     # --- reported losses ---
 

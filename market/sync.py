@@ -10,8 +10,9 @@ from sqlmodel import Session
 
 from market.assignments import Assignments
 from market.context import Lifecycle, MarketContext, row_id
-from market.domain.states import UnitState
+from market.domain.states import ReplicaState, UnitState
 from market.registry import AgentRegistry
+from market.store import UnitRow
 from veritrain.errors import MarketError
 from veritrain.messages import ReplicaOutcome
 
@@ -24,7 +25,8 @@ STAKE_EVENTS = {
     "ReplicaSlashed": "provider",
 }
 # ... and unit events that lock or release collateral and write reputation for every replica's provider.
-UNIT_SETTLEMENT_EVENTS = frozenset({"UnitAssigned", "UnitFinalized", "VerdictRecorded", "UnitExpired"})
+SETTLED_EVENTS = frozenset({"UnitFinalized", "VerdictRecorded", "UnitExpired"})
+UNIT_SETTLEMENT_EVENTS = SETTLED_EVENTS | {"UnitAssigned"}
 
 
 class ChainSync(Lifecycle):
@@ -34,10 +36,11 @@ class ChainSync(Lifecycle):
         self.agents = agents
 
     def sync_chain_events(self, max_blocks: int = 2000) -> int:
-        """Apply JobMarket events since the cursor; confirms outbox entries someone else may have sent."""
+        """Apply JobMarket events since the cursor up to ``confirmations`` blocks below the head; confirms
+        outbox entries someone else may have sent."""
         if self.chain is None:
             raise MarketError("the market has no chain configured")
-        head = self.chain.block_number()
+        head = self.chain.block_number() - self.config.confirmations
         now = self.clock()
         with self.store.transaction() as session:
             cursor = self.store.cursor(session)
@@ -52,6 +55,8 @@ class ChainSync(Lifecycle):
             cursor.next_block = to_block + 1
             session.add(cursor)
         self.agents.refresh_chain_facts(touched)
+        if any(e.name in SETTLED_EVENTS for e in events):  # a unit settled: its round may close
+            self.triggers.advance()
         return len(events)
 
     def _accounts_touched(self, session: Session, name: str, args: dict[str, Any]) -> set[str]:
@@ -89,8 +94,11 @@ class ChainSync(Lifecycle):
         if name in ("ReplicaCommitted", "ReplicaRevealed"):
             # A worker may crash after the transaction landed but before recording it; its retry then
             # reverts (nonce used / already revealed), so the chain event is what confirms the intent.
+            # The party may also have acted straight on chain: the replica catches up with the chain.
+            provider = to_checksum_address(args["provider"])
             kind = "commit" if name == "ReplicaCommitted" else "reveal"
-            self._confirm(session, row_id(unit), f"{kind}:{to_checksum_address(args['provider'])}", now)
+            self._confirm(session, row_id(unit), f"{kind}:{provider}", now)
+            self._record_replica_event(session, unit, provider, name, args)
             return
         if name == "UnitFinalized":
             self._confirm(session, row_id(unit), "finalize", now)
@@ -104,9 +112,26 @@ class ChainSync(Lifecycle):
             )
         elif name == "UnitExpired":
             self._confirm(session, row_id(unit), "expire", now)
-            if unit.state not in (UnitState.ACCEPTED.value, UnitState.FAILED.value):
-                self.assignments.fail_unit(session, unit, now)
+            self.assignments.fail_unit(session, unit, now)
         session.add(unit)
+
+    def _record_replica_event(
+        self, session: Session, unit: UnitRow, provider: str, name: str, args: dict[str, Any]
+    ) -> None:
+        """The replica's commitment or revealed digest as the chain holds it (the market may not have it)."""
+        replica = self.store.replica(session, row_id(unit), provider)
+        if name == "ReplicaCommitted":
+            replica.commitment = _hex32(args["commitment"])
+            if replica.state == ReplicaState.SIGNED.value:
+                replica.state = ReplicaState.COMMITTED.value
+        else:
+            digest = _hex32(args["resultDigest"])
+            if replica.result_digest != digest:  # parts reported for another digest are not its own
+                replica.state_digest = replica.transcript_root = None
+            replica.result_digest = digest
+            if replica.state == ReplicaState.COMMITTED.value:
+                replica.state = ReplicaState.REVEALED.value
+        session.add(replica)
 
     def _confirm(self, session: Session, unit_id: int, action: str, now: int) -> None:
         entry = self.store.outbox_entry(session, unit_id, action)

@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from verifier.fetching import Blame
 from veritrain.agentkit import (
     HTTP_TIMEOUT_S,
     AgentCommonConfig,
     AgentPlumbing,
     BlobPlane,
-    UnitManifest,
     add_common_agent_arguments,
     aggregate_inputs_of,
     decode_state,
@@ -100,6 +100,7 @@ class VerifierAgent(AgentPlumbing):
         self.done_dir = config.data_dir / "verdicts"
         self._failures: dict[int, int] = {}
         self._retry_at: dict[int, float] = {}
+        self.blame = Blame()
         self._stop = threading.Event()
 
     def start(self) -> None:
@@ -166,37 +167,16 @@ class VerifierAgent(AgentPlumbing):
     # --- one job -------------------------------------------------------------------------------------
 
     def submissions(self, job: VerificationJobView, spec: UnitSpec) -> list[Submission]:
-        """One core Submission per replica, in assignment order; what a replica fails to serve is a fault."""
-        from verifier.core import Submission
-        from veritrain.pol import Transcript
+        """One core Submission per replica, in assignment order: what a replica itself fails to serve is a
+        fault; a fetch that got no answer makes the verifier abstain for now (verifier.fetching)."""
+        from verifier.fetching import collect_submissions
 
-        result: list[Submission] = []
-        for replica in job.replicas:
-            if replica.result_digest is None:
-                result.append(Submission(provider=replica.provider, problem="no result revealed"))
-                continue
-            try:
-                manifest_digest = self.blobs.lookup_manifest(replica.p2p_addr, replica.result_digest)
-                manifest = UnitManifest.from_bytes(self.blobs.fetch(replica.p2p_addr, manifest_digest))
-                transcript = Transcript.from_json(manifest.transcript)
-            except VeritrainError as err:
-                result.append(
-                    Submission(provider=replica.provider, problem=f"PoL manifest unavailable: {err}")
-                )
-                continue
-            if manifest.result_digest != replica.result_digest:
-                problem = "served manifest does not belong to the revealed result"
-                result.append(Submission(provider=replica.provider, problem=problem))
-                continue
-            result.append(
-                Submission(
-                    provider=replica.provider,
-                    result_digest=unhex32(replica.result_digest),
-                    transcript=transcript,
-                    evidence=ReplicaEvidence(self.blobs, replica.p2p_addr, transcript),
-                )
-            )
-        return result
+        return collect_submissions(
+            self.blobs,
+            job,
+            self.blame,
+            lambda addr, transcript: ReplicaEvidence(self.blobs, addr, transcript),
+        )
 
     def verify(self, job: VerificationJobView) -> None:
         """Decide accept/fault/fraud per replica with the verifier core, sign and submit the verdict."""

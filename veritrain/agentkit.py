@@ -428,9 +428,19 @@ def stake_by_permit(chain: ChainClient, account: LocalAccount, amount: int) -> N
 
     The market has no relay route for stake permits yet, so the agent relays its own permit: one
     transaction whose gas it pays (every later action of the agent is a signature the market relays).
+    A front-run permit does not block it: the allowance that permit set is used instead.
     """
+    from veritrain.chain.errors import ContractReverted
+
     permit = chain.sign_permit(account, chain.deployment.stake_manager, amount, chain.now() + SIGNATURE_TTL_S)
-    chain.stake_with_permit(account.address, amount, permit, relayer=account)
+    try:
+        chain.stake_with_permit(account.address, amount, permit, relayer=account)
+    except ContractReverted:
+        # Someone submitted the permit to the token first (copied from the mempool): the permit fails,
+        # but the allowance it set is ours to stake with (issue 8 finding 11).
+        if chain.allowance(account, chain.deployment.stake_manager) < amount:
+            raise
+        chain.stake(account, amount)
 
 
 # --- CLI ----------------------------------------------------------------------------------------------

@@ -60,6 +60,10 @@ class InvalidSignature(InvalidInput):
     """A signed message does not recover to the address it claims to come from."""
 
 
+class RateLimited(VeritrainError):
+    """Too many requests from one client: an endpoint that costs the server RPC calls is rationed."""
+
+
 class ReplayedMessage(InvalidInput):
     """A signed message reuses a nonce or timestamp already seen from its signer, or is too old/new."""
 
@@ -140,6 +144,11 @@ class DecodeError(InvalidInput):
 
 class EncodeError(InvalidInput):
     """A value cannot be put on the wire: a frame over its cap, or an int outside uint256."""
+
+
+class UnboundResult(InvalidInput):
+    """A reported state digest and transcript root do not hash to the result digest they claim to make up
+    (sha256(domain ‖ state ‖ root)): accepting them would let a replica steer the next round."""
 
 
 class InvalidDigest(InvalidInput):

@@ -98,6 +98,8 @@ class Settings(BaseSettings):
     celery_queue: str = "veritrain-market"
     tick_s: float = 2.0
     heartbeat_timeout_s: int = 30
+    # blocks an event must be buried under before the market applies it (reorg safety; 0 on a dev chain)
+    chain_confirmations: int = 0
     accept_timeout_s: int = 60
     message_max_skew_s: int = 300
 

@@ -88,6 +88,9 @@ REPLICA_TRANSITIONS: dict[ReplicaState, frozenset[ReplicaState]] = {
 }
 
 TERMINAL_UNIT_STATES = frozenset({UnitState.ACCEPTED, UnitState.FAILED})
+TERMINAL_REPLICA_STATES = frozenset(
+    {ReplicaState.ACCEPTED, ReplicaState.FAULT, ReplicaState.FRAUD, ReplicaState.DROPPED}
+)
 ON_CHAIN_UNIT_STATES = frozenset(
     {UnitState.COMMITTING, UnitState.REVEALING, UnitState.FINALIZING, UnitState.VERIFYING}
 )
@@ -116,4 +119,17 @@ def advance(current: S, target: S, *, what: str = "") -> S:
             f"{what or type(current).__name__}: {current.value} -> {target.value} is not allowed "
             f"(allowed: {', '.join(allowed)})"
         )
+    return target
+
+
+def settle_to(current: S, target: S, *, what: str = "") -> S:
+    """``target``, a terminal state the chain settled on, from whatever state the market had.
+
+    Why not :func:`advance`: the chain is the source of truth and anyone may act on it directly (a
+    provider revealing straight on chain finalizes a unit the market still has as committed). The market
+    catches up instead of refusing the chain's fact, which would stall every later event.
+    """
+    terminal = {UnitState: TERMINAL_UNIT_STATES, ReplicaState: TERMINAL_REPLICA_STATES}.get(type(current))
+    if terminal is None or type(current) is not type(target) or target not in terminal:
+        raise IllegalTransition(f"{what or type(current).__name__}: {target!r} is not a settled state")
     return target

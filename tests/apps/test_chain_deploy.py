@@ -52,6 +52,7 @@ def test_deploy_with_a_keystore_writes_a_usable_deployments_file(
         client.deployment.chain_id == 31337
         and client.deployment.job_market == printed["addresses"]["JobMarket"]
     )
+    assert client.deployment.timelock == printed["addresses"]["AdminTimelock"]  # admin behind the delay
     # a second deploy must not silently replace the file the market and agents use
     assert main([*argv]) == 2
     assert "--force replaces it" in capsys.readouterr().err

@@ -82,3 +82,29 @@ def test_malformed_deployments_file_is_a_typed_error(tmp_path: Path, mutate: obj
     path.write_text(json.dumps(raw))
     with pytest.raises(DeploymentError):
         Deployment.load(path)
+
+
+def test_admin_roles_sit_behind_the_timelock_so_a_grant_waits_for_its_delay(tmp_path: Path) -> None:
+    """Issue 8 finding 10: with `admin_delay` the deployer can no longer grant MARKET_ROLE (which may
+    slash anyone) or OPERATOR_ROLE at once; a grant scheduled on the timelock lands after the delay."""
+    from veritrain.chain.client import _calldata
+    from veritrain.chain.errors import ContractReverted
+
+    with InProcessBackend() as backend:
+        deployer, attacker = backend.dev_accounts(2)
+        client = ChainClient.deploy(backend, deployer, admin_delay=3600, save_to=tmp_path / "d.json")
+        assert Deployment.load(tmp_path / "d.json").timelock == client.deployment.timelock != ""
+        stake_role = client.stakes.functions.MARKET_ROLE().call()
+        market_role = client.market.functions.OPERATOR_ROLE().call()
+        for contract, role in ((client.stakes, stake_role), (client.market, market_role)):
+            with pytest.raises(ContractReverted, match="AccessControlUnauthorizedAccount"):
+                client._send(deployer, contract, "grantRole", role, attacker.address)
+        timelock = client._bind("AdminTimelock", client.deployment.timelock)
+        call = _calldata(client.stakes, "grantRole", stake_role, attacker.address)
+        operation = (client.stakes.address, 0, call, b"\0" * 32, b"\0" * 32)
+        client._send(deployer, timelock, "schedule", *operation, 3600)
+        with pytest.raises(ContractReverted, match="TimelockUnexpectedOperationState"):
+            client._send(deployer, timelock, "execute", *operation)
+        client.advance_time(3600)
+        client._send(deployer, timelock, "execute", *operation)
+        assert client.stakes.functions.hasRole(stake_role, attacker.address).call()

@@ -30,7 +30,7 @@ from veritrain.settings import Settings
 
 JOB_MARKET = "0x" + "4a" * 20
 DEFAULT_FREE_STAKE = 10**21
-TERMS = MarketTerms(600, 600, 1200, verifier_quorum=1, provider_collateral=10**18)
+TERMS = MarketTerms(600, 600, 1200, verifier_quorum=1, provider_collateral=10**18, min_verifier_stake=10**18)
 OPEN_STATES = ("committing", "revealing")
 OUTCOME_ACCEPT, OUTCOME_FAULT = 0, 1
 
@@ -297,6 +297,11 @@ class LedgerChain:
                 if _key(provider) not in unit["reveals"]:
                     self._credit_outcome(state, provider, OUTCOME_FAULT)
             return self._mine(state, "UnitExpired", {"unitId": unit_id})
+
+    def unit_state(self, unit_id: int) -> str:
+        with self._state() as state:
+            unit = state["units"].get(str(unit_id))
+            return "none" if unit is None else str(unit["state"])
 
     def block_number(self) -> int:
         with self._state() as state:

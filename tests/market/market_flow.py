@@ -13,6 +13,14 @@ from market.service import MarketService
 from market.store import MarketStore
 from veritrain.chain.eip712 import commitment, outcomes_hash
 from veritrain.messages import AgentRole, OrderRequest
+from veritrain.pol import result_digest
+
+ROOT = "0x" + "77" * 32  # the transcript root every test replica reports
+
+
+def bound(state_digest: str, root: str = ROOT) -> str:
+    """The result digest a replica reporting ``state_digest`` and ``root`` commits to."""
+    return "0x" + result_digest(bytes.fromhex(state_digest[2:]), bytes.fromhex(root[2:])).hex()
 
 
 def snapshot(store: MarketStore) -> dict[str, list[tuple[Any, ...]]]:
@@ -84,7 +92,8 @@ def run_unit(
     results: dict[str, str],
     drain_after: bool = True,
 ) -> int:
-    """Drive one proposed unit through accept, assign, commit and reveal; returns the market unit id."""
+    """Drive one proposed unit through accept, assign, commit and reveal; returns the market unit id.
+    ``results`` maps providers (or "default") to the state digest each reports."""
     selected = [a for a in keys if any(x["phase"] == "accept" for x in pull(client, keys[a]))]
     unit_id = 0
     for address in selected:
@@ -101,7 +110,7 @@ def run_unit(
         chain_unit = assignment["chain_unit_id"]
         salt = "0x" + f"{int(address, 16) % 997:064x}"
         salts[address] = salt
-        digest = results.get(address, results["default"])
+        digest = bound(results.get(address, results["default"]))
         commit = "0x" + commitment(digest, salt, address, chain_unit).hex()
         deadline = key.clock.now + 600
         signature = key.sign(
@@ -126,14 +135,14 @@ def run_unit(
     for address in selected:
         key = keys[address]
         (assignment,) = [x for x in pull(client, key) if x["phase"] == "reveal"]
-        digest = results.get(address, results["default"])
+        state = results.get(address, results["default"])
         body = {
             "unit_id": unit_id,
             "provider": address,
-            "result_digest": digest,
+            "result_digest": bound(state),
             "salt": salts[address],
-            "state_digest": digest,
-            "transcript_root": "0x" + "77" * 32,
+            "state_digest": state,
+            "transcript_root": ROOT,
         }
         assert client.post("/assignments/reveal", json=body).status_code == 200, body
     if drain_after:

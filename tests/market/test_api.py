@@ -15,12 +15,22 @@ import pytest
 from agents import CHAIN_ID, Clock, chain_order_for, order_spec
 from chain_double import DEFAULT_FREE_STAKE, LedgerChain
 from fastapi.testclient import TestClient
-from market_flow import drain_outbox, post_order, pull, register_market, run_unit, snapshot, verdict_body
+from market_flow import (
+    ROOT,
+    bound,
+    drain_outbox,
+    post_order,
+    pull,
+    register_market,
+    run_unit,
+    snapshot,
+    verdict_body,
+)
 
 from market.api import create_app
 from market.context import MarketConfig, Triggers
 from market.domain.replication import ReplicationPolicy
-from market.outbox import OUTBOX_MAX_ATTEMPTS
+from market.outbox import backoff_s
 from market.service import MarketService
 from market.store import MarketStore
 from veritrain.chain.eip712 import commitment
@@ -415,7 +425,7 @@ def test_openapi_lists_every_route() -> None:
     } <= paths
 
 
-def test_a_settlement_that_keeps_failing_is_dead_lettered_not_retried_forever(
+def test_a_settlement_that_keeps_failing_backs_off_and_is_never_given_up(
     client: TestClient,
     service: MarketService,
     ledger: LedgerChain,
@@ -423,7 +433,8 @@ def test_a_settlement_that_keeps_failing_is_dead_lettered_not_retried_forever(
     clock: Clock,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """SECURITY.md C3: an intent that fails every time stops after its attempt cap (no infinite requeue)."""
+    """Issue 8 finding 7: an intent that fails every time is retried after 1, 2, 4 ... s (no tight
+    requeue) and never dropped, so the unit settles once the chain answers again."""
     no_audit(service)
     providers, _ = register_market(client, make_agent)
     post_order(client, ledger, make_agent(), clock, total_steps=20)
@@ -431,20 +442,28 @@ def test_a_settlement_that_keeps_failing_is_dead_lettered_not_retried_forever(
     calls = []
 
     def rpc_down(unit_id: int) -> str:
-        calls.append(unit_id)
+        calls.append(clock.now)
         raise ConnectionError("RPC node unreachable")
 
     monkeypatch.setattr(ledger, "finalize", rpc_down)
     run_unit(
         client, service, {k.address: k for k in providers}, {"default": "0x" + "55" * 32}, drain_after=False
     )
-    for _ in range(12):  # commits and reveals go out; finalize fails each time until its cap
-        for entry_id in service.outbox.pending_outbox():
-            service.outbox.send_outbox_entry(entry_id)
+    start = clock.now
+    for second in range(64):
+        clock.now = start + second
+        for _ in range(3):  # several ticks in the same second send nothing more
+            for entry_id in service.outbox.pending_outbox():
+                service.outbox.send_outbox_entry(entry_id)
+    assert [t - start for t in calls] == [0, 1, 3, 7, 15, 31, 63]
     with service.store.transaction() as session:
-        (entry,) = [e for e in service.store.outbox_in(session, ["dead"]) if e.action == "finalize"]
-        assert entry.attempts == OUTBOX_MAX_ATTEMPTS and "unreachable" in (entry.last_error or "")
-    assert len(calls) == OUTBOX_MAX_ATTEMPTS and service.outbox.pending_outbox() == []
+        (entry,) = [e for e in service.store.outbox_in(session, ["pending"]) if e.action == "finalize"]
+        assert entry.next_attempt_at == start + 63 + backoff_s(7)
+        assert "unreachable" in (entry.last_error or "")
+    monkeypatch.undo()
+    clock.now = start + 63 + backoff_s(7)
+    drain_outbox(service)
+    assert len(ledger.effects("UnitFinalized")) == 1
 
 
 def test_market_client_types_replies_and_refusals(client: TestClient, make_agent: Any) -> None:
@@ -490,7 +509,7 @@ def test_a_provider_that_never_commits_becomes_a_fault_and_the_unit_still_comple
     for address in working:
         (assignment,) = pull(client, keys[address])
         chain_unit = assignment["chain_unit_id"]
-        commit = "0x" + commitment(digest, salt, address, chain_unit).hex()
+        commit = "0x" + commitment(bound(digest), salt, address, chain_unit).hex()
         deadline = clock.now + 600
         signature = keys[address].sign(
             "Commit",
@@ -522,10 +541,10 @@ def test_a_provider_that_never_commits_becomes_a_fault_and_the_unit_still_comple
         body = {
             "unit_id": unit_id,
             "provider": address,
-            "result_digest": digest,
+            "result_digest": bound(digest),
             "salt": salt,
             "state_digest": digest,
-            "transcript_root": "0x" + "77" * 32,
+            "transcript_root": ROOT,
         }
         assert client.post("/assignments/reveal", json=body).status_code == 200
     clock.now += service.config.reveal_window_s
@@ -692,8 +711,8 @@ def test_diloco_order_runs_m_shards_then_an_aggregate_unit_per_round(
     root = "0x" + "77" * 32
 
     def shard_result(assignment: dict[str, Any]) -> tuple[str, str, str]:
-        digest = f"0x{assignment['round_index']:02x}{assignment['shard']:02x}" + "cd" * 30
-        return digest, digest, root
+        state = f"0x{assignment['round_index']:02x}{assignment['shard']:02x}" + "cd" * 30
+        return bound(state, root), state, root
 
     def aggregate_output(round_index: int) -> tuple[str, str, str]:
         output, commitment_ = bytes([0xA0 + round_index]) * 32, bytes([0xC0 + round_index]) * 32
@@ -718,7 +737,7 @@ def test_diloco_order_runs_m_shards_then_an_aggregate_unit_per_round(
                 assert assignment["start_state"]["holders"]
                 assert (
                     assignment["previous"]["state_digest"]
-                    == shard_result({**assignment, "round_index": 0})[0]
+                    == shard_result({**assignment, "round_index": 0})[1]
                 )
         assert service.orders.advance_orders() == 1  # both shards accepted: the aggregate unit opens
         service.matching.match_pending()
@@ -726,7 +745,7 @@ def test_diloco_order_runs_m_shards_then_an_aggregate_unit_per_round(
         ((_, view),) = aggregate.items()
         assert view["kind"] == "aggregate" and view["shard"] == 2 and view["outer"]["lr"] == 0.7
         assert [s["state_digest"] for s in view["shard_results"]] == [
-            shard_result({"round_index": round_index, "shard": m})[0] for m in range(2)
+            shard_result({"round_index": round_index, "shard": m})[1] for m in range(2)
         ]
         assert service.orders.advance_orders() == 1
 
@@ -744,7 +763,7 @@ def test_an_aggregate_reveal_that_does_not_open_its_result_is_refused(
     post_order(client, ledger, make_agent(), clock, shards=2, replicas=1, total_steps=20)
     service.matching.match_pending()
     digest = "0x" + "cd" * 32
-    _run_proposed_units(client, service, keys, lambda a: (digest, digest, "0x" + "77" * 32))
+    _run_proposed_units(client, service, keys, lambda a: (bound(digest, ROOT), digest, ROOT))
     assert service.orders.advance_orders() == 1
     service.matching.match_pending()
     # result digest = state digest does not open as sha256(domain, output, inputs commitment): refused
@@ -766,7 +785,7 @@ def test_a_shard_quorum_aggregates_without_a_failed_shard(
     service.matching.match_pending()
     digest = "0x" + "cd" * 32
     _run_proposed_units(
-        client, service, keys, lambda a: (digest, digest, "0x" + "77" * 32), silent_shards=(1,)
+        client, service, keys, lambda a: (bound(digest, ROOT), digest, ROOT), silent_shards=(1,)
     )
     assert service.orders.advance_orders() == 0  # shard 1 is still in its commit window
     clock.now += 4000  # past commit + reveal + verdict windows: the silent shard's unit expires

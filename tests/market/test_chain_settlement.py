@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from eth_account.signers.local import LocalAccount
+from market_flow import ROOT, bound
 
 from market.chain_adapter import ChainClientSettlement
 from market.context import MarketConfig
@@ -140,7 +141,8 @@ def test_order_settles_on_the_contracts_and_pays_every_replica(
     chain_unit = service.orders.order_status(order.id or 0).units[0].chain_unit_id
     assert chain_unit is not None and client.get_unit(chain_unit).state == UnitState.COMMITTING
 
-    digest, salt = "0x" + "5e" * 32, "0x" + "a7" * 32
+    state, salt = "0x" + "5e" * 32, "0x" + "a7" * 32
+    digest = bound(state)
     for provider in chosen:
         commitment = client.commitment(digest, salt, provider, chain_unit)
         signed = client.sign_commit(provider, chain_unit, commitment, deadline)
@@ -161,8 +163,8 @@ def test_order_settles_on_the_contracts_and_pays_every_replica(
                 provider=provider.address,
                 result_digest=digest,
                 salt=salt,
-                state_digest=digest,
-                transcript_root="0x" + "01" * 32,
+                state_digest=state,
+                transcript_root=ROOT,
             )
         )
     drain(service)

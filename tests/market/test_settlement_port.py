@@ -50,7 +50,9 @@ PARAMS = MarketParams(
     slash_amount=COLLATERAL // 2,
     min_verifier_stake=TOKEN,
 )
-EXPECTED_TERMS = MarketTerms(600, 600, 1200, verifier_quorum=1, provider_collateral=COLLATERAL)
+EXPECTED_TERMS = MarketTerms(
+    600, 600, 1200, verifier_quorum=1, provider_collateral=COLLATERAL, min_verifier_stake=TOKEN
+)
 PAST_EVERY_WINDOW = 600 + 600 + 1200 + 1
 DIGEST = "0x" + "5e" * 32
 OTHER_DIGEST = "0x" + "66" * 32
@@ -429,10 +431,12 @@ def test_reveal_sent_twice_has_one_effect_and_a_wrong_salt_reverts(harness: Harn
 
 def test_finalize_pays_once_releases_collateral_and_counts_valid_work(harness: Harness) -> None:
     unit_id = harness.revealed_unit()
+    assert harness.port.unit_state(unit_id) == "revealing"
     harness.port.finalize(unit_id)
     reverts("UnitAlreadySettled", lambda: harness.port.finalize(unit_id))
     reverts("UnitAlreadySettled", lambda: harness.port.expire_unit(unit_id))
     assert harness.count("UnitFinalized") == 1
+    assert harness.port.unit_state(unit_id) == "finalized" and harness.port.unit_state(999) == "none"
     for provider in harness.providers:
         assert harness.port.free_stake(provider.address) == STAKE
         assert harness.port.reputation_of(provider.address) == Reputation(valid=1, consecutive_valid=1)
@@ -462,6 +466,7 @@ def test_verdict_settles_once_by_outcome(harness: Harness) -> None:
     verdicts = [harness.verdict(harness.verifiers[0], unit_id, outcomes)]
     harness.port.submit_verdict(unit_id, outcomes, REASONS, verdicts)
     reverts("UnitAlreadySettled", lambda: harness.port.submit_verdict(unit_id, outcomes, REASONS, verdicts))
+    assert harness.port.unit_state(unit_id) == "verdicted"
     recorded = [e for e in harness.port.events(0, harness.port.block_number()) if e.name == "VerdictRecorded"]
     assert len(recorded) == 1 and [int(o) for o in recorded[0].args["outcomes"]] == outcomes
     for provider in harness.providers:
@@ -492,8 +497,10 @@ def test_verdict_before_the_reveals_are_in_reverts(harness: Harness, request: py
 
 def test_expiry_settles_once_and_counts_a_fault_for_every_silent_replica(harness: Harness) -> None:
     unit_id, _ = harness.assign(harness.post_order(2, 3))
+    assert harness.port.unit_state(unit_id) == "committing"
     harness.advance_time(PAST_EVERY_WINDOW)
     harness.port.expire_unit(unit_id)
+    assert harness.port.unit_state(unit_id) == "expired"
     reverts("UnitAlreadySettled", lambda: harness.port.expire_unit(unit_id))
     reverts("UnitAlreadySettled", lambda: harness.port.finalize(unit_id))
     assert harness.count("UnitExpired") == 1

@@ -23,7 +23,7 @@ from celery import Celery
 from chain_double import LedgerChain
 from eth_account.signers.local import LocalAccount
 from fastapi.testclient import TestClient
-from market_flow import post_order, register_market, run_unit
+from market_flow import ROOT, bound, post_order, register_market, run_unit
 
 from market.api import create_app
 from market.celery_config import celery_settings
@@ -376,7 +376,8 @@ def test_worker_settles_on_the_real_contracts_once_per_duplicate_delivery(
         chain_unit = service.orders.order_status(order_id).units[0].chain_unit_id
         assert chain_unit is not None
 
-        digest, salt = "0x" + "5e" * 32, "0x" + "a7" * 32
+        state, salt = "0x" + "5e" * 32, "0x" + "a7" * 32
+        digest = bound(state)
         for provider in chosen:
             commitment = client.commitment(digest, salt, provider, chain_unit)
             signed = client.sign_commit(provider, chain_unit, commitment, deadline)
@@ -397,8 +398,8 @@ def test_worker_settles_on_the_real_contracts_once_per_duplicate_delivery(
                     provider=provider.address,
                     result_digest=digest,
                     salt=salt,
-                    state_digest=digest,
-                    transcript_root="0x" + "01" * 32,
+                    state_digest=state,
+                    transcript_root=ROOT,
                 )
             )
         assert len(service.outbox.pending_outbox()) == 7  # 3 commits, 3 reveals, finalize

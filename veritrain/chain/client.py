@@ -29,7 +29,7 @@ the chain unless `nonce=` is given (give it when signing several messages before
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import IntEnum
 from pathlib import Path
 from typing import Any
@@ -270,10 +270,14 @@ class ChainClient:
         unbonding_period: int = DEFAULT_UNBONDING_PERIOD,
         save_to: Path | str | None = None,
         contracts: dict[str, ContractData] | None = None,
+        admin_delay: int | None = None,
     ) -> ChainClient:
         """Deploy token, stake manager and job market; grant the market its role; optionally write the file.
 
         `operator` (default: the deployer) is the market service's relayer key that proposes assignments.
+        `admin_delay` (seconds): hand both contracts' admin role to an AdminTimelock with that delay, the
+        deployer its only proposer and executor, so every later role grant is public for that long first
+        (issue 8 finding 10); None keeps the deployer as admin (development chains, tests).
         """
         data = contracts or load_all()
         market_params = params or MarketParams()
@@ -309,8 +313,32 @@ class ChainClient:
             deployer, stake_manager, _calldata(client.stakes, "grantRole", role, job_market)
         )
         client.deploy_receipts += (grant,)
+        if admin_delay is not None:
+            client = client._hand_admin_to_timelock(deployer, admin_delay)
         if save_to is not None:
-            deployment.save(save_to)
+            client.deployment.save(save_to)
+        return client
+
+    def _hand_admin_to_timelock(self, deployer: LocalAccount, delay: int) -> ChainClient:
+        """Deploy the AdminTimelock, grant it both admin roles and renounce the deployer's."""
+        arguments = abi_encode(
+            ["uint256", "address[]", "address[]"], [delay, [deployer.address], [deployer.address]]
+        )
+        receipt = self.transactor.send(deployer, None, self.contracts["AdminTimelock"].bytecode + arguments)
+        timelock = _created(receipt, "AdminTimelock")
+        receipts = [receipt]
+        for contract in (self.stakes, self.market):
+            admin = contract.functions.DEFAULT_ADMIN_ROLE().call()
+            for function, account in (("grantRole", timelock), ("renounceRole", deployer.address)):
+                data = _calldata(contract, function, admin, account)
+                receipts.append(self.transactor.send(deployer, contract.address, data))
+        client = type(self)(
+            self.backend,
+            replace(self.deployment, timelock=timelock),
+            relayer=self.relayer,
+            contracts=self.contracts,
+        )
+        client.deploy_receipts = self.deploy_receipts + tuple(receipts)
         return client
 
     @classmethod

@@ -50,10 +50,12 @@ class Deployment:
     operator: str
     unbonding_period: int
     params: MarketParams
+    timelock: str = ""  # the AdminTimelock holding both admin roles ("": the deployer kept them)
 
     @property
     def addresses(self) -> dict[str, str]:
-        return {"VeriToken": self.token, "StakeManager": self.stake_manager, "JobMarket": self.job_market}
+        named = {"VeriToken": self.token, "StakeManager": self.stake_manager, "JobMarket": self.job_market}
+        return {**named, "AdminTimelock": self.timelock} if self.timelock else named
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -86,6 +88,9 @@ class Deployment:
                 operator=_address(raw["operator"], "operator"),
                 unbonding_period=_int(unbonding, "unbondingPeriod"),
                 params=market,
+                timelock=_address(addresses["AdminTimelock"], "AdminTimelock")
+                if "AdminTimelock" in addresses
+                else "",
             )
         except DeploymentError:
             raise

@@ -1,0 +1,240 @@
+"""A market service on the real contracts (in-process EVM) and a real store, driven step by step like its
+agents, a buyer and an attacker would: the harness of the settlement-hardening tests (issue 8)."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from eth_account.signers.local import LocalAccount
+
+from market.chain_adapter import ChainClientSettlement
+from market.context import MarketConfig
+from market.domain.pricing import escrow_plan
+from market.domain.replication import ReplicationPolicy
+from market.ports import RegistryRecipeCatalog, SettlementPort
+from market.service import MarketService
+from market.store import MarketStore, UnitRow
+from veritrain.chain.client import ChainClient, Reveal
+from veritrain.messages import (
+    AcceptSubmission,
+    AgentRole,
+    CommitSubmission,
+    Offer,
+    OrderRequest,
+    OrderSpec,
+    Registration,
+    RevealSubmission,
+    sign_message,
+)
+from veritrain.pol import result_digest
+
+STAKE = 200 * 10**18
+SALT = "0x" + "a7" * 32
+
+
+@dataclass(frozen=True)
+class Result:
+    """A replica's result: the two digests it reports and the result digest that binds them."""
+
+    state_digest: str
+    transcript_root: str
+
+    @property
+    def digest(self) -> str:
+        state, root = (bytes.fromhex(h[2:]) for h in (self.state_digest, self.transcript_root))
+        return "0x" + result_digest(state, root).hex()
+
+
+def result(label: str) -> Result:
+    """A distinct, correctly bound result per label."""
+    state = hashlib.sha256(f"state:{label}".encode()).hexdigest()
+    root = hashlib.sha256(f"root:{label}".encode()).hexdigest()
+    return Result("0x" + state, "0x" + root)
+
+
+@dataclass
+class ChainMarket:
+    client: ChainClient
+    store: MarketStore
+    buyer: LocalAccount
+    providers: list[LocalAccount]
+    verifiers: list[LocalAccount]
+    wrap: Callable[[SettlementPort], SettlementPort] = lambda port: port
+    service: MarketService = field(init=False)
+    nonces: itertools.count = field(default_factory=lambda: itertools.count(1))
+    offset: int = 0  # the market's clock runs this far ahead of the chain's
+
+    def __post_init__(self) -> None:
+        params = self.client.params
+        config = MarketConfig(
+            chain_id=self.client.chain_id,
+            commit_window_s=params.commit_window,
+            reveal_window_s=params.reveal_window,
+            verdict_window_s=params.verdict_window,
+            verifier_quorum=params.verifier_quorum,
+            policy=ReplicationPolicy(base_audit_ppm=0, trusted_audit_ppm=0),
+        )
+        port = self.wrap(ChainClientSettlement(self.client))
+        self.service = MarketService(self.store, RegistryRecipeCatalog(), port, config, clock=self.now)
+        for account in self.providers + self.verifiers:
+            self.register(account, AgentRole.PROVIDER if account in self.providers else AgentRole.VERIFIER)
+
+    def now(self) -> int:
+        return self.client.now() + self.offset
+
+    def register(self, account: LocalAccount, role: AgentRole) -> None:
+        registration = Registration(
+            agent=account.address,
+            nonce=next(self.nonces),
+            timestamp=self.now(),
+            role=role,
+            operator=account.address,
+            memory_mb=8192,
+            gflops=100,
+            hardware_class="cpu",
+            recipes=("digits-mlp",),
+        )
+        self.service.agents.register(sign_message(registration, account.key, self.client.chain_id))
+        if role == AgentRole.PROVIDER:
+            offer = Offer(
+                agent=account.address,
+                nonce=next(self.nonces),
+                timestamp=self.now(),
+                price_per_pflop=10**17,
+                expires_at=self.now() + 86_400,
+            )
+            self.service.agents.post_offer(sign_message(offer, account.key, self.client.chain_id))
+
+    def post_order(self, rounds: int = 2) -> int:
+        """A buyer's order of ``rounds`` one-unit rounds with 3 replicas; returns the market's order id."""
+        spec = OrderSpec(
+            buyer=self.buyer.address,
+            recipe="digits-mlp",
+            dataset_digest="0x" + "cd" * 32,
+            total_steps=10 * rounds,
+            unit_steps=10,
+            replicas=3,
+            seed=3,
+            max_price_per_pflop=10**18,
+            verifier_fee_per_unit=10**15,
+            deadline=self.client.now() + 30 * 86_400,
+        )
+        plan = escrow_plan(spec, RegistryRecipeCatalog().lookup("digits-mlp").flops_per_step)
+        self.client.approve(self.buyer, self.client.deployment.job_market, plan.total)
+        chain_order, _ = self.client.post_order(
+            self.buyer,
+            spec.spec_hash(),
+            plan.units,
+            plan.replicas,
+            plan.price_per_replica,
+            plan.verifier_fee_per_unit,
+            spec.deadline,
+        )
+        order = self.service.orders.post_order(OrderRequest(spec=spec, chain_order_id=chain_order))
+        return order.id or 0
+
+    def unit(self, unit_id: int) -> UnitRow:
+        with self.store.transaction() as session:
+            return self.store.get_unit(session, unit_id)
+
+    def replica_states(self, unit_id: int) -> list[str]:
+        with self.store.transaction() as session:
+            return [r.state for r in self.store.replicas_of(session, unit_id)]
+
+    def match_and_accept(self) -> tuple[int, list[LocalAccount]]:
+        """Match the pending unit and have its providers sign Accept; returns (unit id, providers)."""
+        (match,) = self.service.matching.match_pending()
+        assert match.complete, match
+        by_address = {a.address: a for a in self.providers}
+        chosen = [by_address[a] for a in match.selected]
+        unit = self.unit(match.unit_id)
+        deadline = self.client.now() + 3600
+        for provider in chosen:
+            signed = self.client.sign_accept(provider, self.order_chain_id(unit), unit.unit_key, deadline)
+            self.service.assignments.accept(
+                AcceptSubmission(
+                    unit_id=match.unit_id,
+                    provider=provider.address,
+                    nonce=signed.nonce,
+                    deadline=deadline,
+                    signature="0x" + signed.signature.hex(),
+                )
+            )
+        return match.unit_id, chosen
+
+    def order_chain_id(self, unit: UnitRow) -> int:
+        with self.store.transaction() as session:
+            return self.store.get_order(session, unit.order_id).chain_order_id
+
+    def commit(self, unit_id: int, provider: LocalAccount, res: Result) -> None:
+        chain_unit = self.unit(unit_id).chain_unit_id
+        assert chain_unit is not None
+        deadline = self.client.now() + 3600
+        commitment = self.client.commitment(res.digest, SALT, provider, chain_unit)
+        signed = self.client.sign_commit(provider, chain_unit, commitment, deadline)
+        self.service.assignments.commit(
+            CommitSubmission(
+                unit_id=unit_id,
+                provider=provider.address,
+                commitment="0x" + commitment.hex(),
+                nonce=signed.nonce,
+                deadline=deadline,
+                signature="0x" + signed.signature.hex(),
+            )
+        )
+
+    def reveal_submission(self, unit_id: int, provider: LocalAccount, res: Result) -> RevealSubmission:
+        return RevealSubmission(
+            unit_id=unit_id,
+            provider=provider.address,
+            result_digest=res.digest,
+            salt=SALT,
+            state_digest=res.state_digest,
+            transcript_root=res.transcript_root,
+        )
+
+    def reveal_on_chain(self, unit_id: int, reveals: dict[str, Result], sender: LocalAccount) -> bool:
+        """Reveal straight on the JobMarket (not through the market); True if that finalized the unit."""
+        chain_unit = self.unit(unit_id).chain_unit_id
+        assert chain_unit is not None
+        batch = [Reveal(address, res.digest, SALT) for address, res in reveals.items()]
+        finalized, _ = self.client.reveal_batch(chain_unit, batch, sender=sender)
+        return finalized
+
+    def send_outbox(self, skip: Callable[[str], bool] = lambda action: False) -> list[str]:
+        """Send every due outbox entry (in order, again while that lands some) except those ``skip`` names;
+        the states of the entries that got past their wait."""
+        states: list[str] = []
+        for _ in range(10):
+            results = [self.service.outbox.send_outbox_entry(e) for e in self.due_entries(skip)]
+            done = [r.state for r in results if r.sent or r.state in ("confirmed", "reverted")]
+            states += done
+            if not done:
+                return states
+        raise AssertionError("outbox did not drain")
+
+    def due_entries(self, skip: Callable[[str], bool] = lambda action: False) -> list[int]:
+        due = self.service.outbox.pending_outbox()
+        with self.store.transaction() as session:
+            return [e for e in due if not skip(self.store.get_outbox(session, e).action)]
+
+    def outbox_states(self, unit_id: int) -> dict[str, str]:
+        from sqlmodel import select
+
+        from market.store import OutboxRow
+
+        with self.store.transaction() as session:
+            rows = session.exec(select(OutboxRow).where(OutboxRow.unit_id == unit_id)).all()
+            return {row.action: row.state for row in rows}
+
+
+def funded_accounts(client: ChainClient, accounts: list[LocalAccount]) -> None:
+    """Mint to every account but the deployer; everyone but the buyer (accounts[1]) stakes."""
+    for account in accounts[1:]:
+        client.mint(account, 10_000 * 10**18)
+    for account in accounts[2:]:
+        client.approve(account, client.deployment.stake_manager, STAKE)
+        client.stake(account, STAKE)

@@ -1,0 +1,74 @@
+"""Issue 8 finding 11: the outbox keeps a unit's intents in order however long the queue is, and a late
+failure never undoes what the chain sync already confirmed. SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agents import Clock
+from chain_double import LedgerChain
+from fastapi.testclient import TestClient
+from market_flow import post_order, register_market, run_unit
+
+from market.api import create_app
+from market.context import MarketConfig
+from market.domain.replication import ReplicationPolicy
+from market.service import MarketService
+
+
+def no_audit(service: MarketService) -> TestClient:
+    service.config = MarketConfig(
+        chain_id=service.config.chain_id,
+        verifier_quorum=1,
+        verifiers_per_unit=2,
+        policy=ReplicationPolicy(base_audit_ppm=0, trusted_audit_ppm=0),
+    )
+    return TestClient(create_app(service))
+
+
+def test_a_unit_waits_for_its_earlier_intents_behind_a_thousand_others(
+    service: MarketService, ledger: LedgerChain, make_agent: Any, clock: Clock
+) -> None:
+    client = no_audit(service)
+    providers, _ = register_market(client, make_agent)
+    post_order(client, ledger, make_agent(), clock, chain_order_id=1, total_steps=20)
+    post_order(client, ledger, make_agent(), clock, chain_order_id=2, total_steps=20)
+    first, second = service.matching.match_pending()
+    with service.store.transaction() as session:  # 1,000 older intents of another unit, backing off
+        for i in range(1000):
+            entry = service.store.enqueue(session, second.unit_id, f"noise:{i}", {}, clock.now)
+            entry.next_attempt_at = clock.now + 86_400
+            session.add(entry)
+    keys = {k.address: k for k in providers}
+    run_unit(client, service, {a: keys[a] for a in first.selected}, {"default": "0x" + "44" * 32}, False)
+    with service.store.transaction() as session:
+        finalize = service.store.outbox_entry(session, first.unit_id, "finalize")
+        assert finalize is not None and finalize.id is not None
+    result = service.outbox.send_outbox_entry(finalize.id)
+    assert not result.sent and "waiting for earlier actions" in result.detail
+    assert ledger.effects("UnitFinalized") == []
+
+
+def test_a_late_failure_does_not_overwrite_what_the_sync_confirmed(
+    service: MarketService, ledger: LedgerChain, make_agent: Any, clock: Clock
+) -> None:
+    """The finalize lands, the sync confirms it, then the sender's RPC call times out: still confirmed."""
+    client = no_audit(service)
+    providers, _ = register_market(client, make_agent)
+    post_order(client, ledger, make_agent(), clock, total_steps=20)
+    (match,) = service.matching.match_pending()
+    keys = {k.address: k for k in providers}
+    real_finalize = ledger.finalize
+
+    def landed_then_timed_out(unit_id: int) -> str:
+        real_finalize(unit_id)
+        service.sync.sync_chain_events()
+        raise TimeoutError("the RPC node did not answer in time")
+
+    ledger.finalize = landed_then_timed_out  # type: ignore[method-assign]
+    run_unit(client, service, {a: keys[a] for a in match.selected}, {"default": "0x" + "45" * 32})
+    with service.store.transaction() as session:
+        entry = service.store.outbox_entry(session, match.unit_id, "finalize")
+        assert entry is not None and entry.state == "confirmed"
+        assert service.store.get_unit(session, match.unit_id).state == "accepted"
+    assert len(ledger.effects("UnitFinalized")) == 1

@@ -1,0 +1,248 @@
+"""Issue 8: settlement against an adversary, on the real contracts (in-process EVM) and PostgreSQL.
+
+Each test plays one attack from the issue through the market's own code paths; the chain is the source of
+truth, so the market must end where the chain says, and never stall or pay out on its own say-so.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from chain_market import STAKE, ChainMarket, funded_accounts, result
+from market_flow import snapshot
+
+from market.ports import SettlementPort
+from market.store import MarketStore
+from veritrain.chain.backends import HardhatNode, InProcessBackend
+from veritrain.chain.client import ChainClient, UnitState
+from veritrain.errors import UnboundResult
+
+pytestmark = [pytest.mark.chain, pytest.mark.postgres]
+
+
+@pytest.fixture
+def market(fresh_postgres_url: str) -> Iterator[ChainMarket]:
+    with InProcessBackend() as backend:
+        accounts = list(backend.dev_accounts(9))
+        client = ChainClient.deploy(backend, accounts[0])
+        funded_accounts(client, accounts)
+        store = MarketStore(fresh_postgres_url)
+        store.create_schema()
+        try:
+            yield ChainMarket(client, store, accounts[1], accounts[2:6], accounts[6:9])
+        finally:
+            store.dispose()
+
+
+def test_sync_applies_a_finalize_revealed_around_the_market_and_keeps_going(market: ChainMarket) -> None:
+    """Finding 5: the providers reveal straight on chain, so `UnitFinalized` arrives while the market still
+    has every replica as committed. Sync applies it as the chain says and later events still apply."""
+    market.post_order()
+    unit_id, chosen = market.match_and_accept()
+    market.send_outbox()  # assign
+    honest = result("honest")
+    for provider in chosen:
+        market.commit(unit_id, provider, honest)
+    market.send_outbox()  # commits
+    assert market.unit(unit_id).state == "revealing"
+    assert market.reveal_on_chain(unit_id, {p.address: honest for p in chosen}, sender=chosen[0])
+
+    # a later event of another kind: a provider stakes more (matching must see it)
+    late = market.providers[-1] if market.providers[-1] not in chosen else chosen[0]
+    market.client.approve(late, market.client.deployment.stake_manager, 10**18)
+    market.client.stake(late, 10**18)
+
+    market.service.sync.sync_chain_events()
+    assert market.unit(unit_id).state == "accepted"
+    assert market.replica_states(unit_id) == ["accepted"] * 3
+    with market.store.transaction() as session:
+        assert {r.result_digest for r in market.store.replicas_of(session, unit_id)} == {honest.digest}
+        assert market.store.get_agent(session, late.address).free_stake == market.client.free_stake(late)
+        assert market.store.cursor(session).next_block == market.client.w3.eth.block_number + 1
+    assert market.service.outbox.pending_outbox() == []
+    chain_unit = market.unit(unit_id).chain_unit_id
+    assert chain_unit is not None and market.client.get_unit(chain_unit).state == UnitState.FINALIZED
+
+
+def test_a_settlement_that_reverts_applies_what_the_chain_did(market: ChainMarket) -> None:
+    """Finding 6: the buyer calls `expireUnit` the moment the verdict deadline passes, before the market's
+    finalize lands. The finalize reverts; the market re-reads the chain and fails the unit, so the round
+    does not advance on a unit that paid nobody (it retries the unit under a new key)."""
+    order_id = market.post_order()
+    unit_id, chosen = market.match_and_accept()
+    market.send_outbox()  # assign
+    honest = result("honest")
+    for provider in chosen:
+        market.commit(unit_id, provider, honest)
+    for provider in chosen:
+        market.service.assignments.reveal(market.reveal_submission(unit_id, provider, honest))
+    assert market.unit(unit_id).state == "finalizing"
+    market.send_outbox(skip=lambda action: action == "finalize")  # commits and reveals land
+    chain_unit = market.unit(unit_id).chain_unit_id
+    assert chain_unit is not None
+    verdict_deadline = market.client.get_unit(chain_unit).verdict_deadline
+    market.client.advance_time(verdict_deadline - market.client.now() + 1)
+    market.client.expire_unit(chain_unit, sender=market.buyer)
+
+    assert market.send_outbox() == ["reverted"]
+    assert market.unit(unit_id).state == "failed"
+    assert "accepted" not in market.replica_states(unit_id)
+    assert market.service.orders.advance_orders() == 1  # a new attempt, not the next round
+    status = market.service.orders.order_status(order_id)
+    assert status.rounds_accepted == 0 and status.current_state_digest is None
+    assert [u.state for u in status.units] == ["failed", "pending"]
+    assert all(market.client.credits(p) == 0 for p in chosen)
+    market.service.sync.sync_chain_events()  # the chain's own events agree
+    assert market.unit(unit_id).state == "failed"
+
+
+def test_a_reported_state_must_be_bound_to_the_revealed_result(market: ChainMarket) -> None:
+    """Finding 8: a replica reveals its committed result digest but reports another state digest (to steer
+    the next round). The market refuses it with a typed error and stores nothing."""
+    market.post_order()
+    unit_id, chosen = market.match_and_accept()
+    market.send_outbox()
+    honest = result("honest")
+    for provider in chosen:
+        market.commit(unit_id, provider, honest)
+    steering = market.reveal_submission(unit_id, chosen[0], honest).model_copy(
+        update={"state_digest": result("steered").state_digest}
+    )
+    before = snapshot(market.store)
+    with pytest.raises(UnboundResult, match="state_digest"):
+        market.service.assignments.reveal(steering)
+    assert snapshot(market.store) == before
+
+
+def test_the_next_round_never_starts_from_a_state_nobody_bound(market: ChainMarket) -> None:
+    """Finding 8: every replica revealed straight on chain, so the market holds no reported state bound to
+    the accepted digest: the round retries the unit instead of starting round 1 from an unbound digest."""
+    order_id = market.post_order()
+    unit_id, chosen = market.match_and_accept()
+    market.send_outbox()
+    honest = result("honest")
+    for provider in chosen:
+        market.commit(unit_id, provider, honest)
+    market.send_outbox()
+    assert market.reveal_on_chain(unit_id, {p.address: honest for p in chosen}, sender=chosen[0])
+    market.service.sync.sync_chain_events()
+    assert market.service.orders.advance_orders() == 1
+    status = market.service.orders.order_status(order_id)
+    assert status.rounds_accepted == 0 and status.current_state_digest is None
+    assert [(u.round_index, u.state) for u in status.units] == [(0, "accepted"), (0, "pending")]
+
+
+WRITES = frozenset({"assign", "commit_with_sig", "reveal", "finalize", "submit_verdict", "expire_unit"})
+
+
+class Outage:
+    """The real port, but every transaction fails while the RPC node is down (reads keep working)."""
+
+    def __init__(self, port: SettlementPort) -> None:
+        self.port = port
+        self.down = False
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self.port, name)
+        if name not in WRITES:
+            return attribute
+
+        def send(*args: Any) -> Any:
+            if self.down:
+                raise ConnectionError("RPC node unreachable")
+            return attribute(*args)
+
+        return send
+
+
+def through_outage(market: ChainMarket, outage: Outage, seconds: int, then: int) -> None:
+    """The worker's tick: every second of market time it sends what is due; the RPC node is down for the
+    first ``seconds`` of ``then``."""
+    for tick in range(then):
+        outage.down = tick < seconds
+        market.send_outbox()
+        market.offset += 1
+
+
+def test_a_ten_second_rpc_outage_strands_no_unit(fresh_postgres_url: str) -> None:
+    """Finding 7: sends fail for 10 s while assigning and again while finalizing; backoff retries them
+    after the outage, so the unit settles instead of staying in ASSIGNING or FINALIZING forever."""
+    outage: Outage | None = None
+
+    def wrap(port: SettlementPort) -> SettlementPort:
+        nonlocal outage
+        outage = Outage(port)
+        return outage  # type: ignore[return-value]
+
+    with InProcessBackend() as backend:
+        accounts = list(backend.dev_accounts(9))
+        client = ChainClient.deploy(backend, accounts[0])
+        funded_accounts(client, accounts)
+        store = MarketStore(fresh_postgres_url)
+        store.create_schema()
+        market = ChainMarket(client, store, accounts[1], accounts[2:6], accounts[6:9], wrap=wrap)
+        assert outage is not None
+        market.post_order()
+        unit_id, chosen = market.match_and_accept()
+        through_outage(market, outage, seconds=10, then=60)
+        assert market.unit(unit_id).state == "committing"
+        honest = result("honest")
+        for provider in chosen:
+            market.commit(unit_id, provider, honest)
+        for provider in chosen:
+            market.service.assignments.reveal(market.reveal_submission(unit_id, provider, honest))
+        through_outage(market, outage, seconds=10, then=60)
+        assert market.unit(unit_id).state == "accepted"
+        assert all(market.client.credits(p) > 0 for p in chosen)
+        store.dispose()
+
+
+def test_a_verifier_that_unstaked_below_the_minimum_is_never_picked(market: ChainMarket) -> None:
+    """Finding 7: the contract refuses an assignment naming a verifier whose bonded stake fell below the
+    minimum; matching must see the unstake (through the event sync) and pick others."""
+    market.service.config = replace(market.service.config, verifiers_per_unit=3)  # all, if eligible
+    gone = market.verifiers[1]
+    market.client.request_unstake(gone, STAKE - market.client.params.min_verifier_stake + 1)
+    market.service.sync.sync_chain_events()
+    market.post_order()
+    unit_id, _ = market.match_and_accept()
+    assert gone.address not in json.loads(market.unit(unit_id).verifiers_json)
+    market.send_outbox()
+    assert market.unit(unit_id).state == "committing"
+
+
+@pytest.mark.node_backend
+def test_sync_waits_for_confirmations_and_survives_a_reorg(
+    hardhat_node: HardhatNode, fresh_postgres_url: str
+) -> None:
+    """Finding 11: events are applied only N = 2 blocks deep. A block the chain drops (evm_revert, as in
+    a reorg) was never applied, and the block that replaces it at the same height is."""
+    backend = hardhat_node.backend()
+    accounts = list(backend.dev_accounts(9))
+    client = ChainClient.deploy(backend, accounts[0])
+    funded_accounts(client, accounts)
+    store = MarketStore(fresh_postgres_url)
+    store.create_schema()
+    market = ChainMarket(client, store, accounts[1], accounts[2:6], accounts[6:9])
+    market.service.config = replace(market.service.config, confirmations=2)
+    dropped, kept = market.providers[0], market.providers[1]
+    market.service.sync.sync_chain_events()
+    snapshot_id = backend.snapshot()
+    client.approve(dropped, client.deployment.stake_manager, 10**18)
+    client.stake(dropped, 10**18)  # the head block: not deep enough yet
+    market.service.sync.sync_chain_events()
+    backend.revert(snapshot_id)  # the reorg: the stake never happened
+    client.approve(kept, client.deployment.stake_manager, 10**18)
+    client.stake(kept, 10**18)  # what the chain holds at those heights now
+    client.advance_time(1)
+    client.advance_time(1)  # two blocks on top
+    market.service.sync.sync_chain_events()
+    with store.transaction() as session:
+        for account in (dropped, kept):
+            assert store.get_agent(session, account.address).free_stake == client.free_stake(account)
+        assert store.cursor(session).next_block == client.w3.eth.block_number - 2 + 1
+    store.dispose()
