@@ -44,6 +44,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("order", "close"), "apps.order:close", "close an order and withdraw what is left of its escrow"),
     (("bench", "chain"), "veritrain.chain.bench", "gas of each contract action for one 3-replica unit"),
     (("bench", "training"), "apps.bench_training", "DiLoCo vs data-parallel, robust rounds, real size"),
+    (("bench", "simulate"), "apps.bench_simulate", "network-scale simulation: time to train, GPU use, cost"),
     (("bench", "calibrate"), "verifier.calibrate", "honest-vs-honest distances and tolerances"),
     (("bench", "verification"), "verifier.attacks", "run the attack suite against the verifier core"),
     (("bench", "market"), "apps.bench_market", "matching throughput/latency and orchestration overhead"),
