@@ -1,8 +1,9 @@
 """`veritrain bench simulate --json FILE`: a discrete-event simulator of DiLoCo orders on a network of
 home providers (issue 7 item 10). It drives the market's real domain logic — ``CandidatePool`` matching
-with ``UnitDemand`` (hardware classes, speed budget, operators), ``plan_round`` for each round's units,
-``replication.audit_rate_ppm`` / ``spot_check_drawn`` for spot checks, and ``pricing`` for what the buyer
-pays — with simulated providers, links, churn and verification. No tensors move: time and bytes only.
+with ``UnitDemand`` (hardware classes, speed budget, operators), ``plan_round`` / ``plan_aggregate`` for
+each round's units, ``replication.audit_rate_ppm`` / ``spot_check_drawn`` for spot checks, and ``pricing``
+for what the buyer pays — with simulated providers, links, churn and verification. No tensors move: time
+and bytes only.
 
 Model (assumptions are named so; everything else comes from the code or a measured figure):
 
@@ -43,8 +44,9 @@ spent in inner steps of accepted replicas ÷ online provider-seconds, while ever
 steady state, without the idle tail of a finite batch of orders),
 ``training_efficiency`` (the same divided by k: the replicas are verification, not progress) and
 ``cost_per_order`` (integer token base units: accepted replicas × the escrow's price per replica, plus
-verifier fees of verified units; an aggregate replica is priced by its ~8·M·P FLOPs, an ASSUMPTION until
-the market prices aggregate units). Deterministic for a seed; the whole bench takes ~40 s of CPU.
+verifier fees of verified units; the escrow pays an aggregate replica the same price per replica as a
+training replica, as the v1 contract does). Aggregate units settle on the fast path here (their audit by
+recomputation is not simulated). Deterministic for a seed; the whole bench takes ~40 s of CPU.
 """
 
 from __future__ import annotations
@@ -63,10 +65,10 @@ from typing import Any
 
 from market.context import MarketConfig
 from market.domain.matching import CandidatePool, ProviderCandidate, UnitDemand
-from market.domain.pricing import escrow_plan, price_for_flops
+from market.domain.pricing import escrow_plan
 from market.domain.replication import Reputation, audit_rate_ppm, spot_check_drawn
-from market.domain.rounds import plan_round
-from veritrain.messages import OrderSpec
+from market.domain.rounds import plan_aggregate, plan_round
+from veritrain.messages import OrderSpec, UnitKind
 from veritrain.recipes import Recipe, get_recipe
 
 MBIT = 1_000_000 / 8  # bytes per second of one Mbit/s
@@ -172,11 +174,12 @@ class Agent:
 class Unit:
     order: int
     round_index: int
-    shard: int  # -1: the round's aggregate unit
+    shard: int  # M for the round's aggregate unit (rounds.plan_aggregate)
     steps: int
     k: int
     unit_id: int
     replicas: list[Job] = field(default_factory=list)
+    kind: UnitKind = UnitKind.TRAIN
     excluded: set[str] = field(default_factory=set)
     committed: int = 0
 
@@ -283,6 +286,7 @@ class Simulation:
             total_steps=s.rounds * s.inner_steps,
             unit_steps=s.inner_steps,
             replicas=s.replicas,
+            shards=s.shards,
             seed=s.seed,
             max_price_per_pflop=MAX_PRICE_PER_PFLOP,
             verifier_fee_per_unit=VERIFIER_FEE_PER_UNIT,
@@ -309,7 +313,7 @@ class Simulation:
 
     def _open_round(self, order: int, round_index: int) -> None:
         self.orders[order].accepted = 0
-        for plan in plan_round(self.spec, round_index, self.s.shards):
+        for plan in plan_round(self.spec, round_index):
             unit = Unit(order, round_index, plan.shard, plan.steps, self.s.replicas, next(self.unit_ids))
             self.ready.append(unit)
 
@@ -350,7 +354,7 @@ class Simulation:
     def _start(self, unit: Unit, agent: Agent) -> None:
         """Fetch what the unit needs that the agent lacks, then compute; commit at the end."""
         ready = self.now
-        if unit.shard >= 0:
+        if unit.kind is UnitKind.TRAIN:
             compute = unit.steps * agent.step_s
             if unit.round_index > 0 and self.s.shards > 1:
                 ready = self._fetch(("round", unit.order, unit.round_index), self.round_bytes, agent, ready)
@@ -390,14 +394,14 @@ class Simulation:
         agent.job = None
         unit.committed += 1
         blob: Blob = ("result", unit.order, unit.round_index, unit.shard)
-        if unit.shard < 0:
+        if unit.kind is UnitKind.AGGREGATE:
             blob = ("round", unit.order, unit.round_index + 1)
         else:
             # honest simulated providers: every committed replica is accepted, so its inner steps are useful
             self.useful.append((self.now - job.compute_s, self.now))
         agent.held.add(blob)
         self.sources.setdefault(blob, []).append(agent)
-        if self.s.overlap or unit.shard < 0:
+        if self.s.overlap or unit.kind is UnitKind.AGGREGATE:
             self._release(agent)
         else:  # a blocking upload: the provider pushes its result before it takes other work
             agent.up_free = max(self.now, agent.up_free) + self.result_bytes / agent.links.up
@@ -416,7 +420,7 @@ class Simulation:
         randomness = random.Random(f"{self.s.seed}/audit").getrandbits(256).to_bytes(32, "big").hex()
         drawn = self.s.spot_checks and spot_check_drawn(randomness, unit_key, audit_rate_ppm(unit.k))
         done = self.now
-        if unit.shard >= 0 and (drawn or len({job.agent.gpu.name for job in jobs}) > 1):
+        if unit.kind is UnitKind.TRAIN and (drawn or len({job.agent.gpu.name for job in jobs}) > 1):
             done = self._verify(unit, jobs)
             self.orders[unit.order].verified_units += 1
             self.stats["units_verified"] += 1
@@ -440,7 +444,7 @@ class Simulation:
 
     def _accepted(self, unit: Unit, jobs: list[Job]) -> None:
         order = self.orders[unit.order]
-        if unit.shard < 0:
+        if unit.kind is UnitKind.AGGREGATE:
             order.paid_aggregates += len(jobs)
             self._next_round(unit)
             return
@@ -451,7 +455,12 @@ class Simulation:
         if self.s.shards == 1:  # M = 1: the accepted state is the next round's start (no aggregate unit)
             self._next_round(unit)
             return
-        self.ready.append(Unit(unit.order, unit.round_index, -1, 0, self.s.replicas, next(self.unit_ids)))
+        plan = plan_aggregate(self.spec, unit.round_index)
+        aggregate = Unit(
+            unit.order, plan.round_index, plan.shard, plan.steps, self.s.replicas, next(self.unit_ids)
+        )
+        aggregate.kind = plan.kind
+        self.ready.append(aggregate)
         self._dispatch()
 
     def _next_round(self, unit: Unit) -> None:
@@ -500,10 +509,8 @@ class Simulation:
         offline += [(a.online_since, math.inf) for a in self.providers if not a.online]
         online = len(self.providers) * end - sum(max(0.0, min(stop, end) - start) for start, stop in offline)
         useful = sum(max(0.0, min(stop, end) - start) for start, stop in self.useful)
-        aggregate_price = price_for_flops(MAX_PRICE_PER_PFLOP, 8 * self.s.shards * self.recipe.param_count())
         costs = [
-            o.paid_replicas * self.price_per_replica
-            + o.paid_aggregates * aggregate_price
+            (o.paid_replicas + o.paid_aggregates) * self.price_per_replica
             + o.verified_units * VERIFIER_FEE_PER_UNIT
             for o in self.orders
         ]
