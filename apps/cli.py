@@ -13,6 +13,7 @@ starts (it sets ``VERITRAIN_CONFIG``; see :mod:`veritrain.settings`).
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import importlib.util
 import os
@@ -68,7 +69,10 @@ def _entry(module: str, kind: str) -> tuple[ModuleType, str]:
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     """Build the parser; only the module of the command named in argv is imported."""
     parser = argparse.ArgumentParser(
-        prog="veritrain", description="Veritrain: verified AI training on idle GPUs"
+        prog="veritrain",
+        description="Veritrain: verified AI training on idle GPUs",
+        # wide enough that a group's line ("bench  bench chain|training|…") never wraps on a narrow terminal
+        formatter_class=functools.partial(argparse.HelpFormatter, width=120),
     )
     parser.add_argument(
         "--config", type=Path, metavar="FILE", help="TOML configuration file (default: $VERITRAIN_CONFIG)"
