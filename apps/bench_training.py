@@ -2,9 +2,11 @@
 the outer step at real size, and a provider's peak memory (issue 7 item 9). Figures (JSON keys):
 
 - ``loss_gap_vs_ddp``: (L_DiLoCo − L_DDP) / L_DDP, evaluation loss after the same samples. DiLoCo: M = 4
-  shards, H inner AdamW steps per round, R rounds, the outer step of ``veritrain.diloco`` (mean, lr 0.7,
-  μ 0.9). DDP: R·H synchronous steps whose batch is the M shards' batches of that step together (the
-  gradient of the averaged loss = the average of the M workers' gradients): exactly the same samples.
+  shards, H inner AdamW steps per round, R rounds, the outer step of ``veritrain.diloco`` (mean; outer lr
+  and momentum from ``BenchSize``). DDP: R·H synchronous steps whose batch is the M shards' batches of that
+  step together (the gradient of the averaged loss = the average of the M workers' gradients): exactly the
+  same samples, the same AdamW; its lr is tuned (``ddp_lr_scales`` × the recipe's lr, the best loss counts)
+  since a 4× batch may want a larger step, while DiLoCo's inner lr stays the recipe's.
   As in Douillard et al. (2023), who start DiLoCo from a pretrained model, both start from one state
   trained ``warmup_steps`` steps (fresh AdamW moments for both); ``--warmup-steps 0`` starts from scratch.
 - ``bytes_ratio_vs_ddp``: bytes a ring all-reduce of fp32 gradients moves in H steps (each step, each of M
@@ -71,6 +73,9 @@ class BenchSize:
     robust_inner_steps: int = 40
     robust_rounds: int = 6
     warmup_steps: int = 2000
+    outer_lr: float = 0.7  # DiLoCo's published outer step; 0.7 without momentum measured in BENCHMARKS.md
+    outer_momentum: float = 0.9
+    ddp_lr_scales: tuple[float, ...] = (1.0, 2.0)
     eval_batches: int = 16
     real_recipe: str = REAL_RECIPE
     real_shards: int = 4
@@ -329,25 +334,41 @@ def peak_rss_kib() -> int:
 
 
 def measure(
-    size: BenchSize, progress: Progress, extra_figures: Mapping[str, Callable[[], float]] | None = None
+    size: BenchSize,
+    progress: Progress,
+    extra_figures: Mapping[str, Callable[[], float]] | None = None,
+    loss_only: bool = False,
 ) -> dict[str, Any]:
-    """Every figure of the bench. `extra_figures` (name → measurement) lets a caller that can reach the
-    market add figures the kernel cannot measure, e.g. ``speedup_m2``."""
+    """Every figure of the bench (``loss_only``: the DiLoCo-vs-DDP loss and bytes figures alone, for
+    tuning them). `extra_figures` (name → measurement) lets a caller that can reach the market add figures
+    the kernel cannot measure, e.g. ``speedup_m2``."""
     from veritrain.datasets import load_dataset
     from veritrain.recipes import get_recipe
 
     recipe = loss_recipe()
     dataset = load_dataset(recipe.dataset)
-    figures: dict[str, Any] = {}
+    figures: dict[str, Any] = {"sizes": asdict(size)}
+    figures["loss_model"] = {
+        "recipe": LOSS_RECIPE,
+        "dataset": recipe.dataset,
+        "parameters": recipe.param_count(),
+    }
 
     progress(f"common start: {size.warmup_steps} steps from genesis")
     start = warm_start(recipe, dataset, size.warmup_steps)
     progress(f"DiLoCo M = {size.shards}, H = {size.inner_steps}, {size.rounds} rounds vs DDP")
     loss_run = (size.shards, size.inner_steps, size.rounds)
-    run = run_diloco(recipe, dataset, start, *loss_run, diloco.OuterConfig(), progress)
-    ddp = run_ddp(recipe, dataset, start, *loss_run, progress)
+    outer = diloco.OuterConfig(lr=size.outer_lr, momentum=size.outer_momentum)
+    run = run_diloco(recipe, dataset, start, *loss_run, outer, progress)
     figures["loss_diloco"] = evaluate(recipe, dataset, run.round_state, size.eval_batches)
-    figures["loss_ddp"] = evaluate(recipe, dataset, ddp, size.eval_batches)
+    ddp_losses = {}
+    for scale in size.ddp_lr_scales:
+        tuned = replace(recipe, optimizer=replace(recipe.optimizer, lr=recipe.optimizer.lr * scale))
+        progress(f"DDP with {scale:g} × the recipe's lr")
+        ddp = run_ddp(tuned, dataset, start, *loss_run, progress)
+        ddp_losses[str(scale)] = evaluate(recipe, dataset, ddp, size.eval_batches)
+    figures["loss_ddp_by_lr_scale"] = ddp_losses
+    figures["loss_ddp"] = min(ddp_losses.values())
     figures["loss_start"] = evaluate(recipe, dataset, start, size.eval_batches)
     figures["loss_gap_vs_ddp"] = (figures["loss_diloco"] - figures["loss_ddp"]) / figures["loss_ddp"]
 
@@ -363,6 +384,8 @@ def measure(
         bytes_ratio_vs_ddp_kagg2=allreduce / (round_bytes + (AGGREGATOR_REPLICAS - 1) * aggregator_fetch),
     )
 
+    if loss_only:
+        return figures
     progress(
         f"robust aggregation: M = {size.robust_shards}, shard 0 poisoned (x{POISON_SCALE:g}, sign-flipped)"
     )
@@ -396,8 +419,6 @@ def measure(
     for name, figure in (extra_figures or {}).items():
         progress(f"{name} (supplied by the caller)")
         figures[name] = figure()
-    figures["sizes"] = asdict(size)
-    figures["loss_model"] = {"recipe": LOSS_RECIPE, "dataset": recipe.dataset, "parameters": parameters}
     return figures
 
 
@@ -409,6 +430,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--inner-steps", type=int, default=default.inner_steps, help="H of the M = 4 run")
     parser.add_argument("--rounds", type=int, default=default.rounds, help="rounds of the M = 4 run")
     parser.add_argument("--warmup-steps", type=int, default=default.warmup_steps, help="common start")
+    parser.add_argument("--outer-lr", type=float, default=default.outer_lr, help="DiLoCo outer lr")
+    parser.add_argument("--outer-momentum", type=float, default=default.outer_momentum, help="outer μ")
+    parser.add_argument("--loss-only", action="store_true", help="only the loss and bytes figures vs DDP")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -417,8 +441,14 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     progress = Progress()
-    sizes = {"inner_steps": args.inner_steps, "rounds": args.rounds, "warmup_steps": args.warmup_steps}
-    figures = measure(QUICK if args.quick else BenchSize(**sizes), progress)
+    sizes = {
+        "inner_steps": args.inner_steps,
+        "rounds": args.rounds,
+        "warmup_steps": args.warmup_steps,
+        "outer_lr": args.outer_lr,
+        "outer_momentum": args.outer_momentum,
+    }
+    figures = measure(QUICK if args.quick else BenchSize(**sizes), progress, loss_only=args.loss_only)
     figures["machine"] = (
         f"{platform.machine()} {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} "
         f"torch thread(s), torch {torch.__version__}, python {platform.python_version()}"
@@ -426,10 +456,8 @@ def run(args: argparse.Namespace) -> int:
     figures["wall_seconds"] = round(time.monotonic() - progress.started, 1)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(figures, indent=2, sort_keys=True) + "\n")
-    headline = {
-        key: figures[key]
-        for key in ("loss_gap_vs_ddp", "bytes_ratio_vs_ddp", "robust_loss_gap", "peak_rss_mb", "speedup_m2")
-    }
+    keys = ("loss_gap_vs_ddp", "bytes_ratio_vs_ddp", "robust_loss_gap", "peak_rss_mb", "speedup_m2")
+    headline = {key: figures[key] for key in keys if key in figures}
     print(json.dumps(headline, sort_keys=True))
     return 0 if all(value is None or math.isfinite(value) for value in headline.values()) else 1
 

@@ -13,6 +13,7 @@ starts (it sets ``VERITRAIN_CONFIG``; see :mod:`veritrain.settings`).
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import importlib.util
 import os
@@ -44,6 +45,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("order", "close"), "apps.order:close", "close an order and withdraw what is left of its escrow"),
     (("bench", "chain"), "veritrain.chain.bench", "gas of each contract action for one 3-replica unit"),
     (("bench", "training"), "apps.bench_training", "DiLoCo vs data-parallel, robust rounds, real size"),
+    (("bench", "simulate"), "apps.bench_simulate", "network-scale simulation: time to train, GPU use, cost"),
     (("bench", "calibrate"), "verifier.calibrate", "honest-vs-honest distances and tolerances"),
     (("bench", "verification"), "verifier.attacks", "run the attack suite against the verifier core"),
     (("bench", "market"), "apps.bench_market", "matching throughput/latency and orchestration overhead"),
@@ -67,7 +69,10 @@ def _entry(module: str, kind: str) -> tuple[ModuleType, str]:
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     """Build the parser; only the module of the command named in argv is imported."""
     parser = argparse.ArgumentParser(
-        prog="veritrain", description="Veritrain: verified AI training on idle GPUs"
+        prog="veritrain",
+        description="Veritrain: verified AI training on idle GPUs",
+        # wide enough that a group's line ("bench  bench chain|training|…") never wraps on a narrow terminal
+        formatter_class=functools.partial(argparse.HelpFormatter, width=120),
     )
     parser.add_argument(
         "--config", type=Path, metavar="FILE", help="TOML configuration file (default: $VERITRAIN_CONFIG)"

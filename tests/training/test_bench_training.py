@@ -61,8 +61,21 @@ def test_a_tiny_bench_run_writes_every_figure_and_takes_the_market_hook() -> Non
     ):
         assert math.isfinite(figures[key]), key
     assert figures["speedup_m2"] == 1.75
+    # DDP is tuned over its lr scales and the best one counts (never a handicapped baseline)
+    assert set(figures["loss_ddp_by_lr_scale"]) == {"1.0", "2.0"}
+    assert figures["loss_ddp"] == min(figures["loss_ddp_by_lr_scale"].values())
     # One round through libp2p: 2 results (weights + 2 moments) and 2 fetches of the new round state.
     parameters = figures["loss_model"]["parameters"]
     assert 2 * 12 * parameters + 2 * 8 * parameters < figures["diloco_round_bytes"] < 41 * parameters
     assert figures["bytes_ratio_vs_ddp_kagg2"] < figures["bytes_ratio_vs_ddp"]
     assert 0 < figures["peak_rss_mb"] < figures["peak_rss_target_mb"]
+
+
+@pytest.mark.slow
+def test_loss_only_stops_after_the_loss_and_bytes_figures() -> None:
+    from apps.bench_training import QUICK, Progress, measure
+
+    figures = measure(QUICK, Progress(), loss_only=True)
+    assert math.isfinite(figures["loss_gap_vs_ddp"]) and figures["bytes_ratio_vs_ddp"] > 0
+    assert "robust_loss_gap" not in figures and "peak_rss_mb" not in figures
+    assert figures["sizes"]["outer_lr"] == QUICK.outer_lr
