@@ -77,3 +77,24 @@ def test_training_seconds_come_from_each_units_last_step_line() -> None:
         "unit 6: step 20/40 loss 3.0000 (5.0s)\n"  # killed before its last step: not counted
     )
     assert bench_speedup.unit_train_seconds([log, "unit 9: step 8/8 loss 1.0 (1.0s)"]) == {4: 9.75, 9: 1.0}
+
+
+@pytest.mark.parametrize("flag", [[], ["--speedup"]])
+def test_bench_training_measures_speedup_m2_only_when_asked(
+    flag: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from apps import bench_training
+
+    def fake_measure(size: Any, progress: Any, extra: Any = None) -> dict[str, Any]:
+        figures: dict[str, Any] = dict.fromkeys(
+            ("loss_gap_vs_ddp", "bytes_ratio_vs_ddp", "robust_loss_gap", "peak_rss_mb"), 0.5
+        )
+        figures["speedup_m2"] = None
+        figures.update({name: figure() for name, figure in (extra or {}).items()})
+        return figures
+
+    monkeypatch.setattr(bench_training, "measure", fake_measure)
+    monkeypatch.setattr(bench_speedup, "speedup_m2", lambda: 1.25)
+    out = tmp_path / "training.json"
+    assert main(["bench", "training", "--quick", "--json", str(out), *flag]) == 0
+    assert json.loads(out.read_text())["speedup_m2"] == (1.25 if flag else None)
