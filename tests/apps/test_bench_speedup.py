@@ -85,7 +85,7 @@ def test_bench_training_measures_speedup_m2_only_when_asked(
 ) -> None:
     from apps import bench_training
 
-    def fake_measure(size: Any, progress: Any, extra: Any = None) -> dict[str, Any]:
+    def fake_measure(size: Any, progress: Any, extra: Any = None, **options: Any) -> dict[str, Any]:
         figures: dict[str, Any] = dict.fromkeys(
             ("loss_gap_vs_ddp", "bytes_ratio_vs_ddp", "robust_loss_gap", "peak_rss_mb"), 0.5
         )
