@@ -22,8 +22,8 @@ the outer step at real size, and a provider's peak memory (issue 7 item 9). Figu
   encode the output) per input byte.
 - ``peak_rss_mb``: peak resident memory of a fresh provider process that runs ``node.unit.run_unit`` on
   the real-size recipe (checkpoints every step), against ``peak_rss_target_mb`` = 4 × state + 600 MB.
-- ``speedup_m2``: needs the market (an order through it with M = 1 vs M = 2); this kernel bench leaves it
-  null unless the caller passes it in ``extra_figures`` (the hook for the market stream).
+- ``speedup_m2``: needs the market (an order through it with M = 1 vs M = 2): null unless ``--speedup``
+  passes :func:`apps.bench_speedup.speedup_m2` in ``extra_figures`` (breakdown: `veritrain bench speedup`).
 
 The loss runs use charlm-tiny's model on the python-stdlib-tree corpus (11.6 MiB: shards of a large corpus,
 not of charlm-tiny's 320 KiB), evaluated on fixed windows of the whole corpus drawn with a separate seed.
@@ -433,6 +433,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--outer-lr", type=float, default=default.outer_lr, help="DiLoCo outer lr")
     parser.add_argument("--outer-momentum", type=float, default=default.outer_momentum, help="outer μ")
     parser.add_argument("--loss-only", action="store_true", help="only the loss and bytes figures vs DDP")
+    parser.add_argument(
+        "--speedup",
+        action="store_true",
+        help="also speedup_m2: two orders through the market (bench_speedup)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -448,7 +453,10 @@ def run(args: argparse.Namespace) -> int:
         "outer_lr": args.outer_lr,
         "outer_momentum": args.outer_momentum,
     }
-    figures = measure(QUICK if args.quick else BenchSize(**sizes), progress, loss_only=args.loss_only)
+    from apps.bench_speedup import speedup_m2
+
+    extra = {"speedup_m2": speedup_m2} if args.speedup else None
+    figures = measure(QUICK if args.quick else BenchSize(**sizes), progress, extra, loss_only=args.loss_only)
     figures["machine"] = (
         f"{platform.machine()} {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} "
         f"torch thread(s), torch {torch.__version__}, python {platform.python_version()}"

@@ -49,6 +49,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("bench", "calibrate"), "verifier.calibrate", "honest-vs-honest distances and tolerances"),
     (("bench", "verification"), "verifier.attacks", "run the attack suite against the verifier core"),
     (("bench", "market"), "apps.bench_market", "matching throughput/latency and orchestration overhead"),
+    (("bench", "speedup"), "apps.bench_speedup", "speedup_m2: an order's wall time at M = 1 vs M = 2"),
 ]
 
 
