@@ -64,6 +64,11 @@ def spec_from_table(table: dict[str, Any], *, buyer: str, now: int) -> OrderSpec
     from veritrain.recipes import get_recipe
 
     values = dict(table)
+    if values.get("replicas") == "auto":
+        raise InvalidOrderSpec(
+            "replicas = 'auto' (adaptive replication) needs per-unit replication in the contracts, which "
+            "this deployment does not have yet: give a fixed number of replicas (1-5)"
+        )
     values["deadline"] = _deadline(values, now)
     for name in MONEY_FIELDS:
         if name in values:

@@ -113,10 +113,20 @@ def chain_state(chain: Chain) -> tuple[int, int, int]:
             "InvalidOrderSpec: deadline",
         ),
         (GOOD.replace("total_steps = 16", "total_steps = 12"), (), "not a multiple of unit_steps"),
+        (GOOD.replace("replicas = 1", "replicas = 'auto'"), (), "InvalidOrderSpec: replicas = 'auto'"),
         (GOOD.replace('"10 VERI"', '"100000 VERI"'), (), "UnderfundedOrder: the escrow is"),
         (GOOD, ("--chain-id", "1"), "WrongChainId: chain id 31337 where 1 was expected"),
     ],
-    ids=["malformed", "unknown-field", "unknown-recipe", "past-deadline", "steps", "underfunded", "chain-id"],
+    ids=[
+        "malformed",
+        "unknown-field",
+        "unknown-recipe",
+        "past-deadline",
+        "steps",
+        "auto",
+        "underfunded",
+        "chain-id",
+    ],
 )
 def test_bad_orders_are_refused_before_anything_is_signed(
     chain: Chain,
