@@ -1,10 +1,10 @@
 """DiLoCo rounds over verified units: the round state, unit start states, the outer step and its digests.
 
-Pure functions over ``pol.State`` dicts on the CPU, no IO (DESIGN.md §3, PROTOCOL-V2 R8–R9). An order
-with M > 1 shards runs in rounds; round r's M units each train H inner AdamW steps on their own shard, then
-an **aggregate unit** turns the accepted results into round r+1's state. It is a unit like any other
-(assigned, committed, revealed, verified by recomputation) because the outer step must need no trust in
-the operator: every honest aggregator computes the same bytes, so any difference is fraud.
+Pure functions over ``pol.State`` dicts on the CPU, no IO (DESIGN.md §3; docs/ARCHITECTURE.md "Rounds in
+the market"). An order with M > 1 shards runs in rounds; round r's M units each train H inner AdamW steps
+on their own shard, then an **aggregate unit** turns the accepted results into round r+1's state. It is a
+unit like any other (assigned, committed, revealed, verified by recomputation) because the outer step must
+need no trust in the operator: every honest aggregator computes the same bytes, so any difference is fraud.
 
 The kernel API the market calls (everything else here is internal):
 
@@ -17,9 +17,9 @@ The kernel API the market calls (everything else here is internal):
   moments and step of shard m's last accepted result (``previous``; None before its first). The inner
   state never leaves its shard's chain of results and is never averaged (OpenDiLoCo).
 - ``aggregate(AggregateInputs(...))`` — what an aggregator replica runs: the outer step plus every digest
-  R9 names (``output_digest`` = the next round's start, ``inputs_commitment``, ``result_digest``).
+  the unit needs (``output_digest`` = the next round's start, ``inputs_commitment``, ``result_digest``).
 - ``verify_aggregate(inputs, claimed_result_digests)`` — the verifier side: recompute, compare bitwise.
-- ``inputs_commitment`` / ``aggregate_result_digest`` — the R9 formulas alone (tests/fixtures/
+- ``inputs_commitment`` / ``aggregate_result_digest`` — the digest formulas alone (tests/fixtures/
   aggregate_vector.json pins them; a contract that computes the commitment from chain data is future
   work: the JobMarket v1 records the result digest, the verifier recomputes the commitment).
 
@@ -119,7 +119,7 @@ class OuterConfig:
         return b"".join(parts)
 
     def digest(self) -> bytes:
-        """``outerConfigDigest`` (PROTOCOL-V2 R9): sha256 of ``canonical_bytes``."""
+        """``outerConfigDigest``: sha256 of ``canonical_bytes``."""
         return hashlib.sha256(self.canonical_bytes()).digest()
 
 
@@ -267,13 +267,13 @@ def outer_step(
     return new_state
 
 
-# ---------------------------------------------------------------- R9 digests and the aggregate unit
+# ---------------------------------------------------------------- digests and the aggregate unit
 
 
 def inputs_commitment(
     start_digest: bytes, round_index: int, accepted_digests: Sequence[bytes | None], config_digest: bytes
 ) -> bytes:
-    """``inputsCommitment`` (PROTOCOL-V2 R9): sha256(domain ‖ start state digest ‖ uint32 round ‖ uint16 M ‖
+    """``inputsCommitment``: sha256(domain ‖ start state digest ‖ uint32 round ‖ uint16 M ‖
     per shard its accepted final state digest or 32 zero bytes ‖ outer config digest), big endian."""
     if not 0 <= round_index < 2**32:
         raise InvalidInput(f"round must fit in uint32, got {round_index}")
@@ -287,7 +287,7 @@ def inputs_commitment(
 
 
 def aggregate_result_digest(output_digest: bytes, commitment: bytes) -> bytes:
-    """``resultDigest`` of an aggregate unit (R9): sha256(domain ‖ output digest ‖ inputs commitment)."""
+    """``resultDigest`` of an aggregate unit: sha256(domain ‖ output digest ‖ inputs commitment)."""
     if len(output_digest) != 32 or len(commitment) != 32:
         raise InvalidInput("output state digest and inputs commitment must be 32 bytes each")
     return hashlib.sha256(AGGREGATE_RESULT_DOMAIN + output_digest + commitment).digest()
@@ -324,7 +324,7 @@ class AggregateResult:
 
 
 def aggregate(inputs: AggregateInputs) -> AggregateResult:
-    """Run an aggregate unit: the outer step and its R9 digests."""
+    """Run an aggregate unit: the outer step and its digests."""
     output = outer_step(inputs.round_state, inputs.results, inputs.config)
     output_digest = state_digest(output)
     commitment = inputs.commitment()

@@ -1,8 +1,8 @@
-"""The fixed test vector of the aggregate unit (PROTOCOL-V2 R9): tests/fixtures/aggregate_vector.json.
+"""The fixed test vector of the aggregate unit's digests: tests/fixtures/aggregate_vector.json.
 
-Both sides test against the file: tests/training/test_diloco.py (Python, and the same computation in
-subprocesses on every calibration configuration, bitwise) and the contract tests (Solidity computes
-``inputsCommitment`` and ``resultDigest`` from the fields). Regenerate (only when a formula changes on
+tests/training/test_diloco.py tests against the file (in this process, and the same computation in
+subprocesses on every calibration configuration, bitwise); a contract that recomputes ``inputsCommitment``
+and ``resultDigest`` on chain should test against the same file. Regenerate (only when a formula changes on
 purpose): ``.venv/bin/python -m tests.training.aggregate_vector --write``. ``--threads N`` prints the
 vector computed with N intra-op threads instead (the cross-configuration test runs that).
 """

@@ -1,5 +1,5 @@
 """DiLoCo kernel: round states, unit start states, the outer step (bitwise on every CPU configuration),
-the aggregate unit's R9 digests (fixed vector shared with the contract tests) and its verification."""
+the aggregate unit's digests (a fixed vector, tests/fixtures/aggregate_vector.json) and its verification."""
 
 from __future__ import annotations
 
