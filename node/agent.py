@@ -43,6 +43,7 @@ from veritrain.agentkit import (
     encode_state,
     hex32,
     preload_datasets,
+    register_patiently,
     resolve_common,
     run_agent,
     setup_logging,
@@ -174,7 +175,9 @@ class ProviderAgent(AgentPlumbing):
     def register(self) -> None:
         from veritrain.messages import AgentRole
 
-        self.market.register(self.signed_registration(AgentRole.PROVIDER, self.device))
+        register_patiently(
+            lambda: self.market.register(self.signed_registration(AgentRole.PROVIDER, self.device))
+        )
         logger.info("registered %s as provider %s", self.address, self.config.name)
 
     def units_done(self) -> int:

@@ -33,6 +33,7 @@ from veritrain.agentkit import (
     decode_state,
     hex32,
     preload_datasets,
+    register_patiently,
     resolve_common,
     run_agent,
     setup_logging,
@@ -128,7 +129,9 @@ class VerifierAgent(AgentPlumbing):
     def register(self) -> None:
         from veritrain.messages import AgentRole
 
-        self.market.register(self.signed_registration(AgentRole.VERIFIER, self.device))
+        register_patiently(
+            lambda: self.market.register(self.signed_registration(AgentRole.VERIFIER, self.device))
+        )
 
     def run_forever(self) -> None:
         while not self._stop.is_set():

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from pydantic import Field
 
@@ -40,6 +40,7 @@ logger = logging.getLogger("veritrain.agent")
 
 SIGNATURE_TTL_S = 600
 HTTP_TIMEOUT_S = 15.0
+REGISTER_PATIENCE_S = 300.0
 MAX_STATE_BLOB_BYTES = 2 * 1024**3
 
 
@@ -409,6 +410,38 @@ class AgentPlumbing:
             p2p_addr=self.p2p_addr,
         )
         return sign_message(message, self.account.key, self.deployment.chain_id)
+
+
+T = TypeVar("T")
+
+
+def register_patiently(
+    register: Callable[[], T],
+    *,
+    patience_s: float = REGISTER_PATIENCE_S,
+    sleep: Callable[[float], object] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> T:
+    """Run ``register`` (which signs a fresh registration each call, so a retry is never a replay) until
+    the market answers, backing off 0.5 s, 1 s, 2 s … up to 30 s. Why: an agent started before its market,
+    or while the market is too loaded to answer in time, should wait for it, not exit. Only an unreachable
+    market, a timeout, 429 or a 5xx is retried; any other refusal (bad signature, wrong chain …) is final,
+    and after ``patience_s`` the last error is raised."""
+    from veritrain.api_client import MarketRefused
+    from veritrain.errors import MarketError
+
+    deadline = clock() + patience_s
+    delay = 0.5
+    while True:
+        try:
+            return register()
+        except MarketError as err:
+            transient = not isinstance(err, MarketRefused) or err.status == 429 or err.status >= 500
+            if not transient or clock() + delay > deadline:
+                raise
+            logger.warning("market not ready (%s); registering again in %.1f s", err, delay)
+            sleep(delay)
+            delay = min(delay * 2, 30.0)
 
 
 def preload_datasets() -> None:
