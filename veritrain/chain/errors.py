@@ -515,6 +515,45 @@ class SafeERC20FailedOperation(ContractReverted):
     error_name = "SafeERC20FailedOperation"
 
 
+# -- OpenZeppelin TimelockController (the contracts' admin after `veritrain chain deploy`)
+
+
+class TimelockInvalidOperationLength(ContractReverted):
+    """A batch operation's targets, payloads and values differ in length."""
+
+    error_name = "TimelockInvalidOperationLength"
+
+
+class TimelockInsufficientDelay(ContractReverted):
+    """An operation was scheduled with less than the timelock's minimum delay."""
+
+    error_name = "TimelockInsufficientDelay"
+
+
+class TimelockUnexpectedOperationState(ContractReverted):
+    """The operation is not in the state the call needs (e.g. executed before it is ready)."""
+
+    error_name = "TimelockUnexpectedOperationState"
+
+
+class TimelockUnexecutedPredecessor(ContractReverted):
+    """The operation's predecessor has not been executed."""
+
+    error_name = "TimelockUnexecutedPredecessor"
+
+
+class TimelockUnauthorizedCaller(ContractReverted):
+    """Only the timelock itself may change its own delay."""
+
+    error_name = "TimelockUnauthorizedCaller"
+
+
+class FailedCall(ContractReverted):
+    """OpenZeppelin Address: a call the timelock executed reverted without data."""
+
+    error_name = "FailedCall"
+
+
 _REGISTRY: dict[str, type[ContractReverted]] = {}
 
 
