@@ -1,13 +1,16 @@
-"""The decoder fuzzer (SECURITY.md D1): a short atheris run in CI, and its oracle shown able to fail.
+"""The decoder and codec fuzzers (SECURITY.md D1): short atheris runs in CI, and their oracles shown able
+to fail.
 
-The long run (10^6 executions) is `scripts/soak-decoder`; its last figure is in docs/BENCHMARKS.md.
+The long runs (10^6 executions each) are in `scripts/soak`; their last figures are in docs/BENCHMARKS.md.
 """
 
 from __future__ import annotations
 
+import msgpack
 import pytest
 
 import veritrain.p2p.fuzz as fuzz
+from veritrain import codec
 from veritrain.errors import DecodeError
 
 
@@ -60,3 +63,39 @@ def test_oracle_reports_a_lossy_round_trip(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(fuzz, "encode", lambda model: b"\xc1")
     with pytest.raises(AssertionError, match="re-encodes"):
         fuzz.check_input(fuzz.seed_inputs()[2])
+
+
+def test_short_codec_fuzz_run_finds_nothing_within_the_memory_cap() -> None:
+    report = fuzz.soak(50_000, target="codec", rss_limit_mb=256, seed=1, timeout_s=300)
+    assert report.exit_code == 0 and report.crashes == 0, report
+    assert report.executions == 50_000 and report.target == "codec", report
+    assert 0 < report.peak_rss_mib < 256, report
+
+
+def test_codec_oracle_accepts_every_seed() -> None:
+    for data in fuzz.codec_seed_inputs():
+        fuzz.check_codec_input(data)
+        fuzz.check_codec_input(data[:-1])
+
+
+def test_codec_oracle_reports_an_ext_type_let_through(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(codec, "_refuse_ext", msgpack.ExtType)
+    with pytest.raises(AssertionError, match="ExtType"):
+        fuzz.check_codec_input(b"\x00\x00\xc7\x00\x05")
+
+
+def test_codec_oracle_reports_a_refused_legal_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuses_floats(data: bytes, limits: codec.CodecLimits = codec.DEFAULT_LIMITS) -> object:
+        if b"\xcb" in data:
+            raise DecodeError("mutant")
+        return msgpack.unpackb(data, use_list=False)
+
+    monkeypatch.setattr(fuzz, "unpack", refuses_floats)
+    with pytest.raises(AssertionError, match="refuses the packed form"):
+        fuzz.check_codec_input(b"\x01\x00\x03" + bytes(8))
+
+
+def test_codec_oracle_reports_a_non_canonical_decimal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fuzz, "uint256_from_decimal", int)
+    with pytest.raises(AssertionError, match="canonical decimal"):
+        fuzz.check_codec_input(b"\x02\x00007")
