@@ -156,6 +156,12 @@ class ProcessGroup:
             proc.popen.wait(timeout=10)
         proc.log_file.close()
 
+    def send(self, name: str, sig: signal.Signals) -> None:
+        """Send `sig` to the process group of one child without waiting (SIGSTOP/SIGCONT: a frozen host)."""
+        proc = self._procs[name]
+        if proc.alive():
+            _signal_group(proc.pid, sig)
+
     def stop(self, name: str, grace: float = 5.0) -> int | None:
         """SIGTERM the child's process group, SIGKILL after `grace` seconds; return its exit code."""
         proc = self._procs[name]

@@ -1,0 +1,391 @@
+"""`veritrain bench chaos`: seeded process faults against short orders through the real marketplace.
+
+Why: providers, verifiers and the market run on machines that crash and freeze. Each run posts a short
+DiLoCo order (M = 2, k = 2) to a whole marketplace of processes (apps.demo: hardhat node, market API,
+Celery worker, agents) and injects a schedule of faults drawn from `random.Random(seed)`: SIGKILL then a
+restart, or SIGSTOP then SIGCONT, of a provider, the verifier, the market API or the Celery worker, and
+now and then the crash of a training provider that returns only after the order has ended. After
+the order ends it is checked from the chain's events and balances and the market's database (its order
+status): the order completed or was refunded, no unit was paid twice, deposit = payouts + fees + refund
+exactly (apps.demo_report's checks), no escrow, credit or locked collateral is left, no honest party was
+slashed (every party is honest here), and no fault cost more than one unit of re-run work.
+
+Not faulted, on purpose: the EVM node (a hardhat node keeps its state in memory; a restart is a new,
+empty chain, so no invariant could survive it) and Redis (shared with CI on this machine). Network
+faults (tbf caps, partitions) need the namespace testbed (apps.testbed, root) and are not part of this
+harness yet.
+
+Runs share one marketplace (starting one costs ~30 s of a 2-core machine); a run that breaks it (a child
+that died unexpectedly) is recorded as a lost order and the next run starts a fresh one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from apps.buyer import order_money
+from apps.demo import Buyer, DemoConfig, Marketplace, build_report, marketplace, progress_printer, start_stack
+from apps.demo_report import Checks, Holdings
+from veritrain.errors import DemoCheckFailed, VeritrainError
+
+# The money and slashing checks of apps.demo_report/build_report that must hold after every faulty run.
+INVARIANT_CHECKS = (
+    "escrow_balanced",
+    "providers_paid_exactly",
+    "fees_and_slashes_distributed",
+    "parties_conserved",
+    "supply_conserved",
+    "honest_never_slashed",
+)
+PROVIDERS = 3  # k = 2 plus one, so a unit whose provider died can run again elsewhere
+FAULTS_PER_RUN = (1, 3)
+FAULT_WINDOW_S = (1.0, 15.0)  # offsets after the order is posted: a fault-free order takes ~15-25 s
+AGENT_DOWN_S = (1.0, 8.0)  # around the 5 s heartbeat timeout: the agent resumes, or its replica is dropped
+# A quarter of agent kills are long, past the commit window's first part: the unit must settle without
+# the dead replica (expiry, or a verdict on the live one) and run again, costing at most that one unit.
+LONG_DOWN_S = (20.0, 45.0)
+LONG_DOWN_P = 0.25
+# At most one provider per run "crash"es: the first one found training (its unit committing) is killed
+# and comes back only once the order has ended, so its unit must settle without it and run again
+# elsewhere (the one unit of work a fault may cost).
+CRASH_P = 0.3
+BUSY_PROVIDER = "busy-provider"
+MARKET_DOWN_S = (1.0, 4.0)
+ORDER_TIMEOUT_S = 240.0
+CLOSE_TIMEOUT_S = 150.0  # a unit left open settles by expiry: commit 40 + reveal 10 + verdict 30 s windows
+
+
+class ChaosError(VeritrainError):
+    """Bad arguments to the chaos bench."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault: at `at_s` after the order is posted, `action` ("kill": SIGKILL then restart, "stop":
+    SIGSTOP then SIGCONT) on the child `target`, which stays down for `down_s` seconds; or "crash":
+    SIGKILL, restarted only after the order has ended (down_s 0)."""
+
+    at_s: float
+    action: str
+    target: str
+    down_s: float
+
+    def describe(self) -> str:
+        if self.action == "crash":
+            return f"crash {self.target} at +{self.at_s:.1f}s until the order ends"
+        return f"{self.action} {self.target} at +{self.at_s:.1f}s for {self.down_s:.1f}s"
+
+
+def fault_schedule(seed: int, providers: int = PROVIDERS, verifiers: int = 1) -> list[Fault]:
+    """The faults of one run, a pure function of its seed (so a run is reproduced from its seed)."""
+    rng = random.Random(seed)
+    targets = [f"provider-{i}" for i in range(providers)] + [f"verifier-{i}" for i in range(verifiers)]
+    targets += ["market", "worker"]
+    faults: list[Fault] = []
+    for _ in range(rng.randint(*FAULTS_PER_RUN)):
+        target, at, action = rng.choice(targets), rng.uniform(*FAULT_WINDOW_S), rng.choice(("kill", "stop"))
+        down = MARKET_DOWN_S if target in ("market", "worker") else AGENT_DOWN_S
+        crashes = rng.random() < CRASH_P and target.startswith("provider")
+        if crashes and action == "kill" and not any(f.action == "crash" for f in faults):
+            faults.append(Fault(round(at, 1), "crash", BUSY_PROVIDER, 0.0))
+            continue
+        if rng.random() < LONG_DOWN_P and action == "kill" and down is AGENT_DOWN_S:
+            down = LONG_DOWN_S
+        faults.append(Fault(round(at, 1), action, target, round(rng.uniform(*down), 1)))
+    return sorted(faults, key=lambda fault: fault.at_s)
+
+
+class FaultInjector:
+    """Applies a schedule while the buyer polls its order (`tick` is Buyer.wait_completed's on_tick).
+
+    A fault is applied and undone within one tick: the market API cannot answer the buyer's next poll
+    while it is down, and everything else keeps running meanwhile, as separate processes."""
+
+    def __init__(self, market: Marketplace, schedule: list[Fault], emit: Callable[[str], None]) -> None:
+        self.market = market
+        self.pending = list(schedule)
+        self.emit = emit
+        self.posted = time.monotonic()
+        self.injected: list[dict[str, Any]] = []
+        self.crashed: list[str] = []
+
+    def tick(self, status: dict[str, Any]) -> None:
+        while self.pending and time.monotonic() - self.posted >= self.pending[0].at_s:
+            fault = self.pending[0]
+            if fault.target == BUSY_PROVIDER:
+                busy = self.busy_provider(status)
+                if busy is None:  # nobody trains right now: try again at the next poll
+                    return
+                fault = replace(fault, target=busy)
+            self.pending.pop(0)
+            self.apply(fault)
+
+    def busy_provider(self, status: dict[str, Any]) -> str | None:
+        """The first provider (by unit, then replica) of a unit being trained, not crashed already."""
+        names = {party.address: party.name for party in self.market.providers()}
+        for unit in sorted(status["units"], key=lambda unit: int(unit["unit_id"])):
+            if unit["state"] == "committing":
+                for address in unit["providers"]:
+                    if names.get(address, "") not in ("", *self.crashed):
+                        return names[address]
+        return None
+
+    def finish(self) -> None:
+        """The order has ended: crashed agents come back (the next run needs every provider)."""
+        for name in self.crashed:
+            self.market.restart(name)
+        self.crashed.clear()
+
+    def apply(self, fault: Fault) -> None:
+        market = self.market
+        at = time.monotonic() - self.posted
+        if fault.target in self.crashed:  # nothing left to fault until the order ends
+            self.emit(f"chaos: {fault.describe()} not applied: {fault.target} has crashed")
+            return
+        self.emit(f"chaos: {fault.describe()} (applied at +{at:.1f}s)")
+        if fault.action == "crash":
+            market.kill(fault.target)
+            self.crashed.append(fault.target)
+            self.injected.append({**asdict(fault), "applied_at_s": round(at, 1)})
+            return
+        if fault.action == "kill":
+            market.kill(fault.target)
+        else:
+            market.procs.send(fault.target, signal.SIGSTOP)
+        time.sleep(fault.down_s)  # the fault's duration, part of the schedule
+        if fault.action == "kill":
+            market.restart(fault.target)
+        else:
+            market.procs.send(fault.target, signal.SIGCONT)
+        self.injected.append({**asdict(fault), "applied_at_s": round(at, 1)})
+
+
+@dataclass
+class RunRecord:
+    """What one run did and what its checks found (counts are per run; the summary adds them up)."""
+
+    run: int
+    seed: int
+    schedule: list[dict[str, Any]]
+    injected: list[dict[str, Any]] = field(default_factory=list)
+    outcome: str = "error"  # completed | refunded | open | error
+    detail: str = ""
+    wall_s: float = 0.0
+    chain_order_id: int = 0
+    units_assigned: int = 0
+    lost_units: int = 0
+    double_payments: int = 0
+    stuck_escrow: int = 0
+    false_slashes: int = 0
+    failed_checks: list[str] = field(default_factory=list)
+    chain_ahead_s: int = 0  # latest block time minus the wall clock after the run (market: wall clock)
+
+    @property
+    def lost_units_per_fault(self) -> int:
+        return math.ceil(self.lost_units / max(1, len(self.injected)))
+
+
+def order_findings(
+    market: Marketplace, buyer: Buyer, status: dict[str, Any], checks: Checks
+) -> dict[str, Any]:
+    """The run's counts, from JobMarket events and state (chain) and the order status (market database)."""
+    from veritrain.chain.client import UnitState
+
+    client = market.client
+    events = market.events(buyer.posted_block)
+    money, units = order_money(events, buyer.chain_order_id)
+    ours = {unit.chain_unit_id for unit in units}
+    settled = Counter(
+        int(e.args["unitId"])
+        for e in events
+        if e.name in ("UnitFinalized", "VerdictRecorded") and int(e.args["unitId"]) in ours
+    )
+    logical = {
+        row["chain_unit_id"]: (row["round_index"], row["kind"], row["shard"])
+        for row in status["units"]
+        if row["chain_unit_id"] is not None
+    }
+    paid = [unit.chain_unit_id for unit in units if "accept" in unit.outcomes]
+    paid_per_logical = Counter(logical.get(unit_id, ("unknown", unit_id)) for unit_id in paid)
+    double = sum(n - 1 for n in settled.values()) + sum(n - 1 for n in paid_per_logical.values())
+    order = client.get_order(buyer.chain_order_id)
+    terminal = {UnitState.FINALIZED, UnitState.VERDICTED, UnitState.EXPIRED}
+    stuck = [f"order {order.order_id} holds {order.balance}"] if order.balance or not order.closed else []
+    stuck += [f"unit {u} open" for u in sorted(ours) if client.get_unit(u).state not in terminal]
+    stuck += [f"JobMarket escrow {client.total_escrow()}"] if client.total_escrow() else []
+    stuck += [f"JobMarket credits {client.total_credits()}"] if client.total_credits() else []
+    stuck += [f"{p.name} locked {client.stake_of(p.account).locked}" for p in market.agents()]
+    stuck = [item for item in stuck if not item.endswith(" locked 0")]
+    return {
+        "units_assigned": len(units),
+        "lost_units": sum(1 for unit in units if "accept" not in unit.outcomes),
+        "double_payments": double,
+        "stuck_escrow": len(stuck),
+        "false_slashes": len(money.slashed) + len(money.slashed_verifiers),
+        "failed_checks": [name for name in INVARIANT_CHECKS if not checks.results.get(name, False)],
+        "detail": "; ".join(stuck),
+    }
+
+
+def run_order(
+    market: Marketplace, record: RunRecord, schedule: list[Fault], emit: Callable[[str], None]
+) -> None:
+    """Post one order, inject the faults while it runs, close it, withdraw every credit, check it."""
+    market.config = replace(market.config, seed=record.seed)
+    started = time.monotonic()
+    before: Holdings = market.holdings()
+    buyer = Buyer(market)
+    buyer.post_order()
+    record.chain_order_id = buyer.chain_order_id
+    injector = FaultInjector(market, schedule, emit)
+    try:
+        buyer.wait_completed(started + ORDER_TIMEOUT_S, on_tick=injector.tick)
+        record.outcome = "completed"
+    except DemoCheckFailed as err:  # not completed in time, or ended expired/cancelled
+        record.outcome, record.detail = "open", str(err)
+    finally:
+        record.injected = injector.injected
+        injector.finish()
+    status = buyer.status()
+    buyer.close(time.monotonic() + CLOSE_TIMEOUT_S)
+    if record.outcome == "open":
+        record.outcome = "refunded"
+    market.withdraw_all_credits()
+    record.chain_ahead_s = market.client.now() - int(time.time())
+    after = market.holdings()
+    _, checks = build_report(market, buyer, before, after, None, started)
+    found = order_findings(market, buyer, status, checks)
+    detail = found.pop("detail")
+    record.detail = "; ".join(part for part in (record.detail, detail) if part)
+    for key, value in found.items():
+        setattr(record, key, value)
+
+
+def chaos_config(out_dir: Path, broker_url: str | None, queue: str) -> DemoConfig:
+    """The short order of every run (M = 2, k = 2, one round of 40-step units) and the kill tests' short
+    chain windows, so a unit whose provider died settles by expiry within about a minute."""
+    return DemoConfig(
+        out_dir=out_dir,
+        providers=PROVIDERS,
+        dishonest=0,
+        verifiers=1,
+        replicas=2,
+        shards=2,
+        rounds=1,
+        unit_steps=40,
+        commit_window_s=40,
+        reveal_window_s=10,
+        verdict_window_s=30,
+        broker_url=broker_url,
+        extra_env={"VERITRAIN_CELERY_QUEUE": queue, "VERITRAIN_HEARTBEAT_TIMEOUT_S": "5"},
+    )
+
+
+def summarize(records: list[RunRecord], seed: int, wall_s: float) -> dict[str, Any]:
+    """The bench's JSON: the issue's counts over all runs, then every run's record."""
+    return {
+        "runs": len(records),
+        "lost_orders": sum(1 for r in records if r.outcome not in ("completed", "refunded")),
+        "double_payments": sum(r.double_payments for r in records),
+        "stuck_escrow": sum(r.stuck_escrow for r in records),
+        "false_slashes": sum(r.false_slashes for r in records),
+        "max_lost_units_per_fault": max((r.lost_units_per_fault for r in records), default=0),
+        "incomplete_orders": sum(1 for r in records if r.outcome != "completed"),
+        "failed_money_checks": sum(len(r.failed_checks) for r in records),
+        "faults_injected": sum(len(r.injected) for r in records),
+        "lost_units": sum(r.lost_units for r in records),
+        "seed": seed,
+        "wall_time_s": round(wall_s, 1),
+        "mean_run_s": round(sum(r.wall_s for r in records) / max(1, len(records)), 1),
+        "records": [asdict(r) for r in records],
+    }
+
+
+def run_chaos(
+    runs: int, seed: int, out_dir: Path, broker_url: str | None, emit: Callable[[str], None]
+) -> dict[str, Any]:
+    """`runs` seeded runs (run i uses seed + i), each checked; returns the summary (see summarize)."""
+    if runs < 1:
+        raise ChaosError(f"--runs must be at least 1, not {runs}")
+    began = time.monotonic()
+    records: list[RunRecord] = []
+    with ExitStack() as holder:
+        market: Marketplace | None = None
+        for index in range(runs):
+            if market is None:
+                queue = f"veritrain-chaos-{uuid.uuid4().hex[:12]}"
+                config = chaos_config(out_dir / f"stack-{index}", broker_url, queue)
+                market = holder.enter_context(started_marketplace(config, emit))
+            run_seed = seed + index
+            schedule = fault_schedule(run_seed)
+            record = RunRecord(run=index, seed=run_seed, schedule=[asdict(f) for f in schedule])
+            emit(f"chaos: run {index + 1}/{runs} seed {run_seed}: {[f.describe() for f in schedule]}")
+            started = time.monotonic()
+            try:
+                run_order(market, record, schedule, emit)
+            except VeritrainError as err:  # the stack broke (a child died, a close never landed)
+                record.outcome, record.detail = "error", f"{type(err).__name__}: {err}"[:2000]
+                holder.close()
+                market = None
+            record.wall_s = round(time.monotonic() - started, 1)
+            records.append(record)
+            emit(
+                f"chaos: run {index + 1}/{runs}: {record.outcome} in {record.wall_s} s, "
+                f"{len(record.injected)} faults, {record.lost_units} units lost, "
+                f"double {record.double_payments}, stuck {record.stuck_escrow}, "
+                f"slashed {record.false_slashes}, failed checks {record.failed_checks or 'none'}"
+            )
+    return summarize(records, seed, time.monotonic() - began)
+
+
+@contextmanager
+def started_marketplace(config: DemoConfig, emit: Callable[[str], None]) -> Iterator[Marketplace]:
+    """A fresh marketplace with every agent staked, stopped on leaving."""
+    with marketplace(config, emit) as market:
+        start_stack(market)
+        yield market
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--runs", type=int, default=10, help="orders to run, each with its own fault schedule"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="run i draws its faults from seed + i")
+    parser.add_argument("--json", type=Path, default=None, help="write the counts and per-run records here")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="work folder of the runs (default: a temp dir)"
+    )
+    parser.add_argument(
+        "--broker-url",
+        default=None,
+        help="Celery broker, e.g. redis://127.0.0.1:6379/3 (default: filesystem)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    emit = progress_printer(sys.stderr)
+    with tempfile.TemporaryDirectory(prefix="veritrain-chaos-") as scratch:
+        out_dir = (args.out or Path(scratch)).resolve()
+        summary = run_chaos(args.runs, args.seed, out_dir, args.broker_url, emit)
+    text = json.dumps(summary, indent=2, sort_keys=True)
+    if args.json is not None:
+        args.json.write_text(text + "\n")
+    counts = {k: v for k, v in summary.items() if k != "records"}
+    print(json.dumps(counts, sort_keys=True))
+    bad = summary["lost_orders"] + summary["double_payments"] + summary["stuck_escrow"]
+    bad += summary["false_slashes"] + summary["failed_money_checks"]
+    return 1 if bad or summary["max_lost_units_per_fault"] > 1 else 0

@@ -1,0 +1,115 @@
+"""`veritrain bench chaos` without processes: the fault schedule is a function of the seed, the summary
+adds the runs' counts up as the issue defines them, and the CLI writes them (the runs themselves are
+stubbed here; tests/e2e/test_chaos.py runs real ones)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from apps import chaos
+from apps.chaos import ChaosError, Fault, FaultInjector, RunRecord, fault_schedule, summarize
+from apps.cli import main
+
+
+def test_schedule_is_reproducible_from_its_seed_and_stays_in_bounds() -> None:
+    schedules = [fault_schedule(seed) for seed in range(200)]
+    assert schedules == [fault_schedule(seed) for seed in range(200)]
+    assert len({tuple(s) for s in schedules}) > 150  # seeds do give different schedules
+    faults = [fault for schedule in schedules for fault in schedule]
+    assert {f.action for f in faults} == {"kill", "stop", "crash"}
+    crashes = [[f for f in s if f.action == "crash"] for s in schedules]
+    assert all(len(c) <= 1 for c in crashes) and any(crashes)  # never two providers gone at once
+    assert all(f.target == chaos.BUSY_PROVIDER and f.down_s == 0 for c in crashes for f in c)
+    named = {"provider-0", "provider-1", "provider-2", "verifier-0", "market", "worker"}
+    assert {f.target for f in faults} == named | {chaos.BUSY_PROVIDER}
+    assert all(chaos.FAULT_WINDOW_S[0] <= f.at_s <= chaos.FAULT_WINDOW_S[1] for f in faults)
+    assert all(1 <= len(s) <= 3 and s == sorted(s, key=lambda f: f.at_s) for s in schedules)
+    long = [f for f in faults if f.down_s >= chaos.LONG_DOWN_S[0]]  # long kills: agents only
+    assert long and all(f.action == "kill" and f.target not in ("market", "worker") for f in long)
+    assert all(f.down_s <= chaos.MARKET_DOWN_S[1] for f in faults if f.target in ("market", "worker"))
+
+
+def test_summary_counts_every_kind_of_failure() -> None:
+    clean = RunRecord(run=0, seed=5, schedule=[], injected=[{}, {}], outcome="completed", lost_units=2)
+    broken = RunRecord(
+        run=1,
+        seed=6,
+        schedule=[],
+        injected=[{}],
+        outcome="error",
+        lost_units=2,
+        double_payments=1,
+        stuck_escrow=2,
+        false_slashes=1,
+        failed_checks=["escrow_balanced"],
+    )
+    refunded = RunRecord(run=2, seed=7, schedule=[], outcome="refunded")
+    summary = summarize([clean, broken, refunded], seed=5, wall_s=12.34)
+    assert {k: summary[k] for k in ("runs", "lost_orders", "double_payments", "stuck_escrow")} == {
+        "runs": 3,
+        "lost_orders": 1,
+        "double_payments": 1,
+        "stuck_escrow": 2,
+    }
+    # 2 units lost to 2 faults is 1 per fault; 2 lost to 1 fault is 2 (above the bound)
+    assert summary["max_lost_units_per_fault"] == 2
+    assert summary["false_slashes"] == 1 and summary["failed_money_checks"] == 1
+    assert summary["incomplete_orders"] == 2 and summary["faults_injected"] == 3
+    assert [r["seed"] for r in summary["records"]] == [5, 6, 7]
+
+
+def test_cli_writes_the_counts_and_fails_when_a_run_was_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def fake_run_order(market: Any, record: RunRecord, schedule: Any, emit: Any) -> None:
+        record.outcome = "completed" if record.seed == 3 else "error"
+
+    class FakeStack:
+        def __enter__(self) -> object:
+            return object()
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+    monkeypatch.setattr(chaos, "run_order", fake_run_order)
+    monkeypatch.setattr(chaos, "started_marketplace", lambda config, emit: FakeStack())
+    out = tmp_path / "chaos.json"
+    assert main(["bench", "chaos", "--runs", "1", "--seed", "3", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["records"][0]["schedule"] == [
+        {"at_s": f.at_s, "action": f.action, "target": f.target, "down_s": f.down_s}
+        for f in fault_schedule(3)
+    ]
+    assert main(["bench", "chaos", "--runs", "2", "--seed", "3", "--json", str(out)]) == 1
+    assert json.loads(out.read_text())["lost_orders"] == 1
+    with pytest.raises(ChaosError):
+        chaos.run_chaos(0, 1, tmp_path, None, print)
+
+
+def test_a_crash_waits_for_a_busy_provider_which_is_left_alone_until_the_order_ends() -> None:
+    calls: list[str] = []
+
+    class FakeMarket:
+        def providers(self) -> list[Any]:
+            return [SimpleNamespace(address=f"0x{i}", name=f"provider-{i}") for i in range(3)]
+
+        def kill(self, name: str) -> None:
+            calls.append(f"kill {name}")
+
+        def restart(self, name: str) -> None:
+            calls.append(f"restart {name}")
+
+    schedule = [Fault(0.0, "crash", chaos.BUSY_PROVIDER, 0.0), Fault(0.0, "kill", "provider-2", 0.0)]
+    injector = FaultInjector(FakeMarket(), schedule, lambda line: None)  # type: ignore[arg-type]
+    injector.tick({"units": [{"unit_id": 1, "state": "proposed", "providers": ["0x1"]}]})
+    assert calls == []  # nobody trains yet: the crash and the faults behind it wait
+    injector.tick({"units": [{"unit_id": 2, "state": "committing", "providers": ["0x2", "0x0"]}]})
+    # provider-2 crashed; the kill scheduled for it is not applied (it is down until the order ends)
+    assert calls == ["kill provider-2"]
+    assert [(f["action"], f["target"]) for f in injector.injected] == [("crash", "provider-2")]
+    injector.finish()
+    assert calls == ["kill provider-2", "restart provider-2"] and injector.crashed == []
