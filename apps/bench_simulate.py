@@ -63,6 +63,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from eth_hash.auto import keccak
+
 from market.context import MarketConfig
 from market.domain.matching import CandidatePool, ProviderCandidate, UnitDemand
 from market.domain.pricing import escrow_plan
@@ -230,6 +232,7 @@ class Simulation:
         budget = math.ceil(3 * scenario.inner_steps * steps[len(steps) // 2])
         self.time_budget_s = max(self.config.unit_time_budget_s, budget)
         self.pool = CandidatePool()
+        self.block_hash = "0x" + keccak(f"{scenario.seed}/block".encode()).hex()  # one chain block per run
         self.providers = [self._agent(f"p{i:05d}") for i in range(scenario.providers)]
         self.by_address = {agent.address: agent for agent in self.providers}
         low = MAX_PRICE_PER_PFLOP // 2
@@ -264,6 +267,7 @@ class Simulation:
             free_stake=10**24,
             price_per_pflop=self.offers[agent.address],
             reputation=TRUSTED,
+            bonded_stake=10**24,
         )
 
     def _sessions(self, agent: Agent) -> Iterator[float]:
@@ -322,7 +326,7 @@ class Simulation:
         is free: then nothing else can match either)."""
         waiting = []
         for index, unit in enumerate(self.ready):
-            if next(self.pool.ranked(self.s.recipe), None) is None:
+            if not self.pool.has_available(self.s.recipe):
                 waiting.extend(self.ready[index:])
                 break
             if not self._match(unit):
@@ -342,7 +346,10 @@ class Simulation:
             excluded=frozenset(unit.excluded),
             taken_operators=frozenset(job.agent.address for job in unit.replicas),
         )
-        match = self.pool.match(demand)
+        key = keccak(
+            f"{self.s.seed}/{unit.order}/{unit.round_index}/{unit.shard}/{len(unit.excluded)}".encode()
+        )
+        match = self.pool.match(demand, self.block_hash, "0x" + key.hex())
         if not match.complete:
             for address in match.selected:
                 self.pool.release(address)

@@ -226,6 +226,8 @@ class UnitOutcome:
     outcomes: list[str] = field(default_factory=list)
     result_digests: dict[str, str] = field(default_factory=dict)
     slashed: dict[str, int] = field(default_factory=dict)
+    # VerifierSlashed: verifiers whose own signature contradicted the unit's verdict, and the amount
+    slashed_verifiers: dict[str, int] = field(default_factory=dict)
     signing_verifiers: list[str] = field(default_factory=list)
     finalized_digest: str | None = None  # the resultDigest the chain recorded on the fast path
 
@@ -240,6 +242,8 @@ def order_money(events: list[Event], order_id: int) -> tuple[OrderMoney, list[Un
     units: dict[int, UnitOutcome] = {}
     payouts: dict[str, int] = {}
     slashed: dict[str, int] = {}
+    slashed_verifiers: dict[str, int] = {}
+    reporters: set[str] = set()
     for event in events:
         args = event.args
         if event.name == "OrderPosted" and int(args["orderId"]) == order_id:
@@ -268,6 +272,11 @@ def order_money(events: list[Event], order_id: int) -> tuple[OrderMoney, list[Un
                 provider, amount = str(args["provider"]), int(args["amount"])
                 unit.slashed[provider] = amount
                 slashed[provider] = slashed.get(provider, 0) + amount
+            elif event.name == "VerifierSlashed":
+                verifier, amount = str(args["verifier"]), int(args["amount"])
+                unit.slashed_verifiers[verifier] = amount
+                slashed_verifiers[verifier] = slashed_verifiers.get(verifier, 0) + amount
+                reporters.add(str(args["reporter"]))
             elif event.name == "VerdictRecorded":
                 outcomes = [int(o) for o in args["outcomes"]]
                 unit.settlement, unit.outcomes = "verdict", [OUTCOME_NAMES[o] for o in outcomes]
@@ -277,7 +286,13 @@ def order_money(events: list[Event], order_id: int) -> tuple[OrderMoney, list[Un
                     if outcome == 0:
                         payouts[provider] = payouts.get(provider, 0) + price
     money = OrderMoney(
-        deposit=deposit, payouts=payouts, verdict_fees=verdict_fees, refund=refund, slashed=slashed
+        deposit=deposit,
+        payouts=payouts,
+        verdict_fees=verdict_fees,
+        refund=refund,
+        slashed=slashed,
+        slashed_verifiers=slashed_verifiers,
+        reporters=frozenset(reporters),
     )
     return money, [units[key] for key in sorted(units)]
 

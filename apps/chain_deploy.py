@@ -39,10 +39,31 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--out", type=Path, default=None, help="deployments JSON (default: deployments_file or <data dir>)"
     )
     parser.add_argument(
-        "--verifier-quorum",
+        "--min-verifiers",
         type=int,
         default=None,
-        help="verdict signatures a disputed unit needs (default 2; 1 for a first market with one verifier)",
+        help="fewest verifiers per unit (default 2; 1 for a first market with one verifier); "
+        "a verdict needs a majority of the unit's assigned verifiers",
+    )
+    parser.add_argument(
+        "--spot-check-ppm",
+        type=int,
+        default=None,
+        help="share of units with several replicas the contract draws for a verifier spot check, in parts "
+        "per million (default 50000: 5 %%)",
+    )
+    parser.add_argument(
+        "--solo-spot-check-ppm",
+        type=int,
+        default=None,
+        help="the same for single-replica units (default 200000: 20 %%)",
+    )
+    parser.add_argument(
+        "--withhold-penalty",
+        type=int,
+        default=None,
+        metavar="BASE_UNITS",
+        help="stake a replica loses when it commits but does not reveal in time (default: the slash amount)",
     )
     parser.add_argument(
         "--admin-delay",
@@ -113,10 +134,22 @@ def deploy(args: argparse.Namespace) -> dict[str, Any]:
     else:
         raise KeystoreError(f"chain {backend.chain_id} is not a local hardhat node: give --keystore")
     params = MarketParams()
-    if args.verifier_quorum is not None:
-        if args.verifier_quorum < 1:
-            raise ConfigError("--verifier-quorum must be at least 1")
-        params = replace(params, verifier_quorum=args.verifier_quorum)
+    if args.min_verifiers is not None:
+        if args.min_verifiers < 1:
+            raise ConfigError("--min-verifiers must be at least 1")
+        params = replace(params, min_verifiers=args.min_verifiers)
+    for name in ("spot_check_ppm", "solo_spot_check_ppm"):
+        value = getattr(args, name)
+        if value is not None:
+            if not 0 <= value <= 1_000_000:
+                raise ConfigError(f"--{name.replace('_', '-')} must be within [0, 1000000]")
+            params = replace(params, **{name: value})
+    if args.withhold_penalty is not None:
+        if not 0 <= args.withhold_penalty <= params.slash_amount:
+            raise ConfigError(
+                f"--withhold-penalty must be within [0, {params.slash_amount}] (the slash amount)"
+            )
+        params = replace(params, withhold_penalty=args.withhold_penalty)
     client = ChainClient.deploy(
         backend,
         deployer,

@@ -49,7 +49,11 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("bench", "calibrate"), "verifier.calibrate", "honest-vs-honest distances and tolerances"),
     (("bench", "verification"), "verifier.attacks", "run the attack suite against the verifier core"),
     (("bench", "market"), "apps.bench_market", "matching throughput/latency and orchestration overhead"),
+    (("bench", "collusion"), "apps.bench_collusion", "sybil stake vs stake-weighted random selection"),
     (("bench", "speedup"), "apps.bench_speedup", "speedup_m2: an order's wall time at M = 1 vs M = 2"),
+    (("bench", "protocol"), "apps.bench_protocol", "adversaries through market and contracts: gains, losses"),
+    (("bench", "economics"), "apps.bench_economics", "does cheating pay; compute multiplier of verification"),
+    (("bench", "chaos"), "apps.chaos", "seeded process faults against short orders: lost, paid twice, stuck"),
 ]
 
 

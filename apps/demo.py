@@ -2,7 +2,7 @@
 
 Why separate processes: the demo must show the real system, not a simulation — a local `hardhat node`,
 the market API, a Celery worker with a real broker, five provider agents (one clearly marked dishonest)
-and two verifier agents each run as their own OS process and talk over HTTP, JSON-RPC and libp2p, exactly
+and three verifier agents each run as their own OS process and talk over HTTP, JSON-RPC and libp2p, exactly
 as they would across machines. A buyer (this process) posts an order to train the language-model recipe,
 watches it live and, at the end, proves from on-chain balances and events that every token is accounted
 for.
@@ -49,16 +49,35 @@ DEFAULT_RECIPE = "charlm-tiny"
 DEFAULT_DISHONEST_STRATEGY = "skip-50pct"
 DEV_ACCOUNT_ROLES = ("deployer", "operator", "buyer")  # dev accounts 0..2; providers and verifiers follow
 PROVIDER_FUNDS = 1_000 * TOKEN
+# A dishonest demo provider holds 20x an honest one's stake. Replicas are drawn by stake, so it is in
+# almost every unit: P(left out of a k = 3 unit among the default 4 honest + 1) = 4/24·3/23·2/22 ≈ 2e-3,
+# of a k = 2 unit among 2 honest + 1 = 2/22·1/21 ≈ 4e-3, so out of every unit of a 4-round demo ≈ 1e-11.
+# With equal stakes a run missed it often enough (1 in 9 for the dashboard test's 2 units of k = 2
+# among 3; 1 in 39 for the default demo) that the demo, which must show a cheat caught, failed its check.
+DISHONEST_FUNDS = 20 * PROVIDER_FUNDS
 VERIFIER_FUNDS = 500 * TOKEN
 BUYER_FUNDS = 1_000 * TOKEN
 HONEST_PRICE_PER_PFLOP = TOKEN  # the matching score's reference price
-DISHONEST_PRICE_PER_PFLOP = TOKEN // 4  # cheats undercut: the matching engine picks them first
+DISHONEST_PRICE_PER_PFLOP = TOKEN // 4  # cheats undercut (the draw ignores price beyond the order's max)
 PRICE_STEP_BPS = 10_000  # providers raise their ask by 100 % of base per unit done: work rotates
 MAX_PRICE_PER_PFLOP = 30_000 * TOKEN  # about 1 VERI per replica of a 40-step charlm-tiny unit
 VERIFIER_FEE_PER_UNIT = TOKEN
 POLL_S = 0.5
 RUN_MARKER = ".veritrain-demo-run"
 MAX_WORKER_RESTARTS = 3
+
+
+# Honest CPU configurations that change the bits of training (DESIGN.md §4.6): the vector path, the thread
+# count (part of the hardware class) and MKL's conditional-numerical-reproducibility mode.
+HONEST_CPU_CONFIGURATIONS: tuple[dict[str, str], ...] = (
+    {},
+    {"ATEN_CPU_CAPABILITY": "default"},
+    {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"},
+    {"MKL_CBWR": "COMPATIBLE"},
+)
+# The demo's verifiers each replay in their own configuration, so a disputed unit's majority is reached by
+# verifiers whose measured distances differ (they sign outcomes, not their floats).
+VERIFIER_CPU_CONFIGURATIONS = (HONEST_CPU_CONFIGURATIONS[0], *HONEST_CPU_CONFIGURATIONS[1::2])
 
 
 @dataclass(frozen=True)
@@ -69,13 +88,14 @@ class DemoConfig:
     providers: int = 5
     dishonest: int = 1
     dishonest_strategy: str = DEFAULT_DISHONEST_STRATEGY
-    verifiers: int = 2
+    verifiers: int = 3  # each unit gets every verifier; a verdict needs a majority of them (2 of 3)
     recipe: str = DEFAULT_RECIPE
     rounds: int = 4
     unit_steps: int = 40
     replicas: int = 3
     shards: int = 1  # M > 1: DiLoCo rounds of M shard units and one aggregate unit
     provider_env: tuple[dict[str, str], ...] = ()  # extra environment of provider i (CPU configurations)
+    verifier_env: tuple[dict[str, str], ...] = VERIFIER_CPU_CONFIGURATIONS  # of verifier i, cycled
     seed: int = 2026
     timeout_s: float = 300.0
     database_url: str | None = None
@@ -84,7 +104,6 @@ class DemoConfig:
     commit_window_s: int = 180
     reveal_window_s: int = 120
     verdict_window_s: int = 240
-    verifier_quorum: int = 1
     tolerances: Path | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
     metrics: bool = False  # serve /metrics on a free port per agent and for the worker
@@ -179,7 +198,7 @@ class Marketplace:
         self.chain: ChainClient | None = None
         self.killed: set[str] = set()
         self._worker_restarts = 0
-        self._worker_launch: tuple[dict[str, str], Path] = ({}, config.work_dir)
+        self._market_launch: tuple[dict[str, str], Path] = ({}, config.work_dir)
         self.worker_metrics_port = free_port() if config.metrics else 0
         self.keystore_folder = config.work_dir / "keystore"
         self.keystore_passphrase = secrets.token_hex(16)
@@ -267,7 +286,7 @@ class Marketplace:
             commit_window=self.config.commit_window_s,
             reveal_window=self.config.reveal_window_s,
             verdict_window=self.config.verdict_window_s,
-            verifier_quorum=self.config.verifier_quorum,
+            min_verifiers=self.config.verifiers,
         )
         from veritrain.chain.backends import RpcBackend
 
@@ -285,12 +304,13 @@ class Marketplace:
         )
         self.chain.mint(self.parties["buyer"].account, BUYER_FUNDS)
         for party in self.providers():
-            self.chain.mint(party.account, PROVIDER_FUNDS)
+            self.chain.mint(party.account, DISHONEST_FUNDS if party.dishonest_strategy else PROVIDER_FUNDS)
         for party in self.verifiers():
             self.chain.mint(party.account, VERIFIER_FUNDS)
         self.emit(
             f"chain: minted {BUYER_FUNDS // TOKEN} VERI to the buyer, {PROVIDER_FUNDS // TOKEN} to each "
-            f"provider, {VERIFIER_FUNDS // TOKEN} to each verifier"
+            f"honest provider, {DISHONEST_FUNDS // TOKEN} to each dishonest one, "
+            f"{VERIFIER_FUNDS // TOKEN} to each verifier"
         )
 
     def child_env(self, data_dir: Path) -> dict[str, str]:
@@ -338,16 +358,36 @@ class Marketplace:
         market_dir.mkdir(parents=True, exist_ok=True)
         env = self.child_env(market_dir)
         env["VERITRAIN_KEYSTORE"] = str(self.write_keystore(self.parties["operator"]))
-        # Each child runs in its own folder, so whatever a library writes to its cwd stays with it.
-        serve = self.placement.wrap("market", self.cli("market", "serve"))
-        self.procs.start("market", serve, env=env, cwd=market_dir)
-        self.procs.start("worker", self.placement.wrap("market", self.worker_argv()), env=env, cwd=market_dir)
-        self._worker_launch = (env, market_dir)
-        self.procs.wait_ready("market", lambda: http_ok(f"{self.market_url}/health"), timeout=90)
+        self._market_launch = (env, market_dir)
+        self.start_market_process("market")
+        self.start_market_process("worker")
+        self.wait_market_ready()
         self.emit(
             f"market: API pid {self.procs['market'].pid} on {self.market_url}, "
             f"Celery worker pid {self.procs['worker'].pid}"
         )
+
+    def start_market_process(self, name: str) -> None:
+        """Start the market's API ("market") or its Celery worker ("worker") with the environment and
+        folder start_market gave it (each child runs in its own folder: what a library writes to its cwd
+        stays with it); also how a killed one is restarted."""
+        env, cwd = self._market_launch
+        argv = self.cli("market", "serve") if name == "market" else self.worker_argv()
+        self.procs.start(name, self.placement.wrap("market", argv), env=env, cwd=cwd)
+
+    def wait_market_ready(self) -> None:
+        self.procs.wait_ready("market", lambda: http_ok(f"{self.market_url}/health"), timeout=90)
+
+    def restart(self, name: str) -> None:
+        """Start a killed child again as it was started: an agent (same key, data dir, libp2p identity and
+        port), the market API (same port, database, broker; returns once it answers) or the worker."""
+        self.killed.discard(name)
+        if name in ("market", "worker"):
+            self.start_market_process(name)
+            if name == "market":
+                self.wait_market_ready()
+        else:
+            self.start_agent(self.parties[name])
 
     def worker_argv(self) -> list[str]:
         argv = self.cli("market", "worker")
@@ -398,11 +438,19 @@ class Marketplace:
         party.peer_addr = f"/ip4/{self.placement.address(party.name)}/tcp/{party.p2p_port}/p2p/{peer_id}"
         argv = self.placement.wrap(party.name, self.agent_argv(party))
         env = self.child_env(data_dir)
-        if party.role == "provider" and self.providers().index(party) < len(self.config.provider_env):
-            env.update(self.config.provider_env[self.providers().index(party)])
+        env.update(self.cpu_configuration(party))
         self.procs.start(party.name, argv, env=env, cwd=data_dir)
         marker = f" *** DISHONEST ({party.dishonest_strategy}) ***" if party.dishonest_strategy else ""
         self.emit(f"{party.name}: pid {self.procs[party.name].pid}, {party.address}{marker}")
+
+    def cpu_configuration(self, party: Party) -> dict[str, str]:
+        """The extra environment that puts an agent in its CPU configuration ({} = the machine's default)."""
+        if party.role == "provider" and self.providers().index(party) < len(self.config.provider_env):
+            return self.config.provider_env[self.providers().index(party)]
+        if party.role == "verifier" and self.config.verifier_env:
+            envs = self.config.verifier_env
+            return envs[self.verifiers().index(party) % len(envs)]
+        return {}
 
     def check_children(self) -> None:
         """Fail fast, with its log tail, if a child process died that was not killed on purpose.
@@ -412,18 +460,12 @@ class Marketplace:
         worker = next((proc for proc in self.procs if proc.name == "worker"), None)
         if worker is not None and not worker.alive() and self._worker_restarts < MAX_WORKER_RESTARTS:
             self._worker_restarts += 1
-            env, cwd = self._worker_launch
             self.emit(
                 f"market: Celery worker exited with code {worker.returncode()}; restarting it "
                 f"({self._worker_restarts}/{MAX_WORKER_RESTARTS}), see {worker.log_path}"
             )
-            self.procs.start("worker", self.placement.wrap("market", self.worker_argv()), env=env, cwd=cwd)
+            self.start_market_process("worker")
         self.procs.check_alive([proc.name for proc in self.procs if proc.name not in self.killed])
-
-    def restart_agent(self, name: str) -> None:
-        """Start a killed agent again: same key, data dir (its checkpoints) and libp2p identity and port."""
-        self.killed.discard(name)
-        self.start_agent(self.parties[name])
 
     def kill(self, name: str) -> None:
         """SIGKILL one child (tests: a provider crashing mid-unit); it is no longer expected to live."""
@@ -633,6 +675,10 @@ def start_stack(market: Marketplace) -> Holdings:
     return before
 
 
+def _describe_cpu(env: dict[str, str]) -> str:
+    return " ".join(f"{key}={value}" for key, value in sorted(env.items())) or "machine default"
+
+
 def build_report(
     market: Marketplace,
     buyer: Buyer,
@@ -670,6 +716,19 @@ def build_report(
         f"paid: { {names[a]: v for a, v in money.payouts.items()} }",
     )
     checks.check("honest_never_slashed", not any(money.slashed.get(a, 0) for a in honest))
+    verifier_cpu = {p.address: _describe_cpu(market.cpu_configuration(p)) for p in market.verifiers()}
+    if dishonest and len(set(verifier_cpu.values())) > 1:
+        # a dispute must settle although the verifiers' replays differ in the last bits
+        verdicts = {
+            u.chain_unit_id: sorted({verifier_cpu[v] for v in u.signing_verifiers})
+            for u in units
+            if u.settlement == "verdict"
+        }
+        checks.check(
+            "verdicts_across_cpu_configurations",
+            bool(verdicts) and all(len(configs) > 1 for configs in verdicts.values()),
+            f"signing verifiers' CPU configurations per verdict unit: {verdicts}",
+        )
     initial_loss = training.losses[0] if training else float("nan")
     final_loss = training.losses[-1] if training else float("nan")
     checks.check("loss_decreased", final_loss < initial_loss, f"{initial_loss:.4f} -> {final_loss:.4f}")
@@ -708,7 +767,9 @@ def build_report(
             }
             for unit in units
         ],
+        "verifier_cpu": {names[a]: config for a, config in verifier_cpu.items()},
         "slashed": sorted(money.slashed),
+        "slashed_verifiers": {names.get(a, a): v for a, v in money.slashed_verifiers.items()},
         "payouts": {names[a]: v for a, v in money.payouts.items()},
         "deposit": money.deposit,
         "verifier_fees": money.verdict_fees,
@@ -793,7 +854,9 @@ def print_summary(report: dict[str, Any], emit: Callable[[str], None]) -> None:
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=None, help="folder for the report (default: current dir)")
     parser.add_argument("--providers", type=int, default=5)
-    parser.add_argument("--verifiers", type=int, default=2)
+    parser.add_argument(
+        "--verifiers", type=int, default=3, help="verifiers per unit; a verdict needs a majority of them"
+    )
     parser.add_argument(
         "--rounds", type=int, default=None, help="rounds of the order (default: 4 / shards, the same compute)"
     )

@@ -27,6 +27,10 @@ class OrderMoney:
     verdict_fees: int
     refund: int
     slashed: dict[str, int]
+    # VerifierSlashed: collateral of verifiers whose signature contradicted a verdict (bounty to its
+    # reporter, the rest to the buyer: it nets to zero among verifier, buyer and reporter)
+    slashed_verifiers: dict[str, int] = field(default_factory=dict)
+    reporters: frozenset[str] = frozenset()
 
     @property
     def payouts_total(self) -> int:
@@ -102,7 +106,9 @@ def conservation_checks(
 ) -> bool:
     """Check the money invariants between two on-chain snapshots (taken with no order open and all credit
     withdrawn); record each in `checks` and return True when all hold."""
-    delta = {account: after.net(account) - before.net(account) for account in {buyer, *providers, *verifiers}}
+    parties = {buyer, *providers, *verifiers}
+    reporters = money.reporters - parties  # the market's sender earns a verifier slash's bounty
+    delta = {account: after.net(account) - before.net(account) for account in parties | reporters}
     checks.check(
         "escrow_balanced",
         money.escrow_balanced(),
@@ -117,11 +123,12 @@ def conservation_checks(
     checks.check("providers_paid_exactly", not wrong, f"(actual, expected) where they differ: {wrong}")
     buyer_extra = delta[buyer] + money.deposit - money.refund
     verifier_income = sum(delta[v] for v in verifiers)
+    bounties = sum(delta[r] for r in reporters)
     checks.check(
         "fees_and_slashes_distributed",
-        verifier_income + buyer_extra == money.verdict_fees + money.slashed_total,
-        f"verifiers {verifier_income} + buyer's share {buyer_extra} = fees {money.verdict_fees} "
-        f"+ slashed {money.slashed_total}",
+        verifier_income + buyer_extra + bounties == money.verdict_fees + money.slashed_total,
+        f"verifiers {verifier_income} + buyer's share {buyer_extra} + reporters {bounties} = fees "
+        f"{money.verdict_fees} + slashed {money.slashed_total}",
     )
     checks.check("parties_conserved", sum(delta.values()) == 0, f"sum of net changes {sum(delta.values())}")
     checks.check(

@@ -182,11 +182,14 @@ def order_view(api: MarketClient, order_id: int) -> dict[str, Any]:
         extra = units.get(str(unit["unit_id"]), {})
         verification = extra.get("verification") or {}
         unit["verdicts"] = [v["outcomes"] for v in verification.get("verdicts", [])]
+        unit["slashed_verifiers"] = {
+            v["verifier"]: int(v["slashed"]) for v in verification.get("verdicts", []) if v.get("slashed")
+        }
     status["loss"] = shown["loss"] if shown else []
     return status
 
 
-def _status_lines(view: dict[str, Any]) -> list[str]:
+def status_lines(view: dict[str, Any]) -> list[str]:
     loss = f", loss {view['loss'][-1][1]:.4f} at step {int(view['loss'][-1][0])}" if view["loss"] else ""
     lines = [
         f"order {view['order_id']} (chain order {view['chain_order_id']}): {view['state']}, "
@@ -194,6 +197,11 @@ def _status_lines(view: dict[str, Any]) -> list[str]:
     ]
     for unit in view["units"]:
         verdicts = f" verdicts {unit['verdicts']}" if unit["verdicts"] else ""
+        slashed = unit.get("slashed_verifiers") or {}
+        if slashed:  # VerifierSlashed: a verifier's own signature contradicted the verdict
+            from apps.buyer import veri
+
+            verdicts += " slashed verifiers " + ", ".join(f"{a} ({veri(n)})" for a, n in slashed.items())
         what = "aggregate" if unit["kind"] == "aggregate" else f"shard {unit['shard']}"
         lines.append(
             f"  round {unit['round_index']} {what} unit {unit['unit_id']} "
@@ -209,7 +217,7 @@ def run_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(view, sort_keys=True))
     else:
-        print("\n".join(_status_lines(view)))
+        print("\n".join(status_lines(view)))
     return 0
 
 
@@ -235,7 +243,7 @@ def run_watch(args: argparse.Namespace) -> int:
     with session.market() as api, live or nullcontext():
         while True:
             view = order_view(api, args.order_id)
-            lines = _status_lines(view)
+            lines = status_lines(view)
             if live is not None:
                 live.update(Text("\n".join(lines)), refresh=True)
             for line in lines if live is None else ():
@@ -314,6 +322,7 @@ def run_fetch(args: argparse.Namespace) -> int:
                 "providers": u.providers,
                 "outcomes": u.outcomes,
                 "result_digests": u.result_digests,
+                "slashed_verifiers": u.slashed_verifiers,
             }
             for u in units
         ],

@@ -15,22 +15,38 @@ import {StakeManager} from "./StakeManager.sol";
 /// relayer) assigns a unit to `replicas` distinct staked providers, each of whom accepted by EIP-712
 /// signature, and to a few staked verifiers. Providers commit to their result, then reveal it. Unanimous
 /// reveals are finalized by anyone (fast path); otherwise, or when the unit was drawn for a spot check,
-/// a quorum of the unit's verifiers signs a verdict per replica: accept (paid), fault (unpaid, never
-/// slashed) or fraud (slashed; a bounty goes to the signing verifiers, the rest to the buyer). A unit
-/// nobody settles expires after its verdict deadline and its budget returns to the order. All payouts
-/// are pull credits; tokens leave only through {withdrawCredit}.
+/// a majority of the unit's assigned verifiers signs a verdict per replica: accept (paid), fault (unpaid;
+/// slashed only the withhold penalty when it committed and never revealed) or fraud (slashed; a bounty goes to the signing verifiers, the rest to the buyer). Each
+/// verifier locks `verifierCollateral` of stake for the unit; an assigned verifier whose signed outcomes
+/// contradict the verdict that settled the unit is slashed by anyone holding that signature
+/// ({slashContradictingVerifier}). A unit nobody settles expires after its verdict deadline and its
+/// budget returns to the order (its verifiers earn nothing). All payouts are pull credits; tokens leave
+/// only through {withdrawCredit}.
+///
+/// Spot checks are drawn by the contract: when the last replica commits, the unit records that block
+/// as its seed block; reveals are refused until a later block, and the first reveal (or {finalize})
+/// fixes the draw `keccak256(blockhash(seedBlock), unitId) % 1e6 < spotCheckPpm` (soloSpotCheckPpm
+/// for single-replica units). So the draw is fixed before any reveal is visible and no revealer can
+/// time it. A replica that committed but did not reveal by the reveal deadline loses `withholdPenalty`
+/// of stake when the unit settles by verdict or expiry, so withholding is no free option.
 ///
 /// @dev Time: every deadline is the last second at which its phase is open (inclusive), like an
-/// ERC-2612 deadline. Commit phase: now <= commitDeadline. Reveal phase: after all replicas committed or
-/// now > commitDeadline, until revealDeadline. Verdict: after all revealed or now > revealDeadline, until
+/// ERC-2612 deadline, and all are fixed at assignment: revealDeadline = commitDeadline + revealWindow.
+/// Commit phase: now <= commitDeadline. Reveal phase: after all replicas committed (from the block after
+/// the last commit) or now > commitDeadline, until revealDeadline. Verdict: after all revealed or now > revealDeadline, until
 /// verdictDeadline = revealDeadline + verdictWindow. Expiry: now > verdictDeadline.
 ///
 /// EIP-712 domain ("Veritrain JobMarket", "1", chainId, this). Typed messages:
-/// - `Accept(uint256 orderId,bytes32 unitKey,address provider,uint256 nonce,uint256 deadline)`
+/// - `Accept(uint256 orderId,bytes32 unitKey,address provider,uint256 nonce,uint256 deadline)` with an
+///   UNORDERED nonce: any unused value works (a per-account bitmap, as Permit2), so a provider can sign
+///   several acceptances before any is relayed and they land in any order ({AcceptNonceUsed} on reuse)
 /// - `Commit(uint256 unitId,address provider,bytes32 commitment,uint256 nonce,uint256 deadline)`
-/// - `Verdict(uint256 unitId,bytes32 outcomesHash,bytes32 reasonsHash,uint256 nonce,uint256 deadline)`
-///   with `outcomesHash = keccak256(abi.encodePacked(uint8[] outcomes))`; packed encoding pads array
-///   elements, so this is keccak256 of one 32-byte big-endian word per outcome
+/// - `Verdict(uint256 unitId,bytes32 outcomesHash,uint256 deadline)` with
+///   `outcomesHash = keccak256(abi.encodePacked(uint8[] outcomes))`; packed encoding pads array
+///   elements, so this is keccak256 of one 32-byte big-endian word per outcome. Outcome-only: reasons
+///   carry measurements each verifier makes on its own hardware, so they stay off chain and honest
+///   verifiers agree byte for byte. No nonce: a unit settles once, so the unit's state machine makes the
+///   signature single-use (as `UnitCommit`); after settlement it serves only as evidence.
 /// - `WithdrawCredit(address account,uint256 nonce,uint256 deadline)`
 /// - `UnitCommit(uint256 unitId,address provider,bytes32 commitment,uint256 deadline)` ({commitBatch}):
 ///   no nonce, because the unit's state machine makes it single-use (a provider commits once per unit,
@@ -45,8 +61,9 @@ import {StakeManager} from "./StakeManager.sol";
 ///    `withdrawCreditWithSig(account, nonce, deadline, sig)`.
 /// 2. `assign(orderId, unitKey, providers, verifiers, SignedApproval[] accepts)` with
 ///    `SignedApproval{nonce, deadline, signature}` per provider, in provider order.
-/// 3. `submitVerdict(unitId, outcomes, reasonsHash, VerifierSignature[] signatures)` with
-///    `VerifierSignature{verifier, nonce, deadline, signature}`.
+/// 3. `submitVerdict(unitId, outcomes, VerifierSignature[] signatures)` with
+///    `VerifierSignature{verifier, deadline, signature}`; the quorum is a majority of the unit's assigned
+///    verifiers (`verifierCount / 2 + 1`); the `minVerifiers` parameter bounds how few a unit may have.
 /// 4. Order and unit ids start at 1 (0 means "none").
 /// 5. An order keeps a token `balance` (escrow not committed to an open unit) and a `delivered` count:
 ///    {assign} needs `delivered + openUnits < units` and `balance >= unitCost`. Finalize returns the unit's
@@ -54,8 +71,8 @@ import {StakeManager} from "./StakeManager.sol";
 ///    whole cost. So a unit whose replicas all failed can be re-assigned under a new unitKey while the
 ///    balance covers it. {closeOrder} credits the balance to the buyer.
 /// 6. `specHash` and `unitKey` are kept only in the {OrderPosted}/{UnitAssigned} events (gas).
-/// 7. The operator's spot-check flag is {requestVerification}; a drawn unit can only settle by verdict
-///    or expiry. A verdict may mark `accept` or `fraud` only for replicas that revealed.
+/// 7. Spot checks are drawn on chain (see above); the operator's {requestVerification} can only add
+///    draws (audits). A drawn unit can only settle by verdict or expiry. A verdict may mark `accept` or `fraud` only for replicas that revealed.
 /// 8. StakeManager's signed forms pass the nonce too: `requestUnstakeWithSig(staker, amount, nonce,
 ///    deadline, sig)`, `withdrawWithSig(staker, nonce, deadline, sig)`; it adds the view `bondedOf`.
 /// 9. Fee-on-transfer tokens are refused ({TransferAmountMismatch}) instead of under-funding escrow.
@@ -64,17 +81,20 @@ import {StakeManager} from "./StakeManager.sol";
 ///    Reveal[]) reveals several replicas and finalizes in the same transaction when that completes a
 ///    unanimous unit not drawn for verification; {multicall}(bytes[]) lets the operator put several
 ///    units' actions in one transaction. StakeManager adds `lockBatch`/`unlockBatch`.
-/// Nonces are sequential per account and shared by all of an account's nonce-carrying messages in this
-/// contract (Accept, Commit, Verdict, WithdrawCredit): a relayer must submit them in nonce order.
+/// Sequential nonces ({nonces}) remain only for `Commit` and `WithdrawCredit`, shared per account: a
+/// relayer must submit those in nonce order. Accept uses unordered nonces, Verdict and UnitCommit none.
 ///
 /// Gas (3 replicas, 2 verifiers, steady state, test-contracts/gas.test.js): a unit of a multi-unit order
-/// settles in about 399k over three transactions (assign 170k, commitBatch 103k, revealBatch with
-/// finalize 127k): 63k transaction base, 66k three fresh slots (unit header, packed party ids, replica 0's
+/// settles in about 431k over three transactions (assign 182k, commitBatch 103k, revealBatch with
+/// finalize 145k, which includes the spot-check draw, about 1k). Before verifiers locked collateral it was 399k (assign 170k, finalize 127k): locking
+/// the verifiers at assign costs about 12k and releasing them at settlement 18k; the Accept nonce bitmap
+/// costs as much as the sequential nonce when a provider draws consecutive nonces (one word per 256).
+/// The 399k then broke down as: 63k transaction base, 66k three fresh slots (unit header, packed party ids, replica 0's
 /// commitment), 86k 41 cold reads and 64k 22 rewrites of existing slots (both including StakeManager),
 /// 21k six signature checks, 16k events, about 17k calldata. Replicas 1.. commit into recycled pages
 /// (5k instead of 22k a slot), parties are stored as 24-bit registry ids (one slot for up to ten), and
 /// an account's nonce and party id share a slot. Pipelined by {multicall} (reveal unit k, commit unit
-/// k+1 and assign unit k+2 in one transaction): about 313k a unit.
+/// k+1 and assign unit k+2 in one transaction): about 329k a unit (313k before verifier collateral).
 contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
     using SafeERC20 for IERC20;
 
@@ -95,14 +115,13 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
         keccak256("Accept(uint256 orderId,bytes32 unitKey,address provider,uint256 nonce,uint256 deadline)");
     bytes32 private constant COMMIT_TYPEHASH =
         keccak256("Commit(uint256 unitId,address provider,bytes32 commitment,uint256 nonce,uint256 deadline)");
-    bytes32 private constant VERDICT_TYPEHASH = keccak256(
-        "Verdict(uint256 unitId,bytes32 outcomesHash,bytes32 reasonsHash,uint256 nonce,uint256 deadline)"
-    );
+    bytes32 private constant VERDICT_TYPEHASH = keccak256("Verdict(uint256 unitId,bytes32 outcomesHash,uint256 deadline)");
     bytes32 private constant WITHDRAW_CREDIT_TYPEHASH =
         keccak256("WithdrawCredit(address account,uint256 nonce,uint256 deadline)");
     bytes32 private constant UNIT_COMMIT_TYPEHASH =
         keccak256("UnitCommit(uint256 unitId,address provider,bytes32 commitment,uint256 deadline)");
     uint256 private constant BPS = 10_000;
+    uint256 private constant PPM = 1_000_000;
     /// @dev A unit's parties are stored as 24-bit party ids, ten of which fill one slot.
     uint256 private constant PARTY_ID_BITS = 24;
     uint256 private constant PARTY_ID_MASK = (1 << PARTY_ID_BITS) - 1;
@@ -126,11 +145,17 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
         uint64 commitWindow;
         uint64 revealWindow;
         uint64 verdictWindow;
-        uint8 verifierQuorum;
+        uint8 minVerifiers;
         uint16 bountyBps;
         uint256 providerCollateral;
         uint256 slashAmount;
-        uint256 minVerifierStake;
+        uint256 verifierCollateral;
+        /// @dev Spot-check rate of units with several replicas, in parts per million.
+        uint32 spotCheckPpm;
+        /// @dev Spot-check rate of single-replica units (no replica can contradict them), ppm.
+        uint32 soloSpotCheckPpm;
+        /// @dev Stake lost by a replica that committed but did not reveal in time (<= slashAmount).
+        uint256 withholdPenalty;
     }
 
     /// @notice An order (three storage slots).
@@ -154,10 +179,9 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
         bytes signature;
     }
 
-    /// @notice One verifier's signature over a verdict (EIP-712 `Verdict`).
+    /// @notice One verifier's signature over a verdict's outcomes (EIP-712 `Verdict`).
     struct VerifierSignature {
         address verifier;
-        uint256 nonce;
         uint256 deadline;
         bytes signature;
     }
@@ -204,6 +228,9 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
         bool drawn;
         /// @dev 1 + the index of the commitment page holding replicas 1.. while the unit is open; 0: none.
         uint8 page;
+        /// @dev Block of the last commit (0 until every replica committed): its hash draws the spot check
+        /// at the first reveal.
+        uint48 seedBlock;
     }
 
     /// @dev One slot per account: its EIP-712 nonce and its party id (0 until first assigned to a unit),
@@ -242,11 +269,14 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
     uint64 private immutable _commitWindow;
     uint64 private immutable _revealWindow;
     uint64 private immutable _verdictWindow;
-    uint8 private immutable _verifierQuorum;
+    uint8 private immutable _minVerifiers;
     uint16 private immutable _bountyBps;
     uint256 private immutable _providerCollateral;
     uint256 private immutable _slashAmount;
-    uint256 private immutable _minVerifierStake;
+    uint256 private immutable _verifierCollateral;
+    uint32 private immutable _spotCheckPpm;
+    uint32 private immutable _soloSpotCheckPpm;
+    uint256 private immutable _withholdPenalty;
 
     uint256 private _orderCount;
     UnitCounter private _unitCounter;
@@ -271,6 +301,13 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
     mapping(address account => Party) private _parties;
     mapping(uint256 partyId => address) private _partyAddresses;
     uint256 private _partyCount;
+    /// @dev Unordered `Accept` nonces: bit `nonce & 255` of word `nonce >> 8` is set once used.
+    mapping(address account => mapping(uint256 word => uint256)) private _acceptNonces;
+    /// @dev The outcomesHash of the verdict that settled a unit: the referee for
+    /// {slashContradictingVerifier}. Written only on the dispute path.
+    mapping(uint256 unitId => bytes32) private _verdictHashes;
+    /// @dev Verifier positions (bit i: verifier i) already slashed for contradicting a unit's verdict.
+    mapping(uint256 unitId => uint256) private _slashedVerifiers;
 
     /// @notice A constructor argument is unusable.
     error InvalidParameter(string name);
@@ -292,12 +329,10 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
     error NoUnitBudget(uint256 orderId);
     /// @notice The number of providers (or of their acceptances) differs from the order's replicas.
     error ProviderCountMismatch(uint256 expected, uint256 given);
-    /// @notice Verifiers must number between the quorum and MAX_VERIFIERS.
+    /// @notice Verifiers must number between minVerifiers and MAX_VERIFIERS.
     error InvalidVerifierCount(uint256 given, uint256 min, uint256 max);
     /// @notice An address appears twice among a unit's providers and verifiers, or signs a verdict twice.
     error DuplicateParty(address account);
-    /// @notice A verifier's bonded stake is below the minimum.
-    error InsufficientVerifierStake(address verifier, uint256 bonded, uint256 required);
     /// @notice The unit is not in a state that allows this action (`state` is a {UnitState}).
     error InvalidUnitState(uint256 unitId, uint8 state);
     /// @notice The unit was already finalized, verdicted or expired.
@@ -312,6 +347,8 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
     error AlreadyCommitted(uint256 unitId, address provider);
     /// @notice Reveals open once every replica committed or after `commitDeadline`.
     error RevealWindowNotOpen(uint256 unitId, uint64 commitDeadline);
+    /// @notice Reveals open in the block after the last commit (`seedBlock`), whose hash draws the spot check.
+    error RevealTooEarly(uint256 unitId, uint256 seedBlock);
     /// @notice The reveal phase ended at `deadline`.
     error RevealWindowClosed(uint256 unitId, uint64 deadline);
     /// @notice The provider never committed, so there is nothing to reveal.
@@ -334,7 +371,7 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
     error OutcomeCountMismatch(uint256 expected, uint256 given);
     /// @notice Outcome at `index` is unknown, or accept/fraud for a replica that never revealed.
     error InvalidOutcome(uint256 index, uint8 outcome);
-    /// @notice Fewer than the quorum of the unit's verifiers signed.
+    /// @notice Fewer than a majority of the unit's assigned verifiers signed.
     error QuorumNotReached(uint256 unitId, uint256 valid, uint256 required);
     /// @notice The unit can expire only after its verdict deadline.
     error UnitNotExpired(uint256 unitId, uint64 verdictDeadline);
@@ -346,6 +383,14 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
     error NothingToWithdraw(address account);
     /// @notice Replica index out of range for the unit.
     error ReplicaIndexOutOfRange(uint256 unitId, uint256 index);
+    /// @notice The provider already used this unordered `Accept` nonce.
+    error AcceptNonceUsed(address provider, uint256 nonce);
+    /// @notice Contradiction evidence needs a unit settled by a verdict.
+    error NoVerdict(uint256 unitId);
+    /// @notice The verifier's signed outcomes equal the verdict's: it agreed, nothing to slash.
+    error VerdictNotContradicted(uint256 unitId, address verifier);
+    /// @notice The verifier was already slashed for contradicting this unit's verdict.
+    error VerifierAlreadySlashed(uint256 unitId, address verifier);
     /// @notice A batch call got no entries.
     error EmptyBatch();
     /// @notice All 2**24 - 1 party ids are taken; no new address can be assigned to a unit.
@@ -376,12 +421,18 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
     event ReplicaCommitted(uint256 indexed unitId, address indexed provider, bytes32 commitment);
     /// @notice A replica revealed its result digest.
     event ReplicaRevealed(uint256 indexed unitId, address indexed provider, bytes32 resultDigest);
-    /// @notice The operator drew the unit for a verifier spot check.
+    /// @notice The unit was drawn for a verifier spot check (by the on-chain draw or by the operator).
     event VerificationRequested(uint256 indexed unitId);
+    /// @notice A replica committed but did not reveal by the reveal deadline and lost `amount` of stake.
+    event RevealWithheld(uint256 indexed unitId, address indexed provider, uint256 amount);
     /// @notice All replicas agreed on `resultDigest`; every replica was paid.
     event UnitFinalized(uint256 indexed unitId, bytes32 resultDigest);
-    /// @notice A verifier quorum settled the unit with one outcome per replica.
-    event VerdictRecorded(uint256 indexed unitId, uint8[] outcomes, bytes32 reasonsHash, address[] verifiers);
+    /// @notice A majority of the unit's verifiers settled it with one outcome per replica (`verifiers`: the
+    /// signers, who share the fee).
+    event VerdictRecorded(uint256 indexed unitId, uint8[] outcomes, bytes32 outcomesHash, address[] verifiers);
+    /// @notice An assigned verifier signed outcomes contradicting the unit's verdict and lost `amount` of
+    /// stake; `reporter` presented the signature and earned the bounty.
+    event VerifierSlashed(uint256 indexed unitId, address indexed verifier, uint256 amount, address reporter);
     /// @notice A replica judged fraudulent lost `amount` of stake.
     event ReplicaSlashed(uint256 indexed unitId, address indexed provider, uint256 amount);
     /// @notice Nobody settled the unit in time; its budget returned to the order.
@@ -394,8 +445,9 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
     /// @param token_ Payment token (must equal the stake manager's token).
     /// @param stakes_ Stake registry; grant this contract its MARKET_ROLE after deployment.
     /// @param operator Holder of OPERATOR_ROLE (the deployer becomes admin).
-    /// @param params_ Market parameters (0 < windows <= MAX_WINDOW, 1 <= quorum <= MAX_VERIFIERS, slash <= collateral,
-    /// bounty <= 100 %).
+    /// @param params_ Market parameters (0 < windows <= MAX_WINDOW, 1 <= minVerifiers <= MAX_VERIFIERS,
+    /// slash <= collateral, bounty <= 100 %, verifierCollateral > 0,
+    /// spot-check rates <= 1e6 ppm, withholdPenalty <= slashAmount).
     constructor(IERC20 token_, StakeManager stakes_, address operator, Params memory params_)
         TypedSignatures("Veritrain JobMarket", "1")
     {
@@ -408,21 +460,27 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
         if (params_.verdictWindow == 0 || params_.verdictWindow > MAX_WINDOW) {
             revert InvalidParameter("verdictWindow");
         }
-        if (params_.verifierQuorum == 0 || params_.verifierQuorum > MAX_VERIFIERS) {
-            revert InvalidParameter("verifierQuorum");
+        if (params_.minVerifiers == 0 || params_.minVerifiers > MAX_VERIFIERS) {
+            revert InvalidParameter("minVerifiers");
         }
         if (params_.bountyBps > BPS) revert InvalidParameter("bountyBps");
         if (params_.slashAmount > params_.providerCollateral) revert InvalidParameter("slashAmount");
+        if (params_.verifierCollateral == 0) revert InvalidParameter("verifierCollateral");
+        if (params_.spotCheckPpm > PPM || params_.soloSpotCheckPpm > PPM) revert InvalidParameter("spotCheckPpm");
+        if (params_.withholdPenalty > params_.slashAmount) revert InvalidParameter("withholdPenalty");
         token = token_;
         stakes = stakes_;
         _commitWindow = params_.commitWindow;
         _revealWindow = params_.revealWindow;
         _verdictWindow = params_.verdictWindow;
-        _verifierQuorum = params_.verifierQuorum;
+        _minVerifiers = params_.minVerifiers;
         _bountyBps = params_.bountyBps;
         _providerCollateral = params_.providerCollateral;
         _slashAmount = params_.slashAmount;
-        _minVerifierStake = params_.minVerifierStake;
+        _verifierCollateral = params_.verifierCollateral;
+        _spotCheckPpm = params_.spotCheckPpm;
+        _soloSpotCheckPpm = params_.soloSpotCheckPpm;
+        _withholdPenalty = params_.withholdPenalty;
         _grantRole(DEFAULT_ADMIN_ROLE, msg.sender);
         _grantRole(OPERATOR_ROLE, operator);
     }
@@ -502,7 +560,8 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
     // ----------------------------------------------------------------------------------------------
 
     /// @notice Assigns one unit of `orderId` to `providers` (one per replica, each accepting by signature,
-    /// each locking `providerCollateral` of free stake) and `verifiers` (staked >= minVerifierStake).
+    /// each locking `providerCollateral` of free stake) and `verifiers` (each locking `verifierCollateral`
+    /// of free stake until the unit settles or expires).
     /// @param unitKey Off-chain identifier of the unit's work (round, shard); kept in the event only.
     /// @param accepts The providers' `Accept` signatures, in provider order.
     /// @return unitId The new unit's id.
@@ -527,6 +586,7 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
         }
         stakes.lockBatch(providers, _providerCollateral);
         _unitParties[unitId] = partyIds | _checkVerifiers(providers, verifiers);
+        stakes.lockBatch(verifiers, _verifierCollateral);
         uint40 commitDeadline = uint40(block.timestamp + _commitWindow);
         _units[unitId] = Unit({
             orderId: uint64(orderId), // ids are sequential, far below 2**64
@@ -538,13 +598,14 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
             committedMask: 0,
             revealedMask: 0,
             drawn: false,
-            page: page
+            page: page,
+            seedBlock: 0
         });
         emit UnitAssigned(unitId, orderId, unitKey, providers, verifiers, commitDeadline);
     }
 
-    /// @notice Draws an open unit for a verifier spot check, so it can no longer be finalized on the fast
-    /// path. Idempotent.
+    /// @notice Draws an open unit for a verifier spot check (an audit on top of the on-chain draw), so it
+    /// can no longer be finalized on the fast path. Idempotent.
     function requestVerification(uint256 unitId) external onlyRole(OPERATOR_ROLE) {
         Unit storage unit = _units[unitId];
         _requireOpen(unitId, unit.state);
@@ -607,6 +668,7 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
         Unit storage unit = _units[unitId];
         Unit memory u = unit;
         _checkRevealWindow(unitId, u);
+        _decideDraw(unitId, unit, u);
         uint256 index = _checkReveal(unitId, u, provider, resultDigest, salt);
         _storeReplica(unitId, u.page, index, resultDigest);
         unit.revealedMask = u.revealedMask | uint8(1 << index);
@@ -622,6 +684,7 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
         Unit storage unit = _units[unitId];
         Unit memory u = unit;
         _checkRevealWindow(unitId, u);
+        _decideDraw(unitId, unit, u);
         address[MAX_REPLICAS] memory revealers;
         bytes32[MAX_REPLICAS] memory revealed;
         uint8 batchMask;
@@ -675,33 +738,67 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
         _finalize(unitId, unit, u, digest, unknown);
     }
 
-    /// @notice Settles a unit by a quorum of its verifiers' signatures, one outcome per replica in
-    /// assignment order: 0 accept (paid), 1 fault (unpaid, never slashed), 2 fraud (slashed). The
-    /// verifier fee and the slash bounty are split evenly among the signing verifiers (rounding dust and
-    /// the rest of the slash are credited to the buyer); unpaid prices return to the order. Anyone may
-    /// relay.
-    function submitVerdict(
-        uint256 unitId,
-        uint8[] calldata outcomes,
-        bytes32 reasonsHash,
-        VerifierSignature[] calldata signatures
-    ) external nonReentrant {
+    /// @notice Settles a unit by the signatures of a majority of its assigned verifiers
+    /// (`verifierCount / 2 + 1`), one outcome per replica in assignment order: 0 accept (paid), 1 fault
+    /// (unpaid; slashed the withhold penalty only when the replica committed and never revealed), 2 fraud (slashed). The verifier fee and the slash bounty are split evenly
+    /// among the signing verifiers (rounding dust and the rest of the slash are credited to the buyer);
+    /// unpaid prices return to the order; every verifier's collateral is released. The verdict's
+    /// outcomesHash is kept as the referee for {slashContradictingVerifier}. Anyone may relay.
+    function submitVerdict(uint256 unitId, uint8[] calldata outcomes, VerifierSignature[] calldata signatures)
+        external
+        nonReentrant
+    {
         Unit storage unit = _units[unitId];
         Unit memory u = unit;
         _requireOpen(unitId, u.state);
         _checkVerdictWindow(unitId, u);
         bytes32 outcomesHash = _checkOutcomes(u, outcomes);
         address[] memory signers =
-            _checkVerdictSignatures(unitId, u.replicas, u.verifierCount, outcomesHash, reasonsHash, signatures);
+            _checkVerdictSignatures(unitId, u.replicas, u.verifierCount, outcomesHash, signatures);
         unit.state = UnitState.Verdicted;
+        _verdictHashes[unitId] = outcomesHash;
         _unpage(unitId, u);
+        _releaseVerifiers(unitId, u);
         _settleVerdict(unitId, u, outcomes, signers);
-        emit VerdictRecorded(unitId, outcomes, reasonsHash, signers);
+        emit VerdictRecorded(unitId, outcomes, outcomesHash, signers);
+    }
+
+    /// @notice Slashes `verifierCollateral` from an assigned verifier of a verdicted unit whose own
+    /// `Verdict` signature (`signature.deadline` as signed; it need not still be valid) covers outcomes
+    /// that differ from the verdict that settled the unit: the majority referees the minority, and an
+    /// equivocating verifier (one that signed two vectors) is caught the same way. Permissionless: the
+    /// caller gets `bountyBps` of the slash as credit, the buyer the rest (the slashed tokens arrive
+    /// here, so solvency holds). Once per verifier and unit.
+    /// @dev The collateral lock ends at settlement; the slash takes bonded, then unbonding stake, so the
+    /// evidence window is at least the stake manager's unbonding period after the verifier's last unit.
+    function slashContradictingVerifier(uint256 unitId, uint8[] calldata outcomes, VerifierSignature calldata signature)
+        external
+        nonReentrant
+        returns (uint256 slashed)
+    {
+        Unit memory u = _units[unitId];
+        if (u.state != UnitState.Verdicted) revert NoVerdict(unitId);
+        address verifier = signature.verifier;
+        uint256 bit = 1 << _indexOf(unitId, u.replicas, u.verifierCount, verifier);
+        bytes32 outcomesHash = keccak256(abi.encodePacked(outcomes));
+        if (outcomesHash == _verdictHashes[unitId]) revert VerdictNotContradicted(unitId, verifier);
+        address recovered =
+            _recover(keccak256(abi.encode(VERDICT_TYPEHASH, unitId, outcomesHash, signature.deadline)), signature.signature);
+        if (recovered != verifier) revert InvalidSigner(verifier, recovered);
+        uint256 slashedMask = _slashedVerifiers[unitId];
+        if (slashedMask & bit != 0) revert VerifierAlreadySlashed(unitId, verifier);
+        _slashedVerifiers[unitId] = slashedMask | bit;
+        slashed = stakes.slash(verifier, _verifierCollateral, address(this));
+        uint256 bounty = (slashed * _bountyBps) / BPS;
+        _accounts[msg.sender].credit += SafeCast.toUint128(bounty);
+        _accounts[_orders[u.orderId].buyer].credit += SafeCast.toUint128(slashed - bounty);
+        _totals.credits += SafeCast.toUint128(slashed);
+        emit VerifierSlashed(unitId, verifier, slashed, msg.sender);
     }
 
     /// @notice Expires a unit nobody settled by its verdict deadline: releases all collateral, counts a
-    /// fault for every replica that never revealed, and returns the unit's whole cost to the order.
-    /// Permissionless.
+    /// fault for every replica that never revealed, and returns the unit's whole cost to the order, the
+    /// verifier fee included: assigned verifiers that let a unit expire earn nothing. Permissionless.
     function expireUnit(uint256 unitId) external {
         Unit storage unit = _units[unitId];
         Unit memory u = unit;
@@ -710,14 +807,22 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
         if (block.timestamp <= verdictDeadline) revert UnitNotExpired(unitId, verdictDeadline);
         unit.state = UnitState.Expired;
         _unpage(unitId, u);
+        uint256 penalties;
         for (uint256 i; i < u.replicas; ++i) {
             address provider = _partyAt(unitId, i);
-            if (u.revealedMask & (1 << i) == 0) _recordFault(provider);
             stakes.unlock(provider, _providerCollateral);
+            if (u.revealedMask & (1 << i) != 0) continue;
+            _recordFault(provider);
+            if (u.committedMask & (1 << i) != 0) penalties += _penalizeWithholding(unitId, provider);
         }
+        _releaseVerifiers(unitId, u);
         Order storage order = _orders[u.orderId];
         order.balance += order.pricePerReplica * u.replicas + order.verifierFeePerUnit;
         order.openUnits -= 1;
+        if (penalties != 0) {
+            _accounts[order.buyer].credit += SafeCast.toUint128(penalties);
+            _totals.credits += SafeCast.toUint128(penalties);
+        }
         emit UnitExpired(unitId);
     }
 
@@ -873,11 +978,14 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
             commitWindow: _commitWindow,
             revealWindow: _revealWindow,
             verdictWindow: _verdictWindow,
-            verifierQuorum: _verifierQuorum,
+            minVerifiers: _minVerifiers,
             bountyBps: _bountyBps,
             providerCollateral: _providerCollateral,
             slashAmount: _slashAmount,
-            minVerifierStake: _minVerifierStake
+            verifierCollateral: _verifierCollateral,
+            spotCheckPpm: _spotCheckPpm,
+            soloSpotCheckPpm: _soloSpotCheckPpm,
+            withholdPenalty: _withholdPenalty
         });
     }
 
@@ -898,8 +1006,8 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
         replicas = order.replicas;
         if (providerCount != replicas) revert ProviderCountMismatch(replicas, providerCount);
         if (acceptCount != replicas) revert ProviderCountMismatch(replicas, acceptCount);
-        if (verifierCount < _verifierQuorum || verifierCount > MAX_VERIFIERS) {
-            revert InvalidVerifierCount(verifierCount, _verifierQuorum, MAX_VERIFIERS);
+        if (verifierCount < _minVerifiers || verifierCount > MAX_VERIFIERS) {
+            revert InvalidVerifierCount(verifierCount, _minVerifiers, MAX_VERIFIERS);
         }
         uint32 openUnits = order.openUnits;
         if (order.delivered + openUnits >= order.units) revert NoUnitBudget(orderId);
@@ -910,11 +1018,16 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
         order.openUnits = openUnits + 1;
     }
 
-    /// @dev Checks `provider`'s `Accept` signature (consuming its nonce).
+    /// @dev Checks `provider`'s `Accept` signature (consuming its unordered nonce).
     function _acceptProvider(uint256 orderId, bytes32 unitKey, address provider, SignedApproval calldata accept)
         private
     {
-        _useNonce(provider, accept.nonce);
+        uint256 nonce = accept.nonce;
+        mapping(uint256 => uint256) storage words = _acceptNonces[provider];
+        uint256 word = words[nonce >> 8];
+        uint256 bit = 1 << (nonce & 0xff);
+        if (word & bit != 0) revert AcceptNonceUsed(provider, nonce);
+        words[nonce >> 8] = word | bit;
         _checkSignature(
             provider,
             keccak256(abi.encode(ACCEPT_TYPEHASH, orderId, unitKey, provider, accept.nonce, accept.deadline)),
@@ -923,8 +1036,8 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
         );
     }
 
-    /// @dev Checks the unit's verifiers are distinct from each other and from the providers, and staked
-    /// enough. Returns their party ids at their positions after the providers'.
+    /// @dev Checks the unit's verifiers are distinct from each other and from the providers (their stake is
+    /// checked by locking it). Returns their party ids at their positions after the providers'.
     function _checkVerifiers(address[] calldata providers, address[] calldata verifiers)
         private
         returns (uint256 partyIds)
@@ -936,10 +1049,6 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
             }
             for (uint256 j; j < i; ++j) {
                 if (verifiers[j] == verifier) revert DuplicateParty(verifier);
-            }
-            uint256 bonded = stakes.bondedOf(verifier);
-            if (bonded < _minVerifierStake || verifier == address(0)) {
-                revert InsufficientVerifierStake(verifier, bonded, _minVerifierStake);
             }
             partyIds |= _partyIdOf(verifier) << ((providers.length + i) * PARTY_ID_BITS);
         }
@@ -1035,7 +1144,7 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
         unit.committedMask = committedMask;
         if (committedMask == _fullMask(u.replicas)) {
             unit.state = UnitState.Revealing;
-            unit.revealDeadline = uint40(block.timestamp + _revealWindow);
+            unit.seedBlock = uint48(block.number);
         }
         emit ReplicaCommitted(unitId, provider, commitment);
     }
@@ -1048,6 +1157,35 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
             revert RevealWindowNotOpen(unitId, u.commitDeadline);
         }
         if (block.timestamp > u.revealDeadline) revert RevealWindowClosed(unitId, u.revealDeadline);
+    }
+
+    /// @dev Fixes the spot-check draw of a fully committed unit at its first reveal (no-op afterwards, or
+    /// for a unit that never fully committed: it cannot be finalized anyway). Reverts in the seed block itself, whose hash
+    /// no transaction inside it can read: so the draw is unknown to the last committer and fixed before any
+    /// reveal is visible. When the seed block is more than 256 blocks old its hash is gone and the unit
+    /// counts as drawn: otherwise a revealer could wait for the hash to expire to escape the check.
+    function _decideDraw(uint256 unitId, Unit storage unit, Unit memory u) private {
+        uint256 seedBlock = u.seedBlock;
+        if (seedBlock == 0 || u.revealedMask != 0) return;
+        if (block.number <= seedBlock) revert RevealTooEarly(unitId, seedBlock);
+        if (!u.drawn && _drawnBy(unitId, u.replicas, blockhash(seedBlock))) {
+            u.drawn = true;
+            unit.drawn = true;
+            emit VerificationRequested(unitId);
+        }
+    }
+
+    /// @dev The spot-check draw for seed hash `seed` (zero when it is no longer available: drawn).
+    function _drawnBy(uint256 unitId, uint8 replicas, bytes32 seed) private view returns (bool) {
+        uint256 rate = replicas == 1 ? _soloSpotCheckPpm : _spotCheckPpm;
+        uint256 draw;
+        assembly ("memory-safe") {
+            // keccak256(abi.encode(seed, unitId)) in scratch space, without allocating memory
+            mstore(0x00, seed)
+            mstore(0x20, unitId)
+            draw := keccak256(0x00, 0x40)
+        }
+        return seed == 0 || draw % PPM < rate;
     }
 
     /// @dev Checks `provider` committed to `resultDigest` and `salt` and has not revealed yet (per
@@ -1088,6 +1226,7 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
             paid[i] = provider;
         }
         stakes.unlockBatch(paid, _providerCollateral);
+        _releaseVerifiers(unitId, u);
         order.balance += order.verifierFeePerUnit;
         order.delivered += 1;
         order.openUnits -= 1;
@@ -1123,16 +1262,15 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
         return keccak256(abi.encodePacked(outcomes));
     }
 
-    /// @dev Checks every signature is a distinct assigned verifier's valid `Verdict` signature (consuming
-    /// its nonce) and that they reach the quorum. Returns the signers.
+    /// @dev Checks every signature is a distinct assigned verifier's valid `Verdict` signature and that
+    /// they are a majority of the unit's verifiers. Returns the signers.
     function _checkVerdictSignatures(
         uint256 unitId,
         uint8 replicas,
         uint8 verifierCount,
         bytes32 outcomesHash,
-        bytes32 reasonsHash,
         VerifierSignature[] calldata signatures
-    ) private returns (address[] memory signers) {
+    ) private view returns (address[] memory signers) {
         signers = new address[](signatures.length);
         uint256 seen;
         for (uint256 s; s < signatures.length; ++s) {
@@ -1140,18 +1278,26 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
             uint256 bit = 1 << _indexOf(unitId, replicas, verifierCount, sig.verifier);
             if (seen & bit != 0) revert DuplicateParty(sig.verifier);
             seen |= bit;
-            _useNonce(sig.verifier, sig.nonce);
             _checkSignature(
                 sig.verifier,
-                keccak256(abi.encode(VERDICT_TYPEHASH, unitId, outcomesHash, reasonsHash, sig.nonce, sig.deadline)),
+                keccak256(abi.encode(VERDICT_TYPEHASH, unitId, outcomesHash, sig.deadline)),
                 sig.deadline,
                 sig.signature
             );
             signers[s] = sig.verifier;
         }
-        if (signatures.length < _verifierQuorum) {
-            revert QuorumNotReached(unitId, signatures.length, _verifierQuorum);
+        uint256 quorum = uint256(verifierCount) / 2 + 1;
+        if (signatures.length < quorum) revert QuorumNotReached(unitId, signatures.length, quorum);
+    }
+
+    /// @dev Releases the collateral of every verifier assigned to the settling unit.
+    function _releaseVerifiers(uint256 unitId, Unit memory u) private {
+        address[] memory verifiers = new address[](u.verifierCount);
+        uint256 partyIds = _unitParties[unitId];
+        for (uint256 i; i < verifiers.length; ++i) {
+            verifiers[i] = _partyAddresses[_idAt(partyIds, u.replicas + i)];
         }
+        stakes.unlockBatch(verifiers, _verifierCollateral);
     }
 
     /// @dev Moves a verdicted unit's money: replica payouts and slashes, the verifiers' fee and bounty,
@@ -1162,7 +1308,8 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
         Order storage order = _orders[u.orderId];
         uint128 price = order.pricePerReplica;
         uint128 fee = order.verifierFeePerUnit;
-        (uint256 paidCount, uint256 slashedTotal) = _applyOutcomes(unitId, outcomes, price);
+        (uint256 paidCount, uint256 slashedTotal) =
+            _applyOutcomes(unitId, outcomes, price, u.committedMask & ~u.revealedMask);
         uint256 verifierPay = fee + (slashedTotal * _bountyBps) / BPS;
         uint256 share = verifierPay / signers.length;
         for (uint256 i; i < signers.length; ++i) {
@@ -1181,9 +1328,11 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
         _totals = totals;
     }
 
-    /// @dev Pays, releases and slashes each replica per its outcome. Returns how many were paid and the
-    /// total slashed (already received from the stake manager).
-    function _applyOutcomes(uint256 unitId, uint8[] calldata outcomes, uint128 price)
+    /// @dev Pays, releases and slashes each replica per its outcome; a replica in `withheldMask` (committed,
+    /// never revealed: the verdict window opens for it only after the reveal deadline) also loses the
+    /// withhold penalty, shared like a fraud slash. Returns how many were paid and the total slashed
+    /// (already received from the stake manager).
+    function _applyOutcomes(uint256 unitId, uint8[] calldata outcomes, uint128 price, uint8 withheldMask)
         private
         returns (uint256 paidCount, uint256 slashedTotal)
     {
@@ -1196,6 +1345,7 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
                 ++paidCount;
             } else if (outcome == OUTCOME_FAULT) {
                 _recordFault(provider);
+                if (withheldMask & (1 << i) != 0) slashedTotal += _penalizeWithholding(unitId, provider);
             } else {
                 Account storage acc = _accounts[provider];
                 acc.fraud += 1;
@@ -1205,6 +1355,12 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
                 emit ReplicaSlashed(unitId, provider, slashed);
             }
         }
+    }
+
+    /// @dev Slashes the withhold penalty from `provider` into this contract; returns the amount received.
+    function _penalizeWithholding(uint256 unitId, address provider) private returns (uint256 slashed) {
+        slashed = stakes.slash(provider, _withholdPenalty, address(this));
+        emit RevealWithheld(unitId, provider, slashed);
     }
 
     function _payAccepted(address provider, uint128 price) private {

@@ -11,7 +11,6 @@ from sqlmodel import Session
 
 from market.context import Lifecycle, MarketContext, require_signer, row_id
 from market.domain.binding import is_bound
-from market.domain.replication import audit_rate_ppm, spot_check_drawn
 from market.domain.states import ReplicaState, UnitState, advance, settle_to
 from market.matchmaker import Matchmaker
 from market.orders import OrderBook
@@ -229,32 +228,52 @@ class Assignments(Lifecycle):
             return unit
 
     def _decide(self, session: Session, unit: UnitRow, live: Sequence[ReplicaRow], now: int) -> None:
-        """Fast path (all digests equal, not drawn) → finalize; otherwise a verification job."""
-        randomness = self._randomness()
-        unit.randomness = randomness
+        """Unanimous → finalize (unless the chain drew it: see {on_drawn}); otherwise a verification job.
+
+        The spot-check draw is the chain's, fixed by the block of the last commit before any reveal: the
+        market neither draws nor could race a finalize past it."""
         revealed = [r for r in live if r.state == ReplicaState.REVEALED.value]
-        unanimous = len(revealed) == len(live) and len({r.result_digest for r in revealed}) == 1
-        drawn = spot_check_drawn(randomness, unit.unit_key, audit_rate_ppm(unit.k, self.config.policy))
-        if unanimous and not drawn:
+        if len(revealed) == len(live) and len({r.result_digest for r in revealed}) == 1:
             unit.state = advance(UnitState(unit.state), UnitState.FINALIZING, what=f"unit {unit.id}")
             self.store.enqueue(session, row_id(unit), "finalize", {"unit_id": unit.chain_unit_id}, now)
         else:
             unit.state = advance(UnitState(unit.state), UnitState.VERIFYING, what=f"unit {unit.id}")
-            unit.spot_checked = unanimous and drawn
-            reason = (
-                "spot_check"
-                if unit.spot_checked
-                else ("digests_differ" if revealed == list(live) else "missing")
-            )
-            if unit.spot_checked:
-                self.store.enqueue(
-                    session, row_id(unit), "request_verification", {"unit_id": unit.chain_unit_id}, now
-                )
-            session.add(
-                VerificationJobRow(unit_id=row_id(unit), reason=reason, randomness=randomness, created_at=now)
-            )
+            reason = "digests_differ" if revealed == list(live) else "missing"
+            self._open_verification(session, unit, reason, now)
         unit.updated_at = now
         session.add(unit)
+
+    def on_drawn(self, session: Session, unit: UnitRow, now: int) -> None:
+        """The chain drew this unanimous unit for a spot check (its finalize reverted with
+        UnitUnderVerification): verifiers decide it instead."""
+        if unit.state != UnitState.FINALIZING.value:
+            return
+        unit.state = advance(UnitState(unit.state), UnitState.VERIFYING, what=f"unit {unit.id}")
+        unit.spot_checked = True
+        self._open_verification(session, unit, "spot_check", now)
+        unit.updated_at = now
+        session.add(unit)
+
+    def on_unassignable(self, session: Session, unit: UnitRow, now: int) -> None:
+        """The unit's assign can never land on chain: drop its signed replicas (not their providers' fault:
+        no reputation is touched, and they are free again) and fail the unit, so that its order runs it
+        again as a new attempt under a new unit key (asking for fresh Accept signatures)."""
+        if unit.state != UnitState.ASSIGNING.value:
+            return
+        for replica in self.ctx.live_replicas(session, unit):
+            replica.state = advance(ReplicaState(replica.state), ReplicaState.DROPPED, what="replica")
+            session.add(replica)
+            self._free_provider(replica.provider)
+        unit.state = advance(UnitState(unit.state), UnitState.FAILED, what=f"unit {unit.id}")
+        unit.updated_at = now
+        session.add(unit)
+
+    def _open_verification(self, session: Session, unit: UnitRow, reason: str, now: int) -> None:
+        randomness = self._randomness()
+        unit.randomness = randomness
+        session.add(
+            VerificationJobRow(unit_id=row_id(unit), reason=reason, randomness=randomness, created_at=now)
+        )
 
     def _randomness(self) -> str:
         """A block hash after the commit phase: nobody could know it when committing."""

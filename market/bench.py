@@ -53,7 +53,10 @@ def seed_database(url: str, providers: int, orders: int, replicas: int, seed: in
                     recipes_json=json.dumps([RECIPE] if rng.random() < 0.9 else ["charlm-tiny"]),
                     registered_at=now,
                     online=rng.random() < 0.97,
-                    free_stake=rng.choice((0, 10**17, *[10**19, 10**20] * 9)),  # ~10 % under the collateral
+                    free_stake=(
+                        stake := rng.choice((0, 10**17, *[10**19, 10**20] * 9))
+                    ),  # ~10 % under collateral
+                    bonded_stake=stake,
                 )
             )
             session.add(HeartbeatRow(agent=address, last_nonce=1, last_timestamp=now, received_at=now))
@@ -74,6 +77,7 @@ def seed_database(url: str, providers: int, orders: int, replicas: int, seed: in
                     hardware_class="cpu-avx2",
                     registered_at=now,
                     free_stake=10**20,
+                    bonded_stake=10**20,
                 )
             )
         session.flush()
@@ -140,7 +144,7 @@ def run_benchmark(url: str, providers: int, orders: int, replicas: int, seed: in
             return RecipeInfo(name=name, flops_per_step=FLOPS_PER_STEP, min_memory_mb=257)
 
     store = MarketStore(url)
-    config = MarketConfig(provider_collateral=10**18, verifier_quorum=2, verifiers_per_unit=2)
+    config = MarketConfig(provider_collateral=10**18, min_verifiers=2, verifiers_per_unit=2)
     service = MarketService(store, StaticRecipes(), None, config)
     started = time.perf_counter()
     service.matching.refresh_pool(force=True)

@@ -16,7 +16,7 @@ from eth_account.signers.local import LocalAccount
 from market.domain.replication import Reputation
 from market.metrics import record_settlement
 from market.ports import ChainEvent, ChainOrder, MarketTerms, SignedAccept, SignedVerdict
-from veritrain.chain.client import ChainClient, Signed
+from veritrain.chain.client import ChainClient, Signed, VerifierSignature
 from veritrain.chain.tx import Receipt
 from veritrain.errors import MarketError
 from veritrain.keys import load_signer
@@ -70,6 +70,9 @@ class ChainClientSettlement:
     def free_stake(self, account: str) -> int:
         return self.client.free_stake(account)
 
+    def bonded_stake(self, account: str) -> int:
+        return self.client.stake_of(account).bonded
+
     def reputation_of(self, account: str) -> Reputation:
         rep = self.client.reputation(account)
         return Reputation(rep.valid, rep.fault, rep.fraud, rep.consecutive_valid)
@@ -80,9 +83,9 @@ class ChainClientSettlement:
             commit_window_s=params.commit_window,
             reveal_window_s=params.reveal_window,
             verdict_window_s=params.verdict_window,
-            verifier_quorum=params.verifier_quorum,
+            min_verifiers=params.min_verifiers,
             provider_collateral=params.provider_collateral,
-            min_verifier_stake=params.min_verifier_stake,
+            verifier_collateral=params.verifier_collateral,
         )
 
     def assign(
@@ -107,20 +110,23 @@ class ChainClientSettlement:
     def reveal(self, unit_id: int, provider: str, result_digest: str, salt: str) -> str:
         return _mined("reveal", self.client.reveal(unit_id, provider, result_digest, salt))
 
-    def request_verification(self, unit_id: int) -> str:
-        return _mined("request_verification", self.client.request_verification(unit_id))
-
     def finalize(self, unit_id: int) -> str:
         return _mined("finalize", self.client.finalize(unit_id))
 
-    def submit_verdict(
-        self, unit_id: int, outcomes: Sequence[int], reasons_hash: str, verdicts: Sequence[SignedVerdict]
-    ) -> str:
-        signed = [Signed(v.verifier, _sig(v.signature), v.nonce, v.deadline) for v in verdicts]
-        return _mined("verdict", self.client.submit_verdict(unit_id, list(outcomes), reasons_hash, signed))
+    def submit_verdict(self, unit_id: int, outcomes: Sequence[int], verdicts: Sequence[SignedVerdict]) -> str:
+        signed = [VerifierSignature(v.verifier, v.deadline, _sig(v.signature)) for v in verdicts]
+        return _mined("verdict", self.client.submit_verdict(unit_id, list(outcomes), signed))
 
     def expire_unit(self, unit_id: int) -> str:
         return _mined("expire", self.client.expire_unit(unit_id))
+
+    def slash_contradicting_verifier(
+        self, unit_id: int, outcomes: Sequence[int], evidence: SignedVerdict
+    ) -> str:
+        signed = VerifierSignature(evidence.verifier, evidence.deadline, _sig(evidence.signature))
+        return _mined(
+            "slash_verifier", self.client.slash_contradicting_verifier(unit_id, list(outcomes), signed)
+        )
 
     def unit_state(self, unit_id: int) -> str:
         return self.client.get_unit(unit_id).state.name.lower()

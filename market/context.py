@@ -40,7 +40,7 @@ class MarketConfig:
     reveal_window_s: int = 600
     verdict_window_s: int = 1200
     verifiers_per_unit: int = 2
-    verifier_quorum: int = 1
+    min_verifiers: int = 1
     provider_collateral: int = 0  # used only without a chain (benchmarks); the chain's value wins
     pool_refresh_s: float = 5.0
     # chain events are applied only this many blocks below the head, so a reorg of up to this depth never

@@ -141,6 +141,8 @@ def _unit(
                 {
                     "verifier": v.verifier,
                     "outcomes": [OUTCOME_NAMES.get(o, str(o)) for o in json.loads(v.outcomes_json)],
+                    # collateral slashed on chain: these outcomes contradicted the unit's verdict
+                    "slashed": None if v.slashed is None else str(v.slashed),
                 }
                 for v in verdicts.get(job.id, [])
             ],

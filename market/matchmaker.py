@@ -1,5 +1,6 @@
 """Matching: the in-memory candidate pool over the store and the matching pass that proposes providers
-and verifiers for pending units (the decision itself is :mod:`market.domain.matching`)."""
+and verifiers for pending units (the decision itself is :mod:`market.domain.matching`, the stake-weighted
+draw :mod:`market.domain.selection`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from sqlmodel import Session
 from market.context import Lifecycle, MarketContext, row_id
 from market.domain.matching import CandidatePool, Match, ProviderCandidate, UnitDemand
 from market.domain.replication import Reputation
+from market.domain.selection import NO_BLOCK_HASH, ROLE_VERIFIERS, sample, selection_seed
 from market.domain.states import OrderState, ReplicaState, UnitState, advance
 from market.store import AgentRow, OfferRow, OrderRow, ReplicaRow, UnitRow
 from veritrain.errors import UnknownRecipe
@@ -52,7 +54,7 @@ class Matchmaker(Lifecycle):
             load = self.store.active_load(session)
             agents = self.store.agents(session, AgentRole.PROVIDER.value)
             recipes = {name for agent in agents for name in agent.recipes}
-            pool = CandidatePool(self.pool.weights, self._collateral(), self._recipe_memory(recipes))
+            pool = CandidatePool(self._collateral(), self._recipe_memory(recipes))
             for agent in agents:
                 pool.upsert(self._candidate(agent, offers.get(agent.address), load.get(agent.address, 0)))
         self.pool = pool
@@ -85,6 +87,7 @@ class Matchmaker(Lifecycle):
             online=agent.online,
             active_units=load,
             capacity=agent.capacity,
+            bonded_stake=agent.bonded_stake,
         )
 
     def refresh_candidate(self, agent: AgentRow, offer: OfferRow | None, load: int) -> None:
@@ -105,7 +108,7 @@ class Matchmaker(Lifecycle):
         now = self.clock()
         collateral = self._collateral()
         # the contract refuses a verifier whose bonded stake fell below its minimum (it unstaked)
-        min_verifier_stake = self.chain.terms().min_verifier_stake if self.chain else 0
+        verifier_collateral = self.chain.terms().verifier_collateral if self.chain else 0
         results: list[Match] = []
         reserved: list[str] = []
         try:
@@ -113,10 +116,11 @@ class Matchmaker(Lifecycle):
                 units = self.store.units_in(session, [UnitState.PENDING.value], limit)
                 if not units:
                     return []
+                block = self._pass_block()
                 verifiers = [
                     a
                     for a in self.store.agents(session, AgentRole.VERIFIER.value)
-                    if a.online and a.free_stake >= min_verifier_stake
+                    if a.online and a.free_stake >= verifier_collateral
                 ]
                 replicas = self.store.replicas_of_units(session, [row_id(u) for u in units])
                 orders = {o.id: o for o in self.store.orders_by_ids(session, {u.order_id for u in units})}
@@ -135,6 +139,7 @@ class Matchmaker(Lifecycle):
                         replicas.get(row_id(unit), []),
                         collateral,
                         verifiers,
+                        block,
                         now,
                         writes,
                     )
@@ -150,6 +155,17 @@ class Matchmaker(Lifecycle):
                 self.pool.release(address)
             raise
         return results
+
+    def _pass_block(self) -> tuple[int, str]:
+        """B and its hash for this pass: every unit drawn now uses the head's hash, recorded with the unit
+        and in the match log, so anyone can recompute the draw; a unit still pending at a later pass (short
+        of candidates, or back for a refill) is drawn with that pass's head, never with a seed that has
+        been public long enough to grind a key for. The operator's lever, the moment of the pass, is
+        described in docs/TRUST.md."""
+        if self.chain is None:
+            return 0, NO_BLOCK_HASH
+        block = self.chain.block_number()
+        return block, self.chain.block_hash(block)
 
     def _collateral(self) -> int:
         return self.chain.terms().provider_collateral if self.chain else self.config.provider_collateral
@@ -169,6 +185,7 @@ class Matchmaker(Lifecycle):
         replicas: Sequence[ReplicaRow],
         collateral: int,
         verifiers: list[AgentRow],
+        block: tuple[int, str],
         now: int,
         writes: MatchWrites,
     ) -> Match:
@@ -187,19 +204,23 @@ class Matchmaker(Lifecycle):
             excluded=frozenset(r.provider for r in replicas),
             taken_operators=kept_operators,
         )
-        match = self.pool.match(demand, self.config.policy)
+        block_number, block_hash = block
+        seed = selection_seed(block_hash, unit.unit_key)
+        match = self.pool.match(demand, block_hash, seed, self.config.policy)
         writes.logs.append(
             {
                 "unit_id": unit_id,
                 "at": now,
                 "selected_json": json.dumps(list(match.selected)),
                 "declines_json": json.dumps([[address, reason.value] for address, reason in match.declines]),
+                "selection_block": block_number,
+                "selection_seed": seed,
             }
         )
         providers = {r.provider for r in kept} | set(match.selected)
         operators = set(kept_operators) | {self._operator_of(session, a) for a in match.selected}
-        chosen_verifiers = self._pick_verifiers(verifiers, providers, operators, unit_id)
-        short_of_verifiers = len(chosen_verifiers) < self.config.verifier_quorum
+        chosen_verifiers = self._pick_verifiers(verifiers, providers, operators, block_hash, seed)
+        short_of_verifiers = len(chosen_verifiers) < self.config.min_verifiers
         if match.complete and short_of_verifiers:
             # the contract needs a quorum of independent verifiers on every unit: wait for them
             writes.logs[-1]["declines_json"] = json.dumps(
@@ -222,6 +243,8 @@ class Matchmaker(Lifecycle):
             {
                 "target": unit_id,
                 "verifiers_json": json.dumps(chosen_verifiers),
+                "selection_block": block_number,
+                "selection_seed": seed,
                 "state": advance(UnitState(unit.state), UnitState.PROPOSED, what=f"unit {unit_id}").value,
                 "accept_deadline": now + self.config.accept_timeout_s,
                 "updated_at": now,
@@ -233,14 +256,18 @@ class Matchmaker(Lifecycle):
         return match
 
     def _pick_verifiers(
-        self, verifiers: list[AgentRow], providers: set[str], operators: set[str], unit_id: int
+        self,
+        verifiers: list[AgentRow],
+        providers: set[str],
+        operators: set[str],
+        block_hash: str,
+        seed: str,
     ) -> list[str]:
-        """Verifiers independent of the unit's providers, rotated by unit id to spread the load."""
-        eligible = [
-            v.address for v in verifiers if v.address not in providers and v.operator not in operators
-        ]
-        if not eligible:
-            return []
-        start = unit_id % len(eligible)
-        rotated = eligible[start:] + eligible[:start]
-        return rotated[: self.config.verifiers_per_unit]
+        """Verifiers independent of the unit's providers, drawn by bonded stake from the unit's seed (a
+        draw separate from the replicas')."""
+        stakes = {
+            v.address: v.bonded_stake
+            for v in verifiers
+            if v.address not in providers and v.operator not in operators
+        }
+        return list(sample(block_hash, seed, ROLE_VERIFIERS, stakes, self.config.verifiers_per_unit))

@@ -45,7 +45,15 @@ UNSENT_OUTBOX_STATES = ("pending", "sending")
 SENT_OUTBOX_STATES = ("sent", "confirmed")
 # Label values every scrape shows, at 0 until they happen (a family without samples would be absent).
 DECLINE_REASONS = (*(reason.value for reason in DeclineReason), "not_enough_verifiers")
-SETTLEMENT_ACTIONS = ("assign", "commit", "reveal", "request_verification", "finalize", "verdict", "expire")
+SETTLEMENT_ACTIONS = (
+    "assign",
+    "commit",
+    "reveal",
+    "finalize",
+    "verdict",
+    "expire",
+    "slash_verifier",
+)
 MATCH_OUTCOMES = ("chosen", "none")
 VERDICT_STATES = {
     ReplicaState.ACCEPTED.value: "accept",

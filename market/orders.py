@@ -3,6 +3,7 @@ through the outer step, retry failed units under a new key, expire late orders, 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -177,6 +178,9 @@ class OrderBook(Lifecycle):
                         accepted_state_digest=accepted[0] if accepted else None,
                         shard=unit.shard,
                         kind=UnitKind(unit.kind),
+                        verifiers=tuple(json.loads(unit.verifiers_json)),
+                        selection_block=unit.selection_block,
+                        selection_seed=unit.selection_seed,
                     )
                 )
             return OrderStatus(
@@ -220,8 +224,8 @@ class OrderBook(Lifecycle):
         if closing is None:
             # an accepted unit whose replicas reported no state bound to their result is retried like a
             # failed one: the next round must never start from an unbound digest
-            states = {shard: self._settled_state(session, u) for shard, u in shards.items()}
-            decision = decide_shards(spec, states)
+            settled = {shard: self._settled(session, u) for shard, u in shards.items()}
+            decision = decide_shards(spec, {shard: state for shard, (state, _) in settled.items()})
             for shard in decision.retry:  # migrate: a new attempt under a new unit key
                 unit = shards[shard]
                 retry = UnitPlan(round_row.index, shard, unit.start_step, unit.steps)
@@ -233,13 +237,16 @@ class OrderBook(Lifecycle):
                 self._new_unit(session, order, round_row, spec, plan, 0, now)
                 return len(decision.retry) + 1
             closing = shards[0]
-        elif self._settled_state(session, closing) == UnitState.FAILED:
-            plan = plan_aggregate(spec, round_row.index)
-            self._new_unit(session, order, round_row, spec, plan, closing.attempt + 1, now)
-            return 1
-        if closing.state != UnitState.ACCEPTED.value:
+            closing_state, bound = settled[0]
+        else:
+            closing_state, bound = self._settled(session, closing)
+            if closing_state == UnitState.FAILED:
+                plan = plan_aggregate(spec, round_row.index)
+                self._new_unit(session, order, round_row, spec, plan, closing.attempt + 1, now)
+                return 1
+        if closing_state != UnitState.ACCEPTED:
             return 0
-        state = next_state(round_row.index, self._bound_accepted(session, closing))
+        state = next_state(round_row.index, bound)
         round_row.state = advance(
             RoundState(round_row.state), RoundState.ACCEPTED, what=f"round {round_row.id}"
         )
@@ -254,11 +261,13 @@ class OrderBook(Lifecycle):
         session.add(order)
         return 1
 
-    def _settled_state(self, session: Session, unit: UnitRow) -> UnitState:
-        """The unit's state for round logic: accepted counts only with a bound state to start from."""
-        if unit.state == UnitState.ACCEPTED.value and not self._bound_accepted(session, unit):
-            return UnitState.FAILED
-        return UnitState(unit.state)
+    def _settled(self, session: Session, unit: UnitRow) -> tuple[UnitState, list[AcceptedReplica]]:
+        """The unit's state for round logic and its bound accepted replicas (read once): accepted counts
+        only with a bound state to start from."""
+        if unit.state != UnitState.ACCEPTED.value:
+            return UnitState(unit.state), []
+        bound = self._bound_accepted(session, unit)
+        return (UnitState.ACCEPTED if bound else UnitState.FAILED), bound
 
     def _bound_accepted(self, session: Session, unit: UnitRow) -> list[AcceptedReplica]:
         """The unit's accepted replicas whose reported state is bound to their revealed result."""

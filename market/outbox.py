@@ -4,6 +4,7 @@ sent to the chain one claim at a time (idempotent), and applied to the market on
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,7 @@ from market.domain.states import UnitState
 from market.ports import SignedAccept, SignedVerdict
 from market.registry import AgentRegistry
 from market.store import OutboxRow, UnitRow
+from veritrain.backoff import backoff_delay
 from veritrain.errors import MarketError
 from veritrain.messages import ReplicaOutcome
 
@@ -30,6 +32,14 @@ SETTLES_AS = {"finalize": "finalized", "verdict": "verdicted", "expire": "expire
 SETTLING_ACTIONS = frozenset({"finalize", "verdict", "expire"})
 # Outbox actions that lock (assign) or release and slash (the settling ones) providers' stake.
 STAKE_CHANGING_ACTIONS = SETTLING_ACTIONS | {"assign"}
+# `slash_verifier:<address>`: relay a verifier's own signature that contradicts the unit's verdict.
+SLASH_VERIFIER = "slash_verifier"
+# A slash relay refused once the unit is verdicted is final: with these errors someone slashed it already
+# (done); with any other the evidence does not hold (outcomes match the verdict, wrong signer): reverted.
+SLASH_DONE_ERRORS = frozenset({"VerifierAlreadySlashed"})
+# An assign refused for these can never land (the providers' Accept signatures are past their deadline):
+# retrying it would strand the unit in ASSIGNING for good, so the unit fails and its order retries it.
+ASSIGN_FINAL_ERRORS = frozenset({"SignatureExpired"})
 
 
 @dataclass
@@ -42,7 +52,7 @@ class OutboxResult:
 
 def backoff_s(attempts: int) -> int:
     """Seconds to wait after the ``attempts``-th failed send: doubling from the base, capped."""
-    return int(min(OUTBOX_BACKOFF_MAX_S, OUTBOX_BACKOFF_BASE_S * 2 ** min(attempts - 1, 16)))
+    return int(backoff_delay(attempts, base=OUTBOX_BACKOFF_BASE_S, cap=OUTBOX_BACKOFF_MAX_S))
 
 
 class SettlementOutbox(Lifecycle):
@@ -101,12 +111,22 @@ class SettlementOutbox(Lifecycle):
         makes the intent a failure to retry."""
         assert self.chain is not None
         error = f"{type(exc).__name__}: {exc}"
+        if action == "finalize" and getattr(exc, "name", "") == "UnitUnderVerification":
+            return self._record_drawn(entry_id, error)
+        if action == "assign" and getattr(exc, "name", "") in ASSIGN_FINAL_ERRORS:
+            return self._record_unassignable(entry_id, error)
         try:
             chain_state = self.chain.unit_state(int(payload["unit_id"])) if "unit_id" in payload else "none"
         except Exception as read_error:  # RPC down: retry the whole intent later
             return self._record_send(entry_id, "failed", None, f"{error}; re-read failed: {read_error}")
         if chain_state not in CHAIN_SETTLED_STATES:  # refused while the unit is open: retry, blocking nothing
             return self._record_send(entry_id, "retrying", None, error)
+        if action.startswith(f"{SLASH_VERIFIER}:"):
+            # evidence is checked against the settled verdict: a refusal now is final, the unit unchanged
+            done = getattr(exc, "name", "") in SLASH_DONE_ERRORS
+            return self._record_send(
+                entry_id, "confirmed" if done else "reverted", None, f"{error}; unit is {chain_state}"
+            )
         # the chain did what this intent does (someone relayed it first): done; else superseded
         done = SETTLES_AS.get(action.split(":", 1)[0]) == chain_state
         return self._record_send(
@@ -116,6 +136,35 @@ class SettlementOutbox(Lifecycle):
             f"{error}; unit is {chain_state}",
             chain_state,
         )
+
+    def _record_superseded(
+        self, entry_id: int, error: str, apply: Callable[[Session, UnitRow, int], None]
+    ) -> OutboxResult:
+        """The revert says the intent can never land: record it reverted and `apply` what that means for
+        its unit, in one transaction; the unit's order may move on."""
+        now = self.clock()
+        with self.store.transaction() as session:
+            entry = self.store.get_outbox(session, entry_id, for_update=True)
+            entry.state = "reverted"
+            entry.last_error = error
+            entry.updated_at = now
+            session.add(entry)
+            apply(session, self.store.get_unit(session, entry.unit_id, for_update=True), now)
+        self.triggers.advance()
+        return OutboxResult(entry_id, "reverted", False, error)
+
+    def _record_drawn(self, entry_id: int, error: str) -> OutboxResult:
+        """The chain drew the unit for a spot check at its first reveal, so it refused the finalize: the
+        intent is superseded and verifiers decide the unit. Why not ask first: that would cost a read per
+        unit for what the revert says anyway."""
+        error = f"{error}; drawn for a spot check on chain: settles by verdict"
+        return self._record_superseded(entry_id, error, self.assignments.on_drawn)
+
+    def _record_unassignable(self, entry_id: int, error: str) -> OutboxResult:
+        """The assign can never land (found by the chaos bench: an assign delayed past the Accept deadline
+        was retried forever and its order never finished): the unit fails, off chain, and is run again."""
+        error = f"{error}; the unit fails off chain and runs again as a new attempt"
+        return self._record_superseded(entry_id, error, self.assignments.on_unassignable)
 
     def _prerequisites_sent(self, session: Session, entry: OutboxRow) -> bool:
         """A unit's actions go out in order: assign, commits, reveals, then finalize/verdict."""
@@ -146,17 +195,16 @@ class SettlementOutbox(Lifecycle):
             return chain.reveal(
                 payload["unit_id"], payload["provider"], payload["result_digest"], payload["salt"]
             )
-        if kind == "request_verification":
-            return chain.request_verification(payload["unit_id"])
         if kind == "finalize":
             return chain.finalize(payload["unit_id"])
         if kind == "verdict":
             verdicts = [SignedVerdict(**v) for v in payload["verdicts"]]
-            return chain.submit_verdict(
-                payload["unit_id"], payload["outcomes"], payload["reasons_hash"], verdicts
-            )
+            return chain.submit_verdict(payload["unit_id"], payload["outcomes"], verdicts)
         if kind == "expire":
             return chain.expire_unit(payload["unit_id"])
+        if kind == SLASH_VERIFIER:
+            evidence = SignedVerdict(payload["verifier"], payload["deadline"], payload["signature"])
+            return chain.slash_contradicting_verifier(payload["unit_id"], payload["outcomes"], evidence)
         raise MarketError(f"unknown settlement action {action!r}")
 
     def _record_send(

@@ -36,9 +36,9 @@ class MarketTerms:
     commit_window_s: int
     reveal_window_s: int
     verdict_window_s: int
-    verifier_quorum: int
+    min_verifiers: int
     provider_collateral: int
-    min_verifier_stake: int = 0
+    verifier_collateral: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,8 +53,9 @@ class SignedAccept:
 
 @dataclass(frozen=True, slots=True)
 class SignedVerdict:
+    """A verifier's outcome-only Verdict signature (no nonce: the unit's settlement makes it single-use)."""
+
     verifier: str
-    nonce: int
     deadline: int
     signature: str
 
@@ -78,6 +79,10 @@ class SettlementPort(Protocol):
 
     def get_order(self, order_id: int) -> ChainOrder | None: ...
     def free_stake(self, account: str) -> int: ...
+    def bonded_stake(self, account: str) -> int:
+        """The account's bonded stake in the StakeManager (locked collateral included): its draw weight."""
+        ...
+
     def reputation_of(self, account: str) -> Reputation: ...
     def terms(self) -> MarketTerms: ...
     def assign(
@@ -92,12 +97,18 @@ class SettlementPort(Protocol):
         self, unit_id: int, provider: str, commitment: str, nonce: int, deadline: int, signature: str
     ) -> str: ...
     def reveal(self, unit_id: int, provider: str, result_digest: str, salt: str) -> str: ...
-    def request_verification(self, unit_id: int) -> str: ...
     def finalize(self, unit_id: int) -> str: ...
     def submit_verdict(
-        self, unit_id: int, outcomes: Sequence[int], reasons_hash: str, verdicts: Sequence[SignedVerdict]
+        self, unit_id: int, outcomes: Sequence[int], verdicts: Sequence[SignedVerdict]
     ) -> str: ...
     def expire_unit(self, unit_id: int) -> str: ...
+    def slash_contradicting_verifier(
+        self, unit_id: int, outcomes: Sequence[int], evidence: SignedVerdict
+    ) -> str:
+        """Relay a verifier's own Verdict signature over ``outcomes`` that contradict the unit's settled
+        verdict: the chain slashes its collateral once per unit and credits the sender the bounty."""
+        ...
+
     def unit_state(self, unit_id: int) -> str:
         """The unit's state on chain, lower case: none, committing, revealing, finalized, verdicted,
         expired (what the market re-reads after a revert)."""

@@ -38,7 +38,7 @@ class AgentRegistry(Lifecycle):
         now = self.clock()
         with self.store.transaction() as session:  # a replay is refused before any RPC call is spent
             self.ctx.accept_agent_message(session, message, now)
-        free_stake, reputation = self._chain_facts(message.agent)
+        free_stake, bonded_stake, reputation = self._chain_facts(message.agent)
         with self.store.transaction() as session:
             row = self.store.find_agent(session, message.agent) or AgentRow(
                 address=message.agent,
@@ -57,7 +57,7 @@ class AgentRegistry(Lifecycle):
             row.recipes_json = json.dumps(list(message.recipes))
             row.p2p_addr = message.p2p_addr
             row.online = True
-            row.free_stake = free_stake
+            row.free_stake, row.bonded_stake = free_stake, bonded_stake
             row.rep_valid, row.rep_fault = reputation.valid, reputation.fault
             row.rep_fraud, row.rep_consecutive_valid = reputation.fraud, reputation.consecutive_valid
             session.add(row)
@@ -68,10 +68,15 @@ class AgentRegistry(Lifecycle):
             self.triggers.match(True)
         return row
 
-    def _chain_facts(self, account: str) -> tuple[int, Reputation]:
+    def _chain_facts(self, account: str) -> tuple[int, int, Reputation]:
+        """Free stake (gates collateral), bonded stake (the selection weight) and reputation."""
         if self.chain is None:
-            return 0, Reputation()
-        return self.chain.free_stake(account), self.chain.reputation_of(account)
+            return 0, 0, Reputation()
+        return (
+            self.chain.free_stake(account),
+            self.chain.bonded_stake(account),
+            self.chain.reputation_of(account),
+        )
 
     def post_offer(self, signed: Signed[Offer]) -> OfferRow:
         message = verify_signed(signed, self.config.chain_id)
@@ -117,9 +122,9 @@ class AgentRegistry(Lifecycle):
         return HeartbeatReply(agent=message.agent, assignments=tuple(assignments))
 
     def refresh_chain_facts(self, accounts: set[str]) -> None:
-        """Re-read free stake and reputation of registered agents from the chain's views into the store
-        and the candidate pool: a slashed or busy provider, or a verifier that unstaked below the minimum,
-        must not be matched on its old stake."""
+        """Re-read free and bonded stake and reputation of registered agents from the chain's views into
+        the store and the candidate pool: a slashed or busy provider, or a verifier that unstaked below
+        the minimum, must not be matched on its old stake."""
         if self.chain is None or not accounts:
             return
         with self.store.transaction() as session:
@@ -131,9 +136,9 @@ class AgentRegistry(Lifecycle):
         facts = {address: self._chain_facts(address) for address in known}
         refreshed = []
         with self.store.transaction() as session:
-            for address, (free_stake, reputation) in facts.items():
+            for address, (free_stake, bonded_stake, reputation) in facts.items():
                 agent = self.store.get_agent(session, address)
-                agent.free_stake = free_stake
+                agent.free_stake, agent.bonded_stake = free_stake, bonded_stake
                 agent.rep_valid, agent.rep_fault = reputation.valid, reputation.fault
                 agent.rep_fraud, agent.rep_consecutive_valid = reputation.fraud, reputation.consecutive_valid
                 session.add(agent)

@@ -76,7 +76,7 @@ def build_service(settings: Settings | None = None, *, create_schema: bool = Tru
             commit_window_s=terms.commit_window_s,
             reveal_window_s=terms.reveal_window_s,
             verdict_window_s=terms.verdict_window_s,
-            verifier_quorum=terms.verifier_quorum,
-            verifiers_per_unit=max(config.verifiers_per_unit, terms.verifier_quorum),
+            min_verifiers=terms.min_verifiers,
+            verifiers_per_unit=max(config.verifiers_per_unit, terms.min_verifiers),
         )
     return MarketService(store, RegistryRecipeCatalog(), chain, config)

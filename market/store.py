@@ -59,6 +59,7 @@ class AgentRow(SQLModel, table=True):
     online: bool = True
     capacity: int = 1  # concurrent units; the current load is counted from replicas, never stored
     free_stake: int = Field(default=0, sa_type=Uint256Text)
+    bonded_stake: int = Field(default=0, sa_type=Uint256Text)  # the selection draw's weight
     rep_valid: int = 0
     rep_fault: int = 0
     rep_fraud: int = 0
@@ -142,6 +143,10 @@ class UnitRow(SQLModel, table=True):
     commit_deadline: int = 0
     verifiers_json: str = "[]"
     randomness: str | None = Field(default=None, max_length=66)
+    # the draw that chose its replicas and verifiers: seed = keccak(blockhash(selection_block) ‖ unit_key),
+    # selection_block being the head at that matching pass (market.domain.selection)
+    selection_block: int | None = None
+    selection_seed: str | None = Field(default=None, max_length=66)
     spot_checked: bool = False
     updated_at: int = 0
 
@@ -169,7 +174,8 @@ class ReplicaRow(SQLModel, table=True):
 
 
 class MatchLogRow(SQLModel, table=True):
-    """Every matching decision with the reason each examined candidate was declined."""
+    """Every matching decision with the reason each examined candidate was declined, and the seed it drew
+    with (a refill draws with a new one)."""
 
     __tablename__ = "match_log"
 
@@ -178,6 +184,8 @@ class MatchLogRow(SQLModel, table=True):
     at: int
     selected_json: str
     declines_json: str
+    selection_block: int | None = None
+    selection_seed: str | None = Field(default=None, max_length=66)
 
 
 class VerificationJobRow(SQLModel, table=True):
@@ -199,10 +207,11 @@ class VerdictSignatureRow(SQLModel, table=True):
     job_id: int = Field(foreign_key="verification_jobs.id", index=True)
     verifier: str = Field(max_length=42)
     outcomes_json: str
-    reasons_hash: str = Field(max_length=66)
-    nonce: int = Field(sa_type=Uint256Text)
+    reasons_hash: str = Field(max_length=66)  # off-chain record only; the chain sees outcomes
     deadline: int = Field(sa_type=Uint256Text)
     signature: str = Field(max_length=132)
+    # collateral the chain slashed because these outcomes contradict the unit's verdict (VerifierSlashed)
+    slashed: int | None = Field(default=None, sa_type=Uint256Text)
 
 
 class OutboxRow(SQLModel, table=True):

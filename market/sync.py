@@ -3,6 +3,7 @@ prove landed (whoever sent them), and re-read the chain facts of every account a
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from eth_utils import to_checksum_address
@@ -11,6 +12,7 @@ from sqlmodel import Session
 from market.assignments import Assignments
 from market.context import Lifecycle, MarketContext, row_id
 from market.domain.states import ReplicaState, UnitState
+from market.outbox import SLASH_VERIFIER
 from market.registry import AgentRegistry
 from market.store import UnitRow
 from veritrain.errors import MarketError
@@ -57,6 +59,8 @@ class ChainSync(Lifecycle):
         self.agents.refresh_chain_facts(touched)
         if any(e.name in SETTLED_EVENTS for e in events):  # a unit settled: its round may close
             self.triggers.advance()
+        if any(e.name == "VerdictRecorded" for e in events):  # evidence against a verifier may be queued
+            self.triggers.settle()
         return len(events)
 
     def _accounts_touched(self, session: Session, name: str, args: dict[str, Any]) -> set[str]:
@@ -107,13 +111,44 @@ class ChainSync(Lifecycle):
             )
         elif name == "VerdictRecorded" and "outcomes" in args:
             self._confirm(session, row_id(unit), "verdict", now)
-            self.assignments.settle_unit(
-                session, unit, [ReplicaOutcome(int(o)) for o in args["outcomes"]], now
-            )
+            outcomes = [int(o) for o in args["outcomes"]]
+            self.assignments.settle_unit(session, unit, [ReplicaOutcome(o) for o in outcomes], now)
+            self._report_contradicting_verifiers(session, unit, outcomes, now)
+        elif name == "VerifierSlashed":
+            verifier = to_checksum_address(args["verifier"])
+            self._confirm(session, row_id(unit), f"{SLASH_VERIFIER}:{verifier}", now)
+            job = self.store.job_for_unit(session, row_id(unit))
+            for signed in self.store.verdicts_of(session, row_id(job)) if job is not None else ():
+                if signed.verifier == verifier:
+                    signed.slashed = int(args["amount"])
+                    session.add(signed)
+            return
         elif name == "UnitExpired":
             self._confirm(session, row_id(unit), "expire", now)
             self.assignments.fail_unit(session, unit, now)
         session.add(unit)
+
+    def _report_contradicting_verifiers(
+        self, session: Session, unit: UnitRow, outcomes: list[int], now: int
+    ) -> None:
+        """Queue the evidence against every assigned verifier whose signed outcomes differ from the verdict
+        the chain settled: its own signature slashes its collateral (the bounty goes to the market's
+        sender). The (unit, action) key makes a repeated event queue nothing new."""
+        job = self.store.job_for_unit(session, row_id(unit))
+        if job is None or unit.chain_unit_id is None:
+            return
+        for signed in self.store.verdicts_of(session, row_id(job)):
+            signed_outcomes = json.loads(signed.outcomes_json)
+            if signed_outcomes == outcomes:
+                continue
+            payload = {
+                "unit_id": unit.chain_unit_id,
+                "outcomes": signed_outcomes,
+                "verifier": signed.verifier,
+                "deadline": signed.deadline,
+                "signature": signed.signature,
+            }
+            self.store.enqueue(session, row_id(unit), f"{SLASH_VERIFIER}:{signed.verifier}", payload, now)
 
     def _record_replica_event(
         self, session: Session, unit: UnitRow, provider: str, name: str, args: dict[str, Any]

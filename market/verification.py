@@ -1,5 +1,7 @@
 """Verification jobs: a verifier pulls the open jobs of the units it is assigned to and signs verdicts;
-at quorum on identical outcomes the verdict relay goes to the settlement outbox."""
+once a majority of the unit's assigned verifiers signed identical outcomes (the contract's quorum), the
+verdict relay goes to the settlement outbox. Reasons never have to match: each verifier measures its own
+floats, and the chain sees outcomes only."""
 
 from __future__ import annotations
 
@@ -21,6 +23,11 @@ from veritrain.messages import (
     VerificationJobView,
     verify_signed,
 )
+
+
+def majority(verifier_count: int) -> int:
+    """Signatures a verdict needs on chain: a majority of the unit's assigned verifiers."""
+    return verifier_count // 2 + 1
 
 
 class VerificationJobs(Lifecycle):
@@ -75,7 +82,8 @@ class VerificationJobs(Lifecycle):
         )
 
     def submit_verdict(self, submission: VerdictSubmission) -> VerificationJobRow:
-        """Store one verifier's signed verdict; at quorum on identical outcomes, queue the verdict relay."""
+        """Store one verifier's signed verdict; once a majority of the unit's verifiers signed identical
+        outcomes, queue the verdict relay."""
         job = self._record_verdict(submission)
         if job.state == "quorum":
             self.triggers.settle()
@@ -105,8 +113,6 @@ class VerificationJobs(Lifecycle):
             message = {
                 "unitId": unit.chain_unit_id,
                 "outcomesHash": outcomes_hash([int(o) for o in submission.outcomes]),
-                "reasonsHash": submission.reasons_hash,
-                "nonce": submission.nonce,
                 "deadline": submission.deadline,
             }
             require_signer(domain, "Verdict", message, submission.signature, submission.verifier)
@@ -116,7 +122,6 @@ class VerificationJobs(Lifecycle):
                     verifier=submission.verifier,
                     outcomes_json=json.dumps([int(o) for o in submission.outcomes]),
                     reasons_hash=submission.reasons_hash,
-                    nonce=submission.nonce,
                     deadline=submission.deadline,
                     signature=submission.signature,
                 )
@@ -126,18 +131,15 @@ class VerificationJobs(Lifecycle):
                 v
                 for v in self.store.verdicts_of(session, row_id(job))
                 if json.loads(v.outcomes_json) == [int(o) for o in submission.outcomes]
-                and v.reasons_hash == submission.reasons_hash
             ]
-            if len(agreeing) >= self.config.verifier_quorum:
+            if len(agreeing) >= majority(len(json.loads(unit.verifiers_json))):
                 job.state = "quorum"
                 payload = {
                     "unit_id": unit.chain_unit_id,
                     "outcomes": [int(o) for o in submission.outcomes],
-                    "reasons_hash": submission.reasons_hash,
                     "verdicts": [
                         {
                             "verifier": v.verifier,
-                            "nonce": v.nonce,
                             "deadline": v.deadline,
                             "signature": v.signature,
                         }

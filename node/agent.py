@@ -276,6 +276,7 @@ class ProviderAgent(AgentPlumbing):
         """Sign the contract's Accept (same signature again if the market asks twice)."""
         from veritrain.messages import AcceptSubmission
 
+        self.grant_buyer_of(assignment.chain_order_id)  # the buyer will fetch what this unit produces
         folder = self.unit_dir(assignment.unit_id)
         record = UnitRecord.load(folder, assignment.unit_id)
         if record.accept_signature is None or record.accept_deadline != assignment.accept_deadline:

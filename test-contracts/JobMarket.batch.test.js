@@ -8,7 +8,6 @@ const { loadFixture, time } = require("./chain");
 const h = require("./helpers");
 
 const { PRICE, FEE, UNIT_STATE, ACCEPT, FAULT } = h;
-const REASONS = ethers.id("reasons");
 
 /** Signed commits of `digests[i]` by each provider (salt per unit and replica, as h.commitAll). */
 async function signedCommits(sys, unitId, providers, digests, opts = {}) {
@@ -155,8 +154,8 @@ describe("JobMarket: revealBatch", function () {
     await expect(sys.market.finalize(unitId)).to.be.revertedWithCustomError(sys.market, "NotUnanimous");
     const outcomes = [ACCEPT, ACCEPT, FAULT];
     const sigs = [];
-    for (const v of sys.verifiers.slice(0, 2)) sigs.push(await h.signVerdict(sys.market, v, unitId, outcomes, REASONS));
-    await sys.market.submitVerdict(unitId, outcomes, REASONS, sigs);
+    for (const v of sys.verifiers.slice(0, 2)) sigs.push(await h.signVerdict(sys.market, v, unitId, outcomes));
+    await sys.market.submitVerdict(unitId, outcomes, sigs);
     for (let i = 0; i < 3; i++) {
       expect(await sys.market.replicaOf(unitId, i)).to.deep.equal([providers[i].address, digests[i], true, true]);
     }
@@ -215,14 +214,20 @@ describe("JobMarket: multicall", function () {
     const digests = providers.map(() => h.digestOf("same"));
     const commits = await signedCommits(sys, unitId, providers, digests);
     const market = sys.market;
+    // Reveals never share the last commit's block (its hash draws the spot check): the whole call reverts.
+    await expect(market.multicall([
+      market.interface.encodeFunctionData("commitBatch", [unitId, commits]),
+      market.interface.encodeFunctionData("revealBatch", [unitId, revealsOf(unitId, providers, digests)]),
+    ])).to.be.revertedWithCustomError(market, "RevealTooEarly");
+    expect((await market.getUnit(unitId)).committedMask).to.equal(0n);
+    await market.multicall([market.interface.encodeFunctionData("commitBatch", [unitId, commits])]);
     const bad = { ...revealsOf(unitId, providers, digests)[0], salt: h.saltOf("wrong") };
     await expect(market.multicall([
-      market.interface.encodeFunctionData("commitBatch", [unitId, commits]),
+      market.interface.encodeFunctionData("revealBatch", [unitId, revealsOf(unitId, providers, digests, [1])]),
       market.interface.encodeFunctionData("revealBatch", [unitId, [bad]]),
     ])).to.be.revertedWithCustomError(market, "RevealMismatch");
-    expect((await market.getUnit(unitId)).committedMask).to.equal(0n);
+    expect((await market.getUnit(unitId)).revealedMask).to.equal(0n);
     await expect(market.multicall([
-      market.interface.encodeFunctionData("commitBatch", [unitId, commits]),
       market.interface.encodeFunctionData("revealBatch", [unitId, revealsOf(unitId, providers, digests)]),
     ])).to.emit(market, "UnitFinalized").withArgs(unitId, digests[0]);
     const accepts = [];
@@ -268,8 +273,8 @@ describe("JobMarket: recycled commitment pages", function () {
     const unit = await h.unitAt(sys, "revealed", digests);
     for (let i = 0; i < 3; i++) expect((await sys.market.replicaOf(unit.unitId, i))[1]).to.equal(digests[i]);
     const sigs = [];
-    for (const v of sys.verifiers.slice(0, 2)) sigs.push(await h.signVerdict(sys.market, v, unit.unitId, [0, 0, 1], REASONS));
-    await sys.market.submitVerdict(unit.unitId, [0, 0, 1], REASONS, sigs);
+    for (const v of sys.verifiers.slice(0, 2)) sigs.push(await h.signVerdict(sys.market, v, unit.unitId, [0, 0, 1]));
+    await sys.market.submitVerdict(unit.unitId, [0, 0, 1], sigs);
     for (let i = 0; i < 3; i++) expect((await sys.market.replicaOf(unit.unitId, i))[1]).to.equal(digests[i]);
     expect(await sys.market.unitCount()).to.equal(unitId + 1n);
     await h.expectSolvent(sys);
@@ -299,11 +304,12 @@ describe("JobMarket: party ids at the limits", function () {
     }
     const outcomes = [ACCEPT, ACCEPT, ACCEPT, ACCEPT, FAULT];
     const sigs = [];
-    for (const v of [v5, v4]) sigs.push(await h.signVerdict(sys.market, v, unitId, outcomes, REASONS));
-    await expect(sys.market.submitVerdict(unitId, outcomes, REASONS, sigs))
-      .to.emit(sys.market, "VerdictRecorded").withArgs(unitId, outcomes, REASONS, [v5.address, v4.address]);
+    const v3 = sys.verifiers[2];
+    for (const v of [v5, v4, v3]) sigs.push(await h.signVerdict(sys.market, v, unitId, outcomes));
+    await expect(sys.market.submitVerdict(unitId, outcomes, sigs)).to.emit(sys.market, "VerdictRecorded")
+      .withArgs(unitId, outcomes, h.outcomesHashOf(outcomes), [v5.address, v4.address, v3.address]);
     expect(await sys.market.credits(extraProvider.address)).to.equal(0n);
-    expect(await sys.market.credits(v5.address)).to.equal(FEE / 2n);
+    expect(await sys.market.credits(v5.address)).to.equal(FEE / 3n);
     await h.expectSolvent(sys);
   });
 

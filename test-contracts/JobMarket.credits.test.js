@@ -58,7 +58,7 @@ describe("JobMarket: withdrawCredit", function () {
       await expect(send(expiring)).to.be.revertedWithCustomError(sys.market, "SignatureExpired");
       const good = await signWithdraw(sys, p);
       await expect(send(good)).to.changeTokenBalances(sys.token, [p, sys.other], [PRICE, 0n]);
-      await expect(send(good)).to.be.revertedWithCustomError(sys.market, "InvalidNonce").withArgs(p.address, 2n, 1n);
+      await expect(send(good)).to.be.revertedWithCustomError(sys.market, "InvalidNonce").withArgs(p.address, 1n, 0n);
       await expect(send(await signWithdraw(sys, p)))
         .to.be.revertedWithCustomError(sys.market, "NothingToWithdraw").withArgs(p.address);
     });
@@ -97,11 +97,11 @@ describe("JobMarket: re-entrancy", function () {
     const { unitId } = await h.unitAt(sys, "revealed", [h.digestOf("a"), h.digestOf("a"), h.digestOf("b")]);
     const outcomes = [ACCEPT, ACCEPT, FRAUD];
     const sigs = [];
-    for (const v of sys.verifiers.slice(0, 2)) sigs.push(await h.signVerdict(sys.market, v, unitId, outcomes, ethers.ZeroHash));
+    for (const v of sys.verifiers.slice(0, 2)) sigs.push(await h.signVerdict(sys.market, v, unitId, outcomes));
     const s = await signWithdraw(sys, sys.providers[0]);
     await sys.token.setHook(await sys.market.getAddress(), sys.market.interface.encodeFunctionData(
       "withdrawCreditWithSig", [sys.providers[0].address, s.nonce, s.deadline, s.signature]));
-    await expect(sys.market.submitVerdict(unitId, outcomes, ethers.ZeroHash, sigs)).to.emit(sys.market, "VerdictRecorded");
+    await expect(sys.market.submitVerdict(unitId, outcomes, sigs)).to.emit(sys.market, "VerdictRecorded");
     expect(await sys.token.lastHookSucceeded()).to.equal(false);
     expect(await sys.token.lastHookReturn()).to.equal(sys.market.interface.getError("ReentrancyGuardReentrantCall").selector);
     expect(await sys.market.credits(sys.providers[0].address)).to.equal(PRICE);
@@ -181,8 +181,8 @@ describe("JobMarket: every fund can exit after its deadlines", function () {
     await h.commitAll(sys, b.unitId, b.providers, bad);
     await h.revealAll(sys, b.unitId, b.providers, bad);
     const sigs = [];
-    for (const v of sys.verifiers.slice(0, 2)) sigs.push(await h.signVerdict(sys.market, v, b.unitId, [0, 0, 2], ethers.ZeroHash));
-    await sys.market.submitVerdict(b.unitId, [0, 0, 2], ethers.ZeroHash, sigs);
+    for (const v of sys.verifiers.slice(0, 2)) sigs.push(await h.signVerdict(sys.market, v, b.unitId, [0, 0, 2]));
+    await sys.market.submitVerdict(b.unitId, [0, 0, 2], sigs);
     await sys.market.connect(sys.buyer).closeOrder(orderId);
     await h.expectSolvent(sys);
     await drain(sys, [sys.buyer, ...sys.providers, ...sys.verifiers]);

@@ -13,10 +13,10 @@ describe("JobMarket: deployment", function () {
   it("stores its parameters and roles", async function () {
     const { market, token, stakes, admin, operator } = await loadFixture(h.systemFixture);
     const p = await market.params();
-    expect([p.commitWindow, p.revealWindow, p.verdictWindow, p.verifierQuorum, p.bountyBps,
-      p.providerCollateral, p.slashAmount, p.minVerifierStake]).to.deep.equal([
-      PARAMS.commitWindow, PARAMS.revealWindow, PARAMS.verdictWindow, BigInt(PARAMS.verifierQuorum),
-      BigInt(PARAMS.bountyBps), PARAMS.providerCollateral, PARAMS.slashAmount, PARAMS.minVerifierStake]);
+    expect([p.commitWindow, p.revealWindow, p.verdictWindow, p.minVerifiers, p.bountyBps,
+      p.providerCollateral, p.slashAmount, p.verifierCollateral]).to.deep.equal([
+      PARAMS.commitWindow, PARAMS.revealWindow, PARAMS.verdictWindow, BigInt(PARAMS.minVerifiers),
+      BigInt(PARAMS.bountyBps), PARAMS.providerCollateral, PARAMS.slashAmount, PARAMS.verifierCollateral]);
     expect(await market.token()).to.equal(await token.getAddress());
     expect(await market.stakes()).to.equal(await stakes.getAddress());
     expect(await market.hasRole(await market.DEFAULT_ADMIN_ROLE(), admin.address)).to.equal(true);
@@ -36,8 +36,9 @@ describe("JobMarket: deployment", function () {
       [[t, s, operator.address, { ...PARAMS, revealWindow: 0n }], "revealWindow"],
       [[t, s, operator.address, { ...PARAMS, verdictWindow: 0n }], "verdictWindow"],
       [[t, s, operator.address, { ...PARAMS, commitWindow: 365n * 86400n + 1n }], "commitWindow"],
-      [[t, s, operator.address, { ...PARAMS, verifierQuorum: 0 }], "verifierQuorum"],
-      [[t, s, operator.address, { ...PARAMS, verifierQuorum: 6 }], "verifierQuorum"],
+      [[t, s, operator.address, { ...PARAMS, minVerifiers: 0 }], "minVerifiers"],
+      [[t, s, operator.address, { ...PARAMS, minVerifiers: 6 }], "minVerifiers"],
+      [[t, s, operator.address, { ...PARAMS, verifierCollateral: 0n }], "verifierCollateral"],
       [[t, s, operator.address, { ...PARAMS, bountyBps: 10_001 }], "bountyBps"],
       [[t, s, operator.address, { ...PARAMS, slashAmount: PARAMS.providerCollateral + 1n }], "slashAmount"],
     ];
@@ -112,7 +113,7 @@ describe("JobMarket: assign", function () {
       opts.accepts ?? accepts];
   }
 
-  it("creates a unit, locks each provider's collateral and uses each provider's nonce", async function () {
+  it("creates a unit and locks each provider's and each verifier's collateral", async function () {
     const { sys, orderId } = await loadFixture(h.orderFixture);
     const args = await assignArgs(sys, orderId);
     const now = (await time.latest()) + 5n;
@@ -129,8 +130,8 @@ describe("JobMarket: assign", function () {
       const p = sys.providers[i];
       expect(await sys.market.replicaOf(1n, i)).to.deep.equal([p.address, ethers.ZeroHash, false, false]);
       expect((await sys.stakes.stakeOf(p.address))[1]).to.equal(PARAMS.providerCollateral);
-      expect(await sys.market.nonces(p.address)).to.equal(1n);
     }
+    for (const v of sys.verifiers) expect((await sys.stakes.stakeOf(v.address))[1]).to.equal(PARAMS.verifierCollateral);
     expect(await sys.market.verifiersOf(1n)).to.deep.equal(sys.verifiers.map((v) => v.address));
     const o = await sys.market.getOrder(orderId);
     expect([o.balance, o.openUnits]).to.deep.equal([UNIT_COST, 1n]);
@@ -154,14 +155,15 @@ describe("JobMarket: assign", function () {
     const { unitId } = await h.assignUnit(sys, orderId, { providers, verifiers });
     for (let i = 0; i < 5; i++) expect((await sys.market.replicaOf(unitId, i))[0]).to.equal(providers[i].address);
     expect(await sys.market.verifiersOf(unitId)).to.deep.equal(verifiers.map((v) => v.address));
-    // Every party can act in its role: the last provider commits, the last verifier's signature counts.
+    // Every party can act in its role: the last provider commits, the last verifiers' signatures count
+    // (a majority of five is three).
     await h.commitAll(sys, unitId, providers, providers.map(() => h.digestOf("d")));
     await h.revealAll(sys, unitId, providers, providers.map(() => h.digestOf("d")));
     const outcomes = [0, 0, 0, 0, 0];
     const sigs = [];
-    for (const v of verifiers.slice(3)) sigs.push(await h.signVerdict(sys.market, v, unitId, outcomes, ethers.ZeroHash));
-    await expect(sys.market.submitVerdict(unitId, outcomes, ethers.ZeroHash, sigs)).to.emit(sys.market, "VerdictRecorded");
-    expect(await sys.market.credits(extra[2].address)).to.equal(FEE / 2n);
+    for (const v of verifiers.slice(2)) sigs.push(await h.signVerdict(sys.market, v, unitId, outcomes));
+    await expect(sys.market.submitVerdict(unitId, outcomes, sigs)).to.emit(sys.market, "VerdictRecorded");
+    expect(await sys.market.credits(extra[2].address)).to.equal(FEE / 3n);
   });
 
   it("is operator-only", async function () {
@@ -219,13 +221,13 @@ describe("JobMarket: assign", function () {
       .to.be.revertedWithCustomError(op, "DuplicateParty").withArgs(p2.address);
   });
 
-  it("requires staked verifiers and providers with free collateral", async function () {
+  it("requires verifiers and providers with free collateral", async function () {
     const { sys, orderId } = await loadFixture(h.orderFixture);
     const op = sys.market.connect(sys.operator);
     const args = await assignArgs(sys, orderId);
     await expect(op.assign(args[0], args[1], args[2], [sys.verifiers[0].address, sys.other.address], args[4]))
-      .to.be.revertedWithCustomError(op, "InsufficientVerifierStake")
-      .withArgs(sys.other.address, 0n, PARAMS.minVerifierStake);
+      .to.be.revertedWithCustomError(sys.stakes, "InsufficientFreeStake")
+      .withArgs(sys.other.address, 0n, PARAMS.verifierCollateral);
     // p1 unstakes so that less than the collateral stays free.
     const p1 = sys.providers[0];
     await sys.stakes.connect(p1).requestUnstake(150n * E18);
@@ -233,7 +235,7 @@ describe("JobMarket: assign", function () {
       .withArgs(p1.address, 50n * E18, PARAMS.providerCollateral);
   });
 
-  it("rejects a wrong signer, a replayed nonce, an expired acceptance and another chain id or contract",
+  it("rejects a wrong signer, a reused nonce, an expired acceptance and another chain id or contract",
     async function () {
       const { sys, orderId } = await loadFixture(h.orderFixture);
       const op = sys.market.connect(sys.operator);
@@ -266,8 +268,26 @@ describe("JobMarket: assign", function () {
       const good = await h.signAccept(sys.market, p1, orderId, key);
       await op.assign(...(await base(good)));
       await expect(op.assign(...(await base(good))))
-        .to.be.revertedWithCustomError(op, "InvalidNonce").withArgs(p1.address, 1n, 0n);
+        .to.be.revertedWithCustomError(op, "AcceptNonceUsed").withArgs(p1.address, good.nonce);
     });
+
+  it("takes one provider's concurrent acceptances in any order (unordered nonces)", async function () {
+    const sys = await loadFixture(h.systemFixture);
+    const { orderId } = await h.postOrder(sys, { units: 2 });
+    const op = sys.market.connect(sys.operator);
+    const [p1, p2, p3] = sys.providers;
+    const verifiers = sys.verifiers.map((v) => v.address);
+    // Both acceptances of every provider are signed before either is relayed; the later nonce lands first.
+    const signed = [];
+    for (const key of [ethers.id("first"), ethers.id("second")]) {
+      const accepts = [];
+      for (const p of [p1, p2, p3]) accepts.push(await h.signAccept(sys.market, p, orderId, key));
+      signed.push([orderId, key, [p1, p2, p3].map((p) => p.address), verifiers, accepts]);
+    }
+    await expect(op.assign(...signed[1])).to.emit(sys.market, "UnitAssigned");
+    await expect(op.assign(...signed[0])).to.emit(sys.market, "UnitAssigned");
+    expect(await sys.market.unitCount()).to.equal(2n);
+  });
 
   it("stops at the order's unit count", async function () {
     const sys = await loadFixture(h.systemFixture);

@@ -8,7 +8,6 @@ const h = require("./helpers");
 
 const { E18, PARAMS, PRICE, FEE, UNIT_STATE, ACCEPT, FAULT, FRAUD } = h;
 const UNIT_COST = 3n * PRICE + FEE;
-const REASONS = ethers.id("reasons");
 
 async function signCommit(sys, provider, unitId, commitment, opts = {}) {
   const nonce = opts.nonce ?? (await sys.market.nonces(provider.address));
@@ -31,13 +30,15 @@ async function partialFixture() {
 
 async function verdict(sys, unitId, outcomes, signers = sys.verifiers.slice(0, 2), opts = {}) {
   const sigs = [];
-  for (const v of signers) sigs.push(await h.signVerdict(sys.market, v, unitId, outcomes, REASONS, opts));
-  return sys.market.connect(sys.other).submitVerdict(unitId, outcomes, REASONS, sigs);
+  for (const v of signers) sigs.push(await h.signVerdict(sys.market, v, unitId, outcomes, opts));
+  return sys.market.connect(sys.other).submitVerdict(unitId, outcomes, sigs);
 }
 
 describe("JobMarket: commit", function () {
-  it("records commitments and opens the reveal phase once every replica committed", async function () {
+  it("records commitments and opens the reveal phase once every replica committed; the deadlines stay put",
+    async function () {
     const { sys, unitId, providers } = await loadFixture(h.assignedFixture);
+    const assigned = await sys.market.getUnit(unitId);
     const commitments = providers.map((p, i) => h.commitmentOf(h.digestOf("same"), h.saltOf(`${unitId}:${i}`), p.address, unitId));
     await expect(sys.market.connect(providers[0]).commit(unitId, commitments[0]))
       .to.emit(sys.market, "ReplicaCommitted").withArgs(unitId, providers[0].address, commitments[0]);
@@ -47,7 +48,11 @@ describe("JobMarket: commit", function () {
     await time.setNextBlockTimestamp(t);
     await sys.market.connect(providers[2]).commit(unitId, commitments[2]);
     const u = await sys.market.getUnit(unitId);
-    expect([u.state, u.committedMask, u.revealDeadline]).to.deep.equal([UNIT_STATE.Revealing, 7n, t + PARAMS.revealWindow]);
+    // The reveal deadline was fixed at assignment (commitDeadline + revealWindow): the last commit does
+    // not restart it, so the chain and the market wait for the same deadlines.
+    expect([u.state, u.committedMask, u.revealDeadline, u.verdictDeadline]).to.deep.equal(
+      [UNIT_STATE.Revealing, 7n, assigned.commitDeadline + PARAMS.revealWindow, assigned.verdictDeadline]);
+    expect(u.revealDeadline).to.not.equal(t + PARAMS.revealWindow);
   });
 
   it("commitmentOf binds digest, salt, provider and unit like the off-chain helper", async function () {
@@ -102,7 +107,7 @@ describe("JobMarket: commit", function () {
     await expect(send(expiring)).to.be.revertedWithCustomError(sys.market, "SignatureExpired").withArgs(deadline, deadline + 1n);
     const good = await signCommit(sys, p, unitId, c);
     await expect(send(good)).to.emit(sys.market, "ReplicaCommitted").withArgs(unitId, p.address, c);
-    await expect(send(good)).to.be.revertedWithCustomError(sys.market, "InvalidNonce").withArgs(p.address, 2n, 1n);
+    await expect(send(good)).to.be.revertedWithCustomError(sys.market, "InvalidNonce").withArgs(p.address, 1n, 0n);
   });
 });
 
@@ -216,7 +221,7 @@ describe("JobMarket: submitVerdict", function () {
     const tx = verdict(sys, unitId, [ACCEPT, ACCEPT, FRAUD]);
     await expect(tx).to.emit(sys.market, "ReplicaSlashed").withArgs(unitId, p3.address, PARAMS.slashAmount);
     await expect(tx).to.emit(sys.market, "VerdictRecorded")
-      .withArgs(unitId, [ACCEPT, ACCEPT, FRAUD], REASONS, [v1.address, v2.address]);
+      .withArgs(unitId, [ACCEPT, ACCEPT, FRAUD], h.outcomesHashOf([ACCEPT, ACCEPT, FRAUD]), [v1.address, v2.address]);
     const bounty = (PARAMS.slashAmount * BigInt(PARAMS.bountyBps)) / 10_000n;
     const share = (FEE + bounty) / 2n;
     expect(await sys.market.credits(p1.address)).to.equal(PRICE);
@@ -272,18 +277,18 @@ describe("JobMarket: submitVerdict", function () {
     const outcomes = [FAULT, FAULT, FAULT];
     const sigs = [];
     for (const v of sys.verifiers.slice(0, 2)) {
-      sigs.push(await h.signVerdict(sys.market, v, unitId, outcomes, REASONS, { deadline: verdictDeadline + 10n }));
+      sigs.push(await h.signVerdict(sys.market, v, unitId, outcomes, { deadline: verdictDeadline + 10n }));
     }
     await time.setNextBlockTimestamp(verdictDeadline + 1n);
-    await expect(sys.market.submitVerdict(unitId, outcomes, REASONS, sigs))
+    await expect(sys.market.submitVerdict(unitId, outcomes, sigs))
       .to.be.revertedWithCustomError(sys.market, "VerdictWindowClosed").withArgs(unitId, verdictDeadline);
     const { sys: s2, unitId: u2, verdictDeadline: d2 } = await loadFixture(partialFixture);
     const sigs2 = [];
     for (const v of s2.verifiers.slice(0, 2)) {
-      sigs2.push(await h.signVerdict(s2.market, v, u2, outcomes, REASONS, { deadline: d2 + 10n }));
+      sigs2.push(await h.signVerdict(s2.market, v, u2, outcomes, { deadline: d2 + 10n }));
     }
     await time.setNextBlockTimestamp(d2);
-    await expect(s2.market.submitVerdict(u2, outcomes, REASONS, sigs2)).to.emit(s2.market, "VerdictRecorded");
+    await expect(s2.market.submitVerdict(u2, outcomes, sigs2)).to.emit(s2.market, "VerdictRecorded");
   });
 
   it("an all-failed unit can be re-assigned while the order balance covers it", async function () {
@@ -302,32 +307,30 @@ describe("JobMarket: submitVerdict", function () {
       .to.be.revertedWithCustomError(sys.market, "QuorumNotReached").withArgs(unitId, 1n, 2n);
   });
 
-  it("refuses non-assigned verifiers, duplicate signers, wrong signers, stale nonces, expiry and other chains",
+  it("refuses non-assigned verifiers, duplicate signers, wrong signers, expiry and other chains",
     async function () {
       const { sys, unitId } = await loadFixture(h.disputedFixture);
       const outcomes = [ACCEPT, ACCEPT, FRAUD];
       const [v1, v2] = sys.verifiers;
-      const submit = (sigs) => sys.market.submitVerdict(unitId, outcomes, REASONS, sigs);
-      const good1 = await h.signVerdict(sys.market, v1, unitId, outcomes, REASONS);
-      const good2 = await h.signVerdict(sys.market, v2, unitId, outcomes, REASONS);
-      const outsider = await h.signVerdict(sys.market, sys.other, unitId, outcomes, REASONS);
+      const submit = (sigs) => sys.market.submitVerdict(unitId, outcomes, sigs);
+      const good1 = await h.signVerdict(sys.market, v1, unitId, outcomes);
+      const good2 = await h.signVerdict(sys.market, v2, unitId, outcomes);
+      const outsider = await h.signVerdict(sys.market, sys.other, unitId, outcomes);
       await expect(submit([good1, outsider]))
         .to.be.revertedWithCustomError(sys.market, "NotAssignedVerifier").withArgs(unitId, sys.other.address);
-      const byProvider = await h.signVerdict(sys.market, sys.providers[0], unitId, outcomes, REASONS);
+      const byProvider = await h.signVerdict(sys.market, sys.providers[0], unitId, outcomes);
       await expect(submit([good1, byProvider]))
         .to.be.revertedWithCustomError(sys.market, "NotAssignedVerifier").withArgs(unitId, sys.providers[0].address);
       await expect(submit([good1, good1])).to.be.revertedWithCustomError(sys.market, "DuplicateParty").withArgs(v1.address);
-      const forged = await h.signVerdict(sys.market, v2, unitId, outcomes, REASONS, { signer: sys.other });
+      const forged = await h.signVerdict(sys.market, v2, unitId, outcomes, { signer: sys.other });
       await expect(submit([good1, forged]))
         .to.be.revertedWithCustomError(sys.market, "InvalidSigner").withArgs(v2.address, sys.other.address);
-      const otherChain = await h.signVerdict(sys.market, v2, unitId, outcomes, REASONS, { chainIdDelta: 1n });
+      const otherChain = await h.signVerdict(sys.market, v2, unitId, outcomes, { chainIdDelta: 1n });
       await expect(submit([good1, otherChain])).to.be.revertedWithCustomError(sys.market, "InvalidSigner");
-      const differentOutcomes = await h.signVerdict(sys.market, v2, unitId, [ACCEPT, ACCEPT, FAULT], REASONS);
+      const differentOutcomes = await h.signVerdict(sys.market, v2, unitId, [ACCEPT, ACCEPT, FAULT]);
       await expect(submit([good1, differentOutcomes])).to.be.revertedWithCustomError(sys.market, "InvalidSigner");
-      const stale = await h.signVerdict(sys.market, v2, unitId, outcomes, REASONS, { nonce: 5n });
-      await expect(submit([good1, stale])).to.be.revertedWithCustomError(sys.market, "InvalidNonce").withArgs(v2.address, 0n, 5n);
       const deadline = (await time.latest()) + 3n;
-      const expiring = await h.signVerdict(sys.market, v2, unitId, outcomes, REASONS, { deadline });
+      const expiring = await h.signVerdict(sys.market, v2, unitId, outcomes, { deadline });
       await time.setNextBlockTimestamp(deadline + 1n);
       await expect(submit([good1, expiring]))
         .to.be.revertedWithCustomError(sys.market, "SignatureExpired").withArgs(deadline, deadline + 1n);
@@ -348,6 +351,83 @@ describe("JobMarket: submitVerdict", function () {
   });
 });
 
+describe("JobMarket: verdict quorum and verifier collateral", function () {
+  /** A disputed 3-replica unit with five assigned verifiers (majority: three). */
+  async function fiveVerifierFixture() {
+    const sys = await h.systemFixture();
+    const extra = (await ethers.getSigners()).slice(11, 13);
+    for (const s of extra) {
+      await sys.token.mint(s.address, 1_000n * E18);
+      await sys.token.connect(s).approve(await sys.stakes.getAddress(), ethers.MaxUint256);
+      await sys.stakes.connect(s).stake(200n * E18);
+    }
+    const verifiers = [...sys.verifiers, ...extra];
+    const unit = await h.unitAt(sys, "revealed", [h.digestOf("good"), h.digestOf("good"), h.digestOf("bad")],
+      { verifiers });
+    return { sys, ...unit };
+  }
+
+  it("needs a majority of the unit's assigned verifiers, not a global minimum", async function () {
+    const { sys, unitId, verifiers } = await loadFixture(fiveVerifierFixture);
+    const outcomes = [ACCEPT, ACCEPT, FAULT];
+    await expect(verdict(sys, unitId, outcomes, verifiers.slice(0, 2)))
+      .to.be.revertedWithCustomError(sys.market, "QuorumNotReached").withArgs(unitId, 2n, 3n);
+    await expect(verdict(sys, unitId, outcomes, verifiers.slice(2))).to.emit(sys.market, "VerdictRecorded");
+  });
+
+  it("locks each verifier's collateral for the unit (no unstaking it) and releases it at settlement",
+    async function () {
+      const { sys, unitId } = await loadFixture(h.disputedFixture);
+      const [v1, v2, v3] = sys.verifiers;
+      const free = 200n * E18 - PARAMS.verifierCollateral;
+      expect(await sys.stakes.freeStake(v1.address)).to.equal(free);
+      await expect(sys.stakes.connect(v1).requestUnstake(200n * E18))
+        .to.be.revertedWithCustomError(sys.stakes, "InsufficientFreeStake").withArgs(v1.address, free, 200n * E18);
+      await verdict(sys, unitId, [ACCEPT, ACCEPT, FAULT], [v1, v2]);
+      for (const v of [v1, v2, v3]) expect((await sys.stakes.stakeOf(v.address))[1]).to.equal(0n);
+      await sys.stakes.connect(v3).requestUnstake(200n * E18);
+      // The fast path releases them too.
+      const { sys: s2, unitId: u2 } = await loadFixture(h.revealedFixture);
+      expect((await s2.stakes.stakeOf(v1.address))[1]).to.equal(PARAMS.verifierCollateral);
+      await s2.market.finalize(u2);
+      for (const v of s2.verifiers) expect((await s2.stakes.stakeOf(v.address))[1]).to.equal(0n);
+      await h.expectSolvent(s2);
+    });
+
+  it("slashes a verifier whose own signature contradicts the verdict; an agreeing one cannot be slashed",
+    async function () {
+      const { sys, unitId, orderId } = await loadFixture(h.disputedFixture);
+      const [v1, v2, v3] = sys.verifiers;
+      const settled = [ACCEPT, ACCEPT, FRAUD];
+      const lazy = [ACCEPT, ACCEPT, ACCEPT];
+      const evidence = await h.signVerdict(sys.market, v3, unitId, lazy);
+      await expect(sys.market.slashContradictingVerifier(unitId, lazy, evidence))
+        .to.be.revertedWithCustomError(sys.market, "NoVerdict").withArgs(unitId);
+      await verdict(sys, unitId, settled, [v1, v2]);
+      const agreeing = await h.signVerdict(sys.market, v1, unitId, settled);
+      await expect(sys.market.slashContradictingVerifier(unitId, settled, agreeing))
+        .to.be.revertedWithCustomError(sys.market, "VerdictNotContradicted").withArgs(unitId, v1.address);
+      const forged = await h.signVerdict(sys.market, v1, unitId, lazy, { signer: v3 });
+      await expect(sys.market.slashContradictingVerifier(unitId, lazy, forged))
+        .to.be.revertedWithCustomError(sys.market, "InvalidSigner").withArgs(v1.address, v3.address);
+      const outsider = await h.signVerdict(sys.market, sys.other, unitId, lazy);
+      await expect(sys.market.slashContradictingVerifier(unitId, lazy, outsider))
+        .to.be.revertedWithCustomError(sys.market, "NotAssignedVerifier").withArgs(unitId, sys.other.address);
+
+      const buyerBefore = await sys.market.credits(sys.buyer.address);
+      const bounty = (PARAMS.verifierCollateral * BigInt(PARAMS.bountyBps)) / 10_000n;
+      await expect(sys.market.connect(sys.other).slashContradictingVerifier(unitId, lazy, evidence))
+        .to.emit(sys.market, "VerifierSlashed").withArgs(unitId, v3.address, PARAMS.verifierCollateral, sys.other.address);
+      expect((await sys.stakes.stakeOf(v3.address))[0]).to.equal(200n * E18 - PARAMS.verifierCollateral);
+      expect(await sys.market.credits(sys.other.address)).to.equal(bounty);
+      expect(await sys.market.credits(sys.buyer.address)).to.equal(buyerBefore + PARAMS.verifierCollateral - bounty);
+      expect((await sys.market.getOrder(orderId)).buyer).to.equal(sys.buyer.address);
+      await expect(sys.market.slashContradictingVerifier(unitId, lazy, evidence))
+        .to.be.revertedWithCustomError(sys.market, "VerifierAlreadySlashed").withArgs(unitId, v3.address);
+      await h.expectSolvent(sys);
+    });
+});
+
 describe("JobMarket: expireUnit", function () {
   it("after the verdict deadline (T refused, T+1 allowed) releases collateral, counts faults, returns the budget",
     async function () {
@@ -366,6 +446,9 @@ describe("JobMarket: expireUnit", function () {
       expect(await sys.market.reputationOf(providers[0].address)).to.deep.equal([1n, 0n, 0n, 1n]);
       expect(await sys.market.reputationOf(providers[1].address)).to.deep.equal([1n, 1n, 0n, 0n]);
       for (const p of providers) expect((await sys.stakes.stakeOf(p.address))[1]).to.equal(0n);
+      for (const v of sys.verifiers) expect((await sys.stakes.stakeOf(v.address))[1]).to.equal(0n);
+      // The verifiers let the unit expire: the fee returned to the order with the rest, they earn nothing.
+      for (const v of sys.verifiers) expect(await sys.market.credits(v.address)).to.equal(0n);
       const o = await sys.market.getOrder(first.orderId);
       expect([o.balance, o.delivered, o.openUnits]).to.deep.equal([UNIT_COST + FEE, 1n, 0n]);
       expect((await sys.market.getUnit(unitId)).state).to.equal(UNIT_STATE.Expired);

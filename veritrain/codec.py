@@ -205,11 +205,21 @@ def pack(obj: Any) -> bytes:
 
 
 def _pairs_to_dict(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    # msgpack's strict_map_key still admits bytes keys, and a b"k" key beside a "k" key would be a second
+    # reading of one field.
+    if any(type(key) is not str for key, _ in pairs):
+        raise DecodeError("map key is not a string")
     # msgpack silently keeps the last of duplicate keys; two readings of one message are not acceptable.
     result = dict(pairs)
     if len(result) != len(pairs):
         raise DecodeError("duplicate map key")
     return result
+
+
+def _refuse_ext(code: int, data: bytes) -> Any:
+    # max_ext_len=0 still admits an ext of length 0, which msgpack returns as ExtType: a tuple subclass
+    # that a tuple[int, bytes] field would accept and that re-encodes as an array.
+    raise DecodeError(f"ext type {code} on the wire")
 
 
 def _nesting_depth(root: Any, max_depth: int) -> None:
@@ -246,6 +256,7 @@ def unpack(data: bytes, limits: CodecLimits = DEFAULT_LIMITS) -> Any:
             max_array_len=limits.max_array_len,
             max_map_len=limits.max_map_len,
             max_ext_len=0,
+            ext_hook=_refuse_ext,
         )
     except DecodeError:
         raise

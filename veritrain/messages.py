@@ -369,6 +369,10 @@ class UnitStatus(Frozen):
     accepted_state_digest: str | None
     shard: int = 0
     kind: UnitKind = UnitKind.TRAIN
+    verifiers: tuple[str, ...] = ()
+    # the stake-weighted draw: seed = keccak(blockhash(selection_block) ‖ unit key), so anyone can redo it
+    selection_block: int | None = None
+    selection_seed: str | None = None
 
 
 OrderStatus.model_rebuild()
@@ -489,13 +493,14 @@ class RevealSubmission(Frozen):
 
 
 class VerdictSubmission(Frozen):
-    """One verifier's EIP-712 Verdict signature over per-replica outcomes; relayed once a quorum signed."""
+    """One verifier's outcome-only EIP-712 Verdict signature (no nonce); relayed once a majority of the
+    unit's verifiers signed the same outcomes. ``reasons_hash`` stays off chain: the market keeps it as a
+    record, it never has to match between verifiers (their reasons carry their own measurements)."""
 
     job_id: RowId
     verifier: Address
     outcomes: tuple[ReplicaOutcome, ...] = Field(min_length=1, max_length=MAX_REPLICAS)
     reasons_hash: Bytes32Hex
-    nonce: Uint256
     deadline: Uint256
     signature: SignatureHex
 

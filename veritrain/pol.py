@@ -513,7 +513,12 @@ class Transcript:
 
 
 def verify_checkpoint(
-    root: bytes, leaf_count: int, index: int, step: int, digest: bytes, segment_losses: Sequence[float],
+    root: bytes,
+    leaf_count: int,
+    index: int,
+    step: int,
+    digest: bytes,
+    segment_losses: Sequence[float],
     proof: Sequence[bytes],
 ) -> bool:
     """True iff a transcript with this root commits to (step, digest, losses) as checkpoint `index`."""

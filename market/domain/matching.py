@@ -5,19 +5,22 @@ capacity, supports the recipe, enough memory, measured speed fast enough for the
 free stake ≥ the collateral, a live offer at or under the order's max price per PFLOP, and an operator
 not already running another replica of the same unit (replicas must be independent).
 
-Ranking: one static score per provider (price per PFLOP, measured speed, reputation), so a
-:class:`CandidatePool` keeps each recipe's providers pre-sorted and a match scans only until it has its
-k replicas: O(k + declines) per match instead of a query over every provider. Replicas of one unit
-prefer one hardware class (bitwise-equal results take the fast path); other classes fill in only when
-one class cannot provide k distinct operators.
+Order: candidates are drawn by bonded stake from the unit's public seed (:mod:`market.domain.selection`),
+never ranked by the market, so the operator cannot steer who runs a unit and a party's share of replicas
+follows its share of stake however many keys it splits it over. A :class:`CandidatePool` keeps each
+recipe's available providers, and a match walks them in draw order until it has its k replicas. Replicas
+of one unit prefer the hardware class of the first one drawn (bitwise-equal results take the fast path);
+other classes fill in, in draw order, only when that class cannot provide k distinct operators.
 """
 
 from __future__ import annotations
 
-import bisect
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+
+import numpy as np
+import numpy.typing as npt
 
 from market.domain.replication import (
     DEFAULT_POLICY,
@@ -25,6 +28,14 @@ from market.domain.replication import (
     ReplicationPolicy,
     Reputation,
     replication_factor,
+)
+from market.domain.selection import (
+    ROLE_REPLICAS,
+    Hashes,
+    candidate_hashes,
+    draw_keys,
+    draw_order,
+    unit_tweak,
 )
 
 
@@ -57,6 +68,7 @@ class ProviderCandidate:
     online: bool = True
     active_units: int = 0
     capacity: int = 1
+    bonded_stake: int = 0  # the draw weight (free stake only gates the collateral)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,36 +105,6 @@ class Match:
         return len(self.selected) == self.k
 
 
-@dataclass(frozen=True, slots=True)
-class ScoringWeights:
-    """Score = w_price·r/(r+price) + w_speed·g/(g+ref) + w_rep·reliability, each term in [0, 1]."""
-
-    price: float = 0.5
-    speed: float = 0.3
-    reputation: float = 0.2
-    reference_price_per_pflop: int = 10**18
-    reference_gflops: int = 100
-
-
-DEFAULT_WEIGHTS = ScoringWeights()
-
-
-def reliability(reputation: Reputation) -> float:
-    """Laplace-smoothed share of valid units; fraud counts five times."""
-    bad = reputation.fault + 5 * reputation.fraud
-    return (reputation.valid + 1) / (reputation.valid + bad + 2)
-
-
-def score(candidate: ProviderCandidate, weights: ScoringWeights = DEFAULT_WEIGHTS) -> float:
-    """Higher is better; independent of the order, so candidates can be kept pre-sorted."""
-    price = candidate.price_per_pflop
-    reference = weights.reference_price_per_pflop
-    price_term = 0.0 if price is None else reference / (reference + price)
-    speed_term = candidate.gflops / (candidate.gflops + weights.reference_gflops)
-    reputation_term = reliability(candidate.reputation)
-    return weights.price * price_term + weights.speed * speed_term + weights.reputation * reputation_term
-
-
 def decline_reason(
     candidate: ProviderCandidate, demand: UnitDemand, operators: set[str]
 ) -> DeclineReason | None:
@@ -155,11 +137,11 @@ def decline_reason(
 
 
 def match_unit(
-    demand: UnitDemand, ranked: Iterable[ProviderCandidate], policy: ReplicationPolicy = DEFAULT_POLICY
+    demand: UnitDemand, drawn: Iterable[ProviderCandidate], policy: ReplicationPolicy = DEFAULT_POLICY
 ) -> Match:
-    """Choose replicas for ``demand`` from candidates given best-first; record a reason for each decline.
+    """Choose replicas for ``demand`` from candidates in draw order; record a reason for each decline.
 
-    With ``adaptive`` the best eligible candidate's reputation sets k (capped by ``needed``).
+    With ``adaptive`` the first eligible candidate's reputation sets k (capped by ``needed``).
     """
     k = demand.needed
     operators = set(demand.taken_operators)
@@ -167,7 +149,7 @@ def match_unit(
     chosen: list[ProviderCandidate] = []
     other_class: list[ProviderCandidate] = []
     hardware_class: str | None = None
-    for candidate in ranked:
+    for candidate in drawn:
         reason = decline_reason(candidate, demand, operators)
         if reason is not None:
             declines.append((candidate.address, reason))
@@ -183,7 +165,7 @@ def match_unit(
         operators.add(candidate.operator)
         if len(chosen) == k:
             break
-    # One class could not fill the unit: complete it with other classes, best first, operators distinct.
+    # One class could not fill the unit: complete it with other classes in draw order, operators distinct.
     for candidate in other_class:
         if len(chosen) < k and candidate.operator not in operators:
             chosen.append(candidate)
@@ -194,31 +176,77 @@ def match_unit(
     return Match(demand.unit_id, tuple(c.address for c in chosen), k, tuple(declines))
 
 
-def rank(
-    candidates: Iterable[ProviderCandidate], weights: ScoringWeights = DEFAULT_WEIGHTS
-) -> list[ProviderCandidate]:
-    """Best first; ties broken by address so matching is deterministic."""
-    return sorted(candidates, key=lambda c: (-score(c, weights), c.address))
+def draw(block_hash: str, seed: str, candidates: Sequence[ProviderCandidate]) -> Iterator[ProviderCandidate]:
+    """``candidates`` in the replica draw order of the unit with seed ``seed``, drawn at ``block_hash``."""
+    stakes = np.array([float(c.bonded_stake) for c in candidates], dtype=np.float64)
+    hashes = candidate_hashes(block_hash, [c.address for c in candidates])
+    keys = draw_keys(hashes, stakes, unit_tweak(seed, ROLE_REPLICAS))
+    return (candidates[i] for i in draw_order(keys))
+
+
+@dataclass
+class _RecipeSlots:
+    """One recipe's candidates as arrays (a slot per address ever listed), so a draw is a few vector
+    operations; ``listed`` marks who is available now, ``hashes`` are the current pass's."""
+
+    addresses: list[str] = field(default_factory=list)
+    slot: dict[str, int] = field(default_factory=dict)
+    listed: npt.NDArray[np.bool_] = field(default_factory=lambda: np.zeros(16, dtype=np.bool_))
+    stakes: npt.NDArray[np.float64] = field(default_factory=lambda: np.zeros(16, dtype=np.float64))
+    hashes: Hashes = field(default_factory=lambda: np.zeros(16, dtype=np.uint64))
+    block_hash: str | None = None
+    hashed: int = 0  # slots whose hash is for block_hash
+
+    def put(self, address: str, stake: int) -> None:
+        i = self.slot.get(address)
+        if i is None:
+            i = len(self.addresses)
+            self.addresses.append(address)
+            self.slot[address] = i
+            if i == len(self.listed):  # double the capacity
+                self.listed = np.concatenate([self.listed, np.zeros_like(self.listed)])
+                self.stakes = np.concatenate([self.stakes, np.zeros_like(self.stakes)])
+                self.hashes = np.concatenate([self.hashes, np.zeros_like(self.hashes)])
+        self.listed[i] = True
+        self.stakes[i] = float(stake)
+
+    def unlist(self, address: str) -> None:
+        i = self.slot.get(address)
+        if i is not None:
+            self.listed[i] = False
+
+    def positions(self) -> npt.NDArray[np.intp]:
+        return np.flatnonzero(self.listed[: len(self.addresses)])
+
+    def order(self, block_hash: str, seed: str) -> Iterator[str]:
+        """Listed addresses in the unit's replica draw order."""
+        n = len(self.addresses)
+        if self.block_hash != block_hash:
+            self.block_hash, self.hashed = block_hash, 0
+        if self.hashed < n:
+            self.hashes[self.hashed : n] = candidate_hashes(block_hash, self.addresses[self.hashed : n])
+            self.hashed = n
+        keys = draw_keys(self.hashes[:n], self.stakes[:n], unit_tweak(seed, ROLE_REPLICAS))
+        return (self.addresses[i] for i in draw_order(keys, self.positions()))
 
 
 @dataclass
 class CandidatePool:
-    """In-memory index of providers with spare capacity, pre-sorted per recipe by :func:`score`.
+    """In-memory index of providers with spare capacity, listed per recipe.
 
     The market refreshes it from the store (agents registered, heartbeats, offers, stake) and updates
     it as it reserves and releases providers, so a match never queries the database. Providers that no
     order could use right now (offline, at capacity, no live offer, free stake under the collateral)
-    are kept out of the ranked lists, and out of a recipe's list when their memory is under what the
-    recipe needs (``recipe_memory_mb``), with the reason available from :meth:`unavailable_reason`. A
-    match then scans only candidates that might fit, instead of re-declining the same ones each time.
+    are kept out of the lists, and out of a recipe's list when their memory is under what the recipe
+    needs (``recipe_memory_mb``), with the reason available from :meth:`unavailable_reason`. A match
+    then draws only among candidates that might fit, instead of re-declining the same ones each time.
     """
 
-    weights: ScoringWeights = field(default_factory=ScoringWeights)
     collateral: int = 0
     recipe_memory_mb: dict[str, int] = field(default_factory=dict)
     _by_address: dict[str, ProviderCandidate] = field(default_factory=dict)
-    _keys: dict[str, tuple[float, str]] = field(default_factory=dict)
-    _ranked: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
+    _listed: set[str] = field(default_factory=set)
+    _by_recipe: dict[str, _RecipeSlots] = field(default_factory=dict)
     _active: dict[str, int] = field(default_factory=dict)
 
     def __len__(self) -> int:
@@ -246,45 +274,49 @@ class CandidatePool:
         self._active.pop(address, None)
 
     def _list(self, candidate: ProviderCandidate) -> None:
-        if candidate.address in self._keys or not self._available(candidate):
+        if candidate.address in self._listed or not self._available(candidate):
             return
-        key = (-score(candidate, self.weights), candidate.address)
-        self._keys[candidate.address] = key
+        self._listed.add(candidate.address)
         for recipe in candidate.recipes:
             if candidate.memory_mb >= self.recipe_memory_mb.get(recipe, 0):
-                bisect.insort(self._ranked.setdefault(recipe, []), key)
+                slots = self._by_recipe.setdefault(recipe, _RecipeSlots())
+                slots.put(candidate.address, candidate.bonded_stake)
 
     def _unlist(self, address: str) -> None:
-        key = self._keys.pop(address, None)
-        if key is None:
+        if address not in self._listed:
             return
+        self._listed.discard(address)
         for recipe in self._by_address[address].recipes:
-            ranked = self._ranked.get(recipe, [])
-            i = bisect.bisect_left(ranked, key)
-            if i < len(ranked) and ranked[i] == key:
-                del ranked[i]
+            if recipe in self._by_recipe:
+                self._by_recipe[recipe].unlist(address)
 
-    def ranked(self, recipe: str) -> Iterator[ProviderCandidate]:
-        """Available candidates for ``recipe``, best first (a snapshot: safe to reserve while iterating)."""
-        for _, address in list(self._ranked.get(recipe, ())):
-            yield self._by_address[address]
+    def available(self, recipe: str) -> list[ProviderCandidate]:
+        """Available candidates for ``recipe`` (a snapshot: safe to reserve while iterating)."""
+        slots = self._by_recipe.get(recipe)
+        if slots is None:
+            return []
+        return [self._by_address[slots.addresses[i]] for i in slots.positions()]
 
-    def match(self, demand: UnitDemand, policy: ReplicationPolicy = DEFAULT_POLICY) -> Match:
-        """Match ``demand`` and reserve the chosen providers (one more active unit each)."""
-        result = match_unit(demand, self._scan(demand.recipe), policy)
+    def has_available(self, recipe: str) -> bool:
+        slots = self._by_recipe.get(recipe)
+        return slots is not None and bool(slots.listed.any())
+
+    def match(
+        self, demand: UnitDemand, block_hash: str, seed: str, policy: ReplicationPolicy = DEFAULT_POLICY
+    ) -> Match:
+        """Match ``demand`` in the draw order of ``seed`` (this pass's block ``block_hash``) and reserve
+        the chosen providers."""
+        slots = self._by_recipe.get(demand.recipe)
+        drawn: Iterable[ProviderCandidate] = (
+            () if slots is None else (self._by_address[a] for a in slots.order(block_hash, seed))
+        )
+        result = match_unit(demand, drawn, policy)
         for address in result.selected:
             self.reserve(address)
         return result
 
-    def _scan(self, recipe: str) -> Iterator[ProviderCandidate]:
-        ranked = self._ranked.get(recipe, [])
-        i = 0
-        while i < len(ranked):  # reservations happen only after the scan, so the list is stable here
-            yield self._by_address[ranked[i][1]]
-            i += 1
-
     def reserve(self, address: str) -> None:
-        """One more active unit; a provider at capacity leaves the ranked lists until released."""
+        """One more active unit; a provider at capacity leaves the lists until released."""
         self._active[address] += 1
         if self._active[address] >= self._by_address[address].capacity:
             self._unlist(address)
@@ -295,11 +327,11 @@ class CandidatePool:
             self._list(self._by_address[address])
 
     def unavailable_reason(self, address: str, recipe: str | None = None) -> DeclineReason | None:
-        """Why a known provider is outside the ranked lists (of ``recipe``, if given); None if inside."""
+        """Why a known provider is outside the lists (of ``recipe``, if given); None if inside."""
         candidate = self._by_address.get(address)
         if candidate is None:
             return None
-        if address in self._keys:
+        if address in self._listed:
             if recipe is None:
                 return None
             if recipe not in candidate.recipes:

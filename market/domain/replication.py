@@ -1,9 +1,9 @@
 """Adaptive replication and spot checks (BOINC's adaptive replication plus random audits).
 
 A provider with a long streak of valid units and no fraud earns k = 1 with a raised audit rate;
-newcomers and anyone with a fault/fraud history get 3–5 replicas. The spot-check draw uses randomness
-that is fixed only after the commit phase, so a provider cannot know at commit time whether its unit
-will be checked.
+newcomers and anyone with a fault/fraud history get 3–5 replicas. On the marketplace the JobMarket
+contract draws spot checks itself (its `spotCheckPpm` / `soloSpotCheckPpm`, from the last commit's block
+hash); `audit_rate_ppm` and `spot_check_drawn` are the same rule for the network simulator.
 """
 
 from __future__ import annotations

@@ -23,11 +23,13 @@ TEST_PARAMS = MarketParams(
     commit_window=600,
     reveal_window=600,
     verdict_window=600,
-    verifier_quorum=2,
+    min_verifiers=2,
     provider_collateral=100 * TOKEN,
     slash_amount=60 * TOKEN,
     bounty_bps=5000,
-    min_verifier_stake=50 * TOKEN,
+    verifier_collateral=10 * TOKEN,
+    spot_check_ppm=0,  # no random spot checks: a test that wants one draws it (requestVerification)
+    solo_spot_check_ppm=0,
 )
 UNBONDING_PERIOD = 3600
 BUYER_FUNDS = 100_000 * TOKEN

@@ -71,6 +71,8 @@ INVARIANTS = (
     "slashed_never_withdrawable",
     "funds_exit",
     "model_agreement",
+    "drawn_never_finalized",
+    "collateral_locked",
 )
 SETTLEMENT_EVENTS = {
     keccak(text="UnitFinalized(uint256,bytes32)"),
@@ -167,6 +169,8 @@ class MarketMachine(RuleBasedStateMachine):
         self.address_of["deployer"] = chain.deployer.address  # receives direct slashes
         self.label_of = {address: label for label, address in self.address_of.items()}
         self.model = Model(chain.params, chain.stakes.address, chain.market.address)
+        self.model.pending_block = chain.pending_block
+        self.model.block_hash = chain.block_hash
         for label in FUNDED:
             self.model.tokens[self.address_of[label]] = INITIAL_TOKENS
         self.ghosts = Ghosts()
@@ -177,6 +181,7 @@ class MarketMachine(RuleBasedStateMachine):
         self.staker_addresses = [self.address_of[label] for label in STAKERS]
         self.steps = 0
         self.broken = False
+        self.accept_draws: dict[str, int] = {}  # per provider: unordered Accept nonces drawn so far
 
     # ------------------------------------------------------------------------------------------
     # Running one action on both sides
@@ -442,9 +447,13 @@ class MarketMachine(RuleBasedStateMachine):
         accepts = []
         nonces = []
         for label, address in zip(providers, provider_addresses, strict=True):
-            nonce = self.model.jm_nonces.get(address, 0)
-            if stale_nonce:
-                nonce += 1
+            # Unordered nonces, spread over several bitmap words (37 apart); a stale one reuses the last.
+            drawn = self.accept_draws.get(address, 0)
+            if stale_nonce and drawn:
+                nonce = (drawn - 1) * 37
+            else:
+                nonce = drawn * 37
+                self.accept_draws[address] = drawn + 1
             message = {
                 "orderId": order_id,
                 "unitKey": unit_key,
@@ -695,43 +704,67 @@ class MarketMachine(RuleBasedStateMachine):
         signers = data.draw(st.sampled_from(signer_sets), label="signers")
         self.do_submit_verdict(unit_id, outcomes, signers)
 
+    def _sign_verdict(self, label: str, unit_id: int, outcomes: list[int]) -> tuple[str, int, bytes]:
+        """An outcome-only, nonce-free `Verdict` signature as the contract's `VerifierSignature`."""
+        deadline = self._now() + SIG_LIFETIME
+        message = {"unitId": unit_id, "outcomesHash": eip712.outcomes_hash(outcomes), "deadline": deadline}
+        return (
+            self.address_of[label],
+            deadline,
+            self.chain.sign_market(self.actors[label], "Verdict", message),
+        )
+
     def do_submit_verdict(self, unit_id: int, outcomes: list[int], signers: list[str]) -> None:
         unit = self.model.units[unit_id]
         now = self._now()
-        deadline = now + SIG_LIFETIME
-        outcomes_hash = eip712.outcomes_hash(outcomes)
-        reasons_hash = keccak(text=f"reasons-{unit_id}")
-        signatures = []
-        nonces = []
-        pending: dict[str, int] = {}
-        for label in signers:
-            address = self.address_of[label]
-            nonce = self.model.jm_nonces.get(address, 0) + pending.get(address, 0)
-            pending[address] = pending.get(address, 0) + 1
-            message = {
-                "unitId": unit_id,
-                "outcomesHash": outcomes_hash,
-                "reasonsHash": reasons_hash,
-                "nonce": nonce,
-                "deadline": deadline,
-            }
-            signature = self.chain.sign_market(self.actors[label], "Verdict", message)
-            signatures.append((address, nonce, deadline, signature))
-            nonces.append(nonce)
+        signatures = [self._sign_verdict(label, unit_id, outcomes) for label in signers]
         frauds = {
             r.provider: self.chain.params.slash_amount
             for r, o in zip(unit.replicas, outcomes, strict=False)
             if o == 2
-        }
+        } | self._withholders(unit)
         signer_addresses = [self.address_of[label] for label in signers]
         self._settle(
             f"submitVerdict(unit {unit_id}, {outcomes}, {signers})",
             unit_id,
             self.actors["operator"],
             "submitVerdict",
-            [unit_id, outcomes, reasons_hash, signatures],
-            lambda: self.model.submit_verdict(unit_id, outcomes, signer_addresses, nonces, now),
+            [unit_id, outcomes, signatures],
+            lambda: self.model.submit_verdict(unit_id, outcomes, signer_addresses, now),
             slashes=frauds,
+        )
+
+    @precondition(lambda self: any(unit.verdict is not None for unit in self.model.units.values()))
+    @rule(data=st.data())
+    def slash_contradicting_verifier(self, data: st.DataObject) -> None:
+        """Evidence against a verifier: mostly a vector that contradicts the unit's verdict."""
+        verdicted = sorted(u for u, unit in self.model.units.items() if unit.verdict is not None)
+        unit_id = data.draw(
+            st.sampled_from(verdicted if _mostly(data, 6, "verdicted") else sorted(self.model.units))
+        )
+        unit = self.model.units[unit_id]
+        outcomes = list(unit.verdict or [1] * len(unit.replicas))
+        if _mostly(data, 5, "contradicting"):
+            index = data.draw(st.integers(0, len(outcomes) - 1), label="flipped replica")
+            outcomes[index] = (outcomes[index] + 1) % 3
+        label = data.draw(st.sampled_from([*VERIFIERS, *VERIFIERS, PROVIDERS[0]]), label="signer")
+        reporter = data.draw(st.sampled_from(ACTOR_LABELS), label="reporter")
+        self.do_slash_contradicting_verifier(unit_id, label, outcomes, reporter)
+
+    def do_slash_contradicting_verifier(
+        self, unit_id: int, label: str, outcomes: list[int], reporter: str
+    ) -> None:
+        address = self.address_of[label]
+        self._settle(
+            f"slashContradictingVerifier(unit {unit_id}, {label}, {outcomes}, by {reporter})",
+            unit_id,
+            self.actors[reporter],
+            "slashContradictingVerifier",
+            [unit_id, outcomes, self._sign_verdict(label, unit_id, outcomes)],
+            lambda: self.model.slash_contradicting_verifier(
+                unit_id, address, outcomes, self.address_of[reporter]
+            ),
+            slashes={address: self.chain.params.verifier_collateral},
         )
 
     @precondition(lambda self: bool(self.model.units))
@@ -748,7 +781,15 @@ class MarketMachine(RuleBasedStateMachine):
             "expireUnit",
             [unit_id],
             lambda: self.model.expire(unit_id, now),
+            slashes=self._withholders(self.model.units.get(unit_id)),
         )
+
+    def _withholders(self, unit: Unit | None) -> dict[str, int]:
+        """The withhold penalty each replica that committed but never revealed loses when `unit` settles."""
+        if unit is None:
+            return {}
+        penalty = self.chain.params.withhold_penalty
+        return {r.provider: penalty for r in unit.replicas if r.commitment is not None and r.digest is None}
 
     # ------------------------------------------------------------------------------------------
     # Rules: credits and time
@@ -874,10 +915,7 @@ class MarketMachine(RuleBasedStateMachine):
         order_id = data.draw(st.sampled_from(open_orders), label="order")
         order = self.model.orders[order_id]
         eligible = [p for p in PROVIDERS if self._free_stake(p) >= self.chain.params.provider_collateral]
-        verifiers_ok = all(
-            self.model.stake_of(self.address_of[v]).bonded >= self.chain.params.min_verifier_stake
-            for v in VERIFIERS
-        )
+        verifiers_ok = all(self._free_stake(v) >= self.chain.params.verifier_collateral for v in VERIFIERS)
         if len(eligible) < order.replicas or not verifiers_ok:
             for label in (*PROVIDERS, *VERIFIERS):
                 if self._free_stake(label) < self.chain.params.provider_collateral:
@@ -917,6 +955,7 @@ class MarketMachine(RuleBasedStateMachine):
         self._check_solvency()
         self._check_settlements()
         self._check_unit_states()
+        self._check_collateral_locked()
         self._check_slashed_not_withdrawable()
         self._compare_accounts()
         self._compare_orders()
@@ -982,6 +1021,11 @@ class MarketMachine(RuleBasedStateMachine):
                     f"unit {unit_id}: illegal transition {previous.name} -> {state.name}",
                 )
             self.ghosts.unit_states[unit_id] = state
+            if stored["drawn"] and state == UnitState.FINALIZED:
+                # a spot-checked unit settles by verdict or expiry only: the fast path must not skip the check
+                self._fail(
+                    "drawn_never_finalized", f"unit {unit_id} was drawn for a spot check, then finalized"
+                )
             if state != model_unit.state:
                 self._fail(
                     "unit_state_machine",
@@ -1005,6 +1049,28 @@ class MarketMachine(RuleBasedStateMachine):
             )
             if got != want:
                 self._fail("model_agreement", f"unit {unit_id} masks/drawn/deadlines {got}, model {want}")
+
+    def _check_collateral_locked(self) -> None:
+        """Every open unit holds its providers' and verifiers' collateral: an account never slashed has
+        exactly that sum locked (a slash may clamp the lock to the remaining stake, so those are skipped)."""
+        params = self.chain.params
+        want = dict.fromkeys(self.staker_addresses, 0)
+        for unit_id, model_unit in self.model.units.items():
+            if self.storage.unit(unit_id)["state"] not in (UnitState.COMMITTING, UnitState.REVEALING):
+                continue
+            for replica in model_unit.replicas:
+                want[replica.provider] = want.get(replica.provider, 0) + params.provider_collateral
+            for verifier in model_unit.verifiers:
+                want[verifier] = want.get(verifier, 0) + params.verifier_collateral
+        for account, locked_sum in want.items():
+            if self.ghosts.slashed.get(account, 0):
+                continue
+            locked = self.storage.stake_of(account)[1]
+            if locked != locked_sum:
+                self._fail(
+                    "collateral_locked",
+                    f"{self.label_of.get(account, account)}: {locked} locked, open units need {locked_sum}",
+                )
 
     def _check_slashes(
         self,

@@ -9,14 +9,17 @@ when no revert is expected does it apply its effects. Addresses are the actors' 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
+from eth_utils import keccak
+
 from tests.chain.invariants_harness import MarketParams
 
 BPS = 10_000
+PPM = 1_000_000
 ACCEPT, FAULT, FRAUD = 0, 1, 2
 
 
@@ -102,6 +105,9 @@ class Unit:
     reveal_deadline: int
     state: UnitState = UnitState.COMMITTING
     drawn: bool = False
+    verdict: tuple[int, ...] | None = None  # the outcomes that settled it (the referee for slashing)
+    slashed_verifiers: set[str] = field(default_factory=set)
+    seed_block: int = 0  # block of the last commit; the draw is decided at the first reveal
 
     @property
     def all_committed(self) -> bool:
@@ -110,6 +116,10 @@ class Unit:
     @property
     def all_revealed(self) -> bool:
         return all(r.digest is not None for r in self.replicas)
+
+    @property
+    def any_revealed(self) -> bool:
+        return any(r.digest is not None for r in self.replicas)
 
     def index_of(self, provider: str) -> int | None:
         for index, replica in enumerate(self.replicas):
@@ -131,8 +141,13 @@ class Model:
     reputation: dict[str, Reputation] = field(default_factory=dict)
     sm_nonces: dict[str, int] = field(default_factory=dict)
     jm_nonces: dict[str, int] = field(default_factory=dict)
+    accept_nonces_used: set[tuple[str, int]] = field(default_factory=set)
     orders: dict[int, Order] = field(default_factory=dict)
     units: dict[int, Unit] = field(default_factory=dict)
+    # The chain's block clock, which no contract rule decides: the number of the block the next
+    # transaction lands in, and a mined block's hash (the spot-check seed).
+    pending_block: Callable[[], int] = lambda: 0
+    block_hash: Callable[[int], bytes] = lambda number: b"\x00" * 32
 
     # ---- small helpers ----
 
@@ -211,6 +226,11 @@ class Model:
         acc = self.stake_of(account)
         acc.locked = max(0, acc.locked - self.params.provider_collateral)
 
+    def _release_verifiers(self, unit: Unit) -> None:
+        for verifier in unit.verifiers:
+            acc = self.stake_of(verifier)
+            acc.locked = max(0, acc.locked - self.params.verifier_collateral)
+
     # ---- JobMarket: orders ----
 
     def post_order(
@@ -253,7 +273,8 @@ class Model:
         accept_nonces: Sequence[int],
         now: int,
     ) -> Expected | None:
-        """`accept_nonces` are the nonces the providers' signatures carry (deadlines are always valid)."""
+        """`accept_nonces` are the unordered nonces the providers' signatures carry (deadlines are always
+        valid)."""
         order = self.orders.get(order_id)
         if order is None:
             return Expected("UnknownOrder", (order_id,))
@@ -263,9 +284,9 @@ class Model:
             return Expected("OrderExpired", (order_id, order.deadline))
         if len(providers) != order.replicas:
             return Expected("ProviderCountMismatch", (order.replicas, len(providers)))
-        quorum = self.params.verifier_quorum
-        if not quorum <= len(verifiers) <= 5:
-            return Expected("InvalidVerifierCount", (len(verifiers), quorum, 5))
+        minimum = self.params.min_verifiers
+        if not minimum <= len(verifiers) <= 5:
+            return Expected("InvalidVerifierCount", (len(verifiers), minimum, 5))
         if order.delivered + order.open_units >= order.units or order.unit_cost > order.balance:
             return Expected("NoUnitBudget", (order_id,))
         # Providers: duplicates, nonce, then lock (signatures are always made by the right key here).
@@ -273,9 +294,8 @@ class Model:
         for i, provider in enumerate(providers):
             if provider in providers[:i]:
                 return Expected("DuplicateParty", (provider,))
-            expected_nonce = self.jm_nonces.get(provider, 0)
-            if accept_nonces[i] != expected_nonce:
-                return Expected("InvalidNonce", (provider, expected_nonce, accept_nonces[i]))
+            if (provider, accept_nonces[i]) in self.accept_nonces_used:
+                return Expected("AcceptNonceUsed", (provider, accept_nonces[i]))
             acc = self.stake_of(provider)
             free = acc.bonded - acc.locked - locked_now.get(provider, 0)
             if self.params.provider_collateral > free:
@@ -284,16 +304,20 @@ class Model:
         for i, verifier in enumerate(verifiers):
             if verifier in providers or verifier in verifiers[:i]:
                 return Expected("DuplicateParty", (verifier,))
-            bonded = self.stake_of(verifier).bonded
-            if bonded < self.params.min_verifier_stake:
+        for verifier in verifiers:
+            acc = self.stake_of(verifier)
+            if self.params.verifier_collateral > acc.bonded - acc.locked:
                 return Expected(
-                    "InsufficientVerifierStake", (verifier, bonded, self.params.min_verifier_stake)
+                    "InsufficientFreeStake",
+                    (verifier, acc.bonded - acc.locked, self.params.verifier_collateral),
                 )
         order.balance -= order.unit_cost
         order.open_units += 1
-        for provider in providers:
-            self.jm_nonces[provider] = self.jm_nonces.get(provider, 0) + 1
+        for provider, nonce in zip(providers, accept_nonces, strict=True):
+            self.accept_nonces_used.add((provider, nonce))
             self.stake_of(provider).locked += self.params.provider_collateral
+        for verifier in verifiers:
+            self.stake_of(verifier).locked += self.params.verifier_collateral
         unit_id = len(self.units) + 1
         commit_deadline = now + self.params.commit_window
         self.units[unit_id] = Unit(
@@ -340,7 +364,7 @@ class Model:
         unit.replicas[index].commitment = commitment
         if unit.all_committed:
             unit.state = UnitState.REVEALING
-            unit.reveal_deadline = now + self.params.reveal_window
+            unit.seed_block = self.pending_block()
         return None
 
     def reveal(self, unit_id: int, provider: str, digest: bytes, matches: bool, now: int) -> Expected | None:
@@ -353,6 +377,10 @@ class Model:
             return Expected("RevealWindowNotOpen", (unit_id, unit.commit_deadline))
         if now > unit.reveal_deadline:
             return Expected("RevealWindowClosed", (unit_id, unit.reveal_deadline))
+        block = self.pending_block()
+        deciding = unit.seed_block != 0 and not unit.any_revealed
+        if deciding and block <= unit.seed_block:
+            return Expected("RevealTooEarly", (unit_id, unit.seed_block))
         index = unit.index_of(provider)
         if index is None:
             return Expected("NotAssignedProvider", (unit_id, provider))
@@ -363,8 +391,18 @@ class Model:
             return Expected("AlreadyRevealed", (unit_id, provider))
         if not matches:
             return Expected("RevealMismatch", (unit_id, provider))
+        if deciding and not unit.drawn:
+            unit.drawn = self._drawn(unit, block)
         replica.digest = digest
         return None
+
+    def _drawn(self, unit: Unit, block: int) -> bool:
+        """The spot-check draw at `block`: a seed hash older than 256 blocks is gone and counts as drawn."""
+        if block - unit.seed_block > 256:
+            return True
+        rate = self.params.solo_spot_check_ppm if len(unit.replicas) == 1 else self.params.spot_check_ppm
+        seed = self.block_hash(unit.seed_block) + unit.unit_id.to_bytes(32, "big")
+        return int.from_bytes(keccak(seed), "big") % PPM < rate
 
     def request_verification(self, unit_id: int) -> Expected | None:
         error = self._open_error(unit_id)
@@ -402,6 +440,7 @@ class Model:
         for replica in unit.replicas:
             self._pay_accepted(replica.provider, order.price)
             self._unlock(replica.provider)
+        self._release_verifiers(unit)
         order.balance += order.fee
         order.delivered += 1
         order.open_units -= 1
@@ -420,7 +459,6 @@ class Model:
         unit_id: int,
         outcomes: Sequence[int],
         signers: Sequence[str],
-        sig_nonces: Sequence[int],
         now: int,
     ) -> Expected | None:
         error = self._open_error(unit_id)
@@ -436,20 +474,18 @@ class Model:
             if outcome > FRAUD or (outcome != FAULT and unit.replicas[i].digest is None):
                 return Expected("InvalidOutcome", (i, outcome))
         seen: set[str] = set()
-        for signer, nonce in zip(signers, sig_nonces, strict=True):
+        for signer in signers:
             if signer not in unit.verifiers:
                 return Expected("NotAssignedVerifier", (unit_id, signer))
             if signer in seen:
                 return Expected("DuplicateParty", (signer,))
             seen.add(signer)
-            expected_nonce = self.jm_nonces.get(signer, 0)
-            if nonce != expected_nonce:
-                return Expected("InvalidNonce", (signer, expected_nonce, nonce))
-        if len(signers) < self.params.verifier_quorum:
-            return Expected("QuorumNotReached", (unit_id, len(signers), self.params.verifier_quorum))
-        for signer in signers:
-            self.jm_nonces[signer] = self.jm_nonces.get(signer, 0) + 1
+        quorum = len(unit.verifiers) // 2 + 1  # a majority of the unit's assigned verifiers
+        if len(signers) < quorum:
+            return Expected("QuorumNotReached", (unit_id, len(signers), quorum))
         unit.state = UnitState.VERDICTED
+        unit.verdict = tuple(outcomes)
+        self._release_verifiers(unit)
         order = self.orders[unit.order_id]
         paid = slashed_total = 0
         for replica, outcome in zip(unit.replicas, outcomes, strict=True):
@@ -459,6 +495,8 @@ class Model:
                 paid += 1
             elif outcome == FAULT:
                 self._record_fault(replica.provider)
+                if replica.commitment is not None and replica.digest is None:
+                    slashed_total += self._withheld(replica.provider)
             else:
                 rep = self.rep(replica.provider)
                 rep.fraud += 1
@@ -477,6 +515,26 @@ class Model:
         order.open_units -= 1
         return None
 
+    def slash_contradicting_verifier(
+        self, unit_id: int, verifier: str, outcomes: Sequence[int], reporter: str
+    ) -> Expected | None:
+        """`verifier` signed `outcomes` for the unit (the machine always signs with the right key)."""
+        unit = self.units.get(unit_id)
+        if unit is None or unit.verdict is None:
+            return Expected("NoVerdict", (unit_id,))
+        if verifier not in unit.verifiers:
+            return Expected("NotAssignedVerifier", (unit_id, verifier))
+        if tuple(outcomes) == unit.verdict:
+            return Expected("VerdictNotContradicted", (unit_id, verifier))
+        if verifier in unit.slashed_verifiers:
+            return Expected("VerifierAlreadySlashed", (unit_id, verifier))
+        unit.slashed_verifiers.add(verifier)
+        slashed = self.slash(verifier, self.params.verifier_collateral, self.token_holder_jm)
+        bounty = slashed * self.params.bounty_bps // BPS
+        self._credit(reporter, bounty)
+        self._credit(self.orders[unit.order_id].buyer, slashed - bounty)
+        return None
+
     def expire(self, unit_id: int, now: int) -> Expected | None:
         error = self._open_error(unit_id)
         if error:
@@ -486,14 +544,21 @@ class Model:
         if now <= verdict_deadline:
             return Expected("UnitNotExpired", (unit_id, verdict_deadline))
         unit.state = UnitState.EXPIRED
+        order = self.orders[unit.order_id]
         for replica in unit.replicas:
+            self._unlock(replica.provider)
             if replica.digest is None:
                 self._record_fault(replica.provider)
-            self._unlock(replica.provider)
-        order = self.orders[unit.order_id]
+                if replica.commitment is not None:
+                    self._credit(order.buyer, self._withheld(replica.provider))
+        self._release_verifiers(unit)
         order.balance += order.unit_cost
         order.open_units -= 1
         return None
+
+    def _withheld(self, provider: str) -> int:
+        """Slashes the withhold penalty of a replica that committed and never revealed, into JobMarket."""
+        return self.slash(provider, self.params.withhold_penalty, self.token_holder_jm)
 
     # ---- credits ----
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tests.chain.invariants_machine import VERIFIERS, InvariantViolation, MarketMachine
-from tests.chain.invariants_model import ACCEPT, FRAUD
+from tests.chain.invariants_model import ACCEPT, FAULT, FRAUD
 
 Scenario = Callable[[MarketMachine], None]
 
@@ -57,13 +57,18 @@ def _work_unit(m: MarketMachine, unit_id: int, deviant: tuple[bool, ...]) -> Non
         m.check_step()
 
 
+def _one_unit(m: MarketMachine, providers: list[str]) -> None:
+    """Everyone staked; buyer0's one-unit order assigned to `providers` and every verifier (unit 1)."""
+    _stake_everyone(m)
+    m.do_post_order("buyer0", 1, len(providers), 100, 50, 3_000)
+    m.check_step()
+    m.do_assign(1, providers, list(VERIFIERS))
+    m.check_step()
+
+
 def finalize_once(m: MarketMachine) -> None:
     """One 3-replica unit, unanimous, finalized."""
-    _stake_everyone(m)
-    m.do_post_order("buyer0", 1, 3, 100, 50, 3_000)
-    m.check_step()
-    m.do_assign(1, ["provider0", "provider1", "provider2"], list(VERIFIERS))
-    m.check_step()
+    _one_unit(m, ["provider0", "provider1", "provider2"])
     _work_unit(m, 1, (False, False, False))
     m.do_finalize(1)
     m.check_step()
@@ -157,6 +162,31 @@ def commit_at_deadline(m: MarketMachine) -> None:
     m.check_step()
 
 
+def drawn_unit(m: MarketMachine) -> None:
+    """A unanimous unit drawn for a spot check: finalize must revert, a verdict settles it."""
+    _one_unit(m, ["provider0", "provider1"])
+    _work_unit(m, 1, (False, False))
+    m.do_request_verification(1)
+    m.check_step()
+    m.do_finalize(1)
+    m.check_step()
+    m.do_submit_verdict(1, [ACCEPT, ACCEPT], list(VERIFIERS))
+    m.check_step()
+
+
+def withheld_reveal(m: MarketMachine) -> None:
+    """Both replicas commit, one never reveals: the verdict after the reveal deadline costs it stake."""
+    _one_unit(m, ["provider0", "provider1"])
+    for provider in ("provider0", "provider1"):
+        m.do_commit(1, provider)
+        m.check_step()
+    m.do_reveal(1, 0)
+    m.check_step()
+    m.chain.advance(m.model.units[1].reveal_deadline - m.chain.now() + 1)
+    m.do_submit_verdict(1, [ACCEPT, FAULT], list(VERIFIERS))
+    m.check_step()
+
+
 SCENARIOS: dict[str, Scenario] = {
     "finalize_once": finalize_once,
     "finalize_twice": finalize_twice,
@@ -164,4 +194,6 @@ SCENARIOS: dict[str, Scenario] = {
     "fraud_while_unbonding": fraud_while_unbonding,
     "expire_unworked_unit": expire_unworked_unit,
     "commit_at_deadline": commit_at_deadline,
+    "drawn_unit": drawn_unit,
+    "withheld_reveal": withheld_reveal,
 }

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from veritrain.chain import errors
 from veritrain.chain.client import Outcome, UnitState
 
 pytestmark = pytest.mark.chain
@@ -92,10 +93,9 @@ def test_verifier_path_slashes_fraud_and_pays_bounty(world: Any) -> None:
     cheater = world.providers[2]
     bonded_before = client.stake_of(cheater).bonded
     outcomes = [Outcome.ACCEPT, Outcome.ACCEPT, Outcome.FRAUD]
-    reasons = os.urandom(32)
     deadline = client.now() + 3600
-    verdicts = [client.sign_verdict(v, unit_id, outcomes, reasons, deadline) for v in world.verifiers[:2]]
-    receipt = client.submit_verdict(unit_id, outcomes, reasons, verdicts)
+    verdicts = [client.sign_verdict(v, unit_id, outcomes, deadline) for v in world.verifiers[:2]]
+    receipt = client.submit_verdict(unit_id, outcomes, verdicts)
 
     slash = client.params.slash_amount
     assert receipt.event("ReplicaSlashed").args["amount"] == slash
@@ -254,10 +254,9 @@ def test_reveal_batch_with_differing_digests_leaves_the_unit_to_a_verdict(world:
     assert all(client.credits(provider) == 0 for provider in world.providers[:3])
 
     outcomes = [Outcome.ACCEPT, Outcome.ACCEPT, Outcome.FRAUD]
-    reasons = os.urandom(32)
     deadline = client.now() + 3600
-    verdicts = [client.sign_verdict(v, unit_id, outcomes, reasons, deadline) for v in world.verifiers[:2]]
-    client.submit_verdict(unit_id, outcomes, reasons, verdicts)
+    verdicts = [client.sign_verdict(v, unit_id, outcomes, deadline) for v in world.verifiers[:2]]
+    client.submit_verdict(unit_id, outcomes, verdicts)
     assert client.get_unit(unit_id).state == UnitState.VERDICTED
     assert client.reputation(world.providers[2]).fraud == 1
 
@@ -301,3 +300,89 @@ def test_operator_multicall_pipelines_reveal_commit_and_assign_in_one_transactio
     assert client.get_unit(unit_a).state == UnitState.FINALIZED
     assert client.get_unit(unit_b).state == UnitState.REVEALING
     assert client.get_unit(assigned["unitId"]).state == UnitState.COMMITTING
+
+
+def _disputed_unit(world: Any, verifiers: int = 3) -> int:
+    """A 3-replica unit with `verifiers` assigned verifiers whose third replica revealed another digest."""
+    client = world.client
+    order_id = world.post_order()
+    key, deadline = os.urandom(32), client.now() + 3600
+    providers = world.providers[:3]
+    accepts = [client.sign_accept(p, order_id, key, deadline) for p in providers]
+    unit_id, _ = client.assign(order_id, key, providers, world.verifiers[:verifiers], accepts)
+    honest = os.urandom(32)
+    digests = [honest, honest, os.urandom(32)]
+    world.reveal_all(unit_id, digests, world.commit_all(unit_id, digests))
+    return unit_id
+
+
+def test_one_providers_concurrent_acceptances_both_assign(world: Any) -> None:
+    """Two Accepts signed before either is relayed (unordered nonces) both land, in reverse order."""
+    client, providers = world.client, world.providers[:3]
+    order_id = world.post_order(units=3)
+    deadline = client.now() + 3600
+    keys = [os.urandom(32), os.urandom(32)]
+    signed = [[client.sign_accept(p, order_id, key, deadline) for p in providers] for key in keys]
+    second, _ = client.assign(order_id, keys[1], providers, world.verifiers[:2], signed[1])
+    first, _ = client.assign(order_id, keys[0], providers, world.verifiers[:2], signed[0])
+    assert (second, first) == (client.unit_count() - 1, client.unit_count())
+    with pytest.raises(errors.AcceptNonceUsed):
+        client.assign(order_id, keys[0], providers, world.verifiers[:2], signed[0])
+
+
+def test_verdict_needs_a_majority_of_the_assigned_verifiers(world: Any) -> None:
+    """Two of three honest verifiers settle: outcome-only signatures agree whatever their reasons were."""
+    client = world.client
+    unit_id = _disputed_unit(world)
+    outcomes = [Outcome.ACCEPT, Outcome.ACCEPT, Outcome.FAULT]
+    deadline = client.now() + 3600
+    v1, v2, _ = world.verifiers
+    with pytest.raises(errors.QuorumNotReached) as caught:
+        client.submit_verdict(unit_id, outcomes, [client.sign_verdict(v1, unit_id, outcomes, deadline)])
+    assert caught.value.arguments == {"unitId": unit_id, "valid": 1, "required": 2}
+    signed = [client.sign_verdict(v, unit_id, outcomes, deadline) for v in (v1, v2)]
+    client.submit_verdict(unit_id, outcomes, signed)
+    assert client.get_unit(unit_id).state == UnitState.VERDICTED
+
+
+def test_verifier_collateral_is_locked_for_the_unit_and_released_at_settlement(world: Any) -> None:
+    client = world.client
+    collateral = client.params.verifier_collateral
+    unit_id = _disputed_unit(world)
+    verifier = world.verifiers[2]
+    position = client.stake_of(verifier)
+    assert position.locked == collateral
+    with pytest.raises(errors.InsufficientFreeStake):
+        client.request_unstake(verifier, position.bonded)
+    outcomes = [Outcome.ACCEPT, Outcome.ACCEPT, Outcome.FAULT]
+    deadline = client.now() + 3600
+    client.submit_verdict(
+        unit_id, outcomes, [client.sign_verdict(v, unit_id, outcomes, deadline) for v in world.verifiers[:2]]
+    )
+    assert all(client.stake_of(v).locked == 0 for v in world.verifiers)
+    client.request_unstake(verifier, position.bonded)
+
+
+def test_a_verifier_whose_signature_contradicts_the_verdict_is_slashed(world: Any) -> None:
+    client, reporter = world.client, world.outsider
+    unit_id = _disputed_unit(world)
+    settled = [Outcome.ACCEPT, Outcome.ACCEPT, Outcome.FRAUD]
+    lazy = [Outcome.ACCEPT, Outcome.ACCEPT, Outcome.ACCEPT]
+    deadline = client.now() + 3600
+    v1, v2, v3 = world.verifiers
+    evidence = client.sign_verdict(v3, unit_id, lazy, deadline)
+    client.submit_verdict(
+        unit_id, settled, [client.sign_verdict(v, unit_id, settled, deadline) for v in (v1, v2)]
+    )
+    with pytest.raises(errors.VerdictNotContradicted):
+        client.slash_contradicting_verifier(
+            unit_id, settled, client.sign_verdict(v1, unit_id, settled, deadline)
+        )
+    bonded = client.stake_of(v3).bonded
+    collateral = client.params.verifier_collateral
+    receipt = client.slash_contradicting_verifier(unit_id, lazy, evidence, sender=reporter)
+    assert receipt.event("VerifierSlashed").args["verifier"] == v3.address
+    assert client.stake_of(v3).bonded == bonded - collateral
+    assert client.credits(reporter) == collateral * client.params.bounty_bps // 10_000
+    with pytest.raises(errors.VerifierAlreadySlashed):
+        client.slash_contradicting_verifier(unit_id, lazy, evidence)

@@ -16,7 +16,9 @@ pytestmark = pytest.mark.chain
 
 
 def test_deploy_writes_a_file_that_connects_back(tmp_path: Path) -> None:
-    params = MarketParams(commit_window=120, verifier_quorum=3, slash_amount=7, provider_collateral=9)
+    params = MarketParams(
+        commit_window=120, min_verifiers=3, slash_amount=7, provider_collateral=9, withhold_penalty=5
+    )
     path = tmp_path / "deployments.json"
     with InProcessBackend(accounts=2) as backend:
         deployer = backend.dev_accounts(2)[0]

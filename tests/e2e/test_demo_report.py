@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from apps.buyer import order_money
@@ -45,7 +46,9 @@ def _holdings(wallets: dict[str, int], stakes: dict[str, int], supply: int) -> H
 
 
 def test_order_money_from_events() -> None:
-    money, units = order_money(_order_events(), order_id=1)
+    lazy = _event("VerifierSlashed", unitId=2, verifier="0xL", amount=7, reporter="0xOperator")
+    money, units = order_money([*_order_events(), lazy], order_id=1)
+    assert units[1].slashed_verifiers == {"0xL": 7} and units[0].slashed_verifiers == {}
     assert money.deposit == 620 and money.refund == 620 - 5 * PRICE - FEE
     assert money.payouts == {P1: 200, P2: 200, CHEAT: 100}
     assert money.verdict_fees == FEE and money.slashed == {CHEAT: SLASH}
@@ -80,6 +83,35 @@ def test_conservation_holds_for_an_honest_ledger() -> None:
         money, before, after, buyer=BUYER, providers=[P1, P2, CHEAT], verifiers=[V1], checks=checks
     ), checks.details
     assert checks.all_ok
+
+
+def test_conservation_holds_when_a_verifier_is_slashed() -> None:
+    """A lazy verifier's collateral: the reporter's bounty and the buyer's rest net its loss to zero."""
+    lazy, operator, collateral, bounty = "0xL", "0xOp", 40, 10
+    events = [
+        *_order_events(),
+        _event("VerifierSlashed", unitId=2, verifier=lazy, amount=collateral, reporter=operator),
+    ]
+    money, _ = order_money(events, order_id=1)
+    assert money.slashed_verifiers == {lazy: collateral} and money.reporters == {operator}
+    before, after = _snapshots(verifier_gets=35)
+    before.wallets.update({lazy: 0, operator: 0})
+    before.stakes[lazy], after.stakes[lazy] = 500, 500 - collateral
+    before.contracts["StakeManager"] += 500
+    after.contracts["StakeManager"] += 500 - collateral
+    before, after = (replace(h, total_supply=h.total_supply + 500) for h in (before, after))
+    after.wallets.update({lazy: 0, operator: bounty})
+    after.wallets[BUYER] += collateral - bounty
+    checks = Checks()
+    assert conservation_checks(
+        money, before, after, buyer=BUYER, providers=[P1, P2, CHEAT], verifiers=[V1, lazy], checks=checks
+    ), checks.details
+    after.wallets[operator] += 1  # a bounty from nowhere
+    checks = Checks()
+    conservation_checks(
+        money, before, after, buyer=BUYER, providers=[P1, P2, CHEAT], verifiers=[V1, lazy], checks=checks
+    )
+    assert {"fees_and_slashes_distributed", "parties_conserved"} <= set(checks.failed())
 
 
 def test_a_payout_to_the_wrong_account_is_caught() -> None:

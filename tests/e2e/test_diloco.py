@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from apps.demo import (
+    HONEST_CPU_CONFIGURATIONS,
     Buyer,
     DemoConfig,
     Marketplace,
@@ -177,16 +178,6 @@ def test_m2_order_completes_with_a_shard_provider_killed_mid_unit(
         assert checks.results[name], (name, checks.details.get(name))
 
 
-# Honest CPU configurations that change the bits of training (DESIGN.md §4.6): the vector path, the thread
-# count (part of the hardware class) and MKL's conditional-numerical-reproducibility mode.
-CPU_CONFIGURATIONS = (
-    {},
-    {"ATEN_CPU_CAPABILITY": "default"},
-    {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"},
-    {"MKL_CBWR": "COMPATIBLE"},
-)
-
-
 def test_honest_providers_on_different_cpu_configurations_are_all_paid(
     fresh_postgres_url: str, redis_url: str, private_queue: str, tmp_path: Path
 ) -> None:
@@ -194,7 +185,7 @@ def test_honest_providers_on_different_cpu_configurations_are_all_paid(
     # bits (the verifier settles that within the calibrated tolerance), aggregate replicas never do.
     config = DemoConfig(
         out_dir=tmp_path,
-        providers=len(CPU_CONFIGURATIONS),
+        providers=len(HONEST_CPU_CONFIGURATIONS),
         dishonest=0,
         verifiers=1,
         replicas=2,
@@ -204,7 +195,7 @@ def test_honest_providers_on_different_cpu_configurations_are_all_paid(
         database_url=fresh_postgres_url,
         broker_url=redis_url,
         extra_env={"VERITRAIN_CELERY_QUEUE": private_queue},
-        provider_env=CPU_CONFIGURATIONS,
+        provider_env=HONEST_CPU_CONFIGURATIONS,
     )
     emit = progress_printer()
     started = time.monotonic()
@@ -226,7 +217,9 @@ def test_honest_providers_on_different_cpu_configurations_are_all_paid(
         }
 
     emit(f"test: hardware classes {classes}")
-    assert len({tuple(c) for c in classes.values()}) == len(CPU_CONFIGURATIONS)  # four distinct classes
+    assert len({tuple(c) for c in classes.values()}) == len(
+        HONEST_CPU_CONFIGURATIONS
+    )  # four distinct classes
     outcomes = [outcome for unit in units for outcome in unit.outcomes]
     assert outcomes.count("fault") == 0 and outcomes.count("fraud") == 0, report["units"]
     assert len(units) == config.rounds * (config.shards + 1)  # nothing failed, nothing re-assigned

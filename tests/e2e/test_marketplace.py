@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import re
 import time
+from hashlib import sha256
 from pathlib import Path
 from typing import Any
 
 import pytest
+from eth_account import Account
 
 from apps.buyer import order_money
 from apps.demo import (
@@ -24,6 +26,8 @@ from apps.demo import (
     run_demo,
     start_stack,
 )
+from veritrain.errors import RequestDenied
+from veritrain.p2p import P2PNode
 
 pytestmark = [pytest.mark.slow, pytest.mark.node_backend, pytest.mark.torch, pytest.mark.timeout(420)]
 
@@ -146,11 +150,18 @@ def test_restarted_provider_resumes_its_unit_from_the_last_checkpoint(tmp_path: 
                 and int(done[-1]) < 200
             ):
                 market.kill(provider.name)
-                market.restart_agent(provider.name)
+                market.restart(provider.name)
                 restarted.append(int(done[-1]))
                 emit(f"test: killed and restarted {provider.name} after step {done[-1]}")
 
         buyer.wait_completed(started + 300, on_tick=crash_and_restart)
+        # The provider serves its blobs to parties only: an unstaked throwaway key is refused, the order's
+        # buyer (granted when the unit was accepted, before the restart) is served.
+        final = str(buyer.status()["current_state_digest"]).removeprefix("0x")
+        with P2PNode(Account.create()) as stranger, P2PNode(market.parties["buyer"].account) as owner:
+            with pytest.raises(RequestDenied):
+                stranger.fetch(provider.peer_addr, final, timeout=30)
+            assert sha256(owner.fetch(provider.peer_addr, final, timeout=30)).hexdigest() == final
         buyer.close(started + 320)
         market.withdraw_all_credits()
         after = market.holdings()

@@ -42,6 +42,7 @@ class AgentKey:
     clock: Clock
     operator: str = ""
     nonces: itertools.count = field(default_factory=lambda: itertools.count(1))
+    accept_nonces: itertools.count = field(default_factory=itertools.count)  # unordered on chain
 
     @property
     def address(self) -> str:
@@ -85,7 +86,10 @@ class AgentKey:
         domain = market_domain(CHAIN_ID, LedgerChain.job_market_address)
         return "0x" + sign_typed(self.account, domain, primary, message).hex()
 
-    def accept(self, unit_id: int, chain_order_id: int, unit_key: str, nonce: int = 0) -> AcceptSubmission:
+    def accept(
+        self, unit_id: int, chain_order_id: int, unit_key: str, nonce: int | None = None
+    ) -> AcceptSubmission:
+        nonce = next(self.accept_nonces) if nonce is None else nonce
         deadline = self.clock.now + 600
         message = {
             "orderId": chain_order_id,

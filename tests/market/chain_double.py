@@ -23,14 +23,16 @@ from eth_utils import keccak
 
 from market.domain.replication import Reputation
 from market.ports import ChainEvent, ChainOrder, MarketTerms, SignedAccept, SignedVerdict
-from veritrain.chain.eip712 import as_bytes32
+from veritrain.chain.eip712 import as_bytes32, outcomes_hash
 from veritrain.chain.eip712 import commitment as commitment_of
 from veritrain.chain.errors import ContractReverted, error_class
 from veritrain.settings import Settings
 
 JOB_MARKET = "0x" + "4a" * 20
+OPERATOR = "0x" + "0b" * 20  # the double's sender of every transaction (the market's relayer)
 DEFAULT_FREE_STAKE = 10**21
-TERMS = MarketTerms(600, 600, 1200, verifier_quorum=1, provider_collateral=10**18, min_verifier_stake=10**18)
+PPM = 1_000_000
+TERMS = MarketTerms(600, 600, 1200, min_verifiers=1, provider_collateral=10**18, verifier_collateral=10**18)
 OPEN_STATES = ("committing", "revealing")
 OUTCOME_ACCEPT, OUTCOME_FAULT = 0, 1
 
@@ -47,6 +49,8 @@ class LedgerChain:
     chain_id = 31337
     job_market_address = JOB_MARKET
 
+    spot_check_ppm = 0  # the contract's spot-check rate; the double draws every unit or none
+
     def __init__(self, path: Path, chain_id: int = 31337) -> None:
         self.path = Path(path)
         self.chain_id = chain_id
@@ -59,6 +63,7 @@ class LedgerChain:
                 "locked": {},
                 "reputation": {},
                 "used_signatures": [],
+                "used_accept_nonces": [],
             }
             self.path.write_text(json.dumps(empty))
 
@@ -93,6 +98,12 @@ class LedgerChain:
             state["stake"][_key(account)] = bonded - amount
             self._mine(state, "StakeSlashed", {"account": account, "amount": amount, "recipient": JOB_MARKET})
 
+    def draw(self, unit_id: int) -> None:
+        """Draw an open unit for a spot check, as the operator's requestVerification does on chain."""
+        with self._state() as state:
+            self._open_unit(state, unit_id)["drawn"] = True
+            self._mine(state, "VerificationRequested", {"unitId": unit_id})
+
     def effects(self, name: str) -> list[dict[str, Any]]:
         with self._state() as state:
             return [b["args"] for b in state["blocks"] if b["name"] == name]
@@ -106,6 +117,14 @@ class LedgerChain:
             if signature.lower() in used:
                 raise _revert("InvalidNonce", account=signer, expected=nonce + 1, given=nonce)
         state["used_signatures"].extend(signature.lower() for _, _, signature in forms)
+
+    def _use_accept_nonces(self, state: dict[str, Any], accepts: Sequence[SignedAccept]) -> None:
+        """Accept nonces are unordered: any value once per provider (a reuse reverts as on the contract)."""
+        used = set(state["used_accept_nonces"])
+        for accept in accepts:
+            if f"{_key(accept.provider)}:{accept.nonce}" in used:
+                raise _revert("AcceptNonceUsed", provider=accept.provider, nonce=accept.nonce)
+        state["used_accept_nonces"].extend(f"{_key(a.provider)}:{a.nonce}" for a in accepts)
 
     def _open_unit(self, state: dict[str, Any], unit_id: int) -> dict[str, Any]:
         unit: dict[str, Any] | None = state["units"].get(str(unit_id))
@@ -148,6 +167,10 @@ class LedgerChain:
             bonded = int(state["stake"].get(_key(account), DEFAULT_FREE_STAKE))
             return bonded - int(state["locked"].get(_key(account), 0))
 
+    def bonded_stake(self, account: str) -> int:
+        with self._state() as state:
+            return int(state["stake"].get(_key(account), DEFAULT_FREE_STAKE))
+
     def reputation_of(self, account: str) -> Reputation:
         with self._state() as state:
             return Reputation(*state["reputation"].get(_key(account), [0, 0, 0, 0]))
@@ -167,7 +190,7 @@ class LedgerChain:
         with self._state() as state:
             if str(order_id) not in state["orders"]:
                 raise _revert("UnknownOrder", orderId=order_id)
-            self._use_signatures(state, [(a.provider, a.nonce, a.signature) for a in accepts])
+            self._use_accept_nonces(state, accepts)
             for provider in providers:
                 bonded = int(state["stake"].get(_key(provider), DEFAULT_FREE_STAKE))
                 locked = int(state["locked"].get(_key(provider), 0))
@@ -231,17 +254,17 @@ class LedgerChain:
                 raise _revert("AlreadyRevealed", unitId=unit_id, provider=provider)
             if unit["commitments"].get(key) != expected:
                 raise _revert("RevealMismatch", unitId=unit_id, provider=provider)
+            full = len(unit["commitments"]) == len(unit["providers"])
+            if full and not unit["reveals"] and not unit["drawn"] and self.spot_check_ppm >= PPM:
+                # the contract's draw at the first reveal of a fully committed unit (rate 0 or 100 % here)
+                unit["drawn"] = True
+                self._mine(state, "VerificationRequested", {"unitId": unit_id})
             unit["reveals"][key] = result_digest.lower()
             return self._mine(
                 state,
                 "ReplicaRevealed",
                 {"unitId": unit_id, "provider": provider, "resultDigest": result_digest},
             )
-
-    def request_verification(self, unit_id: int) -> str:
-        with self._state() as state:
-            self._open_unit(state, unit_id)["drawn"] = True
-            return self._mine(state, "VerificationRequested", {"unitId": unit_id})
 
     def finalize(self, unit_id: int) -> str:
         with self._state() as state:
@@ -258,10 +281,7 @@ class LedgerChain:
                 self._credit_outcome(state, provider, OUTCOME_ACCEPT)
             return self._mine(state, "UnitFinalized", {"unitId": unit_id, "resultDigest": digests.pop()})
 
-    def submit_verdict(
-        self, unit_id: int, outcomes: Sequence[int], reasons_hash: str, verdicts: Sequence[SignedVerdict]
-    ) -> str:
-        as_bytes32(reasons_hash, "reasons_hash")
+    def submit_verdict(self, unit_id: int, outcomes: Sequence[int], verdicts: Sequence[SignedVerdict]) -> str:
         with self._state() as state:
             unit = self._open_unit(state, unit_id)
             if len(outcomes) != len(unit["providers"]):
@@ -270,12 +290,12 @@ class LedgerChain:
             for verdict in verdicts:
                 if _key(verdict.verifier) not in assigned:
                     raise _revert("NotAssignedVerifier", unitId=unit_id, account=verdict.verifier)
-            self._use_signatures(state, [(v.verifier, v.nonce, v.signature) for v in verdicts])
-            if len(verdicts) < TERMS.verifier_quorum:
-                raise _revert(
-                    "QuorumNotReached", unitId=unit_id, valid=len(verdicts), required=TERMS.verifier_quorum
-                )
+            quorum = len(assigned) // 2 + 1  # a majority of the unit's verifiers; no nonce (single-use)
+            if len(verdicts) < quorum:
+                raise _revert("QuorumNotReached", unitId=unit_id, valid=len(verdicts), required=quorum)
             self._close(state, unit, "verdicted")
+            unit["verdict"] = [int(o) for o in outcomes]
+            unit["slashed_verifiers"] = []
             for provider, outcome in zip(unit["providers"], outcomes, strict=True):
                 self._credit_outcome(state, provider, int(outcome))
             return self._mine(
@@ -284,7 +304,7 @@ class LedgerChain:
                 {
                     "unitId": unit_id,
                     "outcomes": list(outcomes),
-                    "reasonsHash": reasons_hash,
+                    "outcomesHash": "0x" + outcomes_hash([int(o) for o in outcomes]).hex(),
                     "verifiers": [v.verifier for v in verdicts],
                 },
             )
@@ -297,6 +317,35 @@ class LedgerChain:
                 if _key(provider) not in unit["reveals"]:
                     self._credit_outcome(state, provider, OUTCOME_FAULT)
             return self._mine(state, "UnitExpired", {"unitId": unit_id})
+
+    def slash_contradicting_verifier(
+        self, unit_id: int, outcomes: Sequence[int], evidence: SignedVerdict
+    ) -> str:
+        """The contract's rule (signature recovery aside): an assigned verifier whose outcomes differ from
+        the unit's verdict loses its collateral, once per unit; the sender gets the bounty."""
+        with self._state() as state:
+            unit = state["units"].get(str(unit_id))
+            if unit is None or unit["state"] != "verdicted":
+                raise _revert("NoVerdict", unitId=unit_id)
+            if _key(evidence.verifier) not in [_key(v) for v in unit["verifiers"]]:
+                raise _revert("NotAssignedVerifier", unitId=unit_id, account=evidence.verifier)
+            if [int(o) for o in outcomes] == unit["verdict"]:
+                raise _revert("VerdictNotContradicted", unitId=unit_id, verifier=evidence.verifier)
+            if _key(evidence.verifier) in unit["slashed_verifiers"]:
+                raise _revert("VerifierAlreadySlashed", unitId=unit_id, verifier=evidence.verifier)
+            unit["slashed_verifiers"].append(_key(evidence.verifier))
+            bonded = int(state["stake"].get(_key(evidence.verifier), DEFAULT_FREE_STAKE))
+            state["stake"][_key(evidence.verifier)] = bonded - TERMS.verifier_collateral
+            return self._mine(
+                state,
+                "VerifierSlashed",
+                {
+                    "unitId": unit_id,
+                    "verifier": evidence.verifier,
+                    "amount": TERMS.verifier_collateral,
+                    "reporter": OPERATOR,
+                },
+            )
 
     def unit_state(self, unit_id: int) -> str:
         with self._state() as state:

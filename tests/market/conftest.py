@@ -51,7 +51,7 @@ def clock() -> Clock:
 
 @pytest.fixture
 def service(store: MarketStore, ledger: LedgerChain, clock: Clock) -> MarketService:
-    config = MarketConfig(chain_id=CHAIN_ID, verifier_quorum=1, verifiers_per_unit=2)
+    config = MarketConfig(chain_id=CHAIN_ID, min_verifiers=1, verifiers_per_unit=2)
     return MarketService(store, RegistryRecipeCatalog(), ledger, config, clock=clock)
 
 

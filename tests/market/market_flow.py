@@ -160,8 +160,6 @@ def verdict_body(
         {
             "unitId": job["chain_unit_id"],
             "outcomesHash": outcomes_hash(outcomes),
-            "reasonsHash": reasons,
-            "nonce": 0,
             "deadline": deadline,
         },
     )
@@ -170,7 +168,6 @@ def verdict_body(
         "verifier": signer.address,
         "outcomes": outcomes,
         "reasons_hash": reasons,
-        "nonce": 0,
         "deadline": deadline,
         "signature": signature,
     }

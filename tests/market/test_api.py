@@ -43,9 +43,13 @@ def client(service: MarketService) -> TestClient:
 
 
 def no_audit(service: MarketService, rate_ppm: int = 0) -> None:
+    """Replication settings for these tests; `rate_ppm` is the chain's spot-check rate (0 or 100 %)."""
+    chain = service.ctx.chain
+    assert isinstance(chain, LedgerChain)
+    chain.spot_check_ppm = rate_ppm
     service.config = MarketConfig(
         chain_id=CHAIN_ID,
-        verifier_quorum=1,
+        min_verifiers=1,
         verifiers_per_unit=2,
         policy=ReplicationPolicy(base_audit_ppm=rate_ppm, trusted_audit_ppm=rate_ppm),
     )
@@ -85,7 +89,7 @@ def test_two_round_order_runs_to_completion_on_the_fast_path(
     assert len(ledger.effects("UnitAssigned")) == 2
 
 
-def test_disagreeing_replicas_go_to_verifiers_and_a_quorum_verdict_settles(
+def test_disagreeing_replicas_go_to_verifiers_and_a_majority_with_different_reasons_settles(
     client: TestClient, service: MarketService, ledger: LedgerChain, make_agent: Any, clock: Clock
 ) -> None:
     no_audit(service)
@@ -103,10 +107,16 @@ def test_disagreeing_replicas_go_to_verifiers_and_a_quorum_verdict_settles(
         pulled[verifier.address] = reply.json()["jobs"]
     (job,) = next(jobs for jobs in pulled.values() if jobs)
     assert job["reason"] == "digests_differ" and len(job["replicas"]) == 3
-    signer = next(v for v in verifiers if v.address in {a for a, jobs in pulled.items() if jobs})
+    signers = [v for v in verifiers if pulled[v.address]]
+    assert len(signers) == 2  # both assigned verifiers: a majority of two is two
     outcomes = [2 if r["provider"] == cheat else 0 for r in job["replicas"]]
-    body = verdict_body(signer, job, outcomes, "0x" + "99" * 32, clock)
-    assert client.post("/verification/verdict", json=body).status_code == 200
+    # Each verifier's reasons carry its own measurements, so their hashes differ; the outcomes agree.
+    first = verdict_body(signers[0], job, outcomes, "0x" + "99" * 32, clock)
+    assert client.post("/verification/verdict", json=first).status_code == 200
+    drain_outbox(service)
+    assert ledger.effects("VerdictRecorded") == []  # one of two is no majority
+    second = verdict_body(signers[1], job, outcomes, "0x" + "98" * 32, clock)
+    assert client.post("/verification/verdict", json=second).status_code == 200
     drain_outbox(service)
     (recorded,) = ledger.effects("VerdictRecorded")
     assert recorded["outcomes"] == outcomes
@@ -140,9 +150,15 @@ def test_spot_check_sends_a_unanimous_unit_to_verification(
         20,
         4,
     )
-    run_unit(client, service, {k.address: k for k in providers}, {"default": "0x" + "12" * 32})
+    unit_id = run_unit(client, service, {k.address: k for k in providers}, {"default": "0x" + "12" * 32})
     assert len(ledger.effects("VerificationRequested")) == 1
     assert not ledger.effects("UnitFinalized")
+    # the market sent its finalize without asking first; the chain's refusal turned it into the spot check
+    with service.store.transaction() as session:
+        finalize = service.store.outbox_entry(session, unit_id, "finalize")
+        assert finalize is not None and finalize.state == "reverted" and finalize.attempts == 1
+        assert "UnitUnderVerification" in (finalize.last_error or "")
+        assert service.store.get_unit(session, unit_id).state == "verifying"
     bodies = [v.heartbeat().model_dump(mode="json") for v in verifiers]
     replies = [client.post("/verification/jobs", json=body) for body in bodies]
     jobs = [job for reply in replies for job in reply.json()["jobs"]]
@@ -556,12 +572,14 @@ def test_a_provider_that_never_commits_becomes_a_fault_and_the_unit_still_comple
         client.post("/verification/jobs", json=v.heartbeat().model_dump(mode="json")).json()["jobs"]
         for v in verifiers
     ]
-    signer, (job,) = next((v, j) for v, j in zip(verifiers, jobs, strict=True) if j)
+    signers = [v for v, j in zip(verifiers, jobs, strict=True) if j]
+    (job,) = next(j for j in jobs if j)
     assert job["reason"] == "missing"
     outcomes = [1 if r["provider"] == silent else 0 for r in job["replicas"]]
     assert job["chain_unit_id"] == chain_unit
-    body = verdict_body(signer, job, outcomes, "0x" + "98" * 32, clock)
-    assert client.post("/verification/verdict", json=body).status_code == 200
+    for i, signer in enumerate(signers):  # every assigned verifier: a majority of two is two
+        body = verdict_body(signer, job, outcomes, f"0x{i:064x}", clock)
+        assert client.post("/verification/verdict", json=body).status_code == 200
     drain_outbox(service)
     assert ledger.effects("VerdictRecorded")[0]["outcomes"] == outcomes
     assert service.orders.advance_orders() == 1

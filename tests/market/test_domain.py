@@ -13,8 +13,8 @@ from market.domain.matching import (
     DeclineReason,
     ProviderCandidate,
     UnitDemand,
+    draw,
     match_unit,
-    rank,
 )
 from market.domain.pricing import FLOPS_PER_PFLOP, escrow_plan, price_for_flops, training_flops
 from market.domain.replication import Reputation, replication_factor, spot_check_drawn
@@ -26,6 +26,7 @@ from market.domain.rounds import (
     plan_aggregate,
     plan_round,
 )
+from market.domain.selection import selection_seed
 from market.domain.states import (
     UNIT_TRANSITIONS,
     OrderState,
@@ -49,8 +50,17 @@ def candidate(i: int, **overrides: object) -> ProviderCandidate:
         recipes=frozenset({"digits-mlp"}),
         free_stake=10**19,
         price_per_pflop=10**17,
+        bonded_stake=10**19,
     )
     return replace(base, **overrides)  # type: ignore[arg-type]
+
+
+BLOCK = "0x" + "5e" * 32  # the matching pass's block hash
+
+
+def seed(n: int) -> str:
+    """A unit's selection seed, as if block n's hash had been drawn."""
+    return selection_seed(f"0x{n:064x}", f"0x{n + 1:064x}")
 
 
 def demand(**overrides: object) -> UnitDemand:
@@ -141,7 +151,7 @@ def test_each_hard_constraint_declines_with_its_reason(
 def test_replicas_of_one_unit_have_distinct_operators() -> None:
     same_operator = [candidate(i, operator="sybil", gflops=1000) for i in range(5)]
     honest = [candidate(10 + i) for i in range(3)]
-    match = match_unit(demand(), rank([*same_operator, *honest]))
+    match = match_unit(demand(), [*same_operator, *honest])
     chosen_ops = [c.operator for c in [*same_operator, *honest] if c.address in match.selected]
     assert match.complete and len(set(chosen_ops)) == 3
     assert sum(1 for _, r in match.declines if r == DeclineReason.OPERATOR_ALREADY_ON_UNIT) == 4
@@ -162,31 +172,31 @@ def test_sybil_assignment_never_puts_two_replicas_under_one_owner() -> None:
             )
         )
     for unit_id in range(1000):
-        match = pool.match(demand(unit_id=unit_id))
+        match = pool.match(demand(unit_id=unit_id), BLOCK, seed(unit_id))
         owners = [pool.get(a).operator for a in match.selected]  # type: ignore[union-attr]
         assert match.complete and owners.count("owner") <= 1
 
 
-def test_cheaper_faster_reputable_providers_rank_first() -> None:
-    cheap = candidate(1, price_per_pflop=10**16)
-    pricey = candidate(2, price_per_pflop=10**18)
-    fast = candidate(3, price_per_pflop=10**18, gflops=10_000)
-    trusted = candidate(4, price_per_pflop=10**18, reputation=Reputation(valid=50, consecutive_valid=50))
-    order = [c.address for c in rank([pricey, fast, cheap, trusted])]
-    assert order[0] == cheap.address and order[-1] == pricey.address
-    assert order.index(fast.address) < order.index(pricey.address)
-    assert order.index(trusted.address) < order.index(pricey.address)
+def test_price_speed_and_reputation_do_not_buy_a_place_in_the_draw() -> None:
+    """The market does not rank: two candidates that differ only in price, speed or reputation are drawn
+    in the same order as two that are alike."""
+    cheap = candidate(1, price_per_pflop=10**16, gflops=10_000)
+    trusted = candidate(2, reputation=Reputation(valid=50, consecutive_valid=50))
+    plain = [candidate(1), candidate(2)]
+    for n in range(20):
+        drawn = [c.address for c in draw(BLOCK, seed(n), [cheap, trusted])]
+        assert drawn == [c.address for c in draw(BLOCK, seed(n), plain)]
 
 
 def test_replicas_prefer_one_hardware_class_and_mix_only_when_needed() -> None:
     gpu = [candidate(i, hardware_class="gpu", gflops=5000) for i in range(2)]
     cpu = [candidate(10 + i, hardware_class="cpu") for i in range(3)]
-    match = match_unit(demand(), rank([*gpu, *cpu]))
+    match = match_unit(demand(), [*gpu, *cpu])
     assert match.selected == (gpu[0].address, gpu[1].address, cpu[0].address)
     assert (cpu[1].address, DeclineReason.OTHER_HARDWARE_CLASS) in match.declines
     # with three of the best class available, all three come from it
     gpu3 = [*gpu, candidate(2, hardware_class="gpu", gflops=5000)]
-    match = match_unit(demand(), rank([*gpu3, *cpu]))
+    match = match_unit(demand(), [*gpu3, *cpu])
     assert set(match.selected) == {c.address for c in gpu3}
 
 
@@ -194,12 +204,12 @@ def test_incomplete_match_reports_reasons_and_selects_nothing_in_pool() -> None:
     pool = CandidatePool()
     pool.upsert(candidate(1))
     pool.upsert(candidate(2, memory_mb=10))
-    match = pool.match(demand())
+    match = pool.match(demand(), BLOCK, seed(1))
     assert not match.complete and match.k == 3
     assert (candidate(2).address, DeclineReason.INSUFFICIENT_MEMORY) in match.declines
 
 
-def test_pool_matches_like_a_full_scan_and_tracks_capacity() -> None:
+def test_pool_matches_like_a_draw_over_every_candidate_and_tracks_capacity() -> None:
     rng = random.Random(11)
     candidates = [
         candidate(
@@ -214,23 +224,23 @@ def test_pool_matches_like_a_full_scan_and_tracks_capacity() -> None:
     pool = CandidatePool()
     for c in candidates:
         pool.upsert(c)
-    expected = match_unit(demand(), rank(candidates))
-    got = pool.match(demand())
+    expected = match_unit(demand(), draw(BLOCK, seed(1), candidates))
+    got = pool.match(demand(), BLOCK, seed(1))
     assert got.selected == expected.selected
     for address in got.selected:  # reserved: not offered again until released
         assert pool.get(address).active_units == 1  # type: ignore[union-attr]
-    again = pool.match(demand(unit_id=2))
+    again = pool.match(demand(unit_id=2), BLOCK, seed(1))
     assert not set(again.selected) & set(got.selected)
     pool.release(got.selected[0])
-    assert got.selected[0] in [c.address for c in pool.ranked("digits-mlp")]
+    assert got.selected[0] in [c.address for c in pool.available("digits-mlp")]
 
 
-def test_adaptive_replication_follows_the_best_candidates_reputation() -> None:
+def test_adaptive_replication_follows_the_first_drawn_candidates_reputation() -> None:
     trusted = candidate(1, reputation=Reputation(valid=40, consecutive_valid=40), price_per_pflop=10**15)
     others = [candidate(10 + i) for i in range(5)]
-    match = match_unit(demand(adaptive=True, needed=5), rank([trusted, *others]))
+    match = match_unit(demand(adaptive=True, needed=5), [trusted, *others])
     assert match.k == 1 and match.selected == (trusted.address,)
-    newcomer_first = match_unit(demand(adaptive=True, needed=5), rank(others))
+    newcomer_first = match_unit(demand(adaptive=True, needed=5), others)
     assert newcomer_first.k == 3 and newcomer_first.complete
 
 
@@ -388,7 +398,7 @@ def test_pool_keeps_unusable_providers_out_of_the_scan_and_says_why() -> None:
     pool.upsert(candidate(4, free_stake=1))
     pool.upsert(candidate(5, memory_mb=1024))
     pool.upsert(candidate(6, reputation=Reputation(valid=40, fraud=1), price_per_pflop=1))
-    assert [c.address for c in pool.ranked("digits-mlp")] == [usable.address]
+    assert [c.address for c in pool.available("digits-mlp")] == [usable.address]
     assert pool.unavailable_reason(candidate(2).address) == DeclineReason.OFFLINE
     assert pool.unavailable_reason(candidate(3).address) == DeclineReason.NO_OFFER
     assert pool.unavailable_reason(candidate(4).address) == DeclineReason.INSUFFICIENT_FREE_STAKE

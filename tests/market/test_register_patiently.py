@@ -11,7 +11,7 @@ from veritrain.errors import MarketError
 
 
 def market_answering(*answers: int | Exception) -> tuple[MarketClient, list[int]]:
-    """A client whose market answers /agents/register with each of ``answers`` in turn (a status code or
+    """A client whose market answers every request with each of ``answers`` in turn (a status code or
     a transport error), and the list of calls it saw."""
     calls: list[int] = []
 
@@ -31,7 +31,8 @@ def market_answering(*answers: int | Exception) -> tuple[MarketClient, list[int]
 
 
 def register(client: MarketClient) -> object:
-    return client._json("POST", "/agents/register")
+    """Any call through the client's public API goes the same way as a registration (same error mapping)."""
+    return client.dashboard_data()
 
 
 class FakeTime:

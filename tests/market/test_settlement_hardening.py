@@ -12,28 +12,45 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from chain_market import STAKE, ChainMarket, funded_accounts, result
+from fastapi.testclient import TestClient
 from market_flow import snapshot
 
+from apps.order import order_view, status_lines
+from apps.protocol_harness import STAKE, ChainMarket, funded_accounts, result
+from market.api import create_app
 from market.ports import SettlementPort
 from market.store import MarketStore
+from veritrain.api_client import MarketClient
 from veritrain.chain.backends import HardhatNode, InProcessBackend
 from veritrain.chain.client import ChainClient, UnitState
+from veritrain.chain.deployment import MarketParams
 from veritrain.errors import UnboundResult
 
 pytestmark = [pytest.mark.chain, pytest.mark.postgres]
 
+# Chain spot checks off: these tests settle unanimous units on the fast path.
+NO_SPOT_CHECKS = MarketParams(spot_check_ppm=0, solo_spot_check_ppm=0)
+
 
 @pytest.fixture
-def market(fresh_postgres_url: str) -> Iterator[ChainMarket]:
+def market(request: pytest.FixtureRequest, fresh_postgres_url: str) -> Iterator[ChainMarket]:
+    """The market over fresh contracts; `request.param` (indirect) is its verifiers per unit (default 2)."""
+    verifiers_per_unit = int(getattr(request, "param", 2))
     with InProcessBackend() as backend:
         accounts = list(backend.dev_accounts(9))
-        client = ChainClient.deploy(backend, accounts[0])
+        client = ChainClient.deploy(backend, accounts[0], params=NO_SPOT_CHECKS)
         funded_accounts(client, accounts)
         store = MarketStore(fresh_postgres_url)
         store.create_schema()
         try:
-            yield ChainMarket(client, store, accounts[1], accounts[2:6], accounts[6:9])
+            yield ChainMarket(
+                client,
+                store,
+                accounts[1],
+                accounts[2:6],
+                accounts[6:9],
+                verifiers_per_unit=verifiers_per_unit,
+            )
         finally:
             store.dispose()
 
@@ -136,7 +153,87 @@ def test_the_next_round_never_starts_from_a_state_nobody_bound(market: ChainMark
     assert [(u.round_index, u.state) for u in status.units] == [(0, "accepted"), (0, "pending")]
 
 
-WRITES = frozenset({"assign", "commit_with_sig", "reveal", "finalize", "submit_verdict", "expire_unit"})
+@pytest.mark.parametrize("market", [3], indirect=True)
+def test_a_verifier_whose_signature_contradicts_the_verdict_is_slashed_once(market: ChainMarket) -> None:
+    """Finding 4: of a unit's 3 verifiers two sign the truth (the cheating replica is fraud) and a lazy one
+    signs accept for all. Once the verdict settles, the market relays the lazy verifier's own signature:
+    the chain slashes its collateral exactly once (bounty to the market's sender), even when the relay is
+    retried; the two who agreed keep every token."""
+    order_id = market.post_order()
+    unit_id, chosen = market.match_and_accept()
+    market.send_outbox()  # assign
+    honest, cheat = result("honest"), result("cheat")
+    results = [honest, honest, cheat]
+    for provider, res in zip(chosen, results, strict=True):
+        market.commit(unit_id, provider, res)
+    for provider, res in zip(chosen, results, strict=True):
+        market.service.assignments.reveal(market.reveal_submission(unit_id, provider, res))
+    assert market.unit(unit_id).state == "verifying"
+    market.send_outbox()  # commits and reveals land
+    chain_unit = market.unit(unit_id).chain_unit_id
+    assert chain_unit is not None
+    by_address = {v.address: v for v in market.verifiers}
+    first, lazy, second = (by_address[a] for a in json.loads(market.unit(unit_id).verifiers_json))
+    assert market.client.verifiers_of(chain_unit) == [first.address, lazy.address, second.address]
+    stakes = {v.address: market.client.stake_of(v).bonded for v in (first, lazy, second)}
+    truth, lazy_outcomes = [0, 0, 2], [0, 0, 0]
+    market.sign_verdict(unit_id, first, truth)
+    market.sign_verdict(unit_id, lazy, lazy_outcomes)
+    market.sign_verdict(unit_id, second, truth)  # the majority: the verdict relay is queued
+    assert market.send_outbox() == ["sent"]
+    assert market.client.get_unit(chain_unit).state == UnitState.VERDICTED
+    assert not any(a.startswith("slash_verifier") for a in market.outbox_states(unit_id))
+
+    market.service.sync.sync_chain_events()  # the chain's verdict: the lazy signature contradicts it
+    action = f"slash_verifier:{lazy.address}"
+    assert [a for a in market.outbox_states(unit_id) if a.startswith("slash_verifier")] == [action]
+    assert market.send_outbox() == ["sent"]
+    market.service.sync.sync_chain_events()
+    assert market.outbox_states(unit_id)[action] == "confirmed"
+
+    collateral = market.client.params.verifier_collateral
+    bounty = collateral * market.client.params.bounty_bps // 10_000
+    operator = market.client.relayer
+    assert operator is not None and market.client.credits(operator) == bounty
+    assert market.client.stake_of(lazy).bonded == stakes[lazy.address] - collateral
+    for agreed in (first, second):  # never touched: stake whole and free again
+        assert market.client.stake_of(agreed).bonded == stakes[agreed.address]
+        assert market.client.free_stake(agreed) == stakes[agreed.address]
+    with market.store.transaction() as session:
+        job = market.store.job_for_unit(session, unit_id)
+        assert job is not None
+        slashed = {v.verifier: v.slashed for v in market.store.verdicts_of(session, job.id or 0)}
+    assert slashed == {first.address: None, lazy.address: collateral, second.address: None}
+    # the buyer sees it in `veritrain order status|watch` (over the market's HTTP API)
+    with TestClient(create_app(market.service)) as http:
+        lines = status_lines(order_view(MarketClient(http=http), order_id))
+    assert any(f"slashed verifiers {lazy.address} (10 VERI)" in line for line in lines), lines
+
+    # a worker that crashed before recording its send retries it: the chain refuses a second slash, the
+    # market re-reads it and ends the entry as done; nothing moves twice
+    with market.store.transaction() as session:
+        entry = market.store.outbox_entry(session, unit_id, action)
+        assert entry is not None
+        entry.state = "pending"
+        session.add(entry)
+    assert market.send_outbox() == ["confirmed"]
+    slashes = [e for e in market.client.events() if e.name == "VerifierSlashed"]
+    assert len(slashes) == 1 and slashes[0].args["reporter"] == operator.address
+    assert market.client.stake_of(lazy).bonded == stakes[lazy.address] - collateral
+    assert market.client.credits(operator) == bounty
+
+
+WRITES = frozenset(
+    {
+        "assign",
+        "commit_with_sig",
+        "reveal",
+        "finalize",
+        "submit_verdict",
+        "expire_unit",
+        "slash_contradicting_verifier",
+    }
+)
 
 
 class Outage:
@@ -180,7 +277,7 @@ def test_a_ten_second_rpc_outage_strands_no_unit(fresh_postgres_url: str) -> Non
 
     with InProcessBackend() as backend:
         accounts = list(backend.dev_accounts(9))
-        client = ChainClient.deploy(backend, accounts[0])
+        client = ChainClient.deploy(backend, accounts[0], params=NO_SPOT_CHECKS)
         funded_accounts(client, accounts)
         store = MarketStore(fresh_postgres_url)
         store.create_schema()
@@ -206,7 +303,7 @@ def test_a_verifier_that_unstaked_below_the_minimum_is_never_picked(market: Chai
     minimum; matching must see the unstake (through the event sync) and pick others."""
     market.service.config = replace(market.service.config, verifiers_per_unit=3)  # all, if eligible
     gone = market.verifiers[1]
-    market.client.request_unstake(gone, STAKE - market.client.params.min_verifier_stake + 1)
+    market.client.request_unstake(gone, STAKE - market.client.params.verifier_collateral + 1)
     market.service.sync.sync_chain_events()
     market.post_order()
     unit_id, _ = market.match_and_accept()
@@ -223,7 +320,7 @@ def test_sync_waits_for_confirmations_and_survives_a_reorg(
     a reorg) was never applied, and the block that replaces it at the same height is."""
     backend = hardhat_node.backend()
     accounts = list(backend.dev_accounts(9))
-    client = ChainClient.deploy(backend, accounts[0])
+    client = ChainClient.deploy(backend, accounts[0], params=NO_SPOT_CHECKS)
     funded_accounts(client, accounts)
     store = MarketStore(fresh_postgres_url)
     store.create_schema()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import secrets
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -44,19 +45,21 @@ PARAMS = MarketParams(
     commit_window=600,
     reveal_window=600,
     verdict_window=1200,
-    verifier_quorum=1,
+    min_verifiers=1,
     bounty_bps=5000,
     provider_collateral=COLLATERAL,
     slash_amount=COLLATERAL // 2,
-    min_verifier_stake=TOKEN,
+    verifier_collateral=TOKEN,
+    withhold_penalty=COLLATERAL // 4,
+    spot_check_ppm=0,  # deterministic fast paths; a test draws a unit with requestVerification
+    solo_spot_check_ppm=0,
 )
 EXPECTED_TERMS = MarketTerms(
-    600, 600, 1200, verifier_quorum=1, provider_collateral=COLLATERAL, min_verifier_stake=TOKEN
+    600, 600, 1200, min_verifiers=1, provider_collateral=COLLATERAL, verifier_collateral=TOKEN
 )
 PAST_EVERY_WINDOW = 600 + 600 + 1200 + 1
 DIGEST = "0x" + "5e" * 32
 OTHER_DIGEST = "0x" + "66" * 32
-REASONS = "0x" + "99" * 32
 
 
 @dataclass
@@ -75,6 +78,7 @@ class Harness:
     nonce_of: Callable[[str], int]
     advance_time: Callable[[int], None]
     now: Callable[[], int]
+    draw: Callable[[int], None]  # the operator's requestVerification (not a port method: the chain draws)
 
     def sign(self, account: LocalAccount, primary: str, message: dict[str, Any]) -> tuple[int, str]:
         """(nonce, signature) of the account's next market message, over the port's own domain."""
@@ -85,13 +89,16 @@ class Harness:
 
     def accept(self, provider: LocalAccount, order_id: int, unit_key: str) -> SignedAccept:
         deadline = self.now() + 3600
+        nonce = secrets.randbits(64)  # unordered: any unused value
         message = {
             "orderId": order_id,
             "unitKey": unit_key,
             "provider": provider.address,
+            "nonce": nonce,
             "deadline": deadline,
         }
-        nonce, signature = self.sign(provider, "Accept", message)
+        domain = market_domain(self.port.chain_id, self.port.job_market_address)
+        signature = "0x" + sign_typed(provider, domain, "Accept", message).hex()
         return SignedAccept(provider.address, nonce, deadline, signature)
 
     def assign(self, order_id: int, providers: list[LocalAccount] | None = None) -> tuple[int, list[Any]]:
@@ -122,14 +129,11 @@ class Harness:
 
     def verdict(self, verifier: LocalAccount, unit_id: int, outcomes: list[int]) -> SignedVerdict:
         deadline = self.now() + 3600
-        message = {
-            "unitId": unit_id,
-            "outcomesHash": outcomes_hash(outcomes),
-            "reasonsHash": REASONS,
-            "deadline": deadline,
-        }
-        nonce, signature = self.sign(verifier, "Verdict", message)
-        return SignedVerdict(verifier.address, nonce, deadline, signature)
+        message = {"unitId": unit_id, "outcomesHash": outcomes_hash(outcomes), "deadline": deadline}
+        domain = market_domain(self.port.chain_id, self.port.job_market_address)
+        return SignedVerdict(
+            verifier.address, deadline, "0x" + sign_typed(verifier, domain, "Verdict", message).hex()
+        )
 
     def committed_unit(self, digests: list[str] | None = None) -> tuple[int, list[str]]:
         """A unit whose providers all committed to `digests` (default DIGEST); returns it and the salts."""
@@ -197,6 +201,9 @@ def real_harness(name: str, world: RealWorld) -> Harness:
     def advance_time(seconds: int) -> None:
         client.advance_time(seconds)
 
+    def draw(unit_id: int) -> None:
+        client.request_verification(unit_id)
+
     def post_order(units: int, replicas: int) -> int:
         deadline = client.now() + DAY
         order_id, _ = client.post_order(buyer, os.urandom(32), units, replicas, PRICE, FEE, deadline)
@@ -214,6 +221,7 @@ def real_harness(name: str, world: RealWorld) -> Harness:
         nonce_of=client.market_nonce,
         advance_time=advance_time,
         now=client.now,
+        draw=draw,
     )
 
 
@@ -249,6 +257,7 @@ def double_harness(path: Path) -> Harness:
         nonce_of=lambda account: next(nonces.setdefault(account, itertools.count())),
         advance_time=advance_time,
         now=lambda: clock[0],
+        draw=ledger.draw,
     )
 
 
@@ -360,7 +369,7 @@ def test_assign_locks_each_providers_collateral_and_records_the_unit(harness: Ha
 
 def test_assign_sent_twice_has_one_effect(harness: Harness) -> None:
     _, args = harness.assign(harness.post_order(2, 3))
-    reverts("InvalidNonce", lambda: harness.port.assign(*args))  # the providers' accepts are spent
+    reverts("AcceptNonceUsed", lambda: harness.port.assign(*args))  # the providers' accepts are spent
     assert harness.count("UnitAssigned") == 1
     for provider in harness.providers:
         assert harness.port.free_stake(provider.address) == STAKE - COLLATERAL
@@ -452,20 +461,20 @@ def test_finalize_in_the_wrong_state_reverts(harness: Harness) -> None:
 
 
 def test_a_unit_drawn_for_verification_cannot_finalize(harness: Harness) -> None:
+    """The market never asks whether a unit was drawn: the finalize's typed revert tells it."""
     unit_id = harness.revealed_unit()
-    harness.port.request_verification(unit_id)
-    harness.port.request_verification(unit_id)  # a repeat is harmless: the unit stays drawn
-    assert harness.count("VerificationRequested") == 2
+    harness.draw(unit_id)
+    assert harness.count("VerificationRequested") == 1
     reverts("UnitUnderVerification", lambda: harness.port.finalize(unit_id))
-    reverts("InvalidUnitState", lambda: harness.port.request_verification(999))
+    assert harness.port.unit_state(unit_id) == "revealing"
 
 
 def test_verdict_settles_once_by_outcome(harness: Harness) -> None:
     unit_id = harness.revealed_unit([DIGEST, DIGEST, OTHER_DIGEST])
     outcomes = [0, 0, 1]  # the odd one out is a fault: unpaid, not slashed
-    verdicts = [harness.verdict(harness.verifiers[0], unit_id, outcomes)]
-    harness.port.submit_verdict(unit_id, outcomes, REASONS, verdicts)
-    reverts("UnitAlreadySettled", lambda: harness.port.submit_verdict(unit_id, outcomes, REASONS, verdicts))
+    verdicts = [harness.verdict(verifier, unit_id, outcomes) for verifier in harness.verifiers]
+    harness.port.submit_verdict(unit_id, outcomes, verdicts)
+    reverts("UnitAlreadySettled", lambda: harness.port.submit_verdict(unit_id, outcomes, verdicts))
     assert harness.port.unit_state(unit_id) == "verdicted"
     recorded = [e for e in harness.port.events(0, harness.port.block_number()) if e.name == "VerdictRecorded"]
     assert len(recorded) == 1 and [int(o) for o in recorded[0].args["outcomes"]] == outcomes
@@ -476,23 +485,47 @@ def test_verdict_settles_once_by_outcome(harness: Harness) -> None:
     assert harness.port.reputation_of(faulty) == Reputation(fault=1)
 
 
+def test_a_verifier_contradicting_the_verdict_is_slashed_once(harness: Harness) -> None:
+    """An equivocating verifier: its own signature over other outcomes slashes its collateral, once."""
+    unit_id = harness.revealed_unit([DIGEST, DIGEST, OTHER_DIGEST])
+    verdict, lazy = [0, 0, 2], [0, 0, 0]
+    agreeing, contradicting = harness.verifiers
+    evidence = harness.verdict(contradicting, unit_id, lazy)
+    reverts("NoVerdict", lambda: harness.port.slash_contradicting_verifier(unit_id, lazy, evidence))
+    # both verifiers sign the verdict (the quorum of two), one of them also signed other outcomes
+    harness.port.submit_verdict(
+        unit_id, verdict, [harness.verdict(v, unit_id, verdict) for v in harness.verifiers]
+    )
+    agreed = harness.verdict(agreeing, unit_id, verdict)
+    reverts(
+        "VerdictNotContradicted",
+        lambda: harness.port.slash_contradicting_verifier(unit_id, verdict, agreed),
+    )
+    harness.port.slash_contradicting_verifier(unit_id, lazy, evidence)
+    reverts(
+        "VerifierAlreadySlashed",
+        lambda: harness.port.slash_contradicting_verifier(unit_id, lazy, evidence),
+    )
+    assert harness.count("VerifierSlashed") == 1
+    assert harness.port.free_stake(contradicting.address) == STAKE - TOKEN
+    assert harness.port.free_stake(agreeing.address) == STAKE
+
+
 def test_verdict_with_bad_input_reverts(harness: Harness) -> None:
     unit_id = harness.revealed_unit([DIGEST, DIGEST, OTHER_DIGEST])
     short = [harness.verdict(harness.verifiers[0], unit_id, [0, 0])]
-    reverts("OutcomeCountMismatch", lambda: harness.port.submit_verdict(unit_id, [0, 0], REASONS, short))
+    reverts("OutcomeCountMismatch", lambda: harness.port.submit_verdict(unit_id, [0, 0], short))
     stranger = [harness.verdict(harness.outsider, unit_id, [0, 0, 1])]
-    reverts("NotAssignedVerifier", lambda: harness.port.submit_verdict(unit_id, [0, 0, 1], REASONS, stranger))
-    reverts("QuorumNotReached", lambda: harness.port.submit_verdict(unit_id, [0, 0, 1], REASONS, []))
+    reverts("NotAssignedVerifier", lambda: harness.port.submit_verdict(unit_id, [0, 0, 1], stranger))
+    reverts("QuorumNotReached", lambda: harness.port.submit_verdict(unit_id, [0, 0, 1], []))
     assert harness.count("VerdictRecorded") == 0
 
 
 def test_verdict_before_the_reveals_are_in_reverts(harness: Harness, request: pytest.FixtureRequest) -> None:
     not_modelled_by_the_double(request, "block time (the verdict window)")
     unit_id, _ = harness.committed_unit()
-    verdicts = [harness.verdict(harness.verifiers[0], unit_id, [1, 1, 1])]
-    expect_revert(
-        "VerdictWindowNotOpen", lambda: harness.port.submit_verdict(unit_id, [1, 1, 1], REASONS, verdicts)
-    )
+    verdicts = [harness.verdict(verifier, unit_id, [1, 1, 1]) for verifier in harness.verifiers]
+    expect_revert("VerdictWindowNotOpen", lambda: harness.port.submit_verdict(unit_id, [1, 1, 1], verdicts))
 
 
 def test_expiry_settles_once_and_counts_a_fault_for_every_silent_replica(harness: Harness) -> None:
@@ -529,6 +562,4 @@ def test_malformed_32_byte_values_raise_invalid_input_and_change_nothing(harness
         harness.port.commit_with_sig(unit_id, provider, short, 0, harness.now() + 60, "0x" + "00" * 65)
     with pytest.raises(InvalidInput, match="salt"):
         harness.port.reveal(unit_id, provider, DIGEST, short)
-    with pytest.raises(InvalidInput, match="reasons_hash"):
-        harness.port.submit_verdict(unit_id, [1, 1, 1], short, [])
     assert harness.port.block_number() == head

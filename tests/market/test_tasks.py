@@ -208,10 +208,13 @@ REAL_PARAMS = MarketParams(
     commit_window=600,
     reveal_window=600,
     verdict_window=1200,
-    verifier_quorum=1,
+    min_verifiers=1,
     provider_collateral=TOKEN,
     slash_amount=TOKEN // 2,
-    min_verifier_stake=TOKEN,
+    verifier_collateral=TOKEN,
+    withhold_penalty=TOKEN // 2,
+    spot_check_ppm=0,  # the fast path, deterministically
+    solo_spot_check_ppm=0,
 )
 
 

@@ -239,6 +239,9 @@ def test_list_fields_are_refused_at_class_definition() -> None:
         ("int map key", b"\x81\x01\x02"),
         ("duplicate map key", b"\x82\xa1a\x01\xa1a\x02"),
         ("ext type", b"\xd6\xff\x00\x00\x00\x00"),
+        ("empty ext8", b"\x81\xa6detail\xc7\x00\x05"),
+        ("empty ext8 as timestamp", b"\x81\xa6detail\xc7\x00\xff"),
+        ("bytes map key", b"\x81\xc4\x06status\xa2ok"),
         ("str32 declaring 4 GiB", b"\xdb\xff\xff\xff\xff"),
         ("array32 declaring 4 G items", b"\xdd\xff\xff\xff\xff"),
         ("trailing bytes", b"\x80\x80"),
@@ -250,6 +253,25 @@ def test_list_fields_are_refused_at_class_definition() -> None:
 def test_hostile_msgpack_is_a_decode_error(name: str, payload: bytes) -> None:
     with pytest.raises(DecodeError):
         decode(payload, BlobResponse)
+
+
+class Pair(WireModel):
+    pair: tuple[int, bytes]
+
+
+@pytest.mark.parametrize(
+    ("name", "payload"),
+    [("empty ext8", b"\x81\xa4pair\xc7\x00\x05"), ("bytes key", b"\x81\xc4\x04pair\x92\x05\xc4\x00")],
+)
+def test_only_one_reading_of_a_message_decodes(name: str, payload: bytes) -> None:
+    """Found by the codec fuzzer (veritrain/p2p/fuzz.py): an empty ext (max_ext_len=0 let length 0
+    through) came back as msgpack's ExtType, a tuple, so `pair` took it as (5, b"") and re-encoded it as
+    an array; a bytes key was accepted by unpack though the wire has string keys only."""
+    assert decode(pack({"pair": [5, b""]}), Pair) == Pair(pair=(5, b""))
+    with pytest.raises(DecodeError):
+        decode(payload, Pair)
+    with pytest.raises(DecodeError):
+        unpack(payload)
 
 
 def test_element_count_limits_apply() -> None:

@@ -35,8 +35,8 @@ from veritrain.codec import encode_frame, encode_message_frame
 from veritrain.p2p import (
     BLOB_PROTOCOL_ID,
     CHUNK_BYTES,
-    BlobAccess,
     P2PNode,
+    PartyAccess,
     ServerLimits,
     parse_peer_addr,
     sign_blob_request,
@@ -157,11 +157,10 @@ def big_blob(tmp_path: Path) -> tuple[BlobStore, str, bytes]:
 
 
 def test_flood_with_default_limits_and_an_authorizer(big_blob: tuple[BlobStore, str, bytes]) -> None:
-    """The production setup: default limits, blobs granted only to the unit's parties."""
+    """The production setup: default limits, blobs served only to staked parties (here: the honest peer)."""
     store, digest, data = big_blob
     honest = Account.create()
-    access = BlobAccess()
-    access.grant([digest], [honest.address], until=2**40)
+    access = PartyAccess(lambda address: address == honest.address.lower())
     with P2PNode(Account.create(), store=store, authorize=access) as provider, P2PNode(honest) as client:
         with Flood(provider.address, digest, hosts=4) as flood:
             for _ in range(3):

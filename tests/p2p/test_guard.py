@@ -12,7 +12,7 @@ from eth_account import Account
 from libp2p.peer.id import ID
 
 from veritrain.errors import InvalidInput
-from veritrain.p2p import BlobAccess, ServerCounters, ServerLimits, sign_blob_request
+from veritrain.p2p import PartyAccess, ServerCounters, ServerLimits, sign_blob_request
 from veritrain.p2p.guard import ReplayCache, StreamGuard, TokenBuckets
 
 HONEST = "0x" + "ab" * 20
@@ -130,21 +130,46 @@ def test_server_limits_must_be_positive() -> None:
         ServerLimits(max_serving_total=0)
 
 
-def test_blob_access_serves_granted_parties_until_the_deadline() -> None:
+def test_party_access_serves_staked_parties_and_granted_buyers_only() -> None:
     clock = [1000.0]
-    access = BlobAccess(clock=lambda: clock[0])
-    verifier, stranger = Account.create(), Account.create()
-    digest, other = "aa" * 32, "bb" * 32
-    access.grant([digest], [verifier.address], until=1100.0)
-    access.grant([digest], [verifier.address.lower()], until=1050.0)  # never shortens
-    assert access(sign_blob_request(verifier, digest, "QmPeer"))
-    assert not access(sign_blob_request(verifier, other, "QmPeer"))
+    provider, buyer, stranger = Account.create(), Account.create(), Account.create()
+    staked = {provider.address.lower()}
+    lookups: list[str] = []
+
+    def is_staked(address: str) -> bool:
+        lookups.append(address)
+        return address in staked
+
+    access = PartyAccess(is_staked, ttl_s=60.0, refuse_ttl_s=5.0, clock=lambda: clock[0])
+    digest = "aa" * 32
+    assert access(sign_blob_request(provider, digest, "QmPeer"))
     assert not access(sign_blob_request(stranger, digest, "QmPeer"))
-    clock[0] = 1100.0
-    assert not access(sign_blob_request(verifier, digest, "QmPeer"))
-    access.grant([other], [stranger.address], until=2000.0)
-    assert len(access) == 1, "expired grants are dropped"
+    assert not access(sign_blob_request(buyer, digest, "QmPeer"))
+    access.grant([buyer.address])
+    assert access(sign_blob_request(buyer, digest, "QmPeer")), "a granted buyer needs no stake"
+    assert not access(sign_blob_request(stranger, digest, "QmPeer"))
+    assert lookups.count(stranger.address.lower()) == 1, "a refusal is cached for refuse_ttl_s"
+    staked.add(stranger.address.lower())
+    clock[0] += 5.0
+    assert access(sign_blob_request(stranger, digest, "QmPeer")), "asked again once the refusal expired"
+    staked.discard(provider.address.lower())
+    assert access(sign_blob_request(provider, digest, "QmPeer")), "a party stays cached for ttl_s"
+    clock[0] += 60.0
+    assert not access(sign_blob_request(provider, digest, "QmPeer")), "an unstaked party loses access"
     with pytest.raises(InvalidInput):
-        access.grant([digest], ["not-an-address"], until=2000.0)
-    with pytest.raises(InvalidInput):
-        access.grant(["../x"], [verifier.address], until=2000.0)
+        access.grant(["not-an-address"])
+
+
+def test_party_access_refuses_when_the_stake_lookup_fails_and_asks_again() -> None:
+    answers: list[bool | Exception] = [ConnectionError("rpc down"), True]
+
+    def is_staked(address: str) -> bool:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    access = PartyAccess(is_staked)
+    request = sign_blob_request(Account.create(), "aa" * 32, "QmPeer")
+    assert not access(request)
+    assert access(request), "a failed lookup is not cached"

@@ -6,8 +6,13 @@ has already registered the parties and warmed their storage, and the measured fi
 third unit of a multi-unit order. The headline `gas_per_settled_unit` is the unit's own transactions on
 the batched path (assign, commitBatch of 3, revealBatch that finalizes); the single-message path, the
 operator's pipelined multicall, the per-order transactions (amortized) and a single-unit order with every
-transaction are reported beside it, each with the list of what it counts (`included`). Gas does not depend
-on the backend (same bytecode, same EVM rules), so the in-process EVM is the default.
+transaction are reported beside it, each with the list of what it counts (`included`). Issue 9's figures
+run whole DiLoCo orders of M = 8 shards (2 rounds, each M shard units and one aggregate unit) and count
+every transaction of the order — its units, aggregate units included, postOrder, closeOrder and every
+withdrawal — divided by the shard units it trains: at k = 3 and k = 1 on the batched path, and at k = 3 on
+the path the market's outbox takes today (each signed commit and reveal relayed in its own transaction,
+then finalize). Gas does not depend on the backend (same bytecode, same EVM rules), so the in-process EVM
+is the default.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +34,11 @@ if TYPE_CHECKING:
     from veritrain.chain.client import ChainClient, Reveal, SignedCommit
 
 GAS_TARGET_PER_SETTLED_UNIT = 400_000
+# issue 9: per settled unit, all transactions counted and amortized, at M = 8
+GAS_TARGET_K3_M8 = 60_000
+GAS_TARGET_K1_M8 = 25_000
+DILOCO_SHARDS = 8
+DILOCO_ROUNDS = 2
 REPLICAS = 3
 VERIFIERS = 2
 ORDER_UNITS = 10  # units of the multi-unit orders; per-order costs are amortized over them
@@ -75,6 +86,21 @@ INCLUDED: dict[str, list[str]] = {
         "withdrawCredit (buyer)",
         "withdrawCredit x3 (providers)",
     ],
+    "gas_per_settled_unit_k3_m8": [
+        f"postOrder ({DILOCO_ROUNDS} rounds x ({DILOCO_SHARDS} shard units + 1 aggregate unit))",
+        "per unit: assign + commitBatch (3) + revealBatch+finalize",
+        "closeOrder + withdrawCredit (buyer) + withdrawCredit x3 (providers)",
+    ],
+    "gas_per_settled_unit_k1_m8": [
+        f"postOrder ({DILOCO_ROUNDS} rounds x ({DILOCO_SHARDS} shard units + 1 aggregate unit)), k = 1",
+        "per unit: assign + commitBatch (1) + revealBatch+finalize",
+        "closeOrder + withdrawCredit (buyer) + withdrawCredit (provider)",
+    ],
+    "gas_per_settled_unit_market_path": [
+        f"postOrder ({DILOCO_ROUNDS} rounds x ({DILOCO_SHARDS} shard units + 1 aggregate unit)), k = 3",
+        "per unit, as market/outbox.py relays it: assign + commitWithSig x3 + reveal x3 + finalize",
+        "closeOrder + withdrawCredit (buyer) + withdrawCredit x3 (providers)",
+    ],
 }
 
 NOTES = {
@@ -91,6 +117,10 @@ NOTES = {
     "withdraw": "withdrawCredit of a provider's credit at the end of an order, mean of the 3",
     "stake": "first stake of a fresh account (cold storage)",
     "deploy": "VeriToken + StakeManager + JobMarket + grantRole(MARKET_ROLE)",
+    "diloco_m8": (
+        f"{DILOCO_ROUNDS} rounds of {DILOCO_SHARDS} shard units + 1 aggregate unit; every transaction of the "
+        f"order divided by its {DILOCO_ROUNDS * DILOCO_SHARDS} shard units (aggregate units are overhead)"
+    ),
 }
 
 
@@ -122,6 +152,8 @@ class _Parties:
     verifiers: list[LocalAccount]
     labels: int = 0
     salts: dict[tuple[int, str], bytes] = field(default_factory=dict)
+    order_replicas: dict[int, int] = field(default_factory=dict)
+    unit_providers: dict[int, list[LocalAccount]] = field(default_factory=dict)
 
     def fresh(self) -> bytes:
         """The next of a fixed sequence of 32-byte values (keys, digests, salts): calldata gas depends on
@@ -131,24 +163,30 @@ class _Parties:
         self.labels += 1
         return keccak(text=f"veritrain bench {self.labels}")
 
-    def post(self, units: int) -> tuple[int, int]:
-        """(order id, postOrder gas)."""
+    def post(self, units: int, replicas: int = REPLICAS) -> tuple[int, int]:
+        """(order id, postOrder gas); its units run on the first `replicas` providers."""
         order_id, receipt = self.client.post_order(
-            self.buyer, self.fresh(), units, REPLICAS, PRICE, FEE, FAR_DEADLINE
+            self.buyer, self.fresh(), units, replicas, PRICE, FEE, FAR_DEADLINE
         )
+        self.order_replicas[order_id] = replicas
         return order_id, receipt.gas_used
 
     def assign(self, order_id: int) -> tuple[int, int]:
         """(unit id, assign gas)."""
         unit_key = self.fresh()
-        accepts = [self.client.sign_accept(p, order_id, unit_key, FAR_DEADLINE) for p in self.providers]
-        unit_id, receipt = self.client.assign(order_id, unit_key, self.providers, self.verifiers, accepts)
+        providers = self.providers[: self.order_replicas[order_id]]
+        accepts = [self.client.sign_accept(p, order_id, unit_key, FAR_DEADLINE) for p in providers]
+        unit_id, receipt = self.client.assign(order_id, unit_key, providers, self.verifiers, accepts)
+        self.unit_providers[unit_id] = providers
         return unit_id, receipt.gas_used
 
     def assign_calldata(self, order_id: int) -> bytes:
+        """assign's calldata for the next unit (mined before the next is made: its id is the next id)."""
         unit_key = self.fresh()
-        accepts = [self.client.sign_accept(p, order_id, unit_key, FAR_DEADLINE) for p in self.providers]
-        return self.client.assign_calldata(order_id, unit_key, self.providers, self.verifiers, accepts)
+        providers = self.providers[: self.order_replicas[order_id]]
+        self.unit_providers[self.client.unit_count() + 1] = providers
+        accepts = [self.client.sign_accept(p, order_id, unit_key, FAR_DEADLINE) for p in providers]
+        return self.client.assign_calldata(order_id, unit_key, providers, self.verifiers, accepts)
 
     def commitment(self, unit_id: int, provider: LocalAccount, digest: bytes) -> bytes:
         salt = self.salts.setdefault((unit_id, provider.address), self.fresh())
@@ -157,7 +195,7 @@ class _Parties:
     def unit_commits(self, unit_id: int, digests: list[bytes]) -> list[SignedCommit]:
         return [
             self.client.sign_unit_commit(p, unit_id, self.commitment(unit_id, p, d), FAR_DEADLINE)
-            for p, d in zip(self.providers, digests, strict=True)
+            for p, d in zip(self.unit_providers[unit_id], digests, strict=True)
         ]
 
     def reveals(self, unit_id: int, digests: list[bytes]) -> list[Reveal]:
@@ -165,13 +203,13 @@ class _Parties:
 
         return [
             Reveal(p.address, d, self.salts[(unit_id, p.address)])
-            for p, d in zip(self.providers, digests, strict=True)
+            for p, d in zip(self.unit_providers[unit_id], digests, strict=True)
         ]
 
     def batched_unit(self, order_id: int) -> dict[str, int]:
         """One unit through assign, commitBatch, revealBatch (which must finalize it)."""
         unit_id, assign_gas = self.assign(order_id)
-        digests = [self.fresh()] * REPLICAS
+        digests = [self.fresh()] * len(self.unit_providers[unit_id])
         committed = self.client.commit_batch(unit_id, self.unit_commits(unit_id, digests))
         finalized, revealed = self.client.reveal_batch(unit_id, self.reveals(unit_id, digests))
         _require(finalized, f"revealBatch did not finalize unanimous unit {unit_id}")
@@ -182,13 +220,14 @@ class _Parties:
         unit_id, assign_gas = self.assign(order_id)
         gas = {"assign": assign_gas}
         digest = self.fresh()
-        for index, provider in enumerate(self.providers, 1):
+        providers = self.unit_providers[unit_id]
+        for index, provider in enumerate(providers, 1):
             commitment = self.commitment(unit_id, provider, digest)
             signed = self.client.sign_commit(provider, unit_id, commitment, FAR_DEADLINE)
             gas[f"commitWithSig#{index}"] = self.client.commit_with_sig(
                 unit_id, provider, commitment, signed
             ).gas_used
-        for index, provider in enumerate(self.providers, 1):
+        for index, provider in enumerate(providers, 1):
             salt = self.salts[(unit_id, provider.address)]
             gas[f"reveal#{index}"] = self.client.reveal(unit_id, provider, digest, salt).gas_used
         gas["finalize"] = self.client.finalize(unit_id).gas_used
@@ -205,19 +244,32 @@ class _Parties:
         finalized, _ = self.client.reveal_batch(unit_id, self.reveals(unit_id, digests))
         _require(not finalized, f"unit {unit_id} with differing digests was finalized")
         outcomes = [Outcome.ACCEPT, Outcome.ACCEPT, Outcome.FRAUD]
-        reasons = self.fresh()
-        signed = [
-            self.client.sign_verdict(v, unit_id, outcomes, reasons, FAR_DEADLINE) for v in self.verifiers
-        ]
-        return self.client.submit_verdict(unit_id, outcomes, reasons, signed).gas_used
+        signed = [self.client.sign_verdict(v, unit_id, outcomes, FAR_DEADLINE) for v in self.verifiers]
+        return self.client.submit_verdict(unit_id, outcomes, signed).gas_used
 
     def close(self, order_id: int) -> dict[str, int]:
         """The per-order transactions after the units: close, the buyer's and each provider's withdrawal."""
         gas = {"closeOrder": self.client.close_order(order_id, sender=self.buyer).gas_used}
         gas["withdrawCredit(buyer)"] = self.client.withdraw_credit(self.buyer).gas_used
-        for index, provider in enumerate(self.providers, 1):
+        for index, provider in enumerate(self.providers[: self.order_replicas[order_id]], 1):
             gas[f"withdrawCredit#{index}"] = self.client.withdraw_credit(provider).gas_used
         return gas
+
+    def diloco_order(self, replicas: int, settle_unit: Callable[[int], dict[str, int]]) -> dict[str, Any]:
+        """A whole M = 8 order, every unit settled by `settle_unit`: all its gas per shard unit trained."""
+        units = DILOCO_ROUNDS * (DILOCO_SHARDS + 1)
+        order_id, post_gas = self.post(units, replicas)
+        unit_gas = sum(sum(settle_unit(order_id).values()) for _ in range(units))
+        order_gas = post_gas + sum(self.close(order_id).values())
+        shard_units = DILOCO_ROUNDS * DILOCO_SHARDS
+        return {
+            "replicas": replicas,
+            "units": units,
+            "shard_units": shard_units,
+            "units_gas": unit_gas,
+            "order_gas": order_gas,
+            "per_shard_unit": (unit_gas + order_gas) // shard_units,
+        }
 
     def pipelined_order(self, operator: LocalAccount) -> list[int]:
         """An order run by one operator multicall per tick; returns each tick's gas."""
@@ -259,7 +311,10 @@ def measure(backend: Backend) -> dict[str, Any]:
 
     accounts = backend.dev_accounts(2 + REPLICAS + VERIFIERS)
     deployer, buyer = accounts[0], accounts[1]
-    client = ChainClient.deploy(backend, deployer, params=MarketParams(verifier_quorum=VERIFIERS))
+    # No unit may be drawn for a spot check: the bench measures the fast path. The contract computes the
+    # draw whatever the rate, so the figures are those of an undrawn unit at any rate.
+    params = MarketParams(min_verifiers=VERIFIERS, spot_check_ppm=0, solo_spot_check_ppm=0)
+    client = ChainClient.deploy(backend, deployer, params=params)
     deploy_detail = {
         name: receipt.gas_used
         for name, receipt in zip(
@@ -276,11 +331,14 @@ def measure(backend: Backend) -> dict[str, Any]:
         stake_gas.append(client.stake(party, 500 * TOKEN).gas_used)  # the pipeline locks 3 units at once
 
     # A long-lived background order keeps the market's escrow total and token balance non-zero, as on a
-    # live market; then a warm-up order registers the parties and creates their storage slots.
+    # live market; then a warm-up order registers the parties and creates their storage slots. Its last
+    # unit goes through single messages, so sequential Commit nonces are past zero (a zero nonce is
+    # cheaper calldata) as on a live market.
     parties.post(1)
     warm_up, _ = parties.post(ORDER_UNITS)
-    for _ in range(ORDER_UNITS):
+    for _ in range(ORDER_UNITS - 1):
         parties.batched_unit(warm_up)
+    parties.single_message_unit(warm_up)
     parties.close(warm_up)
 
     # Batched path, steady state: unit 3 of a 10-unit order; the order's own transactions alongside.
@@ -302,6 +360,13 @@ def measure(backend: Backend) -> dict[str, Any]:
     order_id, single_post = parties.post(1)
     lone_unit = parties.batched_unit(order_id)
     lone_order = {"postOrder": single_post, **parties.close(order_id)}
+
+    # Issue 9: whole M = 8 orders, every transaction counted, per shard unit trained.
+    diloco = {
+        "k3_m8": parties.diloco_order(REPLICAS, parties.batched_unit),
+        "k1_m8": parties.diloco_order(1, parties.batched_unit),
+        "market_path": parties.diloco_order(REPLICAS, parties.single_message_unit),
+    }
 
     commit_single = [value for key, value in single.items() if key.startswith("commitWithSig")]
     reveal_single = [value for key, value in single.items() if key.startswith("reveal#")]
@@ -331,6 +396,11 @@ def measure(backend: Backend) -> dict[str, Any]:
         "units_per_order": ORDER_UNITS,
         "gas_per_settled_unit_with_order_amortized": per_unit + per_order_total // ORDER_UNITS,
         "single_unit_order_all_tx": sum(lone_unit.values()) + sum(lone_order.values()),
+        "gas_per_settled_unit_k3_m8": diloco["k3_m8"]["per_shard_unit"],
+        "gas_per_settled_unit_k1_m8": diloco["k1_m8"]["per_shard_unit"],
+        "gas_per_settled_unit_market_path": diloco["market_path"]["per_shard_unit"],
+        "target_gas_per_settled_unit_k3_m8": GAS_TARGET_K3_M8,
+        "target_gas_per_settled_unit_k1_m8": GAS_TARGET_K1_M8,
         "included": INCLUDED,
         "transactions_per_settled_unit": len(batched),
         "intrinsic_gas_per_settled_unit": len(batched) * INTRINSIC_TX_GAS,
@@ -344,6 +414,7 @@ def measure(backend: Backend) -> dict[str, Any]:
             "single_message_first_unit_of_order": single_units[0],
             "pipelined_ticks": ticks,
             "single_unit_order": {"unit": lone_unit, "order": lone_order},
+            "diloco_m8_orders": diloco,
         },
         "notes": NOTES,
         "backend": backend.kind,
@@ -362,6 +433,7 @@ def format_table(report: dict[str, Any]) -> str:
     rows += [row(name, value) for name, value in report["gas"].items()]
     rows.append("-" * (width + 12))
     units = report["units_per_order"]
+    shards = DILOCO_ROUNDS * DILOCO_SHARDS
     totals = [
         ("per settled unit (batched)", "gas_per_settled_unit"),
         ("per settled unit (single messages)", "gas_per_settled_unit_single_message"),
@@ -369,6 +441,9 @@ def format_table(report: dict[str, Any]) -> str:
         (f"per order ({units} units)", "per_order_gas"),
         ("per settled unit + order amortized", "gas_per_settled_unit_with_order_amortized"),
         ("single-unit order, all transactions", "single_unit_order_all_tx"),
+        (f"M = {DILOCO_SHARDS} order, k = 3, / {shards} shard units", "gas_per_settled_unit_k3_m8"),
+        (f"M = {DILOCO_SHARDS} order, k = 1, / {shards} shard units", "gas_per_settled_unit_k1_m8"),
+        (f"M = {DILOCO_SHARDS} order, market path, / {shards}", "gas_per_settled_unit_market_path"),
     ]
     for title, key in totals:
         rows.append(row(title, report[key]))
@@ -378,4 +453,9 @@ def format_table(report: dict[str, Any]) -> str:
     rows.append(f"batched unit: {intrinsic:,} of it is the 21,000 base of each of its {count} transactions")
     verdict = "within" if report["within_target"] else "OVER"
     rows.append(f"target {target:,} per settled unit: {verdict} ({total / target:.1%} of target)")
+    for k in (3, 1):
+        measured = report[f"gas_per_settled_unit_k{k}_m8"]
+        goal = report[f"target_gas_per_settled_unit_k{k}_m8"]
+        verdict = "within" if measured <= goal else "OVER"
+        rows.append(f"issue 9 target at k = {k}, M = 8: {goal:,}: {verdict} ({measured / goal:.1%})")
     return "\n".join(rows)

@@ -22,12 +22,16 @@ Batched (the cheap path, one transaction per step for all replicas): each provid
 The operator can pipeline units with `multicall([...calldata builders...])`.
 
 Another process attaches with `ChainClient.connect(RpcBackend(url), "deployments.json", relayer=key)`.
-Signed messages of one account share one nonce counter per contract: `sign_*` reads the next nonce from
-the chain unless `nonce=` is given (give it when signing several messages before any is submitted).
+Nonces: `Accept` takes an unordered nonce (any unused value; `sign_accept` draws the next one from the
+client's `AcceptNonces`, so acceptances signed before any is relayed never collide); `Verdict` and
+`UnitCommit` have none (single-use by the unit's state machine). The other signed messages share one
+sequential counter per account and contract: `sign_*` reads the next nonce from the chain unless
+`nonce=` is given (give it when signing several messages before any is submitted).
 """
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import IntEnum
@@ -74,6 +78,7 @@ GAS_LIMITS: dict[str, int] = {
     "revealBatch": 1_000_000,
     "finalize": 600_000,
     "submitVerdict": 1_500_000,
+    "slashContradictingVerifier": 300_000,
     "expireUnit": 500_000,
     "withdrawCredit": 150_000,
     "withdrawCreditWithSig": 200_000,
@@ -107,6 +112,37 @@ class Signed:
     signature: bytes
     nonce: int
     deadline: int
+
+
+@dataclass(frozen=True)
+class VerifierSignature:
+    """A verifier's outcome-only EIP-712 `Verdict` (JobMarket `VerifierSignature`): no nonce, no reasons."""
+
+    verifier: str
+    deadline: int
+    signature: bytes
+
+    def as_tuple(self) -> tuple[str, int, bytes]:
+        return (_address(self.verifier), self.deadline, self.signature)
+
+
+class AcceptNonces:
+    """Unordered `Accept` nonces for one signer process: consecutive bits of one random 248-bit word.
+
+    The contract keeps a bitmap per account, so any unused value works in any order. A random word
+    keeps two processes with one key apart; consecutive bits share one storage word (cheap).
+    """
+
+    def __init__(self) -> None:
+        self._word = secrets.randbits(248)
+        self._bit = 0
+
+    def next(self) -> int:
+        if self._bit == 256:
+            self._word, self._bit = secrets.randbits(248), 0
+        nonce = (self._word << 8) | self._bit
+        self._bit += 1
+        return nonce
 
 
 @dataclass(frozen=True)
@@ -246,6 +282,7 @@ class ChainClient:
         self.contracts = contracts or load_all()
         self.transactor = Transactor(backend, [data.abi for data in self.contracts.values()])
         self.relayer = relayer
+        self.accept_nonces = AcceptNonces()
         self.deploy_receipts: tuple[Receipt, ...] = ()  # set by deploy(): token, stakes, market, grantRole
         self.token: Contract = self._bind("VeriToken", deployment.token)
         self.stakes: Contract = self._bind("StakeManager", deployment.stake_manager)
@@ -577,12 +614,12 @@ class ChainClient:
         *,
         nonce: int | None = None,
     ) -> Signed:
-        """The provider's acceptance of one unit of `order_id` (EIP-712 Accept)."""
+        """The provider's acceptance of one unit of `order_id` (EIP-712 Accept), with an unordered nonce."""
         message = {
             "orderId": order_id,
             "unitKey": eip712.as_bytes32(unit_key, "unit_key"),
             "provider": provider.address,
-            "nonce": self.market_nonce(provider) if nonce is None else nonce,
+            "nonce": self.accept_nonces.next() if nonce is None else nonce,
             "deadline": deadline,
         }
         return self._sign(provider, self.market_domain, "Accept", message)
@@ -774,40 +811,44 @@ class ChainClient:
         verifier: LocalAccount,
         unit_id: int,
         outcomes: Sequence[int],
-        reasons_hash: bytes | str,
         deadline: int,
-        *,
-        nonce: int | None = None,
-    ) -> Signed:
-        """A verifier's signature over per-replica outcomes (`Outcome`) and the hash of its reasons."""
-        message = {
-            "unitId": unit_id,
-            "outcomesHash": eip712.outcomes_hash(outcomes),
-            "reasonsHash": eip712.as_bytes32(reasons_hash, "reasons_hash"),
-            "nonce": self.market_nonce(verifier) if nonce is None else nonce,
-            "deadline": deadline,
-        }
-        return self._sign(verifier, self.market_domain, "Verdict", message)
+    ) -> VerifierSignature:
+        """A verifier's signature over per-replica outcomes (`Outcome`) only: no nonce, no reasons."""
+        message = {"unitId": unit_id, "outcomesHash": eip712.outcomes_hash(outcomes), "deadline": deadline}
+        signature = eip712.sign_typed(verifier, self.market_domain, "Verdict", message)
+        return VerifierSignature(verifier.address, deadline, signature)
 
     def submit_verdict(
         self,
         unit_id: int,
         outcomes: Sequence[int],
-        reasons_hash: bytes | str,
-        verdicts: Sequence[Signed],
+        verdicts: Sequence[VerifierSignature],
         *,
         sender: LocalAccount | None = None,
     ) -> Receipt:
-        """Relay a quorum of verifiers' `sign_verdict` signatures; settles the unit per outcome."""
-        signatures = [(signed.signer, signed.nonce, signed.deadline, signed.signature) for signed in verdicts]
+        """Relay `sign_verdict` signatures of a majority of the unit's verifiers; settles it per outcome."""
+        signatures = [signed.as_tuple() for signed in verdicts]
+        return self._send(
+            sender, self.market, "submitVerdict", unit_id, [int(outcome) for outcome in outcomes], signatures
+        )
+
+    def slash_contradicting_verifier(
+        self,
+        unit_id: int,
+        outcomes: Sequence[int],
+        evidence: VerifierSignature,
+        *,
+        sender: LocalAccount | None = None,
+    ) -> Receipt:
+        """Slash an assigned verifier whose own `sign_verdict` over `outcomes` contradicts the unit's
+        verdict; the sender earns the bounty as credit. Permissionless."""
         return self._send(
             sender,
             self.market,
-            "submitVerdict",
+            "slashContradictingVerifier",
             unit_id,
             [int(outcome) for outcome in outcomes],
-            eip712.as_bytes32(reasons_hash, "reasons_hash"),
-            signatures,
+            evidence.as_tuple(),
         )
 
     def expire_unit(self, unit_id: int, *, sender: LocalAccount | None = None) -> Receipt:
@@ -905,7 +946,7 @@ class ChainClient:
         return int(self._view(self.market, "unitCount"))
 
     def market_nonce(self, account: str | LocalAccount) -> int:
-        """Next job-market nonce of `account` (one counter: Accept, Commit, Verdict, WithdrawCredit)."""
+        """Next sequential job-market nonce of `account` (one counter: Commit, WithdrawCredit)."""
         return int(self._view(self.market, "nonces", _address(account)))
 
     def balances(self, account: str | LocalAccount) -> AccountBalances:

@@ -26,11 +26,17 @@ class MarketParams:
     commit_window: int = 3600
     reveal_window: int = 3600
     verdict_window: int = 3600
-    verifier_quorum: int = 2
+    min_verifiers: int = 2  # fewest verifiers a unit may have; a verdict needs a majority of the unit's
     bounty_bps: int = 5000
     provider_collateral: int = 100 * 10**18
     slash_amount: int = 50 * 10**18
-    min_verifier_stake: int = 100 * 10**18
+    verifier_collateral: int = (
+        10 * 10**18
+    )  # locked per unit; slashed when its signature contradicts the verdict
+    spot_check_ppm: int = 50_000  # market policy's base audit rate (units with several replicas)
+    solo_spot_check_ppm: int = 200_000  # single-replica units: nothing else can contradict them
+    # = slash_amount: withholding a reveal is never cheaper than being caught with a wrong result
+    withhold_penalty: int = 50 * 10**18
 
     def as_tuple(self) -> tuple[int, ...]:
         """The Solidity `Params` struct, field by field in declaration order."""

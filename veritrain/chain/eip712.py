@@ -47,11 +47,11 @@ TYPES: dict[str, tuple[tuple[str, str], ...]] = {
         ("commitment", "bytes32"),
         ("deadline", "uint256"),
     ),
+    # Outcome-only and nonce-free: reasons stay off chain (each verifier measures its own floats), and a
+    # unit settles once, so the unit's state makes the signature single-use.
     "Verdict": (
         ("unitId", "uint256"),
         ("outcomesHash", "bytes32"),
-        ("reasonsHash", "bytes32"),
-        ("nonce", "uint256"),
         ("deadline", "uint256"),
     ),
     "WithdrawCredit": (

@@ -275,12 +275,6 @@ class DuplicateParty(ContractReverted):
     error_name = "DuplicateParty"
 
 
-class InsufficientVerifierStake(ContractReverted):
-    """A verifier's bonded stake is below the minimum."""
-
-    error_name = "InsufficientVerifierStake"
-
-
 class NotAssignedProvider(ContractReverted):
     """The account is not one of the unit's providers."""
 
@@ -324,6 +318,12 @@ class RevealWindowNotOpen(ContractReverted):
     """Reveals open once every replica committed or the commit deadline passed."""
 
     error_name = "RevealWindowNotOpen"
+
+
+class RevealTooEarly(ContractReverted):
+    """Reveals open in the block after the last commit (whose hash draws the spot check): retry next block."""
+
+    error_name = "RevealTooEarly"
 
 
 class RevealWindowClosed(ContractReverted):
@@ -393,7 +393,7 @@ class InvalidOutcome(ContractReverted):
 
 
 class QuorumNotReached(ContractReverted):
-    """Fewer valid distinct assigned-verifier signatures than the quorum."""
+    """Fewer valid distinct assigned-verifier signatures than a majority of the unit's verifiers."""
 
     error_name = "QuorumNotReached"
 
@@ -414,6 +414,30 @@ class EmptyBatch(ContractReverted):
     """commitBatch / revealBatch got no entries (an empty batch is a caller bug, not a no-op)."""
 
     error_name = "EmptyBatch"
+
+
+class AcceptNonceUsed(ContractReverted):
+    """The provider already used this unordered Accept nonce (a replayed acceptance)."""
+
+    error_name = "AcceptNonceUsed"
+
+
+class NoVerdict(ContractReverted):
+    """Contradiction evidence needs a unit that a verdict settled."""
+
+    error_name = "NoVerdict"
+
+
+class VerdictNotContradicted(ContractReverted):
+    """The verifier's signed outcomes equal the verdict's: it agreed, nothing to slash."""
+
+    error_name = "VerdictNotContradicted"
+
+
+class VerifierAlreadySlashed(ContractReverted):
+    """The verifier was already slashed for contradicting this unit's verdict."""
+
+    error_name = "VerifierAlreadySlashed"
 
 
 class PartyRegistryFull(ContractReverted):

@@ -128,13 +128,15 @@ def _from_text(text: str) -> bytes | None:
     stripped = text.strip()
     if stripped.startswith("0x") and all(c in "0123456789abcdefABCDEF" for c in stripped[2:]):
         return bytes.fromhex(stripped[2:]) if len(stripped) > 2 else b""
-    # eth-tester: "execution reverted: b'\\x..'" — the bytes' repr inside a message
-    marker = stripped.find("b'") if "b'" in stripped else stripped.find('b"')
-    if marker >= 0:
+    # eth-tester: "execution reverted: b'\\x..'" — the bytes' repr inside a message. Python quotes that repr
+    # with " when the bytes hold a ' (a random nonce in the error's arguments can), and the bytes may
+    # themselves hold b' or b": try each candidate start, earliest first.
+    starts = sorted(m.start() for m in re.finditer(r"b['\"]", stripped))
+    for marker in starts:
         try:
             value = ast.literal_eval(stripped[marker:])
         except (ValueError, SyntaxError):
-            value = None
+            continue
         if isinstance(value, bytes):
             return value
     match = _HEX_DATA.search(stripped)  # a node message quoting the data

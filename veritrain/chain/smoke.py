@@ -34,11 +34,14 @@ def run(args: argparse.Namespace) -> int:
 def smoke(backend: Any, *, deployments: Path | None = None, out: Any = print) -> dict[str, dict[str, int]]:
     """Run the flow and return {party: {"tokens": .., "credits": .., "bonded": ..}} after settlement."""
     from veritrain.chain.client import ChainClient
+    from veritrain.chain.deployment import MarketParams
 
     accounts = backend.dev_accounts(7)
     deployer, buyer = accounts[0], accounts[1]
     providers, verifiers = list(accounts[2:5]), list(accounts[5:7])
-    client = ChainClient.deploy(backend, deployer, save_to=deployments)
+    # spot checks off: the smoke settles its unanimous unit on the fast path, never by a random draw
+    params = MarketParams(spot_check_ppm=0, solo_spot_check_ppm=0)
+    client = ChainClient.deploy(backend, deployer, params=params, save_to=deployments)
     out(
         f"deployed: token {client.deployment.token}, stakes {client.deployment.stake_manager}, "
         f"market {client.deployment.job_market}" + (f" -> {deployments}" if deployments else "")

@@ -11,7 +11,7 @@ Typical use (synchronous)::
 
 from __future__ import annotations
 
-from veritrain.p2p.access import BlobAccess
+from veritrain.p2p.access import PartyAccess
 from veritrain.p2p.blob_protocol import CHUNK_BYTES, Authorizer, BlobServer, fetch_blob
 from veritrain.p2p.guard import DEFAULT_SERVER_LIMITS, CounterSnapshot, ServerCounters, ServerLimits
 from veritrain.p2p.identity import (
@@ -28,13 +28,13 @@ __all__ = [
     "CHUNK_BYTES",
     "DEFAULT_SERVER_LIMITS",
     "Authorizer",
-    "BlobAccess",
     "BlobChunk",
     "BlobRequest",
     "BlobResponse",
     "BlobServer",
     "CounterSnapshot",
     "P2PNode",
+    "PartyAccess",
     "ServerCounters",
     "ServerLimits",
     "StreamHandler",

@@ -100,7 +100,7 @@ class P2PNode:
 
     `account` signs blob requests; `peer_key` fixes the peer id (see veritrain.p2p.identity), a fresh
     one is generated when omitted. `authorize` is the server's allow-list, called with each request
-    whose signature checked out (veritrain.p2p.access.BlobAccess is one; None serves any signed
+    whose signature checked out (veritrain.p2p.access.PartyAccess is the agents'; None serves any signed
     request). `limits` bounds what inbound peers may take. Use as a context manager or start()/stop().
     """
 
