@@ -73,11 +73,15 @@ def _entry(module: str, kind: str) -> tuple[ModuleType, str]:
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     """Build the parser; only the module of the command named in argv is imported."""
+    group_lines = [" ".join([w[0], *(x[1] for x in COMMANDS if x[0][0] == w[0])]) for w, _, _ in COMMANDS]
     parser = argparse.ArgumentParser(
         prog="veritrain",
         description="Veritrain: verified AI training on idle GPUs",
-        # wide enough that a group's line ("bench  bench chain|training|…") never wraps on a narrow terminal
-        formatter_class=functools.partial(argparse.HelpFormatter, width=120),
+        # wide enough that a group's line ("bench  bench chain|training|…") never wraps, however many
+        # commands a group gains: the help column starts at 24 (argparse's default) plus the longest line
+        formatter_class=functools.partial(
+            argparse.HelpFormatter, width=max(120, 30 + max(len(line) for line in group_lines))
+        ),
     )
     parser.add_argument(
         "--config", type=Path, metavar="FILE", help="TOML configuration file (default: $VERITRAIN_CONFIG)"
