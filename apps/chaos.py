@@ -25,7 +25,9 @@ import argparse
 import json
 import math
 import random
+import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -36,10 +38,13 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from apps.buyer import order_money
 from apps.demo import Buyer, DemoConfig, Marketplace, build_report, marketplace, progress_printer, start_stack
 from apps.demo_report import Checks, Holdings
+from apps.faultproxy import PASS, FaultProxy, LinkMode
+from apps.procs import free_port
 from veritrain.errors import DemoCheckFailed, VeritrainError
 
 # The money and slashing checks of apps.demo_report/build_report that must hold after every faulty run.
@@ -64,7 +69,15 @@ LONG_DOWN_P = 0.25
 # elsewhere (the one unit of work a fault may cost).
 CRASH_P = 0.3
 BUSY_PROVIDER = "busy-provider"
-MARKET_DOWN_S = (1.0, 4.0)
+MARKET_DOWN_S = (1.0, 4.0)  # the market API, its Celery worker and (with --broker redis) its Redis
+AGENT_ACTIONS = ("kill", "stop", "partition", "slow")
+SERVICE_ACTIONS = ("kill", "stop")
+# A slow link: +delay each way on every chunk, and each chunk lost (the connection reset) with prob. loss.
+SLOW_S = (5.0, 20.0)
+SLOW_DELAY_MS = (50, 1500)
+SLOW_LOSS = (0.0, 0.05)
+REDIS_READY_S = 30.0
+BROKERS = ("filesystem", "redis")
 ORDER_TIMEOUT_S = 240.0
 CLOSE_TIMEOUT_S = 150.0  # a unit left open settles by expiry: commit 40 + reveal 10 + verdict 30 s windows
 
@@ -75,38 +88,62 @@ class ChaosError(VeritrainError):
 
 @dataclass(frozen=True)
 class Fault:
-    """One fault: at `at_s` after the order is posted, `action` ("kill": SIGKILL then restart, "stop":
-    SIGSTOP then SIGCONT) on the child `target`, which stays down for `down_s` seconds; or "crash":
-    SIGKILL, restarted only after the order has ended (down_s 0)."""
+    """One fault: at `at_s` after the order is posted, `action` on `target` for `down_s` seconds.
+
+    Process faults: "kill" (SIGKILL, then a restart), "stop" (SIGSTOP, then SIGCONT) and "crash" (SIGKILL,
+    restarted only after the order has ended; down_s 0). Link faults, of an agent's link to the market
+    API and the chain (apps.faultproxy; the agent keeps running): "partition" (every connection reset)
+    and "slow" (+`delay_ms` each way, each chunk lost with probability `loss`)."""
 
     at_s: float
     action: str
     target: str
     down_s: float
+    delay_ms: int = 0
+    loss: float = 0.0
 
     def describe(self) -> str:
         if self.action == "crash":
             return f"crash {self.target} at +{self.at_s:.1f}s until the order ends"
-        return f"{self.action} {self.target} at +{self.at_s:.1f}s for {self.down_s:.1f}s"
+        slow = f" (+{self.delay_ms} ms each way, loss {self.loss:.1%})" if self.action == "slow" else ""
+        return f"{self.action} {self.target}{slow} at +{self.at_s:.1f}s for {self.down_s:.1f}s"
 
 
-def fault_schedule(seed: int, providers: int = PROVIDERS, verifiers: int = 1) -> list[Fault]:
-    """The faults of one run, a pure function of its seed (so a run is reproduced from its seed)."""
+def fault_schedule(
+    seed: int, providers: int = PROVIDERS, verifiers: int = 1, redis: bool = False
+) -> list[Fault]:
+    """The faults of one run, a pure function of its seed and the harness (Redis is faulted only when the
+    run has its own), so a run is reproduced from its seed."""
     rng = random.Random(seed)
     targets = [f"provider-{i}" for i in range(providers)] + [f"verifier-{i}" for i in range(verifiers)]
-    targets += ["market", "worker"]
+    targets += ["market", "worker"] + (["redis"] if redis else [])
     faults: list[Fault] = []
     for _ in range(rng.randint(*FAULTS_PER_RUN)):
-        target, at, action = rng.choice(targets), rng.uniform(*FAULT_WINDOW_S), rng.choice(("kill", "stop"))
-        down = MARKET_DOWN_S if target in ("market", "worker") else AGENT_DOWN_S
+        target, at = rng.choice(targets), rng.uniform(*FAULT_WINDOW_S)
+        agent = target.startswith(("provider", "verifier"))
+        action = rng.choice(AGENT_ACTIONS if agent else SERVICE_ACTIONS)
+        if action == "slow":
+            delay, loss = rng.randint(*SLOW_DELAY_MS), round(rng.uniform(*SLOW_LOSS), 3)
+            faults.append(Fault(round(at, 1), action, target, round(rng.uniform(*SLOW_S), 1), delay, loss))
+            continue
+        down = AGENT_DOWN_S if agent else MARKET_DOWN_S
         crashes = rng.random() < CRASH_P and target.startswith("provider")
         if crashes and action == "kill" and not any(f.action == "crash" for f in faults):
             faults.append(Fault(round(at, 1), "crash", BUSY_PROVIDER, 0.0))
             continue
-        if rng.random() < LONG_DOWN_P and action == "kill" and down is AGENT_DOWN_S:
+        # a long partition: the provider trains on, cut off; its late result must be settled at most once
+        if rng.random() < LONG_DOWN_P and action in ("kill", "partition") and agent:
             down = LONG_DOWN_S
         faults.append(Fault(round(at, 1), action, target, round(rng.uniform(*down), 1)))
     return sorted(faults, key=lambda fault: fault.at_s)
+
+
+@dataclass
+class ChaosStack:
+    """One marketplace of the bench and the fault proxy its agents reach the market and chain through."""
+
+    market: Marketplace
+    links: FaultProxy
 
 
 class FaultInjector:
@@ -115,8 +152,9 @@ class FaultInjector:
     A fault is applied and undone within one tick: the market API cannot answer the buyer's next poll
     while it is down, and everything else keeps running meanwhile, as separate processes."""
 
-    def __init__(self, market: Marketplace, schedule: list[Fault], emit: Callable[[str], None]) -> None:
-        self.market = market
+    def __init__(self, stack: ChaosStack, schedule: list[Fault], emit: Callable[[str], None]) -> None:
+        self.market = stack.market
+        self.links = stack.links
         self.pending = list(schedule)
         self.emit = emit
         self.posted = time.monotonic()
@@ -164,13 +202,18 @@ class FaultInjector:
             return
         if fault.action == "kill":
             market.kill(fault.target)
-        else:
+        elif fault.action == "stop":
             market.procs.send(fault.target, signal.SIGSTOP)
+        else:
+            delay = fault.delay_ms / 1000
+            self.links.set_mode(fault.target, LinkMode(fault.action, delay_s=delay, loss=fault.loss))
         time.sleep(fault.down_s)  # the fault's duration, part of the schedule
         if fault.action == "kill":
             market.restart(fault.target)
-        else:
+        elif fault.action == "stop":
             market.procs.send(fault.target, signal.SIGCONT)
+        else:
+            self.links.set_mode(fault.target, PASS)
         self.injected.append({**asdict(fault), "applied_at_s": round(at, 1)})
 
 
@@ -242,16 +285,17 @@ def order_findings(
 
 
 def run_order(
-    market: Marketplace, record: RunRecord, schedule: list[Fault], emit: Callable[[str], None]
+    stack: ChaosStack, record: RunRecord, schedule: list[Fault], emit: Callable[[str], None]
 ) -> None:
     """Post one order, inject the faults while it runs, close it, withdraw every credit, check it."""
+    market = stack.market
     market.config = replace(market.config, seed=record.seed)
     started = time.monotonic()
     before: Holdings = market.holdings()
     buyer = Buyer(market)
     buyer.post_order()
     record.chain_order_id = buyer.chain_order_id
-    injector = FaultInjector(market, schedule, emit)
+    injector = FaultInjector(stack, schedule, emit)
     try:
         buyer.wait_completed(started + ORDER_TIMEOUT_S, on_tick=injector.tick)
         record.outcome = "completed"
@@ -316,31 +360,37 @@ def summarize(records: list[RunRecord], seed: int, wall_s: float) -> dict[str, A
 
 
 def run_chaos(
-    runs: int, seed: int, out_dir: Path, broker_url: str | None, emit: Callable[[str], None]
+    runs: int, seed: int, out_dir: Path, broker: str, emit: Callable[[str], None]
 ) -> dict[str, Any]:
-    """`runs` seeded runs (run i uses seed + i), each checked; returns the summary (see summarize)."""
+    """`runs` seeded runs (run i uses seed + i), each checked; returns the summary (see summarize).
+
+    `broker`: "filesystem" (the demo's default) or "redis": a private redis-server, faulted like the rest."""
     if runs < 1:
         raise ChaosError(f"--runs must be at least 1, not {runs}")
+    if broker not in BROKERS:
+        raise ChaosError(f"--broker must be one of {BROKERS}, not {broker!r}")
     began = time.monotonic()
     records: list[RunRecord] = []
     with ExitStack() as holder:
-        market: Marketplace | None = None
+        stack: ChaosStack | None = None
         for index in range(runs):
-            if market is None:
+            if stack is None:
                 queue = f"veritrain-chaos-{uuid.uuid4().hex[:12]}"
+                redis_port = free_port() if broker == "redis" else None
+                broker_url = f"redis://127.0.0.1:{redis_port}/0" if redis_port else None
                 config = chaos_config(out_dir / f"stack-{index}", broker_url, queue)
-                market = holder.enter_context(started_marketplace(config, emit))
+                stack = holder.enter_context(started_marketplace(config, emit, redis_port, seed + index))
             run_seed = seed + index
-            schedule = fault_schedule(run_seed)
+            schedule = fault_schedule(run_seed, redis=broker == "redis")
             record = RunRecord(run=index, seed=run_seed, schedule=[asdict(f) for f in schedule])
             emit(f"chaos: run {index + 1}/{runs} seed {run_seed}: {[f.describe() for f in schedule]}")
             started = time.monotonic()
             try:
-                run_order(market, record, schedule, emit)
+                run_order(stack, record, schedule, emit)
             except VeritrainError as err:  # the stack broke (a child died, a close never landed)
                 record.outcome, record.detail = "error", f"{type(err).__name__}: {err}"[:2000]
                 holder.close()
-                market = None
+                stack = None
             record.wall_s = round(time.monotonic() - started, 1)
             records.append(record)
             emit(
@@ -353,11 +403,63 @@ def run_chaos(
 
 
 @contextmanager
-def started_marketplace(config: DemoConfig, emit: Callable[[str], None]) -> Iterator[Marketplace]:
-    """A fresh marketplace with every agent staked, stopped on leaving."""
-    with marketplace(config, emit) as market:
-        start_stack(market)
-        yield market
+def started_marketplace(
+    config: DemoConfig, emit: Callable[[str], None], redis_port: int | None, seed: int
+) -> Iterator[ChaosStack]:
+    """A fresh marketplace with every agent staked and linked through the fault proxy (and, given a port,
+    its own Redis), stopped on leaving."""
+    with FaultProxy(seed) as links, marketplace(config, emit) as market:
+        if redis_port is not None:
+            start_private_redis(market, redis_port)
+        start_stack(market, before_agents=lambda market: link_agents(market, links))
+        yield ChaosStack(market, links)
+
+
+def link_agents(market: Marketplace, links: FaultProxy) -> None:
+    """Open one link per agent to the market API and the chain RPC; the agent is started on its ports."""
+    chain = urlsplit(market.rpc_url)
+    upstreams = [("127.0.0.1", market.market_port), (chain.hostname or "127.0.0.1", chain.port or 80)]
+    for party in market.agents():
+        market_port, chain_port = links.open(party.name, upstreams)
+        market.agent_env[party.name] = {
+            "VERITRAIN_MARKET_URL": f"http://127.0.0.1:{market_port}",
+            "VERITRAIN_CHAIN_RPC_URL": f"http://127.0.0.1:{chain_port}",
+        }
+
+
+def start_private_redis(market: Marketplace, port: int) -> None:
+    """A redis-server of the bench's own on a loopback port, so that it can be killed and frozen without
+    touching the machine's shared Redis; `market.restart("redis")` starts it again on the same port.
+
+    It keeps no data across a restart (no RDB snapshots, no append-only file), on purpose: the market's
+    state lives in its database and the periodic tick re-sends whatever step is pending, so Redis holds
+    only disposable triggers; a restart that loses them all is the harsher test of that claim."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise ChaosError(
+            "--broker redis needs redis-server on the PATH (Debian: apt-get install redis-server)"
+        )
+    folder = market.config.work_dir / "redis"
+    folder.mkdir(parents=True, exist_ok=True)
+    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder)]
+    argv += ["--save", "", "--appendonly", "no", "--protected-mode", "yes"]
+
+    def start() -> None:
+        market.procs.start("redis", argv, cwd=folder)
+        market.procs.wait_ready("redis", lambda: _redis_pong(port), timeout=REDIS_READY_S)
+
+    start()
+    market.restarters["redis"] = start
+    market.emit(f"redis: private redis-server pid {market.procs['redis'].pid} on 127.0.0.1:{port}")
+
+
+def _redis_pong(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1.0) as conn:
+            conn.sendall(b"PING\r\n")
+            return conn.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -370,9 +472,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--out", type=Path, default=None, help="work folder of the runs (default: a temp dir)"
     )
     parser.add_argument(
-        "--broker-url",
-        default=None,
-        help="Celery broker, e.g. redis://127.0.0.1:6379/3 (default: filesystem)",
+        "--broker",
+        choices=BROKERS,
+        default="filesystem",
+        help="Celery broker: filesystem, or redis (a private redis-server the faults include)",
     )
 
 
@@ -380,7 +483,7 @@ def run(args: argparse.Namespace) -> int:
     emit = progress_printer(sys.stderr)
     with tempfile.TemporaryDirectory(prefix="veritrain-chaos-") as scratch:
         out_dir = (args.out or Path(scratch)).resolve()
-        summary = run_chaos(args.runs, args.seed, out_dir, args.broker_url, emit)
+        summary = run_chaos(args.runs, args.seed, out_dir, args.broker, emit)
     text = json.dumps(summary, indent=2, sort_keys=True)
     if args.json is not None:
         args.json.write_text(text + "\n")

@@ -197,6 +197,10 @@ class Marketplace:
         self.deployments_path = config.work_dir / "deployments.json"
         self.chain: ChainClient | None = None
         self.killed: set[str] = set()
+        # Extra environment per agent name (the chaos bench routes an agent's market and chain traffic
+        # through a link of its own), and how to restart an extra child (its private Redis) by name.
+        self.agent_env: dict[str, dict[str, str]] = {}
+        self.restarters: dict[str, Callable[[], None]] = {}
         self._worker_restarts = 0
         self._market_launch: tuple[dict[str, str], Path] = ({}, config.work_dir)
         self.worker_metrics_port = free_port() if config.metrics else 0
@@ -382,7 +386,9 @@ class Marketplace:
         """Start a killed child again as it was started: an agent (same key, data dir, libp2p identity and
         port), the market API (same port, database, broker; returns once it answers) or the worker."""
         self.killed.discard(name)
-        if name in ("market", "worker"):
+        if name in self.restarters:
+            self.restarters[name]()
+        elif name in ("market", "worker"):
             self.start_market_process(name)
             if name == "market":
                 self.wait_market_ready()
@@ -439,6 +445,7 @@ class Marketplace:
         argv = self.placement.wrap(party.name, self.agent_argv(party))
         env = self.child_env(data_dir)
         env.update(self.cpu_configuration(party))
+        env.update(self.agent_env.get(party.name, {}))
         self.procs.start(party.name, argv, env=env, cwd=data_dir)
         marker = f" *** DISHONEST ({party.dishonest_strategy}) ***" if party.dishonest_strategy else ""
         self.emit(f"{party.name}: pid {self.procs[party.name].pid}, {party.address}{marker}")
@@ -661,14 +668,17 @@ def collect_training(
         plane.stop()
 
 
-def start_stack(market: Marketplace) -> Holdings:
+def start_stack(market: Marketplace, before_agents: Callable[[Marketplace], None] | None = None) -> Holdings:
     """Chain, contracts, market + worker, then every agent; returns once all agents are staked, with the
-    on-chain holdings taken after funding (before anything was staked or spent)."""
+    on-chain holdings taken after funding (before anything was staked or spent). `before_agents` runs
+    when the market and chain listen but no agent has started (the chaos bench opens their links)."""
     market.allocate_parties()
     market.start_chain()
     market.deploy_and_fund()
     before = market.holdings()
     market.start_market()
+    if before_agents is not None:
+        before_agents(market)
     for party in market.agents():
         market.start_agent(party)
     market.wait_agents_staked()

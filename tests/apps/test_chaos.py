@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from apps import chaos
-from apps.chaos import ChaosError, Fault, FaultInjector, RunRecord, fault_schedule, summarize
+from apps.chaos import ChaosError, ChaosStack, Fault, FaultInjector, RunRecord, fault_schedule, summarize
 from apps.cli import main
+from apps.faultproxy import PASS, FaultProxy, LinkMode
 
 
 def test_schedule_is_reproducible_from_its_seed_and_stays_in_bounds() -> None:
@@ -21,7 +22,7 @@ def test_schedule_is_reproducible_from_its_seed_and_stays_in_bounds() -> None:
     assert schedules == [fault_schedule(seed) for seed in range(200)]
     assert len({tuple(s) for s in schedules}) > 150  # seeds do give different schedules
     faults = [fault for schedule in schedules for fault in schedule]
-    assert {f.action for f in faults} == {"kill", "stop", "crash"}
+    assert {f.action for f in faults} == {"kill", "stop", "crash", "partition", "slow"}
     crashes = [[f for f in s if f.action == "crash"] for s in schedules]
     assert all(len(c) <= 1 for c in crashes) and any(crashes)  # never two providers gone at once
     assert all(f.target == chaos.BUSY_PROVIDER and f.down_s == 0 for c in crashes for f in c)
@@ -29,9 +30,23 @@ def test_schedule_is_reproducible_from_its_seed_and_stays_in_bounds() -> None:
     assert {f.target for f in faults} == named | {chaos.BUSY_PROVIDER}
     assert all(chaos.FAULT_WINDOW_S[0] <= f.at_s <= chaos.FAULT_WINDOW_S[1] for f in faults)
     assert all(1 <= len(s) <= 3 and s == sorted(s, key=lambda f: f.at_s) for s in schedules)
-    long = [f for f in faults if f.down_s >= chaos.LONG_DOWN_S[0]]  # long kills: agents only
-    assert long and all(f.action == "kill" and f.target not in ("market", "worker") for f in long)
+    long = [f for f in faults if f.down_s >= chaos.LONG_DOWN_S[0]]  # long kills and partitions: agents only
+    assert {f.action for f in long} == {"kill", "partition"}
+    assert all(f.target not in ("market", "worker") for f in long)
     assert all(f.down_s <= chaos.MARKET_DOWN_S[1] for f in faults if f.target in ("market", "worker"))
+    links = [f for f in faults if f.action in ("partition", "slow")]  # link faults: agents only
+    assert {f.target for f in links} == named - {"market", "worker"}
+    slow = [f for f in links if f.action == "slow"]
+    assert all(chaos.SLOW_DELAY_MS[0] <= f.delay_ms <= chaos.SLOW_DELAY_MS[1] for f in slow)
+    assert all(chaos.SLOW_LOSS[0] <= f.loss <= chaos.SLOW_LOSS[1] for f in slow)
+    assert all(f.delay_ms == 0 and f.loss == 0 for f in faults if f.action != "slow")
+
+
+def test_redis_is_faulted_only_when_the_run_has_its_own() -> None:
+    with_redis = [f for seed in range(200) for f in fault_schedule(seed, redis=True)]
+    assert {f.action for f in with_redis if f.target == "redis"} == {"kill", "stop"}
+    assert all(f.down_s <= chaos.MARKET_DOWN_S[1] for f in with_redis if f.target == "redis")
+    assert fault_schedule(11, redis=True) == fault_schedule(11, redis=True)
 
 
 def test_summary_counts_every_kind_of_failure() -> None:
@@ -66,7 +81,7 @@ def test_summary_counts_every_kind_of_failure() -> None:
 def test_cli_writes_the_counts_and_fails_when_a_run_was_lost(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def fake_run_order(market: Any, record: RunRecord, schedule: Any, emit: Any) -> None:
+    def fake_run_order(stack: Any, record: RunRecord, schedule: Any, emit: Any) -> None:
         record.outcome = "completed" if record.seed == 3 else "error"
 
     class FakeStack:
@@ -77,17 +92,16 @@ def test_cli_writes_the_counts_and_fails_when_a_run_was_lost(
             return None
 
     monkeypatch.setattr(chaos, "run_order", fake_run_order)
-    monkeypatch.setattr(chaos, "started_marketplace", lambda config, emit: FakeStack())
+    monkeypatch.setattr(chaos, "started_marketplace", lambda config, emit, port, seed: FakeStack())
     out = tmp_path / "chaos.json"
     assert main(["bench", "chaos", "--runs", "1", "--seed", "3", "--json", str(out)]) == 0
-    assert json.loads(out.read_text())["records"][0]["schedule"] == [
-        {"at_s": f.at_s, "action": f.action, "target": f.target, "down_s": f.down_s}
-        for f in fault_schedule(3)
-    ]
+    assert json.loads(out.read_text())["records"][0]["schedule"] == [vars(f) for f in fault_schedule(3)]
     assert main(["bench", "chaos", "--runs", "2", "--seed", "3", "--json", str(out)]) == 1
     assert json.loads(out.read_text())["lost_orders"] == 1
     with pytest.raises(ChaosError):
-        chaos.run_chaos(0, 1, tmp_path, None, print)
+        chaos.run_chaos(0, 1, tmp_path, "filesystem", print)
+    with pytest.raises(ChaosError):
+        chaos.run_chaos(1, 1, tmp_path, "rabbitmq", print)
 
 
 def test_a_crash_waits_for_a_busy_provider_which_is_left_alone_until_the_order_ends() -> None:
@@ -104,7 +118,8 @@ def test_a_crash_waits_for_a_busy_provider_which_is_left_alone_until_the_order_e
             calls.append(f"restart {name}")
 
     schedule = [Fault(0.0, "crash", chaos.BUSY_PROVIDER, 0.0), Fault(0.0, "kill", "provider-2", 0.0)]
-    injector = FaultInjector(FakeMarket(), schedule, lambda line: None)  # type: ignore[arg-type]
+    stack = ChaosStack(FakeMarket(), FaultProxy())  # type: ignore[arg-type]
+    injector = FaultInjector(stack, schedule, lambda line: None)
     injector.tick({"units": [{"unit_id": 1, "state": "proposed", "providers": ["0x1"]}]})
     assert calls == []  # nobody trains yet: the crash and the faults behind it wait
     injector.tick({"units": [{"unit_id": 2, "state": "committing", "providers": ["0x2", "0x0"]}]})
@@ -113,3 +128,26 @@ def test_a_crash_waits_for_a_busy_provider_which_is_left_alone_until_the_order_e
     assert [(f["action"], f["target"]) for f in injector.injected] == [("crash", "provider-2")]
     injector.finish()
     assert calls == ["kill provider-2", "restart provider-2"] and injector.crashed == []
+
+
+def test_a_link_fault_switches_the_agents_link_for_its_duration_and_heals_it() -> None:
+    modes: list[tuple[str, LinkMode]] = []
+
+    class FakeLinks:
+        def set_mode(self, link: str, mode: LinkMode) -> None:
+            modes.append((link, mode))
+
+    schedule = [
+        Fault(0.0, "slow", "provider-1", 0.0, delay_ms=300, loss=0.02),
+        Fault(0.0, "partition", "verifier-0", 0.0),
+    ]
+    stack = ChaosStack(object(), FakeLinks())  # type: ignore[arg-type]
+    injector = FaultInjector(stack, schedule, lambda line: None)
+    injector.tick({"units": []})
+    assert modes == [
+        ("provider-1", LinkMode("slow", delay_s=0.3, loss=0.02)),
+        ("provider-1", PASS),
+        ("verifier-0", LinkMode("partition")),
+        ("verifier-0", PASS),
+    ]
+    assert [f["action"] for f in injector.injected] == ["slow", "partition"]
