@@ -1,19 +1,25 @@
-"""`veritrain bench chaos`: seeded process faults against short orders through the real marketplace.
+"""`veritrain bench chaos`: seeded process, link and Redis faults against short orders through the real
+marketplace.
 
-Why: providers, verifiers and the market run on machines that crash and freeze. Each run posts a short
-DiLoCo order (M = 2, k = 2) to a whole marketplace of processes (apps.demo: hardhat node, market API,
-Celery worker, agents) and injects a schedule of faults drawn from `random.Random(seed)`: SIGKILL then a
-restart, or SIGSTOP then SIGCONT, of a provider, the verifier, the market API or the Celery worker, and
-now and then the crash of a training provider that returns only after the order has ended. After
-the order ends it is checked from the chain's events and balances and the market's database (its order
-status): the order completed or was refunded, no unit was paid twice, deposit = payouts + fees + refund
-exactly (apps.demo_report's checks), no escrow, credit or locked collateral is left, no honest party was
-slashed (every party is honest here), and no fault cost more than one unit of re-run work.
+Why: providers, verifiers and the market run on machines that crash, freeze and lose their network. Each
+run posts a short DiLoCo order (M = 2, k = 2) to a whole marketplace of processes (apps.demo: hardhat
+node, market API, Celery worker, agents) and injects a schedule of faults drawn from
+`random.Random(seed)`: SIGKILL then a restart, or SIGSTOP then SIGCONT, of a provider, the verifier, the
+market API, the Celery worker or (with `--broker redis`) the run's own Redis; a partition or a slow, lossy
+link of a provider or the verifier (each agent reaches the market API and the chain RPC through its own
+link of apps.faultproxy, while the agent itself keeps running: a partitioned provider trains on and comes
+back late); and now and then the crash of a training provider that returns only after the order has
+ended. After the order ends it is checked from the chain's events and balances and the market's database
+(its order status): the order completed or was refunded, no unit was paid twice (a late result of a
+partitioned provider included), deposit = payouts + fees + refund exactly (apps.demo_report's checks), no
+escrow, credit or locked collateral is left, no honest party was slashed (every party is honest here),
+and no fault cost more than one unit of re-run work.
 
 Not faulted, on purpose: the EVM node (a hardhat node keeps its state in memory; a restart is a new,
-empty chain, so no invariant could survive it) and Redis (shared with CI on this machine). Network
-faults (tbf caps, partitions) need the namespace testbed (apps.testbed, root) and are not part of this
-harness yet.
+empty chain, so no invariant could survive it), the machine's shared Redis (a run with `--broker redis`
+starts and faults its own), and the libp2p data plane between agents (a verifier fetches a partitioned
+provider's blobs directly: only the agent's links to the market and the chain go through the proxy).
+Bandwidth caps (tbf) need the namespace testbed (apps.testbed, root) and are not part of this harness.
 
 Runs share one marketplace (starting one costs ~30 s of a 2-core machine); a run that breaks it (a child
 that died unexpectedly) is recorded as a lost order and the next run starts a fresh one.
@@ -69,6 +75,7 @@ LONG_DOWN_P = 0.25
 # elsewhere (the one unit of work a fault may cost).
 CRASH_P = 0.3
 BUSY_PROVIDER = "busy-provider"
+BUSY_PARTITION_P = 0.5  # a provider's partition waits for a provider that trains, half of the time
 MARKET_DOWN_S = (1.0, 4.0)  # the market API, its Celery worker and (with --broker redis) its Redis
 AGENT_ACTIONS = ("kill", "stop", "partition", "slow")
 SERVICE_ACTIONS = ("kill", "stop")
@@ -131,9 +138,11 @@ def fault_schedule(
         if crashes and action == "kill" and not any(f.action == "crash" for f in faults):
             faults.append(Fault(round(at, 1), "crash", BUSY_PROVIDER, 0.0))
             continue
-        # a long partition: the provider trains on, cut off; its late result must be settled at most once
         if rng.random() < LONG_DOWN_P and action in ("kill", "partition") and agent:
             down = LONG_DOWN_S
+        # a busy provider cut off trains on and comes back late: its result must be settled at most once
+        if action == "partition" and target.startswith("provider") and rng.random() < BUSY_PARTITION_P:
+            target = BUSY_PROVIDER
         faults.append(Fault(round(at, 1), action, target, round(rng.uniform(*down), 1)))
     return sorted(faults, key=lambda fault: fault.at_s)
 
@@ -147,7 +156,8 @@ class ChaosStack:
 
 
 class FaultInjector:
-    """Applies a schedule while the buyer polls its order (`tick` is Buyer.wait_completed's on_tick).
+    """Applies a schedule while the buyer polls its order (`tick` is Buyer.wait_completed's on_tick); a
+    fault on BUSY_PROVIDER waits for a provider that trains and hits it.
 
     A fault is applied and undone within one tick: the market API cannot answer the buyer's next poll
     while it is down, and everything else keeps running meanwhile, as separate processes."""

@@ -35,7 +35,8 @@ def test_schedule_is_reproducible_from_its_seed_and_stays_in_bounds() -> None:
     assert all(f.target not in ("market", "worker") for f in long)
     assert all(f.down_s <= chaos.MARKET_DOWN_S[1] for f in faults if f.target in ("market", "worker"))
     links = [f for f in faults if f.action in ("partition", "slow")]  # link faults: agents only
-    assert {f.target for f in links} == named - {"market", "worker"}
+    assert {f.target for f in links} == named - {"market", "worker"} | {chaos.BUSY_PROVIDER}
+    assert {f.action for f in faults if f.target == chaos.BUSY_PROVIDER} == {"crash", "partition"}
     slow = [f for f in links if f.action == "slow"]
     assert all(chaos.SLOW_DELAY_MS[0] <= f.delay_ms <= chaos.SLOW_DELAY_MS[1] for f in slow)
     assert all(chaos.SLOW_LOSS[0] <= f.loss <= chaos.SLOW_LOSS[1] for f in slow)
