@@ -52,6 +52,7 @@ from veritrain.agentkit import (
     unit_spec_of,
     unit_start_of,
 )
+from veritrain.chain.errors import RpcUnavailable
 from veritrain.errors import AgentError, MarketError
 
 if TYPE_CHECKING:
@@ -160,7 +161,7 @@ class ProviderAgent(AgentPlumbing):
         self.metrics.close()
 
     def run_forever(self) -> None:
-        """Heartbeat loop: every reply may hand out work; errors from the market are logged and retried."""
+        """Heartbeat loop: every reply may hand out work; market and chain outages are logged and retried."""
         while not self._stop.is_set():
             try:
                 self.tick()
@@ -168,6 +169,9 @@ class ProviderAgent(AgentPlumbing):
             except (MarketError, httpx.HTTPError) as err:  # market restarting or refusing: keep state, retry
                 self.metrics.heartbeats.labels("error").inc()
                 logger.warning("market: %s", err)
+            except RpcUnavailable as err:  # a chain read failed mid-tick; the next tick does it again
+                self.metrics.heartbeats.labels("error").inc()
+                logger.warning("chain: %s", err)
             self._stop.wait(HEARTBEAT_INTERVAL_S)
 
     # market messages ----------------------------------------------------------------------------------

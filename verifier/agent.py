@@ -44,6 +44,7 @@ from veritrain.agentkit import (
     unit_start_of,
 )
 from veritrain.api_client import MarketRefused
+from veritrain.chain.errors import RpcUnavailable
 from veritrain.errors import AgentError, MarketError, VeritrainError
 
 if TYPE_CHECKING:
@@ -142,6 +143,9 @@ class VerifierAgent(AgentPlumbing):
             except (MarketError, httpx.HTTPError) as err:  # market restarting or refusing: keep state, retry
                 self.metrics.heartbeats.labels("error").inc()
                 logger.warning("market: %s", err)
+            except RpcUnavailable as err:  # a chain read failed mid-tick; the next tick does it again
+                self.metrics.heartbeats.labels("error").inc()
+                logger.warning("chain: %s", err)
             self._stop.wait(POLL_INTERVAL_S)
 
     def tick(self) -> None:

@@ -1,0 +1,44 @@
+"""Regression (found by `veritrain bench chaos` with lossy agent links): a chain read that failed inside an
+agent's heartbeat tick (sign_commit reads the JobMarket nonce) raised RpcUnavailable out of run_forever,
+which ended the heartbeat thread, and the agent exited with code 0 in the middle of its unit. The loop
+must log it and tick again, as it does when the market is unreachable."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from node.agent import ProviderAgent
+from verifier.agent import VerifierAgent
+from veritrain.chain.errors import RpcUnavailable
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    def labels(self, outcome: str) -> Counter:
+        self.counts[outcome] = self.counts.get(outcome, 0) + 1
+        return self
+
+    def inc(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize("run_forever", [ProviderAgent.run_forever, VerifierAgent.run_forever])
+def test_a_chain_outage_in_a_tick_does_not_end_the_agents_loop(run_forever: Any) -> None:
+    stop, ticks, heartbeats = threading.Event(), [], Counter()
+
+    def tick() -> None:
+        ticks.append(len(ticks))
+        if len(ticks) == 1:
+            raise RpcUnavailable("the node stopped answering: Connection reset by peer")
+        stop.set()
+
+    agent = SimpleNamespace(tick=tick, _stop=stop, metrics=SimpleNamespace(heartbeats=heartbeats))
+    run_forever(agent)
+    assert ticks == [0, 1]  # the loop went on after the outage
+    assert heartbeats.counts == {"error": 1, "ok": 1}
