@@ -1,7 +1,8 @@
-"""Regression (found by `veritrain bench chaos` with lossy agent links): a chain read that failed inside an
+"""Regressions (found by `veritrain bench chaos` with lossy agent links): a chain read that failed inside an
 agent's heartbeat tick (sign_commit reads the JobMarket nonce) raised RpcUnavailable out of run_forever,
-which ended the heartbeat thread, and the agent exited with code 0 in the middle of its unit. The loop
-must log it and tick again, as it does when the market is unreachable."""
+which ended the heartbeat thread, and the agent exited with code 0 in the middle of its unit; and with
+that fixed, `ChainClient.now()` raised requests' raw ConnectionError, which did the same. The loop must
+log a chain outage and tick again, and every transport failure of an RPC backend must be RpcUnavailable."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from typing import Any
 
 import pytest
 
+from apps.faultproxy import FaultProxy, LinkMode
 from node.agent import ProviderAgent
 from verifier.agent import VerifierAgent
+from veritrain.chain.backends import RpcBackend
 from veritrain.chain.errors import RpcUnavailable
 
 
@@ -42,3 +45,14 @@ def test_a_chain_outage_in_a_tick_does_not_end_the_agents_loop(run_forever: Any)
     run_forever(agent)
     assert ticks == [0, 1]  # the loop went on after the outage
     assert heartbeats.counts == {"error": 1, "ok": 1}
+
+
+def test_a_reset_or_refused_rpc_connection_is_rpc_unavailable_for_every_call() -> None:
+    with FaultProxy() as proxy:
+        (port,) = proxy.open("agent", [("127.0.0.1", 9)])  # discard port: nothing listens, refused
+        backend = RpcBackend(f"http://127.0.0.1:{port}", timeout=2.0, check=False)
+        with pytest.raises(RpcUnavailable):
+            backend.latest_timestamp()  # ChainClient.now()
+        proxy.set_mode("agent", LinkMode("partition"))
+        with pytest.raises(RpcUnavailable):
+            _ = backend.w3.eth.block_number

@@ -28,6 +28,7 @@ from typing import IO, Any
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 from web3 import HTTPProvider, Web3
+from web3.types import RPCEndpoint, RPCResponse
 
 from veritrain.chain.errors import ChainError, RpcUnavailable
 
@@ -132,6 +133,18 @@ class InProcessBackend(Backend):
         self.tester.revert_to_snapshot(snapshot_id)
 
 
+class _TypedHTTPProvider(HTTPProvider):
+    """Every transport failure (refused, reset, timeout: requests' errors are OSErrors) is RpcUnavailable,
+    whichever call met it: a caller retries one typed error, and a raw one must never end an agent's loop
+    (a reset under `ChainClient.now()` once did)."""
+
+    def make_request(self, method: RPCEndpoint, params: Any) -> RPCResponse:
+        try:
+            return super().make_request(method, params)
+        except OSError as err:
+            raise RpcUnavailable(f"{self.endpoint_uri}: {method}: {err}") from err
+
+
 class RpcBackend(Backend):
     """Any JSON-RPC endpoint (hardhat node, anvil, geth, a testnet)."""
 
@@ -139,7 +152,7 @@ class RpcBackend(Backend):
 
     def __init__(self, url: str, *, timeout: float = 10.0, check: bool = True) -> None:
         self.url = url
-        super().__init__(Web3(HTTPProvider(url, request_kwargs={"timeout": timeout})))
+        super().__init__(Web3(_TypedHTTPProvider(url, request_kwargs={"timeout": timeout})))
         if check:
             try:
                 _ = self.chain_id
