@@ -40,6 +40,7 @@ from veritrain.agentkit import (
     UnitManifest,
     add_common_agent_arguments,
     aggregate_inputs_of,
+    chain_patiently,
     encode_state,
     hex32,
     preload_datasets,
@@ -148,7 +149,7 @@ class ProviderAgent(AgentPlumbing):
         self.p2p_addr = self.blobs.start()
         logger.info("serving blobs at %s", self.p2p_addr)
         preload_datasets()
-        self.ensure_stake()  # before registering: the market reads our free stake when we register
+        chain_patiently(self.ensure_stake)  # before registering: the market reads our free stake then
         self.register()
         self.send_offer()
 

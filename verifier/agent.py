@@ -31,6 +31,7 @@ from veritrain.agentkit import (
     BlobPlane,
     add_common_agent_arguments,
     aggregate_inputs_of,
+    chain_patiently,
     decode_state,
     hex32,
     preload_datasets,
@@ -113,14 +114,18 @@ class VerifierAgent(AgentPlumbing):
         self.device = measure_device("cpu")
         self.p2p_addr = self.blobs.start()
         preload_datasets()
+        chain_patiently(self.ensure_stake)  # before registering: the market reads our stake then
+        self.register()
+        logger.info("verifier %s ready, bonded %d", self.address, self.chain.stake_of(self.address).bonded)
+
+    def ensure_stake(self) -> None:
+        """Bond the wanted stake by permit unless it is bonded already (default: every token we hold)."""
         wanted = (
             self.config.stake if self.config.stake is not None else self.chain.token_balance(self.address)
         )
         bonded = self.chain.stake_of(self.address).bonded
-        if wanted > bonded:  # before registering: the market reads our stake when we register
+        if wanted > bonded:
             stake_by_permit(self.chain, self.account, wanted - bonded)
-        self.register()
-        logger.info("verifier %s ready, bonded %d", self.address, self.chain.stake_of(self.address).bonded)
 
     def stop(self) -> None:
         self._stop.set()

@@ -380,7 +380,7 @@ class AgentPlumbing:
 
         self.account = load_signer(settings.keystore, password_env=settings.password_env)
         self.address = str(self.account.address)
-        self.chain = connect_chain(settings.rpc_url, settings.deployments)
+        self.chain = chain_patiently(lambda: connect_chain(settings.rpc_url, settings.deployments))
         self.deployment = self.chain.deployment
         self.clock = AgentClock()
         self.store = BlobStore(settings.data_dir / "blobs")
@@ -485,6 +485,33 @@ def register_patiently(
             if not transient or clock() + delay > deadline:
                 raise
             logger.warning("market not ready (%s); registering again in %.1f s", err, delay)
+            sleep(delay)
+
+
+def chain_patiently(
+    call: Callable[[], T],
+    *,
+    patience_s: float = REGISTER_PATIENCE_S,
+    sleep: Callable[[float], object] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> T:
+    """Run ``call`` (idempotent: it re-reads the chain first) until the chain node answers, with
+    register_patiently's backoff. Why: an agent that starts while its link to the node is down (a machine
+    booting offline, a node restarting) must wait for it like it waits for the market, not exit; only
+    RpcUnavailable is retried, and after ``patience_s`` it is raised."""
+    from veritrain.chain.errors import RpcUnavailable
+
+    deadline = clock() + patience_s
+    attempt = 0
+    while True:
+        try:
+            return call()
+        except RpcUnavailable as err:
+            attempt += 1
+            delay = backoff_delay(attempt, base=0.5, cap=30.0)
+            if clock() + delay > deadline:
+                raise
+            logger.warning("chain not reachable (%s); trying again in %.1f s", err, delay)
             sleep(delay)
 
 

@@ -2,7 +2,9 @@
 agent's heartbeat tick (sign_commit reads the JobMarket nonce) raised RpcUnavailable out of run_forever,
 which ended the heartbeat thread, and the agent exited with code 0 in the middle of its unit; and with
 that fixed, `ChainClient.now()` raised requests' raw ConnectionError, which did the same. The loop must
-log a chain outage and tick again, and every transport failure of an RPC backend must be RpcUnavailable."""
+log a chain outage and tick again, and every transport failure of an RPC backend must be RpcUnavailable.
+Also found by the smoke: a provider restarted while its link was partitioned exited at once ("cannot
+start: RpcUnavailable"); an agent's start now waits for the chain as it waits for the market."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import pytest
 from apps.faultproxy import FaultProxy, LinkMode
 from node.agent import ProviderAgent
 from verifier.agent import VerifierAgent
+from veritrain.agentkit import chain_patiently
 from veritrain.chain.backends import RpcBackend
 from veritrain.chain.errors import RpcUnavailable
 
@@ -56,3 +59,34 @@ def test_a_reset_or_refused_rpc_connection_is_rpc_unavailable_for_every_call() -
         proxy.set_mode("agent", LinkMode("partition"))
         with pytest.raises(RpcUnavailable):
             _ = backend.w3.eth.block_number
+
+
+def test_an_agent_start_waits_for_an_unreachable_chain_and_gives_up_after_its_patience() -> None:
+    with FaultProxy() as proxy:
+        (port,) = proxy.open("agent", [("127.0.0.1", 9)])
+        proxy.set_mode("agent", LinkMode("partition"))
+        url = f"http://127.0.0.1:{port}"
+        slept: list[float] = []
+        attempts: list[int] = []
+
+        def connect() -> str:
+            attempts.append(len(attempts))
+            if len(attempts) < 3:
+                RpcBackend(url, timeout=2.0)  # the agent's connect_chain: raises RpcUnavailable
+            return "connected"
+
+        assert chain_patiently(connect, sleep=slept.append, clock=lambda: sum(slept)) == "connected"
+        assert slept == [0.5, 1.0] and len(attempts) == 3
+
+        slept.clear()
+        with pytest.raises(RpcUnavailable):
+            chain_patiently(
+                lambda: RpcBackend(url, timeout=2.0),
+                patience_s=3.0,
+                sleep=slept.append,
+                clock=lambda: sum(slept),
+            )
+        assert slept == [0.5, 1.0]  # the next wait (2 s) would end past 3 s of patience
+
+    with pytest.raises(ValueError):  # anything but an unreachable chain is not retried
+        chain_patiently(lambda: int("x"), sleep=slept.append)
