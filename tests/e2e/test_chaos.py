@@ -1,10 +1,13 @@
-"""The chaos smoke (issue 11): seeded process faults against short orders through the whole marketplace.
+"""The chaos smoke (issue 11): seeded process, link and Redis faults against short orders through the whole
+marketplace.
 
-A few runs of `veritrain bench chaos` on one marketplace (hardhat node, market API, Celery worker on Redis,
-three providers and a verifier as processes): each run's order must complete or be refunded with every
-money check of apps.demo_report holding, no unit paid twice, nothing left in escrow or locked, nobody
-slashed and at most one unit of work lost per fault. The runs are as many as fit CI's 4 min on a 2-core
-machine; `veritrain bench chaos --runs N` runs more.
+Ten runs of `veritrain bench chaos --broker redis` on one marketplace (hardhat node, market API, Celery
+worker on a private redis-server, three providers and a verifier as processes, each agent behind its own
+fault-proxy link): each run's order must complete or be refunded with every money check of
+apps.demo_report holding, no unit paid twice, nothing left in escrow or locked, nobody slashed and at most
+one unit of work lost per fault. The seeds are chosen so that the faults applied include Redis killed (and
+likely frozen), partitions (likely one of a provider that trains), slow lossy links, the API killed and
+frozen and the worker frozen; `veritrain bench chaos --runs N` runs more.
 """
 
 from __future__ import annotations
@@ -23,14 +26,13 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.node_backend,
     pytest.mark.torch,
-    pytest.mark.redis,
     pytest.mark.timeout(420),
 ]
 
-# The issue asks for 10 runs; 10 took 292 s here before crashes were added (2-core AMD EPYC), over CI's
-# 4 min; these 7 took 190 s (marketplace start ~15 s, runs 9-61 s, one crash; docs/BENCHMARKS.md).
-SMOKE_RUNS = 7
-SMOKE_SEED = 1100
+# The issue's 10 runs; seeds 1360-1369 apply every kind of fault but a crash and a long outage (those add
+# ~60 s and ~20-45 s each; `bench chaos` runs them): measured time in docs/BENCHMARKS.md.
+SMOKE_RUNS = 10
+SMOKE_SEED = 1360
 
 
 def test_seeded_faults_lose_no_order_and_pay_nobody_twice(tmp_path: Path) -> None:
@@ -48,7 +50,10 @@ def test_seeded_faults_lose_no_order_and_pay_nobody_twice(tmp_path: Path) -> Non
         assert record["schedule"] == [vars(f) for f in fault_schedule(record["seed"], redis=True)]
         assert record["outcome"] in ("completed", "refunded"), record
         assert record["failed_checks"] == [], record
-    assert summary["faults_injected"] > 0  # the smoke did inject faults (not every order outlived them)
+    # faults due within 8 s of posting (an order takes 9 s or more) are applied; later ones may not be
+    applied = {(f["action"], f["target"]) for r in records for f in r["injected"]}
+    assert {("kill", "redis"), ("kill", "market"), ("stop", "worker")} <= applied
+    assert {"partition", "slow"} <= {action for action, _ in applied}
     assert summary["lost_orders"] == 0
     assert summary["double_payments"] == 0
     assert summary["stuck_escrow"] == 0
