@@ -268,9 +268,9 @@ def order_money(events: list[Event], order_id: int) -> tuple[OrderMoney, list[Un
                     payouts[provider] = payouts.get(provider, 0) + price
             elif event.name == "UnitExpired":
                 unit.settlement, unit.outcomes = "expired", ["none"] * len(unit.providers)
-            elif event.name == "ReplicaSlashed":
+            elif event.name in ("ReplicaSlashed", "RevealWithheld"):  # fraud, or a commit never revealed
                 provider, amount = str(args["provider"]), int(args["amount"])
-                unit.slashed[provider] = amount
+                unit.slashed[provider] = unit.slashed.get(provider, 0) + amount
                 slashed[provider] = slashed.get(provider, 0) + amount
             elif event.name == "VerifierSlashed":
                 verifier, amount = str(args["verifier"]), int(args["amount"])

@@ -114,6 +114,35 @@ def test_conservation_holds_when_a_verifier_is_slashed() -> None:
     assert {"fees_and_slashes_distributed", "parties_conserved"} <= set(checks.failed())
 
 
+def test_a_withheld_reveal_penalty_counts_as_slashed_and_balances() -> None:
+    """Regression (bench chaos, a provider partitioned between its commit and its reveal past the reveal
+    window): the RevealWithheld penalty was left out of the order's money, so an honest ledger failed
+    providers_paid_exactly and the bench counted no slash. An expired unit credits it to the buyer."""
+    penalty = 30
+    events = [
+        _event(
+            "OrderPosted", orderId=1, escrow=2 * PRICE + FEE, pricePerReplica=PRICE, verifierFeePerUnit=FEE
+        ),
+        _event("UnitAssigned", unitId=1, orderId=1, providers=[P1, P2], verifiers=[V1]),
+        _event("ReplicaRevealed", unitId=1, provider=P2, resultDigest=b"\x02" * 32),
+        _event("RevealWithheld", unitId=1, provider=P1, amount=penalty),
+        _event("UnitExpired", unitId=1),
+        _event("OrderClosed", orderId=1, refund=2 * PRICE + FEE),
+    ]
+    money, units = order_money(events, order_id=1)
+    assert money.slashed == {P1: penalty} and units[0].slashed == {P1: penalty}
+    assert units[0].settlement == "expired" and money.payouts == {}
+    stake = 1000
+    before = _holdings({BUYER: 1000, P1: 0, P2: 0, V1: 0}, {P1: stake, P2: stake, V1: stake}, supply=4000)
+    after = _holdings(
+        {BUYER: 1000 + penalty, P1: 0, P2: 0, V1: 0}, {P1: stake - penalty, P2: stake, V1: stake}, supply=4000
+    )
+    checks = Checks()
+    assert conservation_checks(
+        money, before, after, buyer=BUYER, providers=[P1, P2], verifiers=[V1], checks=checks
+    ), checks.details
+
+
 def test_a_payout_to_the_wrong_account_is_caught() -> None:
     money, _ = order_money(_order_events(), order_id=1)
     before, after = _snapshots(verifier_gets=35)
