@@ -74,20 +74,19 @@ def test_bytes_pass_unchanged_through_every_listener_of_a_link(
 
 def test_a_slow_link_adds_its_delay_in_each_direction(proxy: FaultProxy, echo: tuple[str, int]) -> None:
     (port,) = proxy.open("agent", [echo])
+
+    def ping(conn: socket.socket) -> float:
+        began = time.monotonic()
+        conn.sendall(b"ping")
+        assert conn.recv(16) == b"ping"
+        return time.monotonic() - began
+
     with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
-        conn.sendall(b"warm")
-        assert conn.recv(16) == b"warm"
-        fast = time.monotonic()
-        conn.sendall(b"ping")
-        assert conn.recv(16) == b"ping"
-        fast_s = time.monotonic() - fast
+        fast_s = min(ping(conn) for _ in range(5))  # the best of a few: robust on a loaded machine
         proxy.set_mode("agent", LinkMode("slow", delay_s=0.15))
-        slow = time.monotonic()
-        conn.sendall(b"ping")
-        assert conn.recv(16) == b"ping"
-        slow_s = time.monotonic() - slow
+        slow_s = min(ping(conn) for _ in range(3))
     assert fast_s < 0.1
-    assert 0.3 <= slow_s < 2.0  # 0.15 s out, 0.15 s back (plus scheduling on a loaded machine)
+    assert 0.3 <= slow_s < 1.0  # 0.15 s out, 0.15 s back
 
 
 def test_loss_resets_connections_and_a_partition_resets_open_and_new_ones(
