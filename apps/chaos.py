@@ -7,13 +7,14 @@ node, market API, Celery worker, agents) and injects a schedule of faults drawn 
 `random.Random(seed)`: SIGKILL then a restart, or SIGSTOP then SIGCONT, of a provider, the verifier, the
 market API, the Celery worker or (with `--broker redis`) the run's own Redis; a partition or a slow, lossy
 link of a provider or the verifier (each agent reaches the market API and the chain RPC through its own
-link of apps.faultproxy, while the agent itself keeps running: a partitioned provider trains on and comes
-back late); and now and then the crash of a training provider that returns only after the order has
-ended. After the order ends it is checked from the chain's events and balances and the market's database
-(its order status): the order completed or was refunded, no unit was paid twice (a late result of a
-partitioned provider included), deposit = payouts + fees + refund exactly (apps.demo_report's checks), no
-escrow, credit or locked collateral is left, no honest party was slashed (every party is honest here),
-and no fault cost more than one unit of re-run work.
+link of apps.faultproxy, while the agent itself keeps running: a provider cut off while its unit is
+being committed comes back late); and now and then the crash of a training provider that returns only
+after the order has ended. After the order ends it is checked from the chain's events and balances and
+the market's database (its order status): the order completed or was refunded, no unit was paid twice (a
+late result of a partitioned provider included), deposit = payouts + fees + refund exactly
+(apps.demo_report's checks), no escrow, credit or locked collateral is left, no honest party was slashed
+(every party is honest here; a withheld reveal's penalty counts), and no fault cost more than one unit of
+re-run work.
 
 Not faulted, on purpose: the EVM node (a hardhat node keeps its state in memory; a restart is a new,
 empty chain, so no invariant could survive it), the machine's shared Redis (a run with `--broker redis`
@@ -75,7 +76,7 @@ LONG_DOWN_P = 0.25
 # elsewhere (the one unit of work a fault may cost).
 CRASH_P = 0.3
 BUSY_PROVIDER = "busy-provider"
-BUSY_PARTITION_P = 0.5  # a provider's partition waits for a provider that trains, half of the time
+BUSY_PARTITION_P = 0.5  # half of the providers' partitions wait for a unit being committed
 MARKET_DOWN_S = (1.0, 4.0)  # the market API, its Celery worker and (with --broker redis) its Redis
 AGENT_ACTIONS = ("kill", "stop", "partition", "slow")
 SERVICE_ACTIONS = ("kill", "stop")
@@ -140,7 +141,8 @@ def fault_schedule(
             continue
         if rng.random() < LONG_DOWN_P and action in ("kill", "partition") and agent:
             down = LONG_DOWN_S
-        # a busy provider cut off trains on and comes back late: its result must be settled at most once
+        # a provider cut off while its unit is being committed (accepted, training, or committed but not
+        # revealed) comes back late: whatever it sends then must be settled at most once
         if action == "partition" and target.startswith("provider") and rng.random() < BUSY_PARTITION_P:
             target = BUSY_PROVIDER
         faults.append(Fault(round(at, 1), action, target, round(rng.uniform(*down), 1)))
@@ -157,7 +159,7 @@ class ChaosStack:
 
 class FaultInjector:
     """Applies a schedule while the buyer polls its order (`tick` is Buyer.wait_completed's on_tick); a
-    fault on BUSY_PROVIDER waits for a provider that trains and hits it.
+    fault on BUSY_PROVIDER waits for a provider of a unit being committed (accepted, training, committed).
 
     A fault is applied and undone within one tick: the market API cannot answer the buyer's next poll
     while it is down, and everything else keeps running meanwhile, as separate processes."""
