@@ -7,8 +7,62 @@ and are exported before :mod:`market.tasks` is imported, so the worker and its t
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
+import threading
+import time
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+DEAF_AFTER_TICKS = 15  # no task received for 15 ticks (30 s by default) while our own beat sends one a tick
+DEAF_EXIT_CODE = 75  # EX_TEMPFAIL: a supervisor should start the worker again
+
+
+class DeafWorkerWatchdog:
+    """Ends a worker that has received no task for `limit_s` although its own beat sends a tick every few
+    seconds. Why: after a Redis restart a Celery worker can stay connected yet stop consuming (celery
+    issues 9054, 10302; bench chaos saw 78 tasks queued and none taken), which stalls the whole control
+    plane. The market's state is in its database and its tasks are idempotent, so exiting for the
+    supervisor to restart is safe; staying up is not."""
+
+    def __init__(
+        self,
+        limit_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        exit: Callable[[int], object] = os._exit,
+    ) -> None:
+        self.limit_s = limit_s
+        self.clock = clock
+        self.exit = exit
+        self.last_received = clock()
+
+    def received(self, **_: object) -> None:
+        """celery.signals.task_received (the consumer took a message off the queue) or worker_ready."""
+        self.last_received = self.clock()
+
+    def check(self) -> bool:
+        """Exit (and return True) when the worker has been deaf for longer than the limit."""
+        silent_s = self.clock() - self.last_received
+        if silent_s <= self.limit_s:
+            return False
+        log.error("no task received for %.0f s although the beat ticks: deaf worker, exiting", silent_s)
+        self.exit(DEAF_EXIT_CODE)
+        return True
+
+    def start(self) -> None:
+        from celery.signals import task_received, worker_ready
+
+        task_received.connect(self.received, weak=False)
+        worker_ready.connect(self.received, weak=False)  # a slow start is not silence
+
+        def watch() -> None:
+            while not self.check():
+                time.sleep(self.limit_s / 10)
+
+        threading.Thread(target=watch, name="deaf-worker-watchdog", daemon=True).start()
+
 
 OVERRIDES = {
     "database_url": "VERITRAIN_DATABASE_URL",
@@ -95,5 +149,6 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_beat:
         argv.append("--beat")
         argv.append(f"--schedule={load_settings().data_dir / 'celerybeat-schedule'}")
+        DeafWorkerWatchdog(DEAF_AFTER_TICKS * settings.tick_s).start()  # only our own beat makes silence news
     app.worker_main(argv)
     return 0
