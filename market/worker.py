@@ -37,25 +37,35 @@ class DeafWorkerWatchdog:
         self.clock = clock
         self.exit = exit
         self.last_received = clock()
+        self.running = 0  # tasks running in this process (a solo pool receives nothing while one runs)
 
     def received(self, **_: object) -> None:
         """celery.signals.task_received (the consumer took a message off the queue) or worker_ready."""
         self.last_received = self.clock()
 
+    def started(self, **_: object) -> None:
+        self.running += 1
+
+    def finished(self, **_: object) -> None:
+        self.running = max(0, self.running - 1)
+        self.received()
+
     def check(self) -> bool:
-        """Exit (and return True) when the worker has been deaf for longer than the limit."""
+        """Exit (and return True) when the worker has been deaf, not busy, for longer than the limit."""
         silent_s = self.clock() - self.last_received
-        if silent_s <= self.limit_s:
+        if self.running or silent_s <= self.limit_s:
             return False
         log.error("no task received for %.0f s although the beat ticks: deaf worker, exiting", silent_s)
         self.exit(DEAF_EXIT_CODE)
         return True
 
     def start(self) -> None:
-        from celery.signals import task_received, worker_ready
+        from celery.signals import task_postrun, task_prerun, task_received, worker_ready
 
         task_received.connect(self.received, weak=False)
         worker_ready.connect(self.received, weak=False)  # a slow start is not silence
+        task_prerun.connect(self.started, weak=False)  # nor a long task (up to its 60 s time limit)
+        task_postrun.connect(self.finished, weak=False)
 
         def watch() -> None:
             while not self.check():
