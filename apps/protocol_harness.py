@@ -204,13 +204,12 @@ class ChainMarket:
         chain_unit = self.chain_unit(unit_id)
         deadline = self.client.now() + 3600
         commitment = self.client.commitment(res.digest, self.salt, provider, chain_unit)
-        signed = self.client.sign_commit(provider, chain_unit, commitment, deadline)
+        signed = self.client.sign_unit_commit(provider, chain_unit, commitment, deadline)
         self.service.assignments.commit(
             CommitSubmission(
                 unit_id=unit_id,
                 provider=provider.address,
                 commitment="0x" + commitment.hex(),
-                nonce=signed.nonce,
                 deadline=deadline,
                 signature="0x" + signed.signature.hex(),
             )
@@ -244,6 +243,18 @@ class ChainMarket:
             if not done:
                 return states
         raise HarnessStepFailed("outbox did not drain")
+
+    def send_held(self) -> list[str]:
+        """Let time pass until the market sends what it holds back for a unit's missing replicas (a batch
+        waits for them until its phase's deadline less a margin), then send it: what a party that waits
+        for the others' commits or reveals to land sees."""
+        now = self.now()
+        with self.store.transaction() as session:
+            held = [e.next_attempt_at for e in self.store.outbox_in(session, ["pending"], 1000)]
+        later = [at for at in held if at > now]
+        if later:
+            self.client.advance_time(min(later) - now)
+        return self.send_outbox()
 
     def due_entries(self, skip: Callable[[str], bool] = lambda action: False) -> list[int]:
         due = self.service.outbox.pending_outbox()
