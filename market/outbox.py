@@ -65,6 +65,16 @@ class OutboxResult:
     detail: str = ""
 
 
+def _named_by(
+    exc: Exception, batch: list[tuple[int, str, dict[str, Any]]]
+) -> tuple[int, str, dict[str, Any]] | None:
+    """The entry a batch's revert names (AlreadyCommitted, RevealMismatch, InvalidSigner ... carry the
+    provider), if any."""
+    arguments = getattr(exc, "arguments", {})
+    named = {str(arguments.get(key, "")).lower() for key in ("provider", "account", "expected")}
+    return next((entry for entry in batch if entry[2]["provider"].lower() in named), None)
+
+
 def _joins_batch(entry: OutboxRow, now: int) -> bool:
     """A sibling goes along in its unit's batch if it waits (for the others, held) or is due again."""
     return entry.state == "pending" or (entry.state == "retrying" and entry.next_attempt_at <= now)
@@ -145,21 +155,26 @@ class SettlementOutbox(Lifecycle):
     ) -> dict[int, OutboxResult]:
         """Send claimed commits (or reveals) of one unit in one transaction; each entry's result.
 
-        A refusal of the unit applies to each entry as if sent alone; a refusal naming one entry splits
-        the batch into single sends. A reveal batch that finalized the unit settles its finalize intent
-        too (recorded first, so nobody sends that finalize, which would only revert)."""
+        A refusal of the unit applies to each entry as if sent alone; a refusal naming one entry applies to
+        that entry and the others go again as a batch; any other refusal splits the batch into single
+        sends (so a bad entry blocks none of the others). A reveal batch that finalized the unit settles
+        its finalize intent too (recorded first, so nobody sends that finalize, which would only revert)."""
         from veritrain.chain.errors import ContractReverted
 
         try:
             tx_hash, finalized = self._send_batch(kind, [payload for _, _, payload in batch])
         except ContractReverted as exc:
-            if len(batch) > 1 and getattr(exc, "name", "") not in UNIT_LEVEL_ERRORS:
+            if len(batch) == 1 or exc.name in UNIT_LEVEL_ERRORS:
+                return {entry_id: self._after_revert(entry_id, a, p, exc) for entry_id, a, p in batch}
+            culprit = _named_by(exc, batch)
+            if culprit is None:  # say, an expired signature: whose is not in the error
                 return {
                     entry_id: result
                     for single in batch
                     for entry_id, result in self._relay_batch(unit_id, kind, [single]).items()
                 }
-            return {entry_id: self._after_revert(entry_id, a, p, exc) for entry_id, a, p in batch}
+            rest = [entry for entry in batch if entry is not culprit]
+            return {culprit[0]: self._after_revert(*culprit, exc), **self._relay_batch(unit_id, kind, rest)}
         except Exception as exc:  # RPC down, timeout: retry after a backoff
             error = f"{type(exc).__name__}: {exc}"
             return {entry_id: self._record_send(entry_id, "failed", None, error) for entry_id, _, _ in batch}
