@@ -200,9 +200,10 @@ class ChainMarket:
         with self.store.transaction() as session:
             return self.store.get_order(session, unit.order_id).chain_order_id
 
-    def commit(self, unit_id: int, provider: LocalAccount, res: Result) -> None:
+    def commit(self, unit_id: int, provider: LocalAccount, res: Result, ttl_s: int = 3600) -> None:
+        """``provider`` signs its commit (valid ``ttl_s``) and hands it to the market."""
         chain_unit = self.chain_unit(unit_id)
-        deadline = self.client.now() + 3600
+        deadline = self.client.now() + ttl_s
         commitment = self.client.commitment(res.digest, self.salt, provider, chain_unit)
         signed = self.client.sign_unit_commit(provider, chain_unit, commitment, deadline)
         self.service.assignments.commit(

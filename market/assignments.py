@@ -29,7 +29,8 @@ from veritrain.messages import (
 # Batched settlement: a unit's signed commits go out in one commitBatch once every replica committed, its
 # reveals in one revealBatch once every committed replica revealed. Until then each waits, but never past
 # its phase's deadline less a margin (a quarter of the window, at least 10 s: room for the send, its
-# retries and the chain's clock), so a silent replica never makes the others miss theirs.
+# retries and the chain's clock) nor past its signature's deadline less 10 s, so a silent replica never
+# makes the others miss theirs.
 BATCH_MARGIN_MIN_S = 10
 BATCH_MARGIN_SHARE = 4
 
@@ -176,8 +177,9 @@ class Assignments(Lifecycle):
                 **submission.model_dump(mode="json", exclude={"unit_id"}),
             }
             entry = self.store.enqueue(session, row_id(unit), f"commit:{submission.provider}", payload, now)
-            entry.next_attempt_at = batch_send_by(
-                min(unit.commit_deadline, submission.deadline), self.config.commit_window_s
+            entry.next_attempt_at = min(
+                batch_send_by(unit.commit_deadline, self.config.commit_window_s),
+                submission.deadline - BATCH_MARGIN_MIN_S,  # the chain checks the signature's deadline too
             )
             session.flush()
             if all(r.state == ReplicaState.COMMITTED.value for r in self.ctx.live_replicas(session, unit)):

@@ -151,13 +151,14 @@ def test_a_replica_that_never_commits_does_not_hold_the_others_past_their_deadli
     chain_unit = market.chain_unit(unit_id)
     working = chosen[:2]  # the third stays silent
     honest = result("honest")
-    for provider in working:
-        market.commit(unit_id, provider, honest)
+    signed_at = market.client.now()
+    for provider in working:  # signed for 600 s as node agents do, in a 3600 s commit window
+        market.commit(unit_id, provider, honest, ttl_s=600)
     assert market.send_outbox() == []  # held for the third replica
     assert transactions(market, chain_unit, "ReplicaCommitted") == set()
     market.send_held()  # time passes until the market stops waiting
     commit_deadline = market.client.get_unit(chain_unit).commit_deadline
-    assert market.client.now() < commit_deadline
+    assert market.client.now() < min(commit_deadline, signed_at + 600)  # both signatures still valid
     assert len(transactions(market, chain_unit, "ReplicaCommitted")) == 1
     assert market.client.get_unit(chain_unit).state == UnitState.COMMITTING
 
