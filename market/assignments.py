@@ -250,8 +250,9 @@ class Assignments(Lifecycle):
             entry.next_attempt_at = batch_send_by(reveal_deadline, self.config.reveal_window_s)
             session.flush()
             live = self.ctx.live_replicas(session, unit)
-            if not any(r.state == ReplicaState.COMMITTED.value for r in live):  # a replica that never
-                self._release_batch(session, unit, "reveal", now)  # committed has nothing to reveal
+            # every committed replica revealed (one that never committed has nothing to reveal): send now
+            if not any(r.state == ReplicaState.COMMITTED.value for r in live):
+                self._release_batch(session, unit, "reveal", now)
             if all(r.state == ReplicaState.REVEALED.value for r in live):
                 self._decide(session, unit, live, now)
             return unit
