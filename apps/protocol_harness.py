@@ -200,17 +200,17 @@ class ChainMarket:
         with self.store.transaction() as session:
             return self.store.get_order(session, unit.order_id).chain_order_id
 
-    def commit(self, unit_id: int, provider: LocalAccount, res: Result) -> None:
+    def commit(self, unit_id: int, provider: LocalAccount, res: Result, ttl_s: int = 3600) -> None:
+        """``provider`` signs its commit (valid ``ttl_s``) and hands it to the market."""
         chain_unit = self.chain_unit(unit_id)
-        deadline = self.client.now() + 3600
+        deadline = self.client.now() + ttl_s
         commitment = self.client.commitment(res.digest, self.salt, provider, chain_unit)
-        signed = self.client.sign_commit(provider, chain_unit, commitment, deadline)
+        signed = self.client.sign_unit_commit(provider, chain_unit, commitment, deadline)
         self.service.assignments.commit(
             CommitSubmission(
                 unit_id=unit_id,
                 provider=provider.address,
                 commitment="0x" + commitment.hex(),
-                nonce=signed.nonce,
                 deadline=deadline,
                 signature="0x" + signed.signature.hex(),
             )
@@ -244,6 +244,18 @@ class ChainMarket:
             if not done:
                 return states
         raise HarnessStepFailed("outbox did not drain")
+
+    def send_held(self) -> list[str]:
+        """Let time pass until the market sends what it holds back for a unit's missing replicas (a batch
+        waits for them until its phase's deadline less a margin), then send it: what a party that waits
+        for the others' commits or reveals to land sees."""
+        now = self.now()
+        with self.store.transaction() as session:
+            held = [e.next_attempt_at for e in self.store.outbox_in(session, ["pending"], 1000)]
+        later = [at for at in held if at > now]
+        if later:
+            self.client.advance_time(min(later) - now)
+        return self.send_outbox()
 
     def due_entries(self, skip: Callable[[str], bool] = lambda action: False) -> list[int]:
         due = self.service.outbox.pending_outbox()

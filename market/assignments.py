@@ -26,6 +26,19 @@ from veritrain.messages import (
     UnitKind,
 )
 
+# Batched settlement: a unit's signed commits go out in one commitBatch once every replica committed, its
+# reveals in one revealBatch once every committed replica revealed. Until then each waits, but never past
+# its phase's deadline less a margin (a quarter of the window, at least 10 s: room for the send, its
+# retries and the chain's clock) nor past its signature's deadline less 10 s, so a silent replica never
+# makes the others miss theirs.
+BATCH_MARGIN_MIN_S = 10
+BATCH_MARGIN_SHARE = 4
+
+
+def batch_send_by(deadline: int, window_s: int) -> int:
+    """The latest time a commit or reveal waiting for its unit's others is sent anyway."""
+    return deadline - max(BATCH_MARGIN_MIN_S, window_s // BATCH_MARGIN_SHARE)
+
 
 @dataclass
 class SweepResult:
@@ -145,17 +158,17 @@ class Assignments(Lifecycle):
             advance(
                 ReplicaState(replica.state), ReplicaState.COMMITTED, what=f"replica of {replica.provider}"
             )
+            if submission.deadline <= now:  # it would only fail its unit's batch
+                raise InvalidInput(f"commit deadline {submission.deadline} has passed (market clock {now})")
             message = {
                 "unitId": unit.chain_unit_id,
                 "provider": submission.provider,
                 "commitment": submission.commitment,
-                "nonce": submission.nonce,
                 "deadline": submission.deadline,
             }
-            require_signer(domain, "Commit", message, submission.signature, submission.provider)
+            require_signer(domain, "UnitCommit", message, submission.signature, submission.provider)
             replica.state = ReplicaState.COMMITTED.value
             replica.commitment = submission.commitment
-            replica.commit_nonce = submission.nonce
             replica.commit_deadline = submission.deadline
             replica.commit_signature = submission.signature
             session.add(replica)
@@ -163,13 +176,25 @@ class Assignments(Lifecycle):
                 "unit_id": unit.chain_unit_id,
                 **submission.model_dump(mode="json", exclude={"unit_id"}),
             }
-            self.store.enqueue(session, row_id(unit), f"commit:{submission.provider}", payload, now)
+            entry = self.store.enqueue(session, row_id(unit), f"commit:{submission.provider}", payload, now)
+            entry.next_attempt_at = min(
+                batch_send_by(unit.commit_deadline, self.config.commit_window_s),
+                submission.deadline - BATCH_MARGIN_MIN_S,  # the chain checks the signature's deadline too
+            )
             session.flush()
             if all(r.state == ReplicaState.COMMITTED.value for r in self.ctx.live_replicas(session, unit)):
                 unit.state = advance(UnitState(unit.state), UnitState.REVEALING, what=f"unit {unit.id}")
                 unit.updated_at = now
                 session.add(unit)
+                self._release_batch(session, unit, "commit", now)
             return unit
+
+    def _release_batch(self, session: Session, unit: UnitRow, kind: str, now: int) -> None:
+        """Every replica's ``kind`` is in: the unit's waiting intents of that kind are due now (one batch)."""
+        for entry in self.store.outbox_of_kind(session, row_id(unit), kind):
+            if entry.state == "pending" and entry.next_attempt_at > now:
+                entry.next_attempt_at = now
+                session.add(entry)
 
     def reveal(self, submission: RevealSubmission) -> UnitRow:
         """Check the preimage against the commitment, queue the reveal, decide the unit when complete."""
@@ -220,9 +245,14 @@ class Assignments(Lifecycle):
                 "result_digest": submission.result_digest,
                 "salt": submission.salt,
             }
-            self.store.enqueue(session, row_id(unit), f"reveal:{submission.provider}", payload, now)
+            entry = self.store.enqueue(session, row_id(unit), f"reveal:{submission.provider}", payload, now)
+            reveal_deadline = unit.commit_deadline + self.config.reveal_window_s
+            entry.next_attempt_at = batch_send_by(reveal_deadline, self.config.reveal_window_s)
             session.flush()
             live = self.ctx.live_replicas(session, unit)
+            # every committed replica revealed (one that never committed has nothing to reveal): send now
+            if not any(r.state == ReplicaState.COMMITTED.value for r in live):
+                self._release_batch(session, unit, "reveal", now)
             if all(r.state == ReplicaState.REVEALED.value for r in live):
                 self._decide(session, unit, live, now)
             return unit

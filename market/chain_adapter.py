@@ -15,8 +15,18 @@ from eth_account.signers.local import LocalAccount
 
 from market.domain.replication import Reputation
 from market.metrics import record_settlement
-from market.ports import ChainEvent, ChainOrder, MarketTerms, SignedAccept, SignedVerdict
+from market.ports import (
+    ChainEvent,
+    ChainOrder,
+    MarketTerms,
+    RevealForm,
+    SignedAccept,
+    SignedCommit,
+    SignedVerdict,
+)
+from veritrain.chain import client as chain
 from veritrain.chain.client import ChainClient, Signed, VerifierSignature
+from veritrain.chain.eip712 import as_bytes32
 from veritrain.chain.tx import Receipt
 from veritrain.errors import MarketError
 from veritrain.keys import load_signer
@@ -101,14 +111,22 @@ class ChainClientSettlement:
         _mined("assign", receipt)
         return unit_id
 
-    def commit_with_sig(
-        self, unit_id: int, provider: str, commitment: str, nonce: int, deadline: int, signature: str
-    ) -> str:
-        signed = Signed(provider, _sig(signature), nonce, deadline)
-        return _mined("commit", self.client.commit_with_sig(unit_id, provider, commitment, signed))
+    def commit_batch(self, unit_id: int, commits: Sequence[SignedCommit]) -> str:
+        signed = [
+            chain.SignedCommit(
+                c.provider, as_bytes32(c.commitment, "commitment"), c.deadline, _sig(c.signature)
+            )
+            for c in commits
+        ]
+        return _mined("commit_batch", self.client.commit_batch(unit_id, signed))
 
-    def reveal(self, unit_id: int, provider: str, result_digest: str, salt: str) -> str:
-        return _mined("reveal", self.client.reveal(unit_id, provider, result_digest, salt))
+    def reveal_batch(self, unit_id: int, reveals: Sequence[RevealForm]) -> tuple[bool, str]:
+        batch = [
+            chain.Reveal(r.provider, as_bytes32(r.result_digest, "result_digest"), as_bytes32(r.salt, "salt"))
+            for r in reveals
+        ]
+        finalized, receipt = self.client.reveal_batch(unit_id, batch)
+        return finalized, _mined("reveal_batch", receipt)
 
     def finalize(self, unit_id: int) -> str:
         return _mined("finalize", self.client.finalize(unit_id))

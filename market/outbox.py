@@ -13,7 +13,7 @@ from sqlmodel import Session
 from market.assignments import Assignments
 from market.context import Lifecycle, MarketContext, row_id
 from market.domain.states import UnitState
-from market.ports import SignedAccept, SignedVerdict
+from market.ports import RevealForm, SignedAccept, SignedCommit, SignedVerdict
 from market.registry import AgentRegistry
 from market.store import OutboxRow, UnitRow
 from veritrain.backoff import backoff_delay
@@ -37,6 +37,21 @@ SLASH_VERIFIER = "slash_verifier"
 # A slash relay refused once the unit is verdicted is final: with these errors someone slashed it already
 # (done); with any other the evidence does not hold (outcomes match the verdict, wrong signer): reverted.
 SLASH_DONE_ERRORS = frozenset({"VerifierAlreadySlashed"})
+# Replicas' intents relayed together, one batch per unit (`commit:<provider>`, `reveal:<provider>`).
+BATCHED_KINDS = frozenset({"commit", "reveal"})
+# A batch refused for one of these was refused for its unit (window, state), not for one entry: every entry
+# shares that fate. Any other refusal names one entry (a bad signature, a replica someone already relayed):
+# the entries are then relayed one by one, so that a bad one blocks none of the others.
+UNIT_LEVEL_ERRORS = frozenset(
+    {
+        "InvalidUnitState",
+        "UnitAlreadySettled",
+        "CommitWindowClosed",
+        "RevealWindowNotOpen",
+        "RevealTooEarly",
+        "RevealWindowClosed",
+    }
+)
 # An assign refused for these can never land (the providers' Accept signatures are past their deadline):
 # retrying it would strand the unit in ASSIGNING for good, so the unit fails and its order retries it.
 ASSIGN_FINAL_ERRORS = frozenset({"SignatureExpired"})
@@ -48,6 +63,21 @@ class OutboxResult:
     state: str
     sent: bool
     detail: str = ""
+
+
+def _named_by(
+    exc: Exception, batch: list[tuple[int, str, dict[str, Any]]]
+) -> tuple[int, str, dict[str, Any]] | None:
+    """The entry a batch's revert names (AlreadyCommitted, RevealMismatch, InvalidSigner ... carry the
+    provider), if any."""
+    arguments = getattr(exc, "arguments", {})
+    named = {str(arguments.get(key, "")).lower() for key in ("provider", "account", "expected")}
+    return next((entry for entry in batch if entry[2]["provider"].lower() in named), None)
+
+
+def _joins_batch(entry: OutboxRow, now: int) -> bool:
+    """A sibling goes along in its unit's batch if it waits (for the others, held) or is due again."""
+    return entry.state == "pending" or (entry.state == "retrying" and entry.next_attempt_at <= now)
 
 
 def backoff_s(attempts: int) -> int:
@@ -73,26 +103,45 @@ class SettlementOutbox(Lifecycle):
 
         Claim (pending → sending, row-locked), send, then record. A second run sees ``sending`` with a
         live lease, or ``sent``/``confirmed``, and does nothing. A revert saying the unit is already
-        settled means someone did it: the intent is confirmed, not retried.
+        settled means someone did it: the intent is confirmed, not retried. A replica's commit or reveal
+        takes the unit's other waiting commits or reveals along: one claim, one batch transaction.
         """
-        from veritrain.chain.errors import ContractReverted
-
         if self.chain is None:
             raise MarketError("the market has no chain configured")
         now = self.clock()
         with self.store.transaction() as session:
-            entry = self.store.get_outbox(session, entry_id, for_update=True)
+            entry = self.store.get_outbox(session, entry_id)
+            kind = entry.action.split(":", 1)[0]
+            if kind in BATCHED_KINDS:  # lock the unit's whole batch in id order: runs never deadlock
+                group = self.store.outbox_of_kind(session, entry.unit_id, kind, for_update=True)
+                entry = next(e for e in group if row_id(e) == entry_id)
+            else:
+                group = [self.store.get_outbox(session, entry_id, for_update=True)]
+                entry = group[0]
             if entry.state in ("sent", "confirmed", "reverted"):
                 return OutboxResult(entry_id, entry.state, False, "already done")
             if entry.state == "sending" and now - entry.updated_at < OUTBOX_LEASE_S:
                 return OutboxResult(entry_id, entry.state, False, "claimed by another run")
+            if entry.state != "sending" and entry.next_attempt_at > now:  # a batch it was in failed
+                return OutboxResult(entry_id, entry.state, False, f"waiting until {entry.next_attempt_at}")
             if not self._prerequisites_sent(session, entry):
                 return OutboxResult(entry_id, entry.state, False, "waiting for earlier actions of the unit")
-            entry.state = "sending"
-            entry.attempts += 1
-            entry.updated_at = now
-            session.add(entry)
-            action, payload = entry.action, json.loads(entry.payload_json)
+            claimed = [entry] + [e for e in group if e is not entry and _joins_batch(e, now)]
+            for row in claimed:
+                row.state = "sending"
+                row.attempts += 1
+                row.updated_at = now
+                session.add(row)
+            batch = [(row_id(row), row.action, json.loads(row.payload_json)) for row in claimed]
+            unit_id = entry.unit_id
+        if kind in BATCHED_KINDS:
+            return self._relay_batch(unit_id, kind, batch)[entry_id]
+        return self._relay(*batch[0])
+
+    def _relay(self, entry_id: int, action: str, payload: dict[str, Any]) -> OutboxResult:
+        """Send one claimed intent and record what the chain did with it."""
+        from veritrain.chain.errors import ContractReverted
+
         try:
             tx_or_unit = self._send(action, payload)
         except ContractReverted as exc:
@@ -100,6 +149,61 @@ class SettlementOutbox(Lifecycle):
         except Exception as exc:  # RPC down, timeout: retry after a backoff
             return self._record_send(entry_id, "failed", None, f"{type(exc).__name__}: {exc}")
         return self._record_send(entry_id, "sent", tx_or_unit, "")
+
+    def _relay_batch(
+        self, unit_id: int, kind: str, batch: list[tuple[int, str, dict[str, Any]]]
+    ) -> dict[int, OutboxResult]:
+        """Send claimed commits (or reveals) of one unit in one transaction; each entry's result.
+
+        A refusal of the unit applies to each entry as if sent alone; a refusal naming one entry applies to
+        that entry and the others go again as a batch; any other refusal splits the batch into single
+        sends (so a bad entry blocks none of the others). A reveal batch that finalized the unit settles
+        its finalize intent too (recorded first, so nobody sends that finalize, which would only revert)."""
+        from veritrain.chain.errors import ContractReverted
+
+        try:
+            tx_hash, finalized = self._send_batch(kind, [payload for _, _, payload in batch])
+        except ContractReverted as exc:
+            if len(batch) == 1 or exc.name in UNIT_LEVEL_ERRORS:
+                return {entry_id: self._after_revert(entry_id, a, p, exc) for entry_id, a, p in batch}
+            culprit = _named_by(exc, batch)
+            if culprit is None:  # say, an expired signature: whose is not in the error
+                return {
+                    entry_id: result
+                    for single in batch
+                    for entry_id, result in self._relay_batch(unit_id, kind, [single]).items()
+                }
+            rest = [entry for entry in batch if entry is not culprit]
+            return {culprit[0]: self._after_revert(*culprit, exc), **self._relay_batch(unit_id, kind, rest)}
+        except Exception as exc:  # RPC down, timeout: retry after a backoff
+            error = f"{type(exc).__name__}: {exc}"
+            return {entry_id: self._record_send(entry_id, "failed", None, error) for entry_id, _, _ in batch}
+        if finalized:
+            self._record_finalized_by_reveals(unit_id, tx_hash)
+        return {entry_id: self._record_send(entry_id, "sent", tx_hash, "") for entry_id, _, _ in batch}
+
+    def _send_batch(self, kind: str, payloads: list[dict[str, Any]]) -> tuple[str, bool]:
+        """One commitBatch or revealBatch of one unit's replicas: (transaction hash, finalized)."""
+        chain = self.chain
+        assert chain is not None
+        unit_id = int(payloads[0]["unit_id"])
+        if kind == "commit":
+            commits = [
+                SignedCommit(p["provider"], p["commitment"], p["deadline"], p["signature"]) for p in payloads
+            ]
+            return chain.commit_batch(unit_id, commits), False
+        reveals = [RevealForm(p["provider"], p["result_digest"], p["salt"]) for p in payloads]
+        finalized, tx_hash = chain.reveal_batch(unit_id, reveals)
+        return tx_hash, finalized
+
+    def _record_finalized_by_reveals(self, unit_id: int, tx_hash: str) -> None:
+        """The reveals finalized the unit: its waiting finalize intent is done by their transaction."""
+        with self.store.transaction() as session:
+            entry = self.store.outbox_entry(session, unit_id, "finalize")
+            if entry is None or entry.state not in ("pending", "retrying"):
+                return  # none yet (the chain sync applies the finalize) or someone is on it
+            finalize_id = row_id(entry)
+        self._record_send(finalize_id, "sent", tx_hash, "")
 
     def _after_revert(
         self, entry_id: int, action: str, payload: dict[str, Any], exc: Exception
@@ -167,10 +271,13 @@ class SettlementOutbox(Lifecycle):
         return self._record_superseded(entry_id, error, self.assignments.on_unassignable)
 
     def _prerequisites_sent(self, session: Session, entry: OutboxRow) -> bool:
-        """A unit's actions go out in order: assign, commits, reveals, then finalize/verdict."""
+        """A unit's actions go out in order: assign, commits, reveals, then finalize/verdict (the replicas'
+        commits, or reveals, among themselves in one batch)."""
         if entry.action == "assign":
             return True
-        return not self.store.outbox_before(session, entry.unit_id, row_id(entry), ["pending", "sending"])
+        kind = entry.action.split(":", 1)[0]
+        earlier = self.store.outbox_before(session, entry.unit_id, row_id(entry), ["pending", "sending"])
+        return not any(e.action.split(":", 1)[0] != kind or kind not in BATCHED_KINDS for e in earlier)
 
     def _send(self, action: str, payload: dict[str, Any]) -> str:
         chain = self.chain
@@ -182,19 +289,6 @@ class SettlementOutbox(Lifecycle):
                 payload["order_id"], payload["unit_key"], payload["providers"], payload["verifiers"], accepts
             )
             return str(unit_id)
-        if kind == "commit":
-            return chain.commit_with_sig(
-                payload["unit_id"],
-                payload["provider"],
-                payload["commitment"],
-                payload["nonce"],
-                payload["deadline"],
-                payload["signature"],
-            )
-        if kind == "reveal":
-            return chain.reveal(
-                payload["unit_id"], payload["provider"], payload["result_digest"], payload["salt"]
-            )
         if kind == "finalize":
             return chain.finalize(payload["unit_id"])
         if kind == "verdict":

@@ -52,6 +52,25 @@ class SignedAccept:
 
 
 @dataclass(frozen=True, slots=True)
+class SignedCommit:
+    """A provider's UnitCommit signature (no nonce: a provider commits once per unit), for commitBatch."""
+
+    provider: str
+    commitment: str
+    deadline: int
+    signature: str
+
+
+@dataclass(frozen=True, slots=True)
+class RevealForm:
+    """A replica's reveal for revealBatch: its commitment's preimage (the salt is the authorization)."""
+
+    provider: str
+    result_digest: str
+    salt: str
+
+
+@dataclass(frozen=True, slots=True)
 class SignedVerdict:
     """A verifier's outcome-only Verdict signature (no nonce: the unit's settlement makes it single-use)."""
 
@@ -93,10 +112,16 @@ class SettlementPort(Protocol):
         verifiers: Sequence[str],
         accepts: Sequence[SignedAccept],
     ) -> int: ...
-    def commit_with_sig(
-        self, unit_id: int, provider: str, commitment: str, nonce: int, deadline: int, signature: str
-    ) -> str: ...
-    def reveal(self, unit_id: int, provider: str, result_digest: str, salt: str) -> str: ...
+    def commit_batch(self, unit_id: int, commits: Sequence[SignedCommit]) -> str:
+        """Relay several replicas' signed commits for one unit in one transaction; one bad entry reverts
+        all of them."""
+        ...
+
+    def reveal_batch(self, unit_id: int, reveals: Sequence[RevealForm]) -> tuple[bool, str]:
+        """Reveal several replicas of one unit in one transaction: (finalized, transaction hash). When
+        that completes a unanimous unit the chain did not draw, the same transaction finalizes it."""
+        ...
+
     def finalize(self, unit_id: int) -> str: ...
     def submit_verdict(
         self, unit_id: int, outcomes: Sequence[int], verdicts: Sequence[SignedVerdict]

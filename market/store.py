@@ -164,7 +164,6 @@ class ReplicaRow(SQLModel, table=True):
     accept_deadline: int | None = Field(default=None, sa_type=Uint256Text)
     accept_signature: str | None = Field(default=None, max_length=132)
     commitment: str | None = Field(default=None, max_length=66)
-    commit_nonce: int | None = Field(default=None, sa_type=Uint256Text)
     commit_deadline: int | None = Field(default=None, sa_type=Uint256Text)
     commit_signature: str | None = Field(default=None, max_length=132)
     result_digest: str | None = Field(default=None, max_length=66)
@@ -560,6 +559,17 @@ class MarketStore:
             OutboxRow.unit_id == unit_id, col(OutboxRow.id) < before_id, col(OutboxRow.state).in_(states)
         )
         return session.exec(query).all()
+
+    def outbox_of_kind(
+        self, session: Session, unit_id: int, kind: str, *, for_update: bool = False
+    ) -> Sequence[OutboxRow]:
+        """The unit's intents ``kind:<party>`` by id (locked in that order, so two runs never deadlock)."""
+        query = select(OutboxRow).where(
+            OutboxRow.unit_id == unit_id, col(OutboxRow.action).startswith(f"{kind}:", autoescape=True)
+        )
+        if for_update:
+            query = query.with_for_update()
+        return session.exec(query.order_by(col(OutboxRow.id))).all()
 
     def outbox_in(
         self, session: Session, states: Sequence[str], limit: int = 100, *, due_by: int | None = None

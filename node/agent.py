@@ -452,13 +452,12 @@ class ProviderAgent(AgentPlumbing):
             self.chain.commitment(record.result_digest, record.salt, self.address, assignment.chain_unit_id)
         )
         deadline = self.chain.now() + SIGNATURE_TTL_S  # the contract's commit window bounds it anyway
-        signed = self.chain.sign_commit(self.account, assignment.chain_unit_id, value, deadline)
+        signed = self.chain.sign_unit_commit(self.account, assignment.chain_unit_id, value, deadline)
         self.market.commit(
             CommitSubmission(
                 unit_id=assignment.unit_id,
                 provider=self.address,
                 commitment=value,
-                nonce=signed.nonce,
                 deadline=deadline,
                 signature="0x" + signed.signature.hex(),
             ),

@@ -471,12 +471,12 @@ class AcceptSubmission(Frozen):
 
 
 class CommitSubmission(Frozen):
-    """A provider's signed commit form for ``commitWithSig``; the market relays it."""
+    """A provider's EIP-712 ``UnitCommit`` signature; the market relays it with the unit's other replicas'
+    in one ``commitBatch``. No nonce: a provider commits once per unit, so the form is single-use."""
 
     unit_id: RowId
     provider: Address
     commitment: Bytes32Hex
-    nonce: Uint256
     deadline: Uint256
     signature: SignatureHex
 

@@ -35,6 +35,8 @@ TOTALS = [
     "gas_per_settled_unit_k3_m8",
     "gas_per_settled_unit_k1_m8",
     "gas_per_settled_unit_market_path",
+    "gas_per_settled_unit_market_path_per_message",
+    "gas_per_settled_unit_round_multicall_m8",
 ]
 
 
@@ -78,8 +80,9 @@ def test_bench_chain_writes_the_gas_schema(tmp_path: Path, capsys: pytest.Captur
     first = sum(detail["single_message_first_unit_of_order"].values())
     assert report["gas_per_settled_unit_single_message"] <= first * 1001 // 1000
     # Issue 9's whole-order figures: every transaction of an M = 8 order (2 rounds of 8 shard units and
-    # an aggregate unit) over its 16 shard units. One replica costs less than three; the market's
-    # single-message path costs more than the batched one.
+    # an aggregate unit) over its 16 shard units. One replica costs less than three; the market's outbox
+    # sends the batched path (one commitBatch, one revealBatch per unit), which costs less than its
+    # earlier single-message path.
     orders = detail["diloco_m8_orders"]
     for key, order in orders.items():
         assert order["units"] == 18 and order["shard_units"] == 16
@@ -87,7 +90,10 @@ def test_bench_chain_writes_the_gas_schema(tmp_path: Path, capsys: pytest.Captur
         assert report[f"gas_per_settled_unit_{key}"] == order["per_shard_unit"]
     assert orders["k1_m8"]["replicas"] == 1 and orders["k3_m8"]["replicas"] == 3
     assert report["gas_per_settled_unit_k1_m8"] < report["gas_per_settled_unit_k3_m8"]
-    assert report["gas_per_settled_unit_k3_m8"] < report["gas_per_settled_unit_market_path"]
+    assert orders["market_path"] == orders["k3_m8"]
+    # a round's shard units coalesced into one multicall per phase (not the market's path) costs less
+    assert report["gas_per_settled_unit_round_multicall_m8"] < report["gas_per_settled_unit_market_path"]
+    assert report["gas_per_settled_unit_market_path"] < report["gas_per_settled_unit_market_path_per_message"]
     # amortized over 18 units, a k = 3 unit costs at least the steady-state batched unit's share
     assert orders["k3_m8"]["units_gas"] >= 18 * report["gas_per_settled_unit"] * 99 // 100
     printed = capsys.readouterr().out

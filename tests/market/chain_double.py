@@ -22,7 +22,15 @@ from typing import Any
 from eth_utils import keccak
 
 from market.domain.replication import Reputation
-from market.ports import ChainEvent, ChainOrder, MarketTerms, SignedAccept, SignedVerdict
+from market.ports import (
+    ChainEvent,
+    ChainOrder,
+    MarketTerms,
+    RevealForm,
+    SignedAccept,
+    SignedCommit,
+    SignedVerdict,
+)
 from veritrain.chain.eip712 import as_bytes32, outcomes_hash
 from veritrain.chain.eip712 import commitment as commitment_of
 from veritrain.chain.errors import ContractReverted, error_class
@@ -62,7 +70,6 @@ class LedgerChain:
                 "stake": {},
                 "locked": {},
                 "reputation": {},
-                "used_signatures": [],
                 "used_accept_nonces": [],
             }
             self.path.write_text(json.dumps(empty))
@@ -109,14 +116,6 @@ class LedgerChain:
             return [b["args"] for b in state["blocks"] if b["name"] == name]
 
     # --- contract rules ---
-
-    def _use_signatures(self, state: dict[str, Any], forms: Sequence[tuple[str, int, str]]) -> None:
-        """A signed form takes effect once: its nonce is spent (a replay reverts as on the contract)."""
-        used = set(state["used_signatures"])
-        for signer, nonce, signature in forms:
-            if signature.lower() in used:
-                raise _revert("InvalidNonce", account=signer, expected=nonce + 1, given=nonce)
-        state["used_signatures"].extend(signature.lower() for _, _, signature in forms)
 
     def _use_accept_nonces(self, state: dict[str, Any], accepts: Sequence[SignedAccept]) -> None:
         """Accept nonces are unordered: any value once per provider (a reuse reverts as on the contract)."""
@@ -226,45 +225,53 @@ class LedgerChain:
             )
             return unit_id
 
-    def commit_with_sig(
-        self, unit_id: int, provider: str, commitment: str, nonce: int, deadline: int, signature: str
-    ) -> str:
-        as_bytes32(commitment, "commitment")
-        with self._state() as state:
-            self._use_signatures(state, [(provider, nonce, signature)])
+    def commit_batch(self, unit_id: int, commits: Sequence[SignedCommit]) -> str:
+        for commit in commits:
+            as_bytes32(commit.commitment, "commitment")
+        if not commits:
+            raise _revert("EmptyBatch")
+        with self._state() as state:  # one bad entry reverts the batch: nothing is written
             unit = self._open_unit(state, unit_id)
-            key = self._provider_index(unit, unit_id, provider)
-            if key in unit["commitments"]:
-                raise _revert("AlreadyCommitted", unitId=unit_id, provider=provider)
-            unit["commitments"][key] = commitment.lower()
+            tx_hash = ""
+            for commit in commits:
+                key = self._provider_index(unit, unit_id, commit.provider)
+                if key in unit["commitments"]:
+                    raise _revert("AlreadyCommitted", unitId=unit_id, provider=commit.provider)
+                unit["commitments"][key] = commit.commitment.lower()
+                args = {"unitId": unit_id, "provider": commit.provider, "commitment": commit.commitment}
+                tx_hash = self._mine(state, "ReplicaCommitted", args)
             if len(unit["commitments"]) == len(unit["providers"]):
                 unit["state"] = "revealing"
-            return self._mine(
-                state, "ReplicaCommitted", {"unitId": unit_id, "provider": provider, "commitment": commitment}
-            )
+            return tx_hash
 
-    def reveal(self, unit_id: int, provider: str, result_digest: str, salt: str) -> str:
-        expected = "0x" + commitment_of(result_digest, salt, provider, unit_id).hex()
-        with self._state() as state:
+    def reveal_batch(self, unit_id: int, reveals: Sequence[RevealForm]) -> tuple[bool, str]:
+        if not reveals:
+            raise _revert("EmptyBatch")
+        with self._state() as state:  # one bad entry reverts the batch: nothing is written
             unit = self._open_unit(state, unit_id)
             if unit["state"] == "committing":  # the double has no clock: its commit window never closes
                 raise _revert("RevealWindowNotOpen", unitId=unit_id)
-            key = self._provider_index(unit, unit_id, provider)
-            if key in unit["reveals"]:
-                raise _revert("AlreadyRevealed", unitId=unit_id, provider=provider)
-            if unit["commitments"].get(key) != expected:
-                raise _revert("RevealMismatch", unitId=unit_id, provider=provider)
             full = len(unit["commitments"]) == len(unit["providers"])
             if full and not unit["reveals"] and not unit["drawn"] and self.spot_check_ppm >= PPM:
                 # the contract's draw at the first reveal of a fully committed unit (rate 0 or 100 % here)
                 unit["drawn"] = True
                 self._mine(state, "VerificationRequested", {"unitId": unit_id})
-            unit["reveals"][key] = result_digest.lower()
-            return self._mine(
-                state,
-                "ReplicaRevealed",
-                {"unitId": unit_id, "provider": provider, "resultDigest": result_digest},
-            )
+            tx_hash = ""
+            for reveal in reveals:
+                preimage = (reveal.result_digest, reveal.salt, reveal.provider, unit_id)
+                expected = "0x" + commitment_of(*preimage).hex()
+                key = self._provider_index(unit, unit_id, reveal.provider)
+                if key in unit["reveals"]:
+                    raise _revert("AlreadyRevealed", unitId=unit_id, provider=reveal.provider)
+                if unit["commitments"].get(key) != expected:
+                    raise _revert("RevealMismatch", unitId=unit_id, provider=reveal.provider)
+                unit["reveals"][key] = reveal.result_digest.lower()
+                args = {"unitId": unit_id, "provider": reveal.provider, "resultDigest": reveal.result_digest}
+                tx_hash = self._mine(state, "ReplicaRevealed", args)
+            digests = set(unit["reveals"].values())
+            if len(unit["reveals"]) < len(unit["providers"]) or len(digests) != 1 or unit["drawn"]:
+                return False, tx_hash
+            return True, self._settle_unanimous(state, unit, unit_id)
 
     def finalize(self, unit_id: int) -> str:
         with self._state() as state:
@@ -273,13 +280,16 @@ class LedgerChain:
                 raise _revert("UnitUnderVerification", unitId=unit_id)
             if len(unit["reveals"]) != len(unit["providers"]):
                 raise _revert("RevealsIncomplete", unitId=unit_id)
-            digests = set(unit["reveals"].values())
-            if len(digests) != 1:
+            if len(set(unit["reveals"].values())) != 1:
                 raise _revert("NotUnanimous", unitId=unit_id)
-            self._close(state, unit, "finalized")
-            for provider in unit["providers"]:
-                self._credit_outcome(state, provider, OUTCOME_ACCEPT)
-            return self._mine(state, "UnitFinalized", {"unitId": unit_id, "resultDigest": digests.pop()})
+            return self._settle_unanimous(state, unit, unit_id)
+
+    def _settle_unanimous(self, state: dict[str, Any], unit: dict[str, Any], unit_id: int) -> str:
+        self._close(state, unit, "finalized")
+        for provider in unit["providers"]:
+            self._credit_outcome(state, provider, OUTCOME_ACCEPT)
+        digest = next(iter(unit["reveals"].values()))
+        return self._mine(state, "UnitFinalized", {"unitId": unit_id, "resultDigest": digest})
 
     def submit_verdict(self, unit_id: int, outcomes: Sequence[int], verdicts: Sequence[SignedVerdict]) -> str:
         with self._state() as state:

@@ -114,20 +114,13 @@ def run_unit(
         commit = "0x" + commitment(digest, salt, address, chain_unit).hex()
         deadline = key.clock.now + 600
         signature = key.sign(
-            "Commit",
-            {
-                "unitId": chain_unit,
-                "provider": address,
-                "commitment": commit,
-                "nonce": 0,
-                "deadline": deadline,
-            },
+            "UnitCommit",
+            {"unitId": chain_unit, "provider": address, "commitment": commit, "deadline": deadline},
         )
         body = {
             "unit_id": unit_id,
             "provider": address,
             "commitment": commit,
-            "nonce": 0,
             "deadline": deadline,
             "signature": signature,
         }

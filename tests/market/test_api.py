@@ -413,7 +413,6 @@ def test_bad_settlement_forms_are_refused_and_change_nothing(
         "unit_id": assignment["unit_id"],
         "provider": chosen.address,
         "commitment": "0x" + "00" * 32,
-        "nonce": 0,
         "deadline": clock.now + 60,
         "signature": good.signature,
     }
@@ -457,11 +456,11 @@ def test_a_settlement_that_keeps_failing_backs_off_and_is_never_given_up(
     service.matching.match_pending()
     calls = []
 
-    def rpc_down(unit_id: int) -> str:
+    def rpc_down(unit_id: int, reveals: Any) -> tuple[bool, str]:
         calls.append(clock.now)
         raise ConnectionError("RPC node unreachable")
 
-    monkeypatch.setattr(ledger, "finalize", rpc_down)
+    monkeypatch.setattr(ledger, "reveal_batch", rpc_down)
     run_unit(
         client, service, {k.address: k for k in providers}, {"default": "0x" + "55" * 32}, drain_after=False
     )
@@ -471,11 +470,13 @@ def test_a_settlement_that_keeps_failing_backs_off_and_is_never_given_up(
         for _ in range(3):  # several ticks in the same second send nothing more
             for entry_id in service.outbox.pending_outbox():
                 service.outbox.send_outbox_entry(entry_id)
-    assert [t - start for t in calls] == [0, 1, 3, 7, 15, 31, 63]
+    assert [t - start for t in calls] == [0, 1, 3, 7, 15, 31, 63]  # the unit's 3 reveals in one batch
     with service.store.transaction() as session:
-        (entry,) = [e for e in service.store.outbox_in(session, ["pending"]) if e.action == "finalize"]
-        assert entry.next_attempt_at == start + 63 + backoff_s(7)
-        assert "unreachable" in (entry.last_error or "")
+        reveals = [e for e in service.store.outbox_in(session, ["pending"]) if e.action.startswith("reveal:")]
+        assert len(reveals) == 3
+        for entry in reveals:
+            assert entry.next_attempt_at == start + 63 + backoff_s(7)
+            assert "unreachable" in (entry.last_error or "")
     monkeypatch.undo()
     clock.now = start + 63 + backoff_s(7)
     drain_outbox(service)
@@ -528,20 +529,13 @@ def test_a_provider_that_never_commits_becomes_a_fault_and_the_unit_still_comple
         commit = "0x" + commitment(bound(digest), salt, address, chain_unit).hex()
         deadline = clock.now + 600
         signature = keys[address].sign(
-            "Commit",
-            {
-                "unitId": chain_unit,
-                "provider": address,
-                "commitment": commit,
-                "nonce": 0,
-                "deadline": deadline,
-            },
+            "UnitCommit",
+            {"unitId": chain_unit, "provider": address, "commitment": commit, "deadline": deadline},
         )
         body = {
             "unit_id": unit_id,
             "provider": address,
             "commitment": commit,
-            "nonce": 0,
             "deadline": deadline,
             "signature": signature,
         }
@@ -589,7 +583,7 @@ def test_a_provider_that_never_commits_becomes_a_fault_and_the_unit_still_comple
 def test_chain_events_confirm_commits_and_reveals_whose_retry_reverted(
     client: TestClient, service: MarketService, ledger: LedgerChain, make_agent: Any, clock: Clock
 ) -> None:
-    """A worker that crashed after its commit/reveal landed retries into InvalidNonce / AlreadyRevealed;
+    """A worker that crashed after its commit/reveal landed retries into AlreadyCommitted / AlreadyRevealed;
     the chain's ReplicaCommitted / ReplicaRevealed events must still confirm the intent."""
     no_audit(service)
     providers, _ = register_market(client, make_agent)
@@ -667,8 +661,9 @@ def test_matching_settling_and_advancing_are_triggered_when_work_appears(
     service.matching.match_pending()
     run_unit(client, service, {k.address: k for k in providers}, {"default": "0x" + "31" * 32})
     # settle: the last accept queued the assign; each of 3 commits and 3 reveals queued its relay; each of
-    # the 3 commit and 3 reveal relays unblocked a later intent of the unit. advance: the finalize landed.
-    assert asked == ["match(refresh=False)", *["settle"] * (1 + 3 + 3 + 6), "advance"]
+    # the 3 commits recorded from their one batch unblocked the reveals. advance: the reveal batch
+    # finalized the unit (its finalize intent is done by it: nothing is left to unblock).
+    assert asked == ["match(refresh=False)", *["settle"] * (1 + 3 + 3 + 3), "advance"]
     asked.clear()
     assert service.orders.advance_orders() == 1  # round 1 opens
     assert asked == ["match(refresh=False)"]
@@ -702,8 +697,8 @@ def _run_proposed_units(
         commit = "0x" + commitment(result, salt, key.address, assignment["chain_unit_id"]).hex()
         deadline = key.clock.now + 600
         message = {"unitId": assignment["chain_unit_id"], "provider": key.address, "commitment": commit}
-        signature = key.sign("Commit", {**message, "nonce": 0, "deadline": deadline})
-        body = {**message, "unit_id": unit_id, "nonce": 0, "deadline": deadline, "signature": signature}
+        signature = key.sign("UnitCommit", {**message, "deadline": deadline})
+        body = {**message, "unit_id": unit_id, "deadline": deadline, "signature": signature}
         del body["unitId"]
         assert client.post("/assignments/commit", json=body).status_code == 200, body
     for unit_id, key in owner.items():

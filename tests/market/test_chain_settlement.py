@@ -103,3 +103,109 @@ def test_a_unit_the_chain_draws_goes_to_verifiers_and_settles_by_verdict(market:
     for provider in chosen:
         assert client.credits(provider) == price_per_replica(market, unit_id)
     assert service.orders.order_status(order_id).units[0].state == "accepted"
+
+
+# --- batched settlement (issue 9): the outbox relays a unit's commits and reveals one batch each ---------
+
+
+def transactions(market: ChainMarket, chain_unit: int, *names: str) -> set[str]:
+    """The transactions that emitted the unit's events called ``names``."""
+    return {
+        e.tx_hash for e in market.client.events() if e.name in names and e.args.get("unitId") == chain_unit
+    }
+
+
+def outbox_of(market: ChainMarket, unit_id: int) -> dict[str, tuple[str, str | None]]:
+    """Each of the unit's intents: (state, transaction hash)."""
+    with market.store.transaction() as session:
+        rows = market.store.outbox_in(session, ["sent", "confirmed", "pending", "retrying", "reverted"], 1000)
+        return {r.action: (r.state, r.tx_hash) for r in rows if r.unit_id == unit_id}
+
+
+def test_a_units_commits_and_reveals_land_in_one_transaction_each(market: ChainMarket) -> None:
+    """Three replicas, three transactions in all: assign, one commitBatch, one revealBatch that also
+    finalizes (the single-message path took eight: assign, 3 commits, 3 reveals, finalize)."""
+    _, unit_id, chosen = unanimous_unit(market)
+    operator = market.client.relayer
+    assert operator is not None
+    sent_before = market.client.w3.eth.get_transaction_count(operator.address)
+    market.send_outbox()
+    assert market.client.w3.eth.get_transaction_count(operator.address) == sent_before + 2
+    chain_unit = market.chain_unit(unit_id)
+    assert market.client.get_unit(chain_unit).state == UnitState.FINALIZED
+    assert len(transactions(market, chain_unit, "ReplicaCommitted")) == 1
+    (reveal_tx,) = transactions(market, chain_unit, "ReplicaRevealed", "UnitFinalized")
+    intents = outbox_of(market, unit_id)
+    assert intents["finalize"] == ("sent", reveal_tx)  # done by the reveal batch, never sent itself
+    assert {intents[f"reveal:{p.address}"] for p in chosen} == {("sent", reveal_tx)}
+
+
+def test_a_replica_that_never_commits_does_not_hold_the_others_past_their_deadline(
+    market: ChainMarket,
+) -> None:
+    """Two replicas commit, the third stays silent: the market holds their commits for it, then sends them
+    in one batch well before the commit deadline; after it their reveals go out together at once."""
+    market.post_order(rounds=1)
+    unit_id, chosen = market.match_and_accept()
+    market.send_outbox()
+    chain_unit = market.chain_unit(unit_id)
+    working = chosen[:2]  # the third stays silent
+    honest = result("honest")
+    signed_at = market.client.now()
+    for provider in working:  # signed for 600 s as node agents do, in a 3600 s commit window
+        market.commit(unit_id, provider, honest, ttl_s=600)
+    assert market.send_outbox() == []  # held for the third replica
+    assert transactions(market, chain_unit, "ReplicaCommitted") == set()
+    market.send_held()  # time passes until the market stops waiting
+    commit_deadline = market.client.get_unit(chain_unit).commit_deadline
+    assert market.client.now() < min(commit_deadline, signed_at + 600)  # both signatures still valid
+    assert len(transactions(market, chain_unit, "ReplicaCommitted")) == 1
+    assert market.client.get_unit(chain_unit).state == UnitState.COMMITTING
+
+    market.client.advance_time(commit_deadline - market.client.now() + 1)
+    market.tick()  # the market closes the commit phase: the two committed replicas reveal
+    for provider in working:
+        market.service.assignments.reveal(market.reveal_submission(unit_id, provider, honest))
+    assert market.send_outbox() == ["sent"]  # not held: the silent replica has nothing to reveal
+    (reveal_tx,) = transactions(market, chain_unit, "ReplicaRevealed")
+    assert sum(1 for e in market.client.events() if e.tx_hash == reveal_tx) == 2
+    on_chain = market.client.get_unit(chain_unit)  # open, for verifiers to decide (fault for the third)
+    assert on_chain.revealed_mask == 0b011 and on_chain.state == UnitState.COMMITTING
+
+
+def test_a_batch_sent_again_or_refused_for_one_replica_moves_nothing_twice(market: ChainMarket) -> None:
+    """A provider commits straight on chain while the market holds its form: the market's batch is refused
+    for that replica alone and the others land in one batch. A worker that crashed after sending retries
+    the batch: refused, and the chain events confirm every intent; nothing lands twice."""
+    market.post_order(rounds=1)
+    unit_id, chosen = market.match_and_accept()
+    market.send_outbox()
+    chain_unit = market.chain_unit(unit_id)
+    honest = result("honest")
+    for provider in chosen:
+        market.commit(unit_id, provider, honest)
+    early = chosen[0]
+    commitment = market.client.commitment(honest.digest, market.salt, early, chain_unit)
+    signed = market.client.sign_unit_commit(early, chain_unit, commitment, market.client.now() + 3600)
+    market.client.commit_batch(chain_unit, [signed], relayer=early)
+    market.send_outbox()
+    intents = outbox_of(market, unit_id)
+    assert intents[f"commit:{early.address}"][0] == "retrying"
+    batch = {intents[f"commit:{p.address}"] for p in chosen[1:]}
+    assert len(batch) == 1 and next(iter(batch))[0] == "sent"
+    assert len(transactions(market, chain_unit, "ReplicaCommitted")) == 2  # its own, then the market's
+    with market.store.transaction() as session:  # the crash: sent, never recorded
+        for entry in market.store.outbox_of_kind(session, unit_id, "commit"):
+            entry.state, entry.next_attempt_at = "pending", 0
+            session.add(entry)
+    market.send_outbox()
+    market.service.sync.sync_chain_events()
+    assert {state for action, (state, _) in outbox_of(market, unit_id).items() if "commit" in action} == {
+        "confirmed"
+    }
+    assert sum(1 for e in market.client.events() if e.name == "ReplicaCommitted") == 3
+    for provider in chosen:
+        market.service.assignments.reveal(market.reveal_submission(unit_id, provider, honest))
+    market.tick()
+    assert market.client.get_unit(chain_unit).state == UnitState.FINALIZED
+    assert market.unit(unit_id).state == "accepted"

@@ -52,24 +52,31 @@ def test_a_unit_waits_for_its_earlier_intents_behind_a_thousand_others(
 def test_a_late_failure_does_not_overwrite_what_the_sync_confirmed(
     service: MarketService, ledger: LedgerChain, make_agent: Any, clock: Clock
 ) -> None:
-    """The finalize lands, the sync confirms it, then the sender's RPC call times out: still confirmed."""
+    """The reveal batch lands and finalizes the unit, the sync confirms it, then the sender's RPC call
+    times out: its reveals and the finalize stay confirmed, and nothing is sent again."""
     client = no_audit(service)
     providers, _ = register_market(client, make_agent)
     post_order(client, ledger, make_agent(), clock, total_steps=20)
     (match,) = service.matching.match_pending()
     keys = {k.address: k for k in providers}
-    real_finalize = ledger.finalize
+    real_reveal_batch = ledger.reveal_batch
 
-    def landed_then_timed_out(unit_id: int) -> str:
-        real_finalize(unit_id)
+    def landed_then_timed_out(unit_id: int, reveals: Any) -> tuple[bool, str]:
+        real_reveal_batch(unit_id, reveals)
         service.sync.sync_chain_events()
         raise TimeoutError("the RPC node did not answer in time")
 
-    ledger.finalize = landed_then_timed_out  # type: ignore[method-assign]
+    ledger.reveal_batch = landed_then_timed_out  # type: ignore[method-assign]
     run_unit(client, service, {a: keys[a] for a in match.selected}, {"default": "0x" + "45" * 32})
     with service.store.transaction() as session:
-        entry = service.store.outbox_entry(session, match.unit_id, "finalize")
-        assert entry is not None and entry.state == "confirmed"
+        states = {e.action.split(":")[0]: e.state for e in service.store.outbox_in(session, ["confirmed"])}
+        assert states == {
+            "assign": "confirmed",
+            "commit": "confirmed",
+            "reveal": "confirmed",
+            "finalize": "confirmed",
+        }
+        assert service.store.outbox_in(session, ["pending", "sending", "retrying", "sent"]) == []
         assert service.store.get_unit(session, match.unit_id).state == "accepted"
     assert len(ledger.effects("UnitFinalized")) == 1
 

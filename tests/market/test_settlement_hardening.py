@@ -87,8 +87,9 @@ def test_sync_applies_a_finalize_revealed_around_the_market_and_keeps_going(mark
 
 def test_a_settlement_that_reverts_applies_what_the_chain_did(market: ChainMarket) -> None:
     """Finding 6: the buyer calls `expireUnit` the moment the verdict deadline passes, before the market's
-    finalize lands. The finalize reverts; the market re-reads the chain and fails the unit, so the round
-    does not advance on a unit that paid nobody (it retries the unit under a new key)."""
+    reveals (whose batch would finalize the unit) land. They revert, and so does the finalize; the market
+    re-reads the chain and fails the unit, so the round does not advance on a unit that paid nobody (it
+    retries the unit under a new key)."""
     order_id = market.post_order()
     unit_id, chosen = market.match_and_accept()
     market.send_outbox()  # assign
@@ -98,14 +99,14 @@ def test_a_settlement_that_reverts_applies_what_the_chain_did(market: ChainMarke
     for provider in chosen:
         market.service.assignments.reveal(market.reveal_submission(unit_id, provider, honest))
     assert market.unit(unit_id).state == "finalizing"
-    market.send_outbox(skip=lambda action: action == "finalize")  # commits and reveals land
+    market.send_outbox(skip=lambda action: action.startswith(("reveal", "finalize")))  # commits land
     chain_unit = market.unit(unit_id).chain_unit_id
     assert chain_unit is not None
     verdict_deadline = market.client.get_unit(chain_unit).verdict_deadline
     market.client.advance_time(verdict_deadline - market.client.now() + 1)
     market.client.expire_unit(chain_unit, sender=market.buyer)
 
-    assert market.send_outbox() == ["reverted"]
+    assert market.send_outbox() == ["reverted"] * 4  # the 3 reveals (one batch), then the finalize
     assert market.unit(unit_id).state == "failed"
     assert "accepted" not in market.replica_states(unit_id)
     assert market.service.orders.advance_orders() == 1  # a new attempt, not the next round
@@ -226,8 +227,8 @@ def test_a_verifier_whose_signature_contradicts_the_verdict_is_slashed_once(mark
 WRITES = frozenset(
     {
         "assign",
-        "commit_with_sig",
-        "reveal",
+        "commit_batch",
+        "reveal_batch",
         "finalize",
         "submit_verdict",
         "expire_unit",

@@ -26,7 +26,15 @@ from eth_account.signers.local import LocalAccount
 
 from market.chain_adapter import ChainClientSettlement
 from market.domain.replication import Reputation
-from market.ports import ChainOrder, MarketTerms, SettlementPort, SignedAccept, SignedVerdict
+from market.ports import (
+    ChainOrder,
+    MarketTerms,
+    RevealForm,
+    SettlementPort,
+    SignedAccept,
+    SignedCommit,
+    SignedVerdict,
+)
 from veritrain.chain.backends import Backend, HardhatNode, InProcessBackend, dev_accounts
 from veritrain.chain.client import ChainClient
 from veritrain.chain.deployment import MarketParams
@@ -75,17 +83,9 @@ class Harness:
     verifiers: list[LocalAccount]
     outsider: LocalAccount
     post_order: Callable[[int, int], int]
-    nonce_of: Callable[[str], int]
     advance_time: Callable[[int], None]
     now: Callable[[], int]
     draw: Callable[[int], None]  # the operator's requestVerification (not a port method: the chain draws)
-
-    def sign(self, account: LocalAccount, primary: str, message: dict[str, Any]) -> tuple[int, str]:
-        """(nonce, signature) of the account's next market message, over the port's own domain."""
-        nonce = self.nonce_of(account.address)
-        domain = market_domain(self.port.chain_id, self.port.job_market_address)
-        signature = "0x" + sign_typed(account, domain, primary, {**message, "nonce": nonce}).hex()
-        return nonce, signature
 
     def accept(self, provider: LocalAccount, order_id: int, unit_key: str) -> SignedAccept:
         deadline = self.now() + 3600
@@ -115,17 +115,15 @@ class Harness:
         args.append(accepts)
         return self.port.assign(*args), args
 
-    def commit_args(self, unit_id: int, provider: LocalAccount, digest: str, salt: str) -> list[Any]:
+    def signed_commit(self, unit_id: int, provider: LocalAccount, digest: str, salt: str) -> SignedCommit:
+        """The provider's UnitCommit over the port's own domain."""
         deadline = self.now() + 3600
         commit = "0x" + commitment(digest, salt, provider.address, unit_id).hex()
-        message = {
-            "unitId": unit_id,
-            "provider": provider.address,
-            "commitment": commit,
-            "deadline": deadline,
-        }
-        nonce, signature = self.sign(provider, "Commit", message)
-        return [unit_id, provider.address, commit, nonce, deadline, signature]
+        message = {"unitId": unit_id, "provider": provider.address, "commitment": commit}
+        message["deadline"] = deadline
+        domain = market_domain(self.port.chain_id, self.port.job_market_address)
+        signature = "0x" + sign_typed(provider, domain, "UnitCommit", message).hex()
+        return SignedCommit(provider.address, commit, deadline, signature)
 
     def verdict(self, verifier: LocalAccount, unit_id: int, outcomes: list[int]) -> SignedVerdict:
         deadline = self.now() + 3600
@@ -139,16 +137,18 @@ class Harness:
         """A unit whose providers all committed to `digests` (default DIGEST); returns it and the salts."""
         unit_id, _ = self.assign(self.post_order(2, len(self.providers)))
         salts = ["0x" + os.urandom(32).hex() for _ in self.providers]
-        for provider, digest, salt in zip(self.providers, digests or [DIGEST] * 3, salts, strict=True):
-            self.port.commit_with_sig(*self.commit_args(unit_id, provider, digest, salt))
+        chosen = zip(self.providers, digests or [DIGEST] * 3, salts, strict=True)
+        self.port.commit_batch(unit_id, [self.signed_commit(unit_id, p, d, s) for p, d, s in chosen])
         return unit_id, salts
 
-    def revealed_unit(self, digests: list[str] | None = None) -> int:
+    def revealed_unit(self, digests: list[str] | None = None) -> tuple[int, bool]:
+        """A unit whose providers all revealed `digests` in one batch; returns it and whether that batch
+        finalized it."""
         chosen = digests or [DIGEST] * len(self.providers)
         unit_id, salts = self.committed_unit(chosen)
-        for provider, digest, salt in zip(self.providers, chosen, salts, strict=True):
-            self.port.reveal(unit_id, provider.address, digest, salt)
-        return unit_id
+        reveals = [RevealForm(p.address, d, s) for p, d, s in zip(self.providers, chosen, salts, strict=True)]
+        finalized, _ = self.port.reveal_batch(unit_id, reveals)
+        return unit_id, finalized
 
     def count(self, name: str) -> int:
         return sum(1 for e in self.port.events(0, self.port.block_number()) if e.name == name)
@@ -218,7 +218,6 @@ def real_harness(name: str, world: RealWorld) -> Harness:
         verifiers=verifiers,
         outsider=outsider,
         post_order=post_order,
-        nonce_of=client.market_nonce,
         advance_time=advance_time,
         now=client.now,
         draw=draw,
@@ -231,7 +230,6 @@ def double_harness(path: Path) -> Harness:
     for party in [*providers, *verifiers, outsider]:
         ledger.set_free_stake(party.address, STAKE)
     order_ids = itertools.count(1)
-    nonces: dict[str, itertools.count[int]] = {}
     clock = [int(time.time())]
 
     def post_order(units: int, replicas: int) -> int:
@@ -254,7 +252,6 @@ def double_harness(path: Path) -> Harness:
         verifiers=verifiers,
         outsider=outsider,
         post_order=post_order,
-        nonce_of=lambda account: next(nonces.setdefault(account, itertools.count())),
         advance_time=advance_time,
         now=lambda: clock[0],
         draw=ledger.draw,
@@ -400,52 +397,56 @@ def test_assign_with_a_forged_accept_reverts(harness: Harness, request: pytest.F
 # --- commit and reveal ----------------------------------------------------------------------------------
 
 
-def test_commit_sent_twice_has_one_effect(harness: Harness) -> None:
+def test_a_commit_batch_sent_twice_has_one_effect(harness: Harness) -> None:
     unit_id, _ = harness.assign(harness.post_order(2, 3))
-    args = harness.commit_args(unit_id, harness.providers[0], DIGEST, "0x" + "a7" * 32)
-    assert re.fullmatch(r"0x[0-9a-f]{64}", harness.port.commit_with_sig(*args))
-    reverts("InvalidNonce", lambda: harness.port.commit_with_sig(*args))
-    assert harness.count("ReplicaCommitted") == 1
+    salt = "0x" + "a7" * 32
+    commits = [harness.signed_commit(unit_id, p, DIGEST, salt) for p in harness.providers[:2]]
+    assert re.fullmatch(r"0x[0-9a-f]{64}", harness.port.commit_batch(unit_id, commits))
+    reverts("AlreadyCommitted", lambda: harness.port.commit_batch(unit_id, commits))
+    assert harness.count("ReplicaCommitted") == 2 and harness.port.unit_state(unit_id) == "committing"
 
 
-def test_commit_by_a_party_not_assigned_reverts(harness: Harness) -> None:
+def test_one_bad_entry_reverts_the_whole_commit_batch(harness: Harness) -> None:
     unit_id, _ = harness.assign(harness.post_order(2, 3))
-    args = harness.commit_args(unit_id, harness.outsider, DIGEST, "0x" + "a7" * 32)
-    reverts("NotAssignedProvider", lambda: harness.port.commit_with_sig(*args))
+    salt = "0x" + "a7" * 32
+    good = harness.signed_commit(unit_id, harness.providers[0], DIGEST, salt)
+    outsider = harness.signed_commit(unit_id, harness.outsider, DIGEST, salt)
+    reverts("NotAssignedProvider", lambda: harness.port.commit_batch(unit_id, [good, outsider]))
+    reverts("EmptyBatch", lambda: harness.port.commit_batch(unit_id, []))
     assert harness.count("ReplicaCommitted") == 0
 
 
 def test_reveal_waits_for_every_commit_in_the_commit_window(harness: Harness) -> None:
     unit_id, _ = harness.assign(harness.post_order(2, 3))
     salt = "0x" + "a7" * 32
-    harness.port.commit_with_sig(*harness.commit_args(unit_id, harness.providers[0], DIGEST, salt))
-    reverts(
-        "RevealWindowNotOpen",
-        lambda: harness.port.reveal(unit_id, harness.providers[0].address, DIGEST, salt),
-    )
+    harness.port.commit_batch(unit_id, [harness.signed_commit(unit_id, harness.providers[0], DIGEST, salt)])
+    reveal = RevealForm(harness.providers[0].address, DIGEST, salt)
+    reverts("RevealWindowNotOpen", lambda: harness.port.reveal_batch(unit_id, [reveal]))
 
 
 def test_reveal_sent_twice_has_one_effect_and_a_wrong_salt_reverts(harness: Harness) -> None:
     unit_id, salts = harness.committed_unit()
     first, second = harness.providers[0].address, harness.providers[1].address
-    reverts("RevealMismatch", lambda: harness.port.reveal(unit_id, first, DIGEST, salts[1]))
-    harness.port.reveal(unit_id, first, DIGEST, salts[0])
-    reverts("AlreadyRevealed", lambda: harness.port.reveal(unit_id, first, DIGEST, salts[0]))
-    reverts("RevealMismatch", lambda: harness.port.reveal(unit_id, second, OTHER_DIGEST, salts[1]))
+    wrong_salt = RevealForm(first, DIGEST, salts[1])
+    reverts("RevealMismatch", lambda: harness.port.reveal_batch(unit_id, [wrong_salt]))
+    right = RevealForm(first, DIGEST, salts[0])
+    assert harness.port.reveal_batch(unit_id, [right])[0] is False
+    reverts("AlreadyRevealed", lambda: harness.port.reveal_batch(unit_id, [right]))
+    wrong_digest = RevealForm(second, OTHER_DIGEST, salts[1])
+    reverts("RevealMismatch", lambda: harness.port.reveal_batch(unit_id, [wrong_digest]))
     assert harness.count("ReplicaRevealed") == 1
 
 
 # --- settlement -----------------------------------------------------------------------------------------
 
 
-def test_finalize_pays_once_releases_collateral_and_counts_valid_work(harness: Harness) -> None:
-    unit_id = harness.revealed_unit()
-    assert harness.port.unit_state(unit_id) == "revealing"
-    harness.port.finalize(unit_id)
+def test_unanimous_reveals_finalize_once_release_collateral_and_count_valid_work(harness: Harness) -> None:
+    """The reveal batch that completes a unanimous unit finalizes it in the same transaction."""
+    unit_id, finalized = harness.revealed_unit()
+    assert finalized and harness.port.unit_state(unit_id) == "finalized"
     reverts("UnitAlreadySettled", lambda: harness.port.finalize(unit_id))
     reverts("UnitAlreadySettled", lambda: harness.port.expire_unit(unit_id))
-    assert harness.count("UnitFinalized") == 1
-    assert harness.port.unit_state(unit_id) == "finalized" and harness.port.unit_state(999) == "none"
+    assert harness.count("UnitFinalized") == 1 and harness.port.unit_state(999) == "none"
     for provider in harness.providers:
         assert harness.port.free_stake(provider.address) == STAKE
         assert harness.port.reputation_of(provider.address) == Reputation(valid=1, consecutive_valid=1)
@@ -455,22 +456,26 @@ def test_finalize_in_the_wrong_state_reverts(harness: Harness) -> None:
     reverts("InvalidUnitState", lambda: harness.port.finalize(999))
     committed, _ = harness.committed_unit()
     reverts("RevealsIncomplete", lambda: harness.port.finalize(committed))
-    split = harness.revealed_unit([DIGEST, DIGEST, OTHER_DIGEST])
+    split, finalized = harness.revealed_unit([DIGEST, DIGEST, OTHER_DIGEST])
+    assert not finalized and harness.port.unit_state(split) == "revealing"
     reverts("NotUnanimous", lambda: harness.port.finalize(split))
     assert harness.count("UnitFinalized") == 0
 
 
 def test_a_unit_drawn_for_verification_cannot_finalize(harness: Harness) -> None:
-    """The market never asks whether a unit was drawn: the finalize's typed revert tells it."""
-    unit_id = harness.revealed_unit()
+    """The market never asks whether a unit was drawn: the reveals do not finalize it and the finalize's
+    typed revert tells it."""
+    unit_id, salts = harness.committed_unit()
     harness.draw(unit_id)
     assert harness.count("VerificationRequested") == 1
+    reveals = [RevealForm(p.address, DIGEST, s) for p, s in zip(harness.providers, salts, strict=True)]
+    assert harness.port.reveal_batch(unit_id, reveals)[0] is False
     reverts("UnitUnderVerification", lambda: harness.port.finalize(unit_id))
     assert harness.port.unit_state(unit_id) == "revealing"
 
 
 def test_verdict_settles_once_by_outcome(harness: Harness) -> None:
-    unit_id = harness.revealed_unit([DIGEST, DIGEST, OTHER_DIGEST])
+    unit_id, _ = harness.revealed_unit([DIGEST, DIGEST, OTHER_DIGEST])
     outcomes = [0, 0, 1]  # the odd one out is a fault: unpaid, not slashed
     verdicts = [harness.verdict(verifier, unit_id, outcomes) for verifier in harness.verifiers]
     harness.port.submit_verdict(unit_id, outcomes, verdicts)
@@ -487,7 +492,7 @@ def test_verdict_settles_once_by_outcome(harness: Harness) -> None:
 
 def test_a_verifier_contradicting_the_verdict_is_slashed_once(harness: Harness) -> None:
     """An equivocating verifier: its own signature over other outcomes slashes its collateral, once."""
-    unit_id = harness.revealed_unit([DIGEST, DIGEST, OTHER_DIGEST])
+    unit_id, _ = harness.revealed_unit([DIGEST, DIGEST, OTHER_DIGEST])
     verdict, lazy = [0, 0, 2], [0, 0, 0]
     agreeing, contradicting = harness.verifiers
     evidence = harness.verdict(contradicting, unit_id, lazy)
@@ -512,7 +517,7 @@ def test_a_verifier_contradicting_the_verdict_is_slashed_once(harness: Harness) 
 
 
 def test_verdict_with_bad_input_reverts(harness: Harness) -> None:
-    unit_id = harness.revealed_unit([DIGEST, DIGEST, OTHER_DIGEST])
+    unit_id, _ = harness.revealed_unit([DIGEST, DIGEST, OTHER_DIGEST])
     short = [harness.verdict(harness.verifiers[0], unit_id, [0, 0])]
     reverts("OutcomeCountMismatch", lambda: harness.port.submit_verdict(unit_id, [0, 0], short))
     stranger = [harness.verdict(harness.outsider, unit_id, [0, 0, 1])]
@@ -559,7 +564,8 @@ def test_malformed_32_byte_values_raise_invalid_input_and_change_nothing(harness
     head = harness.port.block_number()
     provider = harness.providers[0].address
     with pytest.raises(InvalidInput, match="commitment"):
-        harness.port.commit_with_sig(unit_id, provider, short, 0, harness.now() + 60, "0x" + "00" * 65)
+        bad = SignedCommit(provider, short, harness.now() + 60, "0x" + "00" * 65)
+        harness.port.commit_batch(unit_id, [bad])
     with pytest.raises(InvalidInput, match="salt"):
-        harness.port.reveal(unit_id, provider, DIGEST, short)
+        harness.port.reveal_batch(unit_id, [RevealForm(provider, DIGEST, short)])
     assert harness.port.block_number() == head

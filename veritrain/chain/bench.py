@@ -9,10 +9,13 @@ operator's pipelined multicall, the per-order transactions (amortized) and a sin
 transaction are reported beside it, each with the list of what it counts (`included`). Issue 9's figures
 run whole DiLoCo orders of M = 8 shards (2 rounds, each M shard units and one aggregate unit) and count
 every transaction of the order — its units, aggregate units included, postOrder, closeOrder and every
-withdrawal — divided by the shard units it trains: at k = 3 and k = 1 on the batched path, and at k = 3 on
-the path the market's outbox takes today (each signed commit and reveal relayed in its own transaction,
-then finalize). Gas does not depend on the backend (same bytecode, same EVM rules), so the in-process EVM
-is the default.
+withdrawal — divided by the shard units it trains: at k = 3 and k = 1 on the batched path. The path the
+market's outbox takes by default (`gas_per_settled_unit_market_path`) is that batched path at k = 3: per
+unit assign, one commitBatch of the replicas' UnitCommit signatures, one revealBatch that finalizes
+(tests/market/test_chain_settlement.py checks the outbox sends exactly those transactions); the outbox's
+earlier path, each signed commit and reveal in its own transaction then finalize, stays beside it as
+`gas_per_settled_unit_market_path_per_message`. Gas does not depend on the backend (same bytecode, same
+EVM rules), so the in-process EVM is the default.
 """
 
 from __future__ import annotations
@@ -98,7 +101,18 @@ INCLUDED: dict[str, list[str]] = {
     ],
     "gas_per_settled_unit_market_path": [
         f"postOrder ({DILOCO_ROUNDS} rounds x ({DILOCO_SHARDS} shard units + 1 aggregate unit)), k = 3",
-        "per unit, as market/outbox.py relays it: assign + commitWithSig x3 + reveal x3 + finalize",
+        "per unit, as market/outbox.py sends it: assign + commitBatch (3) + revealBatch+finalize",
+        "closeOrder + withdrawCredit (buyer) + withdrawCredit x3 (providers)",
+    ],
+    "gas_per_settled_unit_round_multicall_m8": [
+        f"postOrder ({DILOCO_ROUNDS} rounds x ({DILOCO_SHARDS} shard units + 1 aggregate unit)), k = 3",
+        f"per round: assign x{DILOCO_SHARDS} + one multicall of the shards' commitBatches + one multicall of "
+        "their revealBatches (finalize) + the aggregate unit batched alone",
+        "closeOrder + withdrawCredit (buyer) + withdrawCredit x3 (providers); not the market's path",
+    ],
+    "gas_per_settled_unit_market_path_per_message": [
+        f"postOrder ({DILOCO_ROUNDS} rounds x ({DILOCO_SHARDS} shard units + 1 aggregate unit)), k = 3",
+        "per unit, the outbox's path before batching: assign + commitWithSig x3 + reveal x3 + finalize",
         "closeOrder + withdrawCredit (buyer) + withdrawCredit x3 (providers)",
     ],
 }
@@ -271,6 +285,46 @@ class _Parties:
             "per_shard_unit": (unit_gas + order_gas) // shard_units,
         }
 
+    def round_multicall_order(self, operator: LocalAccount) -> dict[str, Any]:
+        """A whole M = 8 order whose round's shard units commit in one multicall of their commitBatches and
+        reveal in one multicall of their revealBatches (each unit assigned alone; the aggregate unit, which
+        needs the shards' results, settles alone after them): what coalescing a round would cost."""
+        from veritrain.chain.client import UnitState
+
+        for party in [*self.providers, *self.verifiers]:  # collateral for a round's units open at once
+            self.client.mint(party, 1000 * TOKEN)
+            self.client.stake(party, 1000 * TOKEN)
+        units = DILOCO_ROUNDS * (DILOCO_SHARDS + 1)
+        order_id, post_gas = self.post(units)
+        unit_gas = 0
+        settled: list[int] = []
+        for _ in range(DILOCO_ROUNDS):
+            shards = []
+            for _ in range(DILOCO_SHARDS):
+                unit_id, assign_gas = self.assign(order_id)
+                unit_gas += assign_gas
+                shards.append((unit_id, [self.fresh()] * REPLICAS))
+            commits = [self.client.commit_batch_calldata(u, self.unit_commits(u, d)) for u, d in shards]
+            unit_gas += self.client.multicall(commits, sender=operator).gas_used
+            reveals = [self.client.reveal_batch_calldata(u, self.reveals(u, d)) for u, d in shards]
+            unit_gas += self.client.multicall(reveals, sender=operator).gas_used
+            unit_gas += sum(self.batched_unit(order_id).values())  # the round's aggregate unit
+            settled += [unit_id for unit_id, _ in shards]
+        for unit_id in settled:
+            _require(
+                self.client.get_unit(unit_id).state == UnitState.FINALIZED, f"unit {unit_id} not settled"
+            )
+        order_gas = post_gas + sum(self.close(order_id).values())
+        shard_units = DILOCO_ROUNDS * DILOCO_SHARDS
+        return {
+            "replicas": REPLICAS,
+            "units": units,
+            "shard_units": shard_units,
+            "units_gas": unit_gas,
+            "order_gas": order_gas,
+            "per_shard_unit": (unit_gas + order_gas) // shard_units,
+        }
+
     def pipelined_order(self, operator: LocalAccount) -> list[int]:
         """An order run by one operator multicall per tick; returns each tick's gas."""
         from veritrain.chain.client import UnitState
@@ -365,8 +419,10 @@ def measure(backend: Backend) -> dict[str, Any]:
     diloco = {
         "k3_m8": parties.diloco_order(REPLICAS, parties.batched_unit),
         "k1_m8": parties.diloco_order(1, parties.batched_unit),
-        "market_path": parties.diloco_order(REPLICAS, parties.single_message_unit),
+        "market_path_per_message": parties.diloco_order(REPLICAS, parties.single_message_unit),
     }
+    diloco["market_path"] = diloco["k3_m8"]  # the outbox's default: the batched path, one batch per unit
+    diloco["round_multicall_m8"] = parties.round_multicall_order(deployer)
 
     commit_single = [value for key, value in single.items() if key.startswith("commitWithSig")]
     reveal_single = [value for key, value in single.items() if key.startswith("reveal#")]
@@ -399,6 +455,8 @@ def measure(backend: Backend) -> dict[str, Any]:
         "gas_per_settled_unit_k3_m8": diloco["k3_m8"]["per_shard_unit"],
         "gas_per_settled_unit_k1_m8": diloco["k1_m8"]["per_shard_unit"],
         "gas_per_settled_unit_market_path": diloco["market_path"]["per_shard_unit"],
+        "gas_per_settled_unit_market_path_per_message": diloco["market_path_per_message"]["per_shard_unit"],
+        "gas_per_settled_unit_round_multicall_m8": diloco["round_multicall_m8"]["per_shard_unit"],
         "target_gas_per_settled_unit_k3_m8": GAS_TARGET_K3_M8,
         "target_gas_per_settled_unit_k1_m8": GAS_TARGET_K1_M8,
         "included": INCLUDED,
@@ -444,6 +502,8 @@ def format_table(report: dict[str, Any]) -> str:
         (f"M = {DILOCO_SHARDS} order, k = 3, / {shards} shard units", "gas_per_settled_unit_k3_m8"),
         (f"M = {DILOCO_SHARDS} order, k = 1, / {shards} shard units", "gas_per_settled_unit_k1_m8"),
         (f"M = {DILOCO_SHARDS} order, market path, / {shards}", "gas_per_settled_unit_market_path"),
+        (f"M = {DILOCO_SHARDS}, market path before batching", "gas_per_settled_unit_market_path_per_message"),
+        (f"M = {DILOCO_SHARDS}, a round in one multicall", "gas_per_settled_unit_round_multicall_m8"),
     ]
     for title, key in totals:
         rows.append(row(title, report[key]))
