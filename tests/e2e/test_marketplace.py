@@ -71,9 +71,12 @@ def _unit_in_progress(market: Marketplace, buyer: Buyer, round_index: int) -> tu
 
 
 def test_killed_provider_unit_migrates_and_nobody_is_paid_twice(tmp_path: Path) -> None:
-    # k = 1 on two providers: when the provider of round 2 dies mid-unit, no replica of that attempt can
+    # k = 1 on two providers: when the provider of round 1 dies mid-unit, no replica of that attempt can
     # be accepted, so the unit must fail unpaid and run again on the other provider. Short chain windows
-    # (the market schedules by them) so the dead attempt is settled within about a minute.
+    # (the market schedules by them) so the dead attempt is settled within about a minute. The victim is
+    # taken in round 1, whose start state every provider regenerates: a later round starts from the
+    # previous result, and with k = 1 a provider killed there may be that result's only holder (a known
+    # gap: the market keeps no copy of accepted results; CI once drew it and the order stalled).
     config = DemoConfig(
         out_dir=tmp_path,
         providers=2,
@@ -95,7 +98,7 @@ def test_killed_provider_unit_migrates_and_nobody_is_paid_twice(tmp_path: Path) 
         victim: list[tuple[str, int]] = []
 
         def crash_mid_unit(status: dict[str, Any]) -> None:
-            found = None if victim else _unit_in_progress(market, buyer, round_index=1)
+            found = None if victim else _unit_in_progress(market, buyer, round_index=0)
             if found is not None:
                 market.kill(found[0])
                 victim.append(found)
@@ -113,8 +116,9 @@ def test_killed_provider_unit_migrates_and_nobody_is_paid_twice(tmp_path: Path) 
     # The victim's attempt settled without paying anyone; the unit ran again, on the other provider.
     dead = [u for u in units if killed in u.providers and "accept" not in u.outcomes]
     assert len(dead) == 1 and dead[0].settlement in ("expired", "verdict"), report["units"]
-    retried = [u for u in units if u.chain_unit_id > dead[0].chain_unit_id]
-    assert len(retried) == 1 and killed not in retried[0].providers and retried[0].outcomes == ["accept"]
+    later = [u for u in units if u.chain_unit_id > dead[0].chain_unit_id]  # the retry, then round 2
+    assert len(later) == config.rounds, report["units"]
+    assert all(killed not in u.providers and u.outcomes == ["accept"] for u in later), report["units"]
     completed = [u for u in units if "accept" in u.outcomes]
     assert len(completed) == config.rounds
     # Nothing paid twice: one price per accepted replica, and deposit = payouts + verifier fees + refund.
