@@ -86,8 +86,13 @@ SLOW_DELAY_MS = (50, 1500)
 SLOW_LOSS = (0.0, 0.15)  # up to 15 %: the bugs a lossy link found took 25 % to show in 3 orders
 REDIS_READY_S = 30.0
 BROKERS = ("filesystem", "redis")
-ORDER_TIMEOUT_S = 240.0
-CLOSE_TIMEOUT_S = 150.0  # a unit left open settles by expiry: commit 40 + reveal 10 + verdict 30 s windows
+# The reveal window outlasts the longest outage the schedule draws (LONG_DOWN_S) with room to relay a late
+# reveal: a provider cut off between its commit and its reveal for longer than the window loses the withhold
+# penalty by design (the chain cannot tell an outage from withholding, docs/TRUST.md), and the bench
+# measures the faults a window is sized for, not that limit.
+REVEAL_WINDOW_S = 60
+ORDER_TIMEOUT_S = 300.0
+CLOSE_TIMEOUT_S = 190.0  # a unit left open settles by expiry: commit 40 + reveal 60 + verdict 30 s windows
 
 
 class ChaosError(VeritrainError):
@@ -344,7 +349,7 @@ def chaos_config(out_dir: Path, broker_url: str | None, queue: str) -> DemoConfi
         rounds=1,
         unit_steps=40,
         commit_window_s=40,
-        reveal_window_s=10,
+        reveal_window_s=REVEAL_WINDOW_S,
         verdict_window_s=30,
         broker_url=broker_url,
         extra_env={"VERITRAIN_CELERY_QUEUE": queue, "VERITRAIN_HEARTBEAT_TIMEOUT_S": "5"},

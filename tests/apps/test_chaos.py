@@ -43,6 +43,16 @@ def test_schedule_is_reproducible_from_its_seed_and_stays_in_bounds() -> None:
     assert all(f.delay_ms == 0 and f.loss == 0 for f in faults if f.action != "slow")
 
 
+def test_the_reveal_window_outlasts_every_outage_the_schedule_draws(tmp_path: Path) -> None:
+    """An honest provider cut off past the reveal deadline loses the withhold penalty by design; the bench
+    sizes its window so that no drawn outage (with a long kill's restart and a relay) can cause that."""
+    faults = [fault for seed in range(500) for fault in fault_schedule(seed, redis=True)]
+    longest = max(fault.down_s for fault in faults)
+    assert longest <= chaos.LONG_DOWN_S[1]
+    config = chaos.chaos_config(tmp_path, None, "q")
+    assert config.reveal_window_s >= longest + 10
+
+
 def test_redis_is_faulted_only_when_the_run_has_its_own() -> None:
     with_redis = [f for seed in range(200) for f in fault_schedule(seed, redis=True)]
     assert {f.action for f in with_redis if f.target == "redis"} == {"kill", "stop"}
