@@ -356,10 +356,18 @@ def chaos_config(out_dir: Path, broker_url: str | None, queue: str) -> DemoConfi
     )
 
 
-def summarize(records: list[RunRecord], seed: int, wall_s: float) -> dict[str, Any]:
+def summarize(
+    records: list[RunRecord],
+    seed: int,
+    wall_s: float,
+    requested: int | None = None,
+    broker: str = "filesystem",
+) -> dict[str, Any]:
     """The bench's JSON: the issue's counts over all runs, then every run's record."""
     return {
         "runs": len(records),
+        "runs_requested": len(records) if requested is None else requested,
+        "broker": broker,
         "lost_orders": sum(1 for r in records if r.outcome not in ("completed", "refunded")),
         "double_payments": sum(r.double_payments for r in records),
         "stuck_escrow": sum(r.stuck_escrow for r in records),
@@ -376,21 +384,56 @@ def summarize(records: list[RunRecord], seed: int, wall_s: float) -> dict[str, A
     }
 
 
+def resumed_records(path: Path, seed: int, broker: str) -> tuple[list[RunRecord], float]:
+    """The runs an earlier, interrupted invocation wrote to `path` (and their wall time), so a long bench
+    goes on where it stopped; a file of another seed or broker is refused rather than mixed in."""
+    try:
+        earlier = json.loads(path.read_text())
+        records = [RunRecord(**record) for record in earlier["records"]]
+        wall_s = float(earlier["wall_time_s"])
+        earlier_seed, earlier_broker = earlier["seed"], earlier["broker"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ChaosError(f"--resume: {path} is not a chaos bench result: {err}") from err
+    if (earlier_seed, earlier_broker) != (seed, broker):
+        raise ChaosError(
+            f"--resume: {path} holds seed {earlier_seed} with broker {earlier_broker}, "
+            f"not seed {seed} with broker {broker}"
+        )
+    if [record.run for record in records] != list(range(len(records))):
+        raise ChaosError(f"--resume: {path} does not hold runs 0..{len(records) - 1} in order")
+    return records, wall_s
+
+
 def run_chaos(
-    runs: int, seed: int, out_dir: Path, broker: str, emit: Callable[[str], None]
+    runs: int,
+    seed: int,
+    out_dir: Path,
+    broker: str,
+    emit: Callable[[str], None],
+    checkpoint: Path | None = None,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """`runs` seeded runs (run i uses seed + i), each checked; returns the summary (see summarize).
 
-    `broker`: "filesystem" (the demo's default) or "redis": a private redis-server, faulted like the rest."""
+    `broker`: "filesystem" (the demo's default) or "redis": a private redis-server, faulted like the rest.
+    `checkpoint`: rewritten after every run with the summary so far, so an interrupted bench loses at most
+    the run in progress; with `resume` the runs it already holds are kept and the bench goes on from there.
+    """
     if runs < 1:
         raise ChaosError(f"--runs must be at least 1, not {runs}")
     if broker not in BROKERS:
         raise ChaosError(f"--broker must be one of {BROKERS}, not {broker!r}")
-    began = time.monotonic()
+    if resume and checkpoint is None:
+        raise ChaosError("--resume needs --json: the file of the runs to go on from")
     records: list[RunRecord] = []
+    earlier_s = 0.0
+    if resume and checkpoint is not None and checkpoint.exists():
+        records, earlier_s = resumed_records(checkpoint, seed, broker)
+        emit(f"chaos: resuming after {len(records)} runs from {checkpoint}")
+    began = time.monotonic() - earlier_s
     with ExitStack() as holder:
         stack: ChaosStack | None = None
-        for index in range(runs):
+        for index in range(len(records), runs):
             if stack is None:
                 queue = f"veritrain-chaos-{uuid.uuid4().hex[:12]}"
                 redis_port = free_port() if broker == "redis" else None
@@ -416,7 +459,16 @@ def run_chaos(
                 f"double {record.double_payments}, stuck {record.stuck_escrow}, "
                 f"slashed {record.false_slashes}, failed checks {record.failed_checks or 'none'}"
             )
-    return summarize(records, seed, time.monotonic() - began)
+            if checkpoint is not None:
+                write_summary(checkpoint, summarize(records, seed, time.monotonic() - began, runs, broker))
+    return summarize(records, seed, time.monotonic() - began, runs, broker)
+
+
+def write_summary(path: Path, summary: dict[str, Any]) -> None:
+    """Replace `path` whole (write, then rename), so a reader or a resume never sees half a file."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    partial.replace(path)
 
 
 @contextmanager
@@ -484,7 +536,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--runs", type=int, default=10, help="orders to run, each with its own fault schedule"
     )
     parser.add_argument("--seed", type=int, default=0, help="run i draws its faults from seed + i")
-    parser.add_argument("--json", type=Path, default=None, help="write the counts and per-run records here")
+    parser.add_argument(
+        "--json",
+        type=Path,
+        default=None,
+        help="write the counts and per-run records here (rewritten after every run)",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the runs the --json file already holds (same seed and broker) and go on from there",
+    )
     parser.add_argument(
         "--out", type=Path, default=None, help="work folder of the runs (default: a temp dir)"
     )
@@ -500,10 +562,9 @@ def run(args: argparse.Namespace) -> int:
     emit = progress_printer(sys.stderr)
     with tempfile.TemporaryDirectory(prefix="veritrain-chaos-") as scratch:
         out_dir = (args.out or Path(scratch)).resolve()
-        summary = run_chaos(args.runs, args.seed, out_dir, args.broker, emit)
-    text = json.dumps(summary, indent=2, sort_keys=True)
+        summary = run_chaos(args.runs, args.seed, out_dir, args.broker, emit, args.json, args.resume)
     if args.json is not None:
-        args.json.write_text(text + "\n")
+        write_summary(args.json, summary)
     counts = {k: v for k, v in summary.items() if k != "records"}
     print(json.dumps(counts, sort_keys=True))
     bad = summary["lost_orders"] + summary["double_payments"] + summary["stuck_escrow"]

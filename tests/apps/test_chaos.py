@@ -115,6 +115,49 @@ def test_cli_writes_the_counts_and_fails_when_a_run_was_lost(
         chaos.run_chaos(1, 1, tmp_path, "rabbitmq", print)
 
 
+def test_an_interrupted_bench_resumes_from_its_json_and_refuses_another_seeds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ran: list[int] = []
+
+    def fake_run_order(stack: Any, record: RunRecord, schedule: Any, emit: Any) -> None:
+        ran.append(record.seed)
+        if record.seed == 12:
+            raise KeyboardInterrupt  # the operator stops the bench in its third run
+        record.outcome = "completed"
+
+    class FakeStack:
+        def __enter__(self) -> object:
+            return object()
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+    monkeypatch.setattr(chaos, "run_order", fake_run_order)
+    monkeypatch.setattr(chaos, "started_marketplace", lambda config, emit, port, seed: FakeStack())
+    out = tmp_path / "chaos.json"
+    with pytest.raises(KeyboardInterrupt):
+        main(["bench", "chaos", "--runs", "4", "--seed", "10", "--json", str(out)])
+    saved = json.loads(out.read_text())  # rewritten after each finished run
+    assert (saved["runs"], saved["runs_requested"], saved["broker"]) == (2, 4, "filesystem")
+    with pytest.raises(ChaosError, match="seed 10"):
+        chaos.run_chaos(4, 11, tmp_path, "filesystem", print, out, resume=True)
+    with pytest.raises(ChaosError, match="broker"):
+        chaos.run_chaos(4, 10, tmp_path, "redis", print, out, resume=True)
+    assert json.loads(out.read_text()) == saved  # a refused resume leaves the file alone
+    ran.clear()
+    monkeypatch.setattr(chaos, "run_order", lambda stack, record, schedule, emit: ran.append(record.seed))
+    assert main(["bench", "chaos", "--runs", "4", "--seed", "10", "--json", str(out), "--resume"]) == 1
+    summary = json.loads(out.read_text())
+    assert ran == [12, 13]  # only the runs the file did not hold
+    assert [r["seed"] for r in summary["records"]] == [10, 11, 12, 13] and summary["runs"] == 4
+    assert summary["records"][:2] == saved["records"] and summary["lost_orders"] == 2  # 12, 13: "error"
+    assert summary["wall_time_s"] >= saved["wall_time_s"]
+    out.write_text("{}")
+    with pytest.raises(ChaosError, match="not a chaos bench result"):
+        chaos.run_chaos(4, 10, tmp_path, "filesystem", print, out, resume=True)
+
+
 def test_a_crash_waits_for_a_busy_provider_which_is_left_alone_until_the_order_ends() -> None:
     calls: list[str] = []
 
