@@ -116,7 +116,7 @@ class Network:
     mature: bool = True  # every key starts past the reputation threshold
     units: int = 10_000
     fault_ppm: int = 1_000  # ASSUMPTION: an honest replica crashes or drops 1 time in 1 000
-    max_k: int = 5
+    max_k: int = 3  # a buyer's `auto` order (apps.buyer AUTO_MAX_REPLICAS)
     canary_ppm: int = 0
     verifiers_per_audit: int = MarketConfig().verifiers_per_unit
     policy: ReplicationPolicy = field(default_factory=ReplicationPolicy)

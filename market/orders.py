@@ -57,11 +57,6 @@ class OrderBook(Lifecycle):
             )
         if spec.deadline <= now:
             raise InvalidInput(f"order deadline {spec.deadline} is not in the future (market clock {now})")
-        if spec.adaptive_replication:
-            raise InvalidInput(
-                "adaptive replication is not available: the JobMarket assigns exactly `replicas` providers "
-                "per unit of an order"
-            )
         if self.chain is None:
             raise MarketError("the market has no chain configured; it cannot check an order's escrow")
         plan = escrow_plan(spec, recipe.flops_per_step)
@@ -75,6 +70,8 @@ class OrderBook(Lifecycle):
                 ("buyer", on_chain.buyer.lower(), spec.buyer.lower()),
                 ("units", on_chain.units, plan.units),
                 ("replicas", on_chain.replicas, plan.replicas),
+                ("min_replicas", on_chain.min_replicas, plan.min_replicas),
+                ("trusted_streak", on_chain.trusted_streak, plan.trusted_streak),
             )
             if have != want
         ]

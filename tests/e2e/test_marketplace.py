@@ -17,6 +17,7 @@ from eth_account import Account
 
 from apps.buyer import order_money
 from apps.demo import (
+    VERIFIER_FEE_PER_UNIT,
     Buyer,
     DemoConfig,
     Marketplace,
@@ -179,3 +180,33 @@ def test_restarted_provider_resumes_its_unit_from_the_last_checkpoint(tmp_path: 
     assert len(units) == 1 and units[0].outcomes == ["accept"] and units[0].providers == [provider.address]
     assert list(money.payouts) == [provider.address] and money.escrow_balanced()
     assert checks.results["providers_paid_exactly"] and checks.results["supply_conserved"]
+
+
+def test_an_auto_order_gives_newcomers_three_replicas_then_a_trusted_provider_an_audited_unit_alone(
+    tmp_path: Path,
+) -> None:
+    """`replicas = auto` through every process: round 0 goes to three newcomers; once they have the order's
+    streak (1 here) the first drawn provider works round 1 alone, the chain draws that unit for its solo
+    audit (every such unit here), a verifier re-executes it and the verdict pays it; the buyer gets back
+    what the two replicas it did not need would have cost."""
+    config = DemoConfig(
+        out_dir=tmp_path,
+        providers=3,
+        dishonest=0,
+        verifiers=1,
+        rounds=2,
+        unit_steps=16,
+        adaptive_replication=True,
+        trusted_streak=1,
+        solo_spot_check_ppm=1_000_000,
+    )
+    report = run_demo(config, progress_printer())
+
+    first, second = report["units"]
+    assert len(first["replicas"]) == 3 and {r["outcome"] for r in first["replicas"]} == {"accept"}
+    assert len(second["replicas"]) == 1 and second["replicas"][0]["outcome"] == "accept"
+    assert second["settlement"] == "verdict" and second["signing_verifiers"], second
+    price = (report["deposit"] // 2 - VERIFIER_FEE_PER_UNIT) // 3
+    assert sum(report["payouts"].values()) == 4 * price
+    assert report["refund"] == report["deposit"] - 4 * price - report["verifier_fees"] >= 2 * price
+    assert all(report["checks"].values()), report["check_details"]
