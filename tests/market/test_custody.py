@@ -13,7 +13,7 @@ import pytest
 from agents import CHAIN_ID, AgentKey, Clock
 from chain_double import LedgerChain
 from fastapi.testclient import TestClient
-from market_flow import post_order, pull, register_market, run_unit, snapshot
+from market_flow import ROOT, bound, post_order, pull, register_market, run_proposed_units, run_unit, snapshot
 
 from market.api import create_app
 from market.context import MarketConfig
@@ -145,6 +145,37 @@ def test_the_next_round_waits_at_most_custody_wait_s_and_a_silent_custodian_is_r
     (assignment,) = pull(client, keys[match.selected[0]])
     assert addr(fresh) in assignment["start_state"]["holders"]
     assert addr(silent) not in assignment["start_state"]["holders"]  # asked, never reported: not listed
+
+
+def test_each_shards_accepted_result_is_kept_too_and_listed_for_the_aggregate_unit(
+    client: TestClient, service: MarketService, ledger: LedgerChain, make_agent: Any, clock: Clock
+) -> None:
+    # M = 2, k = 1: a shard's last accepted result carries its inner AdamW state into the shard's next
+    # unit, so it is a live state of its own, kept beside its one producer like the round's start
+    providers, verifiers = register_market(client, make_agent, providers=3, verifiers=1)
+    keys = {k.address: k for k in providers}
+    everyone = [*providers, *verifiers]
+    order = post_order(client, ledger, make_agent(), clock, shards=2, replicas=1, total_steps=40)
+    service.matching.match_pending()
+    results = {0: "0x" + "d0" * 32, 1: "0x" + "d1" * 32}
+    run_proposed_units(
+        client, service, keys, lambda a: (bound(results[a["shard"]]), results[a["shard"]], ROOT)
+    )
+    producers = {u["shard"]: u["providers"][0] for u in round_units(client, order["order_id"], 0)}
+    assert service.orders.advance_orders() == 1  # both shards accepted: the aggregate unit opens
+
+    asked = {k.address: custody_of(client, k, verifier=k in verifiers) for k in everyone}
+    for shard, digest in results.items():
+        custodians = [
+            k for k in everyone if any(c["state"]["state_digest"] == digest for c in asked[k.address])
+        ]
+        assert len(custodians) == 1 and custodians[0].address != producers[shard]
+        assert report(client, custodians[0], digest).status_code == 200
+    service.matching.match_pending()
+    (aggregate,) = [x for k in providers for x in pull(client, k) if x["kind"] == "aggregate"]
+    for shard, source in enumerate(aggregate["shard_results"]):  # its producer, then its custodian
+        assert source["state_digest"] == results[shard] and len(source["holders"]) == 2
+        assert source["holders"][0] == f"/ip4/127.0.0.1/tcp/4001/p2p/{producers[shard]}"
 
 
 def test_custody_domain_rules() -> None:
