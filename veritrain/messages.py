@@ -193,6 +193,16 @@ class Progress(AgentMessage):
         return self
 
 
+class CustodyReport(AgentMessage):
+    """An agent tells the market it now holds a state blob the market asked it to keep (see ``Custody``):
+    from then on the market lists it as a holder of that state."""
+
+    PRIMARY_TYPE: ClassVar[str] = "CustodyReport"
+    EXTRA_FIELDS: ClassVar[tuple[tuple[str, str, str], ...]] = (("stateDigest", "bytes32", "state_digest"),)
+
+    state_digest: Bytes32Hex
+
+
 class AgentInfo(Frozen):
     """The market's view of a registered agent (reply to a registration)."""
 
@@ -470,9 +480,23 @@ class Assignment(UnitWork):
     commit_deadline: int | None = None
 
 
+class Custody(Frozen):
+    """A state the market asks this agent to keep and serve while an open order may still start a unit
+    from it, so its producers are not its only holders; fetch it from ``state.holders`` (the content
+    address checks the bytes) and report it with a ``CustodyReport``. A state no longer listed is released.
+    ``held``: the market has the agent's report already."""
+
+    state: StateSource
+    held: bool = False
+
+
+MAX_CUSTODY = 256  # states one agent is asked to keep at once
+
+
 class HeartbeatReply(Frozen):
     agent: Address
     assignments: tuple[Assignment, ...]
+    custody: tuple[Custody, ...] = Field(default=(), max_length=MAX_CUSTODY)
 
 
 class AcceptSubmission(Frozen):
@@ -539,6 +563,7 @@ class VerificationJobView(UnitWork):
 class VerificationJobsReply(Frozen):
     verifier: Address
     jobs: tuple[VerificationJobView, ...]
+    custody: tuple[Custody, ...] = Field(default=(), max_length=MAX_CUSTODY)
 
 
 class Ack(Frozen):
@@ -571,6 +596,8 @@ __all__ = [
     "Assignment",
     "AssignmentPhase",
     "CommitSubmission",
+    "Custody",
+    "CustodyReport",
     "Heartbeat",
     "HeartbeatReply",
     "Offer",
