@@ -5,22 +5,24 @@ Why: providers, verifiers and the market run on machines that crash, freeze and 
 run posts a short DiLoCo order (M = 2, k = 2) to a whole marketplace of processes (apps.demo: hardhat
 node, market API, Celery worker, agents) and injects a schedule of faults drawn from
 `random.Random(seed)`: SIGKILL then a restart, or SIGSTOP then SIGCONT, of a provider, the verifier, the
-market API, the Celery worker or (with `--broker redis`) the run's own Redis; a partition or a slow, lossy
-link of a provider or the verifier (each agent reaches the market API and the chain RPC through its own
-link of apps.faultproxy, while the agent itself keeps running: a provider cut off while its unit is
-being committed comes back late); and now and then the crash of a training provider that returns only
-after the order has ended. After the order ends it is checked from the chain's events and balances and
-the market's database (its order status): the order completed or was refunded, no unit was paid twice (a
-late result of a partitioned provider included), deposit = payouts + fees + refund exactly
+market API, the Celery worker or (with `--broker redis`) the run's own Redis, and SIGSTOP then SIGCONT of
+the EVM node (a hardhat node, whose state lives in its memory and survives the freeze); a partition or a
+slow, lossy link of a provider or the verifier (each agent reaches the market API and the chain RPC
+through its own link of apps.faultproxy, while the agent itself keeps running: a provider cut off while
+its unit is being committed comes back late); and now and then the crash of a training provider that
+returns only after the order has ended. After the order ends it is checked from the chain's events and
+balances and the market's database (its order status): the order completed or was refunded, no unit was
+paid twice (a late result of a partitioned provider included), deposit = payouts + fees + refund exactly
 (apps.demo_report's checks), no escrow, credit or locked collateral is left, no honest party was slashed
 (every party is honest here; a withheld reveal's penalty counts), and no fault cost more than one unit of
 re-run work.
 
-Not faulted, on purpose: the EVM node (a hardhat node keeps its state in memory; a restart is a new,
-empty chain, so no invariant could survive it), the machine's shared Redis (a run with `--broker redis`
-starts and faults its own), and the libp2p data plane between agents (a verifier fetches a partitioned
-provider's blobs directly: only the agent's links to the market and the chain go through the proxy).
-Bandwidth caps (tbf) need the namespace testbed (apps.testbed, root) and are not part of this harness.
+Not faulted, on purpose: a restart of the EVM node (a hardhat node keeps its state in memory; a restart is
+a new, empty chain, so no invariant could survive it: it is frozen instead), the machine's shared Redis
+(a run with `--broker redis` starts and faults its own), and the libp2p data plane between agents (a
+verifier fetches a partitioned provider's blobs directly: only the agent's links to the market and the
+chain go through the proxy). Bandwidth caps (tbf) need the namespace testbed (apps.testbed, root) and are
+not part of this harness.
 
 Runs share one marketplace (starting one costs ~30 s of a 2-core machine); a run that breaks it (a child
 that died unexpectedly) is recorded as a lost order and the next run starts a fresh one.
@@ -77,7 +79,11 @@ LONG_DOWN_P = 0.25
 CRASH_P = 0.3
 BUSY_PROVIDER = "busy-provider"
 BUSY_PARTITION_P = 0.5  # half of the providers' partitions wait for a unit being committed
-MARKET_DOWN_S = (1.0, 4.0)  # the market API, its Celery worker and (with --broker redis) its Redis
+MARKET_DOWN_S = (1.0, 4.0)  # the market API, its Celery worker, (with --broker redis) its Redis, the EVM node
+# A frozen EVM node: every RPC call of the market and the agents hangs until it thaws. Drawn after a run's
+# other faults, so adding it left every seed's earlier faults as they were.
+CHAIN_STOP_P = 0.25
+CHAIN = "chain"
 AGENT_ACTIONS = ("kill", "stop", "partition", "slow")
 SERVICE_ACTIONS = ("kill", "stop")
 # A slow link: +delay each way on every chunk, and each chunk lost (the connection reset) with prob. loss.
@@ -151,6 +157,9 @@ def fault_schedule(
         if action == "partition" and target.startswith("provider") and rng.random() < BUSY_PARTITION_P:
             target = BUSY_PROVIDER
         faults.append(Fault(round(at, 1), action, target, round(rng.uniform(*down), 1)))
+    if rng.random() < CHAIN_STOP_P:
+        at, frozen = rng.uniform(*FAULT_WINDOW_S), rng.uniform(*MARKET_DOWN_S)
+        faults.append(Fault(round(at, 1), "stop", CHAIN, round(frozen, 1)))
     return sorted(faults, key=lambda fault: fault.at_s)
 
 
@@ -205,6 +214,13 @@ class FaultInjector:
             self.market.restart(name)
         self.crashed.clear()
 
+    def send(self, target: str, sig: signal.Signals) -> None:
+        """A signal to a process of the run; the EVM node is the demo's own HardhatNode on one host."""
+        if target == CHAIN and self.market.node is not None:
+            self.market.node.send_signal(sig)
+        else:
+            self.market.procs.send(target, sig)
+
     def apply(self, fault: Fault) -> None:
         market = self.market
         at = time.monotonic() - self.posted
@@ -220,7 +236,7 @@ class FaultInjector:
         if fault.action == "kill":
             market.kill(fault.target)
         elif fault.action == "stop":
-            market.procs.send(fault.target, signal.SIGSTOP)
+            self.send(fault.target, signal.SIGSTOP)
         else:
             delay = fault.delay_ms / 1000
             self.links.set_mode(fault.target, LinkMode(fault.action, delay_s=delay, loss=fault.loss))
@@ -228,7 +244,7 @@ class FaultInjector:
         if fault.action == "kill":
             market.restart(fault.target)
         elif fault.action == "stop":
-            market.procs.send(fault.target, signal.SIGCONT)
+            self.send(fault.target, signal.SIGCONT)
         else:
             self.links.set_mode(fault.target, PASS)
         self.injected.append({**asdict(fault), "applied_at_s": round(at, 1)})

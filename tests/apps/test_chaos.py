@@ -27,15 +27,19 @@ def test_schedule_is_reproducible_from_its_seed_and_stays_in_bounds() -> None:
     assert all(len(c) <= 1 for c in crashes) and any(crashes)  # never two providers gone at once
     assert all(f.target == chaos.BUSY_PROVIDER and f.down_s == 0 for c in crashes for f in c)
     named = {"provider-0", "provider-1", "provider-2", "verifier-0", "market", "worker"}
-    assert {f.target for f in faults} == named | {chaos.BUSY_PROVIDER}
+    assert {f.target for f in faults} == named | {chaos.BUSY_PROVIDER, chaos.CHAIN}
     assert all(chaos.FAULT_WINDOW_S[0] <= f.at_s <= chaos.FAULT_WINDOW_S[1] for f in faults)
-    assert all(1 <= len(s) <= 3 and s == sorted(s, key=lambda f: f.at_s) for s in schedules)
+    assert all(1 <= len(s) <= 4 and s == sorted(s, key=lambda f: f.at_s) for s in schedules)
+    # the EVM node is only frozen (a restart would lose its in-memory chain), at most once a run, briefly
+    frozen = [[f for f in s if f.target == chaos.CHAIN] for s in schedules]
+    assert all(len(c) <= 1 for c in frozen) and 30 <= sum(map(len, frozen)) <= 70
+    assert all(f.action == "stop" and f.down_s <= chaos.MARKET_DOWN_S[1] for c in frozen for f in c)
     long = [f for f in faults if f.down_s >= chaos.LONG_DOWN_S[0]]  # long kills and partitions: agents only
     assert {f.action for f in long} == {"kill", "partition"}
-    assert all(f.target not in ("market", "worker") for f in long)
+    assert all(f.target not in ("market", "worker", chaos.CHAIN) for f in long)
     assert all(f.down_s <= chaos.MARKET_DOWN_S[1] for f in faults if f.target in ("market", "worker"))
     links = [f for f in faults if f.action in ("partition", "slow")]  # link faults: agents only
-    assert {f.target for f in links} == named - {"market", "worker"} | {chaos.BUSY_PROVIDER}
+    assert {f.target for f in links} == named - {"market", "worker"} | {chaos.BUSY_PROVIDER}  # not the chain
     assert {f.action for f in faults if f.target == chaos.BUSY_PROVIDER} == {"crash", "partition"}
     slow = [f for f in links if f.action == "slow"]
     assert all(chaos.SLOW_DELAY_MS[0] <= f.delay_ms <= chaos.SLOW_DELAY_MS[1] for f in slow)

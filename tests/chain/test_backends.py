@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
+import requests
 
 from veritrain.chain.backends import (
     HARDHAT_CHAIN_ID,
@@ -46,6 +48,26 @@ def test_hardhat_node_starts_answers_and_is_stopped_by_pid() -> None:
     assert not _process_exists(pid)
     assert node.pid is None
     node.stop()  # idempotent
+
+
+@pytest.mark.node_backend
+def test_a_frozen_hardhat_node_does_not_answer_and_thaws_with_its_state() -> None:
+    """The chaos bench's EVM-node fault: SIGSTOP freezes the node, chain and all; SIGCONT brings it back
+    with every block it had (a restart would be a new, empty chain)."""
+    with HardhatNode() as node:
+        backend = node.backend()
+        backend.advance_time(100)
+        height = backend.w3.eth.block_number
+        ask = {"jsonrpc": "2.0", "id": 1, "method": "eth_blockNumber"}
+        node.send_signal(signal.SIGSTOP)
+        try:
+            with pytest.raises(requests.RequestException):
+                requests.post(node.url, json=ask, timeout=1)
+        finally:
+            node.send_signal(signal.SIGCONT)
+        assert backend.w3.eth.block_number == height
+    with pytest.raises(RpcUnavailable, match="not running"):
+        node.send_signal(signal.SIGCONT)
 
 
 def test_rpc_backend_to_a_dead_port_raises_rpc_unavailable() -> None:

@@ -7,7 +7,7 @@ fault-proxy link): each run's order must complete or be refunded with every mone
 apps.demo_report holding, no unit paid twice, nothing left in escrow or locked, nobody slashed and at most
 one unit of work lost per fault. The seeds are chosen so that the faults applied include Redis killed (and
 likely frozen), partitions (likely one of a provider that trains), slow lossy links, the API killed and
-frozen and the worker frozen; `veritrain bench chaos --runs N` runs more.
+frozen, the worker frozen and the EVM node frozen (seed 1369); `veritrain bench chaos --runs N` runs more.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def test_seeded_faults_lose_no_order_and_pay_nobody_twice(tmp_path: Path) -> Non
         assert record["failed_checks"] == [], record
     # faults due within 8 s of posting (an order takes 9 s or more) are applied; later ones may not be
     applied = {(f["action"], f["target"]) for r in records for f in r["injected"]}
-    assert {("kill", "redis"), ("kill", "market"), ("stop", "worker")} <= applied
+    assert {("kill", "redis"), ("kill", "market"), ("stop", "worker"), ("stop", "chain")} <= applied
     assert {"partition", "slow"} <= {action for action, _ in applied}
     assert summary["lost_orders"] == 0
     assert summary["double_payments"] == 0

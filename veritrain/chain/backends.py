@@ -313,6 +313,13 @@ class HardhatNode:
                 )
             time.sleep(0.05)
 
+    def send_signal(self, sig: signal.Signals) -> None:
+        """Signal the node's process group (its own session): SIGSTOP freezes the chain, state and all,
+        until SIGCONT (the chaos bench's EVM-node fault)."""
+        if self._popen is None or self._popen.poll() is not None:
+            raise RpcUnavailable("the hardhat node is not running")
+        os.killpg(self._popen.pid, sig)
+
     def log_tail(self, max_bytes: int = 3000) -> str:
         if self.log_path is None or not self.log_path.exists():
             return ""
