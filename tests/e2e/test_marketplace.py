@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from eth_account import Account
 
-from apps.buyer import order_money
+from apps.buyer import UnitOutcome, order_money
 from apps.demo import (
     VERIFIER_FEE_PER_UNIT,
     Buyer,
@@ -27,6 +27,7 @@ from apps.demo import (
     run_demo,
     start_stack,
 )
+from apps.demo_report import Checks, OrderMoney
 from veritrain.errors import RequestDenied
 from veritrain.p2p import P2PNode
 
@@ -71,13 +72,10 @@ def _unit_in_progress(market: Marketplace, buyer: Buyer, round_index: int) -> tu
     return None
 
 
-def test_killed_provider_unit_migrates_and_nobody_is_paid_twice(tmp_path: Path) -> None:
-    # k = 1 on two providers: when the provider of round 1 dies mid-unit, no replica of that attempt can
-    # be accepted, so the unit must fail unpaid and run again on the other provider. Short chain windows
-    # (the market schedules by them) so the dead attempt is settled within about a minute. The victim is
-    # taken in round 1, whose start state every provider regenerates, so the retry's start is never in
-    # question here; a later round's start held only by a killed producer is the next test's case.
-    config = DemoConfig(
+def two_providers_k1(tmp_path: Path) -> DemoConfig:
+    """k = 1 on two providers, with short chain windows (the market schedules by them) so that a dead
+    attempt settles within about a minute."""
+    return DemoConfig(
         out_dir=tmp_path,
         providers=2,
         dishonest=0,
@@ -89,6 +87,26 @@ def test_killed_provider_unit_migrates_and_nobody_is_paid_twice(tmp_path: Path) 
         verdict_window_s=30,
         extra_env={"VERITRAIN_HEARTBEAT_TIMEOUT_S": "5"},
     )
+
+
+def assert_paid_once_each(money: OrderMoney, completed: list[UnitOutcome], checks: Checks) -> None:
+    """Nothing paid twice: one price per accepted replica, deposit = payouts + verifier fees + refund, and
+    the report's money checks hold."""
+    price = money.payouts_total // len(completed)
+    for address, paid in money.payouts.items():
+        assert paid == price * sum(1 for u in completed if u.providers == [address])
+    assert money.deposit == money.payouts_total + money.verdict_fees + money.refund
+    for name in ("escrow_balanced", "providers_paid_exactly", "parties_conserved", "supply_conserved"):
+        assert checks.results[name], (name, checks.details.get(name))
+
+
+def test_killed_provider_unit_migrates_and_nobody_is_paid_twice(tmp_path: Path) -> None:
+    # k = 1 on two providers: when the provider of round 1 dies mid-unit, no replica of that attempt can
+    # be accepted, so the unit must fail unpaid and run again on the other provider. Short chain windows
+    # (the market schedules by them) so the dead attempt is settled within about a minute. The victim is
+    # taken in round 1, whose start state every provider regenerates, so the retry's start is never in
+    # question here; a later round's start held only by a killed producer is the next test's case.
+    config = two_providers_k1(tmp_path)
     emit = progress_printer()
     started = time.monotonic()
     with marketplace(config, emit) as market:
@@ -121,14 +139,7 @@ def test_killed_provider_unit_migrates_and_nobody_is_paid_twice(tmp_path: Path) 
     assert all(killed not in u.providers and u.outcomes == ["accept"] for u in later), report["units"]
     completed = [u for u in units if "accept" in u.outcomes]
     assert len(completed) == config.rounds
-    # Nothing paid twice: one price per accepted replica, and deposit = payouts + verifier fees + refund.
-    price = money.payouts_total // len(completed)
-    for address, paid in money.payouts.items():
-        assert paid == price * sum(1 for u in completed if u.providers == [address])
-    assert money.payouts.get(killed, 0) == price * sum(1 for u in completed if u.providers == [killed])
-    assert money.deposit == money.payouts_total + money.verdict_fees + money.refund
-    for name in ("escrow_balanced", "providers_paid_exactly", "parties_conserved", "supply_conserved"):
-        assert checks.results[name], (name, checks.details.get(name))
+    assert_paid_once_each(money, completed, checks)
 
 
 def test_an_accepted_result_outlives_its_only_producer(tmp_path: Path) -> None:
@@ -137,18 +148,7 @@ def test_an_accepted_result_outlives_its_only_producer(tmp_path: Path) -> None:
     # case by chance in round 2 and stalled on 'no holder served blob'). Round 2 opens only once another
     # agent holds that result (market/custody.py), so round 2 and the order still complete from that copy,
     # and nobody is paid twice.
-    config = DemoConfig(
-        out_dir=tmp_path,
-        providers=2,
-        dishonest=0,
-        replicas=1,
-        rounds=2,
-        unit_steps=80,
-        commit_window_s=40,
-        reveal_window_s=10,
-        verdict_window_s=30,
-        extra_env={"VERITRAIN_HEARTBEAT_TIMEOUT_S": "5"},
-    )
+    config = two_providers_k1(tmp_path)
     emit = progress_printer()
     started = time.monotonic()
     with marketplace(config, emit) as market:
@@ -188,13 +188,8 @@ def test_an_accepted_result_outlives_its_only_producer(tmp_path: Path) -> None:
     completed = [u for u in units if "accept" in u.outcomes]
     assert len(completed) == config.rounds, report["units"]
     assert completed[0].providers == [killed] and completed[1].providers != [killed], report["units"]
-    price = money.payouts_total // len(completed)
-    assert money.payouts.get(killed, 0) == price
-    for address, paid in money.payouts.items():
-        assert paid == price * sum(1 for u in completed if u.providers == [address])
-    assert money.deposit == money.payouts_total + money.verdict_fees + money.refund
-    for name in ("escrow_balanced", "providers_paid_exactly", "parties_conserved", "supply_conserved"):
-        assert checks.results[name], (name, checks.details.get(name))
+    assert_paid_once_each(money, completed, checks)
+    assert money.payouts.get(killed, 0) == money.payouts_total // len(completed)
 
 
 def test_restarted_provider_resumes_its_unit_from_the_last_checkpoint(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -19,20 +20,28 @@ from veritrain.messages import Heartbeat, OrderRequest, sign_message
 pytestmark = pytest.mark.chain
 
 
+@contextmanager
+def chain_market(tmp_path: Path, params: MarketParams, providers: int) -> Iterator[ChainMarket]:
+    """A market on freshly deployed contracts with ``providers`` staked providers and 2 staked verifiers."""
+    with InProcessBackend() as backend:
+        accounts = list(backend.dev_accounts(4 + providers))
+        client = ChainClient.deploy(backend, accounts[0], params=params)
+        funded_accounts(client, accounts)
+        store = MarketStore(f"sqlite:///{tmp_path / 'market.sqlite3'}")
+        store.create_schema()
+        yield ChainMarket(client, store, accounts[1], accounts[2 : 2 + providers], accounts[2 + providers :])
+        store.dispose()
+
+
 @pytest.fixture(params=[0])
 def market(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ChainMarket]:
     """A market on the contracts with the chain's spot-check rate `request.param` (ppm; 0: never drawn),
     4 staked providers and 2 staked verifiers."""
     rate = int(request.param)
-    params = MarketParams(min_verifiers=1, spot_check_ppm=rate, solo_spot_check_ppm=rate)
-    with InProcessBackend() as backend:
-        accounts = list(backend.dev_accounts(8))
-        client = ChainClient.deploy(backend, accounts[0], params=params)
-        funded_accounts(client, accounts)
-        store = MarketStore(f"sqlite:///{tmp_path / 'market.sqlite3'}")
-        store.create_schema()
-        yield ChainMarket(client, store, accounts[1], accounts[2:6], accounts[6:8])
-        store.dispose()
+    with chain_market(
+        tmp_path, MarketParams(min_verifiers=1, spot_check_ppm=rate, solo_spot_check_ppm=rate), 4
+    ) as m:
+        yield m
 
 
 def unanimous_unit(market: ChainMarket) -> tuple[int, int, list[LocalAccount]]:
@@ -216,17 +225,11 @@ def test_a_batch_sent_again_or_refused_for_one_replica_moves_nothing_twice(marke
 
 @pytest.fixture
 def adaptive_market(tmp_path: Path) -> Iterator[ChainMarket]:
-    """A market on the contracts with 3 staked providers and 2 verifiers, where the chain draws every
-    unit of one replica for a spot check and no unit of more."""
+    """3 staked providers and 2 verifiers, where the chain draws every unit of one replica for a spot
+    check and no unit of more."""
     params = MarketParams(min_verifiers=1, spot_check_ppm=0, solo_spot_check_ppm=1_000_000)
-    with InProcessBackend() as backend:
-        accounts = list(backend.dev_accounts(7))
-        client = ChainClient.deploy(backend, accounts[0], params=params)
-        funded_accounts(client, accounts)
-        store = MarketStore(f"sqlite:///{tmp_path / 'market.sqlite3'}")
-        store.create_schema()
-        yield ChainMarket(client, store, accounts[1], accounts[2:5], accounts[5:7])
-        store.dispose()
+    with chain_market(tmp_path, params, 3) as market:
+        yield market
 
 
 def test_an_adaptive_order_gives_newcomers_three_replicas_and_a_trusted_provider_one_audited(
