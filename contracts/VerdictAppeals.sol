@@ -207,8 +207,8 @@ contract VerdictAppeals is EIP712, ReentrancyGuardTransient {
     event PanelDrawn(uint256 indexed unitId, address[] panel);
     /// @notice A referee voted `outcomesHash` on the unit's appeal.
     event RefereeVoted(uint256 indexed unitId, address indexed referee, bytes32 outcomesHash);
-    /// @notice A majority of the panel voted `outcomesHash`; `overturned` when it differs from the verdict.
-    event AppealDecided(uint256 indexed unitId, bytes32 outcomesHash, bool overturned);
+    /// @notice A majority of the panel voted `outcomes`; `overturned` when they differ from the verdict.
+    event AppealDecided(uint256 indexed unitId, uint8[] outcomes, bytes32 outcomesHash, bool overturned);
     /// @notice The decision's stakes moved: the bond (confirmed) or fraud slashes (overturned).
     event AppealResolved(uint256 indexed unitId, bool overturned, uint256 slashed);
     /// @notice Nobody decided the appeal by its deadline; the bond was released.
@@ -351,7 +351,7 @@ contract VerdictAppeals is EIP712, ReentrancyGuardTransient {
         }
         if (count == seats / 2 + 1) {
             a.decided = outcomesHash;
-            emit AppealDecided(unitId, outcomesHash, outcomesHash != market.verdictHashOf(unitId));
+            emit AppealDecided(unitId, outcomes, outcomesHash, outcomesHash != market.verdictHashOf(unitId));
         }
     }
 

@@ -141,6 +141,9 @@ class ChainClientSettlement:
     def slash_contradicting_verifier(
         self, unit_id: int, outcomes: Sequence[int], evidence: SignedVerdict
     ) -> str:
+        # A free read first: until the unit's truth is fixed (appeal window, pending appeal) the send
+        # would only revert, so raise the same TruthNotFixed / AppealLapsed without paying for a transaction.
+        self.client.truth_of(unit_id)
         signed = VerifierSignature(evidence.verifier, evidence.deadline, _sig(evidence.signature))
         return _mined(
             "slash_verifier", self.client.slash_contradicting_verifier(unit_id, list(outcomes), signed)

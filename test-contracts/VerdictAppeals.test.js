@@ -111,7 +111,7 @@ describe("VerdictAppeals: a colluding verifier majority", function () {
       await sys.appeals.vote(unitId, TRUTH, await signVote(sys.appeals, panel[0], unitId, TRUTH));
       await sys.appeals.vote(unitId, COLLUDED, await signVote(sys.appeals, panel[1], unitId, COLLUDED));
       await expect(sys.appeals.vote(unitId, TRUTH, await signVote(sys.appeals, panel[2], unitId, TRUTH)))
-        .to.emit(sys.appeals, "AppealDecided").withArgs(unitId, h.outcomesHashOf(TRUTH), true);
+        .to.emit(sys.appeals, "AppealDecided").withArgs(unitId, TRUTH, h.outcomesHashOf(TRUTH), true);
 
       const buyerBefore = await sys.token.balanceOf(sys.buyer.address);
       const refBefore = await sys.token.balanceOf(panel[0].address);
@@ -205,7 +205,7 @@ describe("VerdictAppeals: a griefing appellant", function () {
       const before = await Promise.all(panel.map((r) => sys.token.balanceOf(r.address)));
       await sys.appeals.vote(unitId, TRUTH, await signVote(sys.appeals, panel[0], unitId, TRUTH));
       await expect(sys.appeals.vote(unitId, TRUTH, await signVote(sys.appeals, panel[1], unitId, TRUTH)))
-        .to.emit(sys.appeals, "AppealDecided").withArgs(unitId, h.outcomesHashOf(TRUTH), false);
+        .to.emit(sys.appeals, "AppealDecided").withArgs(unitId, TRUTH, h.outcomesHashOf(TRUTH), false);
       await expect(sys.appeals.vote(unitId, TRUTH, await signVote(sys.appeals, panel[2], unitId, TRUTH)))
         .to.be.revertedWithCustomError(sys.appeals, "AlreadyDecided").withArgs(unitId);
       await expect(sys.appeals.resolve(unitId, TRUTH, COLLUDED))
