@@ -21,9 +21,9 @@ import {StakeManager} from "./StakeManager.sol";
 ///   appellant. Referees re-execute the unit and sign `RefereeVote` outcomes; `panelSize / 2 + 1` equal
 ///   votes before `voteWindow` after the appeal decide, and the decision is the truth:
 ///   - it equals the verdict (confirmed): the appellant's bond is slashed to the referees who voted it;
-///   - it differs (overturned): the bond is released, and every provider the verdict accepted but the
-///     panel judges fraud loses JobMarket's `slashAmount` (`bountyBps` to the deciding referees, the
-///     rest to the buyer).
+///   - it differs (overturned): the bond is released, and every provider the panel judges fraud that
+///     the verdict did not (accepted or called a fault) loses JobMarket's `slashAmount` (`bountyBps` to
+///     the deciding referees, the rest to the buyer).
 /// - no decision by the vote deadline (lapsed): the bond is released and the unit has no truth, so
 ///   nobody can be slashed for it.
 /// Once the truth is fixed, anyone presenting an assigned verifier's JobMarket `Verdict` signature over
@@ -104,7 +104,6 @@ contract VerdictAppeals is EIP712, ReentrancyGuardTransient {
 
     /// @notice Most referees on a panel.
     uint256 public constant MAX_PANEL = 7;
-    uint8 private constant OUTCOME_ACCEPT = 0;
     uint8 private constant OUTCOME_FAULT = 1;
     uint8 private constant OUTCOME_FRAUD = 2;
     uint256 private constant BPS = 10_000;
@@ -213,7 +212,7 @@ contract VerdictAppeals is EIP712, ReentrancyGuardTransient {
     event AppealResolved(uint256 indexed unitId, bool overturned, uint256 slashed);
     /// @notice Nobody decided the appeal by its deadline; the bond was released.
     event AppealLapsedEvent(uint256 indexed unitId);
-    /// @notice A provider the overturned verdict accepted lost `amount` of stake.
+    /// @notice A provider the panel judged fraud, and the overturned verdict did not, lost `amount` of stake.
     event ReplicaSlashed(uint256 indexed unitId, address indexed provider, uint256 amount);
     /// @notice An assigned verifier whose signed outcomes contradict the unit's truth lost `amount` of
     /// stake; `reporter` presented the signature and earned the bounty.
@@ -357,8 +356,8 @@ contract VerdictAppeals is EIP712, ReentrancyGuardTransient {
 
     /// @notice Moves the stakes of a decided appeal (permissionless): `verdict` must be the outcomes that
     /// settled the unit and `decided` the panel's. Confirmed: the appellant's bond goes to the referees who
-    /// voted the decision. Overturned: the bond is released and every provider accepted by the verdict but
-    /// judged fraud by the panel is slashed JobMarket's `slashAmount`.
+    /// voted the decision. Overturned: the bond is released and every provider the panel judges fraud and the
+    /// verdict did not is slashed JobMarket's `slashAmount`.
     function resolve(uint256 unitId, uint8[] calldata verdict, uint8[] calldata decided) external nonReentrant {
         Appeal storage a = _requirePending(unitId);
         bytes32 decidedHash = a.decided;
@@ -379,7 +378,7 @@ contract VerdictAppeals is EIP712, ReentrancyGuardTransient {
             a.state = AppealState.Overturned;
             uint256 slashAmount = market.params().slashAmount;
             for (uint256 i; i < verdict.length; ++i) {
-                if (verdict[i] != OUTCOME_ACCEPT || decided[i] != OUTCOME_FRAUD) continue;
+                if (decided[i] != OUTCOME_FRAUD || verdict[i] == OUTCOME_FRAUD) continue;
                 (address provider,,,) = market.replicaOf(unitId, i);
                 uint256 taken = stakes.slash(provider, slashAmount, address(this));
                 slashed += taken;

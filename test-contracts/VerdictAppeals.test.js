@@ -145,6 +145,25 @@ describe("VerdictAppeals: a colluding verifier majority", function () {
     });
 });
 
+describe("VerdictAppeals: a verdict that spared a cheat", function () {
+  it("slashes on overturn a replica the verdict only called a fault and the panel calls fraud", async function () {
+    const sys = await loadFixture(appealsSystem);
+    const unit = await h.unitAt(sys, "revealed", [h.digestOf("good"), h.digestOf("good"), h.digestOf("bad")]);
+    const [v1, v2, v3] = sys.verifiers;
+    const spared = [ACCEPT, ACCEPT, FAULT]; // unpaid, but not slashed: the colluders protect the cheat's stake
+    await verdict(sys, unit.unitId, spared, [v2, v3]);
+    const cheat = unit.providers[2];
+    const before = await bonded(sys, cheat);
+    const panel = await appealAndDraw(sys, unit.unitId, v1);
+    await sys.appeals.vote(unit.unitId, TRUTH, await signVote(sys.appeals, panel[0], unit.unitId, TRUTH));
+    await sys.appeals.vote(unit.unitId, TRUTH, await signVote(sys.appeals, panel[1], unit.unitId, TRUTH));
+    await expect(sys.appeals.resolve(unit.unitId, spared, TRUTH))
+      .to.emit(sys.appeals, "ReplicaSlashed").withArgs(unit.unitId, cheat.address, PARAMS.slashAmount);
+    expect(await bonded(sys, cheat)).to.equal(before - PARAMS.slashAmount);
+    await h.expectSolvent(sys);
+  });
+});
+
 describe("VerdictAppeals: no appeal", function () {
   it("fixes the verdict as the truth after the appeal window, and then slashes a contradicting minority once",
     async function () {
