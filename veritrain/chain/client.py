@@ -41,7 +41,7 @@ from typing import Any
 
 from eth_abi import encode as abi_encode
 from eth_account.signers.local import LocalAccount
-from eth_utils import to_checksum_address
+from eth_utils import keccak, to_checksum_address
 from web3.contract import Contract
 
 from veritrain.chain import eip712
@@ -49,7 +49,7 @@ from veritrain.chain.artifacts import ContractData, load_all
 from veritrain.chain.backends import Backend
 from veritrain.chain.deployment import AppealParams, Deployment, MarketParams
 from veritrain.chain.errors import ChainError, DeploymentError, WrongChainId
-from veritrain.chain.revert import canonical_type
+from veritrain.chain.revert import abi_signature, canonical_type
 from veritrain.chain.tx import Event, Receipt, Transactor
 from veritrain.errors import InvalidInput
 
@@ -479,6 +479,25 @@ class ChainClient:
         return [event for event in decoded if event is not None]
 
     # ------------------------------------------------------------------ plumbing
+
+    def unit_events(self, name: str, unit_id: int, from_block: int | None = None) -> list[Event]:
+        """Decoded `name` events of one unit (indexed `unitId` first), from any of the contracts: one
+        filtered log query (by event signature and unit), not a scan of every event since deployment."""
+        items = [
+            item
+            for data in self.contracts.values()
+            for item in data.abi
+            if item.get("type") == "event" and item.get("name") == name
+        ]
+        topics = sorted({event_topic(item) for item in items})
+        query: Any = {
+            "fromBlock": self.deployment.block if from_block is None else from_block,
+            "toBlock": "latest",
+            "address": [to_checksum_address(a) for a in self.deployment.addresses.values()],
+            "topics": [topics, "0x" + unit_id.to_bytes(32, "big").hex()],
+        }
+        decoded = (self.transactor.event_decoder.decode(log) for log in self.w3.eth.get_logs(query))
+        return [event for event in decoded if event is not None and event.name == name]
 
     def _send(self, sender: LocalAccount | None, contract: Contract, function: str, *args: Any) -> Receipt:
         return self._send_data(sender, contract, function, _calldata(contract, function, *args))
@@ -1105,6 +1124,11 @@ class ChainClient:
             locked=position.locked,
             unbonding=position.unbonding,
         )
+
+
+def event_topic(item: dict[str, Any]) -> str:
+    """topic0 of an event ABI item: keccak of its canonical signature, hex."""
+    return "0x" + keccak(text=abi_signature(item)).hex()
 
 
 def _calldata(contract: Contract, function: str, *args: Any) -> bytes:
