@@ -23,8 +23,10 @@ from veritrain.chain.errors import ChainError, ContractReverted
 
 logger = logging.getLogger(__name__)
 
-# Reverts after which the watcher tries the same step on a later tick (a block later, more referees).
+# Reverts after which the watcher tries the same step again RETRY_AFTER_S of chain time later (a block
+# later, more referees in the pool), not on every tick: each try is a transaction.
 RETRY_LATER = frozenset({"DrawTooEarly", "PanelUndrawable"})
+RETRY_AFTER_S = 60
 
 
 class VerdictWatch:
@@ -40,6 +42,7 @@ class VerdictWatch:
             if path.exists()
             else {}
         )
+        self._retry_at: dict[int, int] = {}  # chain time before which a unit's refused step waits
 
     def signed(self, unit_id: int, outcomes: Sequence[int]) -> None:
         """Remember the outcomes this verifier signed for `unit_id`."""
@@ -49,11 +52,16 @@ class VerdictWatch:
     def tick(self) -> list[int]:
         """One step for every remembered unit; returns the units appealed in this tick."""
         appealed: list[int] = []
+        now = self.chain.now() if self.units else 0
         for unit_id in sorted(self.units):
+            if self._retry_at.get(unit_id, 0) > now:
+                continue
             try:
                 done = self._step(unit_id, appealed)
             except ContractReverted as err:
-                if err.name not in RETRY_LATER:
+                if err.name in RETRY_LATER:
+                    self._retry_at[unit_id] = now + RETRY_AFTER_S
+                else:
                     logger.warning("unit %d: appeal step refused: %s", unit_id, err)
                 done = False
             except ChainError as err:  # node down, a transaction not mined: the same step next tick
@@ -61,6 +69,7 @@ class VerdictWatch:
                 done = False
             if done:
                 del self.units[unit_id]
+                self._retry_at.pop(unit_id, None)
         self._save()
         return appealed
 

@@ -91,8 +91,11 @@ def test_an_appeal_no_panel_decides_lapses_and_the_bond_returns(world: Any, tmp_
     _settle_colluded(world, unit_id)
     assert watch.tick() == [unit_id]
     assert client.stake_of(honest).locked == client.deployment.appeal_params.appeal_bond
-    watch.tick()  # PanelUndrawable: tried again later
-    assert unit_id in watch.units
+    watch.tick()  # PanelUndrawable: tried again a minute of chain time later, not on every tick
+    assert unit_id in watch.units and watch._retry_at[unit_id] > client.now()
+    blocks = client.w3.eth.block_number
+    watch.tick()
+    assert client.w3.eth.block_number == blocks  # no transaction while it waits
     client.advance_time(client.get_appeal(unit_id).vote_deadline - client.now() + 1)
     watch.tick()
     assert client.get_appeal(unit_id).state == AppealState.LAPSED
