@@ -282,8 +282,13 @@ def test_a_colluding_verifier_majority_is_slashed_after_an_appeal_and_the_honest
     client.resolve_appeal(chain_unit, colluded, truth)
 
     market.service.sync.sync_chain_events()  # AppealDecided: evidence against the colluders
+    operator = client.relayer
+    assert operator is not None
+    nonce = client.w3.eth.get_transaction_count(operator.address)
     states = market.send_outbox()
     assert sorted(states) == ["reverted", "sent", "sent"]  # the minority's evidence agrees with the truth
+    # two slashes sent; the minority's evidence was refused by a read, without a transaction
+    assert client.w3.eth.get_transaction_count(operator.address) == nonce + 2
     market.service.sync.sync_chain_events()
     outbox = market.outbox_states(unit_id)
     assert outbox[minority] == "reverted"
