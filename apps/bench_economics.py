@@ -84,7 +84,7 @@ SAVED_FRACTION = {
 }
 DISPUTE_DETECTION = 1.0  # measured: every strategy 50/50 beside honest replicas (docs/VERIFICATION.md §3)
 HONEST_FALSE_FRAUD = 0.0  # measured: 0 of 1 650 heterogeneous honest verdicts (docs/VERIFICATION.md §3)
-GAS_PER_SETTLED_UNIT_K3 = 432_173  # measured, batched path, 3 replicas (docs/BENCHMARKS.md)
+GAS_PER_SETTLED_UNIT_K3 = 432_578  # measured, batched path, 3 replicas (docs/BENCHMARKS.md)
 GAS_PER_VERDICT = 315_955  # measured, verdict with verifier collateral (docs/BENCHMARKS.md)
 RECIPE = "charlm-25m"
 UNIT_STEPS = 500
@@ -116,7 +116,7 @@ class Network:
     mature: bool = True  # every key starts past the reputation threshold
     units: int = 10_000
     fault_ppm: int = 1_000  # ASSUMPTION: an honest replica crashes or drops 1 time in 1 000
-    max_k: int = 5
+    max_k: int = 3  # a buyer's `auto` order (apps.buyer AUTO_MAX_REPLICAS)
     canary_ppm: int = 0
     verifiers_per_audit: int = MarketConfig().verifiers_per_unit
     policy: ReplicationPolicy = field(default_factory=ReplicationPolicy)

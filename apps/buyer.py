@@ -39,6 +39,7 @@ _DURATION = re.compile(r"^\s*(\d+)\s*([smhd])\s*$")
 _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _AMOUNT = re.compile(r"^\s*([0-9][0-9_]*(?:\.[0-9_]+)?)\s*VERI\s*$", re.IGNORECASE)
 MONEY_FIELDS = ("max_price_per_pflop", "verifier_fee_per_unit")
+AUTO_MAX_REPLICAS = 3  # a newcomer's units under `replicas = "auto"` (BOINC's); trusted providers work alone
 
 
 # --- the order spec from a TOML file ---------------------------------------------------------------
@@ -64,11 +65,7 @@ def spec_from_table(table: dict[str, Any], *, buyer: str, now: int) -> OrderSpec
     from veritrain.recipes import get_recipe
 
     values = dict(table)
-    if values.get("replicas") == "auto":
-        raise InvalidOrderSpec(
-            "replicas = 'auto' (adaptive replication) needs per-unit replication in the contracts, which "
-            "this deployment does not have yet: give a fixed number of replicas (1-5)"
-        )
+    _replication(values)
     values["deadline"] = _deadline(values, now)
     for name in MONEY_FIELDS:
         if name in values:
@@ -88,6 +85,15 @@ def spec_from_table(table: dict[str, Any], *, buyer: str, now: int) -> OrderSpec
             f"total_steps {spec.total_steps} is not a multiple of unit_steps {spec.unit_steps}"
         )
     return spec
+
+
+def _replication(values: dict[str, Any]) -> None:
+    """`replicas = "auto"`: adaptive replication with at most `max_replicas` (default 3) per unit."""
+    if "max_replicas" in values and values.get("replicas") != "auto":
+        raise InvalidOrderSpec("max_replicas goes with replicas = 'auto'; a fixed order gives replicas alone")
+    if values.get("replicas") == "auto":
+        values["replicas"] = values.pop("max_replicas", AUTO_MAX_REPLICAS)
+        values["adaptive_replication"] = True
 
 
 def _deadline(values: dict[str, Any], now: int) -> int:
@@ -188,6 +194,8 @@ def post_order(
         plan.price_per_replica,
         plan.verifier_fee_per_unit,
         spec.deadline,
+        min_replicas=plan.min_replicas,
+        trusted_streak=plan.trusted_streak,
     )
     with MarketClient(market_url, timeout=30) as api:
         status = api.post_order(OrderRequest(spec=spec, chain_order_id=chain_order_id))

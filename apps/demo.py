@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from apps.buyer import TrainingResult, UnitOutcome, order_money
+from apps.buyer import AUTO_MAX_REPLICAS, TrainingResult, UnitOutcome, order_money
 from apps.buyer import collect_training as collect_training_from
 from apps.demo_report import (
     Checks,
@@ -36,6 +36,7 @@ from apps.demo_report import (
 )
 from apps.procs import ProcessGroup, free_port, http_ok, signals_ignored, terminate_as_interrupt
 from veritrain.errors import DemoCheckFailed, VeritrainError
+from veritrain.messages import TRUSTED_STREAK
 from veritrain.progress import progress_bar
 
 if TYPE_CHECKING:
@@ -92,7 +93,10 @@ class DemoConfig:
     recipe: str = DEFAULT_RECIPE
     rounds: int = 4
     unit_steps: int = 40
-    replicas: int = 3
+    replicas: int = 3  # with adaptive_replication: the most a unit gets
+    adaptive_replication: bool = False  # `--replicas auto`: k = 1 for providers past trusted_streak
+    trusted_streak: int = TRUSTED_STREAK
+    solo_spot_check_ppm: int | None = None  # the chain's audit rate of one-replica units (None: default)
     shards: int = 1  # M > 1: DiLoCo rounds of M shard units and one aggregate unit
     provider_env: tuple[dict[str, str], ...] = ()  # extra environment of provider i (CPU configurations)
     verifier_env: tuple[dict[str, str], ...] = VERIFIER_CPU_CONFIGURATIONS  # of verifier i, cycled
@@ -292,6 +296,8 @@ class Marketplace:
             verdict_window=self.config.verdict_window_s,
             min_verifiers=self.config.verifiers,
         )
+        if self.config.solo_spot_check_ppm is not None:
+            params = replace(params, solo_spot_check_ppm=self.config.solo_spot_check_ppm)
         from veritrain.chain.backends import RpcBackend
 
         self.chain = ChainClient.deploy(
@@ -570,6 +576,8 @@ class Buyer:
             total_steps=config.rounds * config.unit_steps,
             unit_steps=config.unit_steps,
             replicas=config.replicas,
+            adaptive_replication=config.adaptive_replication,
+            trusted_streak=config.trusted_streak,
             shards=config.shards,
             seed=config.seed,
             max_price_per_pflop=MAX_PRICE_PER_PFLOP,
@@ -585,7 +593,8 @@ class Buyer:
         self.posted_block = posted.posted_block
         self.market.emit(
             f"buyer: order {self.chain_order_id} posted — {config.recipe}, {config.rounds} rounds x "
-            f"{config.shards} shard(s) x {config.unit_steps} steps, k = {config.replicas}, "
+            f"{config.shards} shard(s) x {config.unit_steps} steps, "
+            f"k = {'auto, at most ' if config.adaptive_replication else ''}{config.replicas}, "
             f"escrow {plan.total / TOKEN:.4f} VERI "
             f"({plan.price_per_replica / TOKEN:.4f} per replica, {plan.verifier_fee_per_unit / TOKEN:.1f} "
             "verifier fee per unit)"
@@ -871,7 +880,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--rounds", type=int, default=None, help="rounds of the order (default: 4 / shards, the same compute)"
     )
     parser.add_argument("--unit-steps", type=int, default=40)
-    parser.add_argument("--replicas", type=int, default=3)
+    parser.add_argument(
+        "--replicas",
+        type=_replicas,
+        default=3,
+        help="replicas per unit (1-5), or 'auto': adaptive, at most 3 (1 for providers with a streak)",
+    )
     parser.add_argument(
         "--shards", type=int, default=1, help="M shards per round (M > 1: DiLoCo with an aggregate unit)"
     )
@@ -884,6 +898,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _replicas(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"give a number of replicas or 'auto', not {text!r}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     config = DemoConfig(
         out_dir=(args.out or Path.cwd()).resolve(),
@@ -891,7 +914,8 @@ def run(args: argparse.Namespace) -> int:
         verifiers=args.verifiers,
         rounds=args.rounds or max(1, DemoConfig.rounds // args.shards),
         unit_steps=args.unit_steps,
-        replicas=args.replicas,
+        replicas=AUTO_MAX_REPLICAS if args.replicas == "auto" else args.replicas,
+        adaptive_replication=args.replicas == "auto",
         shards=args.shards,
         dishonest_strategy=args.dishonest_strategy,
         timeout_s=args.timeout,

@@ -8,6 +8,7 @@ import hashlib
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from eth_account.signers.local import LocalAccount
 from sqlmodel import select
@@ -129,9 +130,10 @@ class ChainMarket:
             )
             self.service.agents.post_offer(sign_message(offer, account.key, self.client.chain_id))
 
-    def post_order(self, rounds: int = 2) -> int:
-        """A buyer's order of ``rounds`` one-unit rounds with 3 replicas; returns the market's order id."""
-        spec = self.order_spec(rounds)
+    def post_order(self, rounds: int = 2, **spec_fields: Any) -> int:
+        """A buyer's order of ``rounds`` one-unit rounds with 3 replicas (``spec_fields`` override the
+        spec's); returns the market's order id."""
+        spec = OrderSpec.model_validate({**self.order_spec(rounds).model_dump(), **spec_fields})
         plan = escrow_plan(spec, RegistryRecipeCatalog().lookup("digits-mlp").flops_per_step)
         self.client.approve(self.buyer, self.client.deployment.job_market, plan.total)
         chain_order, _ = self.client.post_order(
@@ -142,6 +144,8 @@ class ChainMarket:
             plan.price_per_replica,
             plan.verifier_fee_per_unit,
             spec.deadline,
+            min_replicas=plan.min_replicas,
+            trusted_streak=plan.trusted_streak,
         )
         order = self.service.orders.post_order(OrderRequest(spec=spec, chain_order_id=chain_order))
         return order.id or 0

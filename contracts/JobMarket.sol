@@ -81,6 +81,10 @@ import {StakeManager} from "./StakeManager.sol";
 ///    Reveal[]) reveals several replicas and finalizes in the same transaction when that completes a
 ///    unanimous unit not drawn for verification; {multicall}(bytes[]) lets the operator put several
 ///    units' actions in one transaction. StakeManager adds `lockBatch`/`unlockBatch`.
+/// 11. {postAdaptiveOrder} adds adaptive replication: {assign} takes minReplicas..replicas providers, fewer
+///    than `replicas` only when each has `trustedStreak` consecutive valid units ({ProviderNotTrusted}); a
+///    unit costs its own replica count. {getOrder} returns `minReplicas` and `trustedStreak` (fixed orders:
+///    minReplicas = replicas, trustedStreak = 0).
 /// Sequential nonces ({nonces}) remain only for `Commit` and `WithdrawCredit`, shared per account: a
 /// relayer must submit those in nonce order. Accept uses unordered nonces, Verdict and UnitCommit none.
 ///
@@ -168,8 +172,10 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
         uint128 balance;
         uint32 delivered;
         uint32 openUnits;
-        uint8 replicas;
+        uint8 replicas; // the most providers a unit may have (all of them for a fixed order)
         bool closed;
+        uint8 minReplicas; // the fewest; below `replicas` only for providers past `trustedStreak`
+        uint16 trustedStreak; // consecutive valid units a provider needs to be assigned a reduced unit
     }
 
     /// @notice A provider's acceptance of an assignment (EIP-712 `Accept`).
@@ -313,6 +319,10 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
     error ZeroUnits();
     /// @notice Replicas must be 1..MAX_REPLICAS.
     error InvalidReplicaCount(uint8 replicas);
+    /// @notice An adaptive order needs 1 <= minReplicas <= maxReplicas.
+    error InvalidReplicaBounds(uint8 minReplicas, uint8 maxReplicas);
+    /// @notice A unit below its order's most replicas takes only providers with `streak` consecutive valid units.
+    error ProviderNotTrusted(address provider, uint16 streak);
     /// @notice The order deadline is not in the future.
     error InvalidDeadline(uint64 deadline, uint256 now);
     /// @notice The token moved a different amount than requested (fee-on-transfer tokens are unsupported).
@@ -478,7 +488,7 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
     // Buyer
     // ----------------------------------------------------------------------------------------------
 
-    /// @notice Posts an order and pulls its escrow from the caller (needs an allowance).
+    /// @notice Posts an order with a fixed replica count and pulls its escrow (needs an allowance).
     /// @param specHash Digest of the off-chain order specification (kept in the event only).
     /// @param units Number of units to deliver.
     /// @param replicas Replicas per unit, 1..MAX_REPLICAS.
@@ -494,32 +504,28 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
         uint256 verifierFeePerUnit,
         uint64 deadline
     ) external nonReentrant returns (uint256 orderId) {
-        if (units == 0) revert ZeroUnits();
-        if (replicas == 0 || replicas > MAX_REPLICAS) revert InvalidReplicaCount(replicas);
-        if (deadline <= block.timestamp) revert InvalidDeadline(deadline, block.timestamp);
-        uint256 escrow = uint256(units) * (uint256(replicas) * pricePerReplica + verifierFeePerUnit);
-        uint128 escrow128 = SafeCast.toUint128(escrow);
-        orderId = ++_orderCount;
-        _orders[orderId] = Order({
-            buyer: msg.sender,
-            deadline: deadline,
-            units: units,
-            pricePerReplica: uint128(pricePerReplica), // <= escrow
-            verifierFeePerUnit: uint128(verifierFeePerUnit), // <= escrow
-            balance: escrow128,
-            delivered: 0,
-            openUnits: 0,
-            replicas: replicas,
-            closed: false
-        });
-        _totals.escrow += escrow128;
-        emit OrderPosted(
-            orderId, msg.sender, specHash, units, replicas, pricePerReplica, verifierFeePerUnit, deadline, escrow
+        return _postOrder(specHash, units, replicas, replicas, 0, pricePerReplica, verifierFeePerUnit, deadline);
+    }
+
+    /// @notice Posts an order with adaptive replication (BOINC's): each unit has `minReplicas` to
+    /// `maxReplicas` providers, fewer than `maxReplicas` only when every one of them has at least
+    /// `trustedStreak` consecutive valid units (a fault or fraud resets the streak), and a unit of one
+    /// replica is audited by the chain's solo spot-check draw. Escrow covers `maxReplicas` per unit; what
+    /// a smaller unit does not use stays in the order and is refunded when it closes.
+    function postAdaptiveOrder(
+        bytes32 specHash,
+        uint32 units,
+        uint8 minReplicas,
+        uint8 maxReplicas,
+        uint16 trustedStreak,
+        uint256 pricePerReplica,
+        uint256 verifierFeePerUnit,
+        uint64 deadline
+    ) external nonReentrant returns (uint256 orderId) {
+        if (minReplicas == 0 || minReplicas > maxReplicas) revert InvalidReplicaBounds(minReplicas, maxReplicas);
+        return _postOrder(
+            specHash, units, minReplicas, maxReplicas, trustedStreak, pricePerReplica, verifierFeePerUnit, deadline
         );
-        uint256 balanceBefore = token.balanceOf(address(this));
-        token.safeTransferFrom(msg.sender, address(this), escrow);
-        uint256 received = token.balanceOf(address(this)) - balanceBefore;
-        if (received != escrow) revert TransferAmountMismatch(escrow, received);
     }
 
     /// @notice Closes an order and credits its remaining balance to the buyer. The buyer may close at any
@@ -561,7 +567,8 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
         address[] calldata verifiers,
         SignedApproval[] calldata accepts
     ) external onlyRole(OPERATOR_ROLE) returns (uint256 unitId) {
-        uint8 replicas = _reserveUnitBudget(orderId, providers.length, accepts.length, verifiers.length);
+        (uint8 replicas, uint16 trustedStreak) =
+            _reserveUnitBudget(orderId, providers.length, accepts.length, verifiers.length);
         uint8 page;
         (unitId, page) = _newUnit(replicas);
         uint256 partyIds;
@@ -569,6 +576,9 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
             address provider = providers[i];
             for (uint256 j; j < i; ++j) {
                 if (providers[j] == provider) revert DuplicateParty(provider);
+            }
+            if (trustedStreak != 0 && _accounts[provider].consecutiveValid < trustedStreak) {
+                revert ProviderNotTrusted(provider, trustedStreak);
             }
             _acceptProvider(orderId, unitKey, provider, accepts[i]);
             partyIds |= _partyIdOf(provider) << (i * PARTY_ID_BITS);
@@ -954,19 +964,65 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
     // Internals
     // ----------------------------------------------------------------------------------------------
 
+    /// @dev Records an order (escrow for `replicas` per unit) and pulls its escrow from the caller.
+    function _postOrder(
+        bytes32 specHash,
+        uint32 units,
+        uint8 minReplicas,
+        uint8 replicas,
+        uint16 trustedStreak,
+        uint256 pricePerReplica,
+        uint256 verifierFeePerUnit,
+        uint64 deadline
+    ) private returns (uint256 orderId) {
+        if (units == 0) revert ZeroUnits();
+        if (replicas == 0 || replicas > MAX_REPLICAS) revert InvalidReplicaCount(replicas);
+        if (deadline <= block.timestamp) revert InvalidDeadline(deadline, block.timestamp);
+        uint256 escrow = uint256(units) * (uint256(replicas) * pricePerReplica + verifierFeePerUnit);
+        uint128 escrow128 = SafeCast.toUint128(escrow);
+        orderId = ++_orderCount;
+        _orders[orderId] = Order({
+            buyer: msg.sender,
+            deadline: deadline,
+            units: units,
+            pricePerReplica: uint128(pricePerReplica), // <= escrow
+            verifierFeePerUnit: uint128(verifierFeePerUnit), // <= escrow
+            balance: escrow128,
+            delivered: 0,
+            openUnits: 0,
+            replicas: replicas,
+            closed: false,
+            minReplicas: minReplicas,
+            trustedStreak: trustedStreak
+        });
+        _totals.escrow += escrow128;
+        emit OrderPosted(
+            orderId, msg.sender, specHash, units, replicas, pricePerReplica, verifierFeePerUnit, deadline, escrow
+        );
+        uint256 balanceBefore = token.balanceOf(address(this));
+        token.safeTransferFrom(msg.sender, address(this), escrow);
+        uint256 received = token.balanceOf(address(this)) - balanceBefore;
+        if (received != escrow) revert TransferAmountMismatch(escrow, received);
+    }
+
     /// @dev Checks the order can take one more unit with these party counts and moves one unit's cost
-    /// from the order's balance into the open unit.
+    /// (its own replica count's) from the order's balance into the open unit. Returns the streak each
+    /// provider needs: the order's `trustedStreak` for a unit below its most replicas, else 0.
     function _reserveUnitBudget(uint256 orderId, uint256 providerCount, uint256 acceptCount, uint256 verifierCount)
         private
-        returns (uint8 replicas)
+        returns (uint8 replicas, uint16 trustedStreak)
     {
         Order storage order = _orders[orderId];
         if (order.buyer == address(0)) revert UnknownOrder(orderId);
         if (order.closed) revert OrderNotOpen(orderId);
         if (block.timestamp > order.deadline) revert OrderExpired(orderId, order.deadline);
-        replicas = order.replicas;
-        if (providerCount != replicas) revert ProviderCountMismatch(replicas, providerCount);
-        if (acceptCount != replicas) revert ProviderCountMismatch(replicas, acceptCount);
+        uint8 maxReplicas = order.replicas;
+        if (providerCount < order.minReplicas || providerCount > maxReplicas) {
+            revert ProviderCountMismatch(maxReplicas, providerCount);
+        }
+        if (acceptCount != providerCount) revert ProviderCountMismatch(providerCount, acceptCount);
+        replicas = uint8(providerCount);
+        trustedStreak = providerCount < maxReplicas ? order.trustedStreak : 0;
         if (verifierCount < _minVerifiers || verifierCount > MAX_VERIFIERS) {
             revert InvalidVerifierCount(verifierCount, _minVerifiers, MAX_VERIFIERS);
         }

@@ -37,6 +37,7 @@ from veritrain.messages import (
     AgentInfo,
     AgentRole,
     CommitSubmission,
+    CustodyReport,
     Heartbeat,
     HeartbeatReply,
     Offer,
@@ -148,6 +149,12 @@ def create_app(service: MarketService) -> FastAPI:
     def offer(signed: Signed[Offer]) -> Ack:
         row = service.agents.post_offer(signed)
         return Ack(detail=f"offer of {row.agent} at {row.price_per_pflop}/PFLOP until {row.expires_at}")
+
+    @app.post("/agents/custody", responses=_ERRORS)
+    def custody(signed: Signed[CustodyReport]) -> Ack:
+        """An agent holds a state the market asked it to keep; from now on it is listed as a holder."""
+        kept = service.custody.report(signed)
+        return Ack(detail=f"{signed.message.agent} holds {signed.message.state_digest} for {kept} order(s)")
 
     @app.post("/assignments/accept", responses=_ERRORS)
     def accept(submission: AcceptSubmission) -> Ack:

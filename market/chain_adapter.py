@@ -76,6 +76,8 @@ class ChainClientSettlement:
             price_per_replica=info.price_per_replica,
             verifier_fee_per_unit=info.verifier_fee_per_unit,
             deadline=info.deadline,
+            min_replicas=info.min_replicas,
+            trusted_streak=info.trusted_streak,
         )
 
     def free_stake(self, account: str) -> int:

@@ -46,6 +46,13 @@ class MarketConfig:
     # chain events are applied only this many blocks below the head, so a reorg of up to this depth never
     # touches what the market applied (0 suits a dev chain that mines a block only per transaction)
     confirmations: int = 0
+    # custody of live states (market/custody.py): other agents asked to keep each state an open order may
+    # still start from; one that has not reported holding it within custody_timeout_s no longer counts;
+    # a round waits up to custody_wait_s for a custodian of its start state (0: it does not wait; the
+    # deployed market's default is VERITRAIN_CUSTODY_WAIT_S)
+    custody_copies: int = 1
+    custody_timeout_s: int = 60
+    custody_wait_s: int = 0
     policy: ReplicationPolicy = DEFAULT_POLICY
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlmodel import Session
@@ -19,7 +19,7 @@ from market.domain.selection import NO_BLOCK_HASH, ROLE_VERIFIERS, sample, selec
 from market.domain.states import OrderState, ReplicaState, UnitState, advance
 from market.store import AgentRow, OfferRow, OrderRow, ReplicaRow, UnitRow
 from veritrain.errors import UnknownRecipe
-from veritrain.messages import AgentRole
+from veritrain.messages import TRUSTED_STREAK, AgentRole
 
 
 @dataclass
@@ -192,6 +192,11 @@ class Matchmaker(Lifecycle):
         kept = [r for r in replicas if r.state != ReplicaState.DROPPED.value]
         kept_operators = frozenset(self._operator_of(session, r.provider) for r in kept)
         unit_id = row_id(unit)
+        # An adaptive unit is sized when none of its replicas is kept (first match, or all dropped): its
+        # first drawn candidate's streak, as the order counts it, gives k = 1 or the order's most.
+        adaptive = bool(spec.get("adaptive_replication")) and not kept
+        needed = int(spec["replicas"]) if adaptive else unit.k - len(kept)
+        policy = replace(self.config.policy, trusted_streak=int(spec.get("trusted_streak", TRUSTED_STREAK)))
         demand = UnitDemand(
             unit_id=unit_id,
             recipe=order.recipe,
@@ -200,13 +205,14 @@ class Matchmaker(Lifecycle):
             time_budget_s=self.config.unit_time_budget_s,
             max_price_per_pflop=order.max_price_per_pflop,
             collateral=collateral,
-            needed=unit.k - len(kept),
+            needed=needed,
+            adaptive=adaptive,
             excluded=frozenset(r.provider for r in replicas),
             taken_operators=kept_operators,
         )
         block_number, block_hash = block
         seed = selection_seed(block_hash, unit.unit_key)
-        match = self.pool.match(demand, block_hash, seed, self.config.policy)
+        match = self.pool.match(demand, block_hash, seed, policy)
         writes.logs.append(
             {
                 "unit_id": unit_id,
@@ -242,6 +248,7 @@ class Matchmaker(Lifecycle):
         writes.units.append(
             {
                 "target": unit_id,
+                "k": len(kept) + match.k,
                 "verifiers_json": json.dumps(chosen_verifiers),
                 "selection_block": block_number,
                 "selection_seed": seed,

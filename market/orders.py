@@ -11,7 +11,8 @@ from eth_abi import encode as abi_encode
 from eth_utils import keccak
 from sqlmodel import Session
 
-from market.context import Lifecycle, row_id
+from market.context import Lifecycle, MarketContext, row_id
+from market.custody import CustodyBook, producers_of_state
 from market.domain.binding import is_bound
 from market.domain.pricing import escrow_plan
 from market.domain.rounds import (
@@ -46,6 +47,10 @@ def unit_key_for(chain_order_id: int, round_index: int, shard: int, attempt: int
 
 
 class OrderBook(Lifecycle):
+    def __init__(self, ctx: MarketContext) -> None:
+        super().__init__(ctx)
+        self.custody = CustodyBook(ctx)
+
     def post_order(self, request: OrderRequest) -> OrderRow:
         """Register a buyer's order after checking its on-chain escrow covers it at the max price."""
         spec = request.spec
@@ -57,11 +62,6 @@ class OrderBook(Lifecycle):
             )
         if spec.deadline <= now:
             raise InvalidInput(f"order deadline {spec.deadline} is not in the future (market clock {now})")
-        if spec.adaptive_replication:
-            raise InvalidInput(
-                "adaptive replication is not available: the JobMarket assigns exactly `replicas` providers "
-                "per unit of an order"
-            )
         if self.chain is None:
             raise MarketError("the market has no chain configured; it cannot check an order's escrow")
         plan = escrow_plan(spec, recipe.flops_per_step)
@@ -75,6 +75,8 @@ class OrderBook(Lifecycle):
                 ("buyer", on_chain.buyer.lower(), spec.buyer.lower()),
                 ("units", on_chain.units, plan.units),
                 ("replicas", on_chain.replicas, plan.replicas),
+                ("min_replicas", on_chain.min_replicas, plan.min_replicas),
+                ("trusted_streak", on_chain.trusted_streak, plan.trusted_streak),
             )
             if have != want
         ]
@@ -200,6 +202,9 @@ class OrderBook(Lifecycle):
         with self.store.transaction() as session:
             for order in self.store.orders_in(session, [OrderState.OPEN.value, OrderState.RUNNING.value]):
                 changed += self._advance_order(session, order, now)
+                if order.state in (OrderState.OPEN.value, OrderState.RUNNING.value):
+                    self.custody.keep(session, row_id(order), self.live_states(session, order), now)
+            self.custody.release_ended(session)
         if changed:  # a round opened or a failed unit got a new attempt (or an order ended: harmless)
             self.triggers.match(False)
         return changed
@@ -215,8 +220,8 @@ class OrderBook(Lifecycle):
             session.add(order)
             return 1
         round_row = self.store.round_of(session, row_id(order), order.rounds_accepted)
-        if round_row is None:
-            return 0
+        if round_row is None:  # the last round closed and the next one waits for its start state's custody
+            return self._open_when_kept(session, order, spec, now)
         units = self.store.units_of_round(session, row_id(round_row))
         shards = _latest(u for u in units if u.kind == UnitKind.TRAIN.value)
         aggregates = _latest(u for u in units if u.kind == UnitKind.AGGREGATE.value)
@@ -257,9 +262,42 @@ class OrderBook(Lifecycle):
         if order.rounds_accepted == order.rounds_total:
             order.state = advance(OrderState(order.state), OrderState.COMPLETED, what=f"order {order.id}")
         else:
-            self._open_round(session, order, spec, order.rounds_accepted, state, now)
+            self.custody.keep(session, row_id(order), self.live_states(session, order), now)
+            self._open_when_kept(session, order, spec, now)
         session.add(order)
         return 1
+
+    def _open_when_kept(self, session: Session, order: OrderRow, spec: OrderSpec, now: int) -> int:
+        """Open the next round once its start state is held by someone besides its producers (or nobody
+        else could be asked, or ``custody_wait_s`` passed): from then on the order relies on that state."""
+        state = order.current_state_digest
+        if state is None or order.rounds_accepted >= order.rounds_total:
+            return 0
+        if not self.custody.may_rely_on(session, row_id(order), state, now):
+            return 0
+        self._open_round(session, order, spec, order.rounds_accepted, state, now)
+        return 1
+
+    def live_states(self, session: Session, order: OrderRow) -> dict[str, set[str]]:
+        """The states the order may still start a unit from, each with the providers that produced it: the
+        current round's start and (M > 1) each shard's last accepted result (its inner AdamW state)."""
+        live: dict[str, set[str]] = {}
+        if order.current_state_digest is not None:
+            digest = order.current_state_digest
+            live[digest] = set(producers_of_state(session, row_id(order), digest))
+        if OrderSpec.model_validate_json(order.spec_json).shards > 1:
+            latest: dict[int, UnitRow] = {}
+            for unit in self.store.units_of_order(session, row_id(order)):  # by id: later rounds last
+                if unit.kind == UnitKind.TRAIN.value and unit.state == UnitState.ACCEPTED.value:
+                    latest[unit.shard] = unit
+            for unit in latest.values():
+                bound = self._bound_accepted(session, unit)
+                if bound:
+                    digest = next_state(unit.round_index, bound)
+                    live.setdefault(digest, set()).update(
+                        r.provider for r in bound if r.state_digest == digest
+                    )
+        return live
 
     def _settled(self, session: Session, unit: UnitRow) -> tuple[UnitState, list[AcceptedReplica]]:
         """The unit's state for round logic and its bound accepted replicas (read once): accepted counts
@@ -335,6 +373,8 @@ class OrderBook(Lifecycle):
                 holders.extend(self._holders(session, prior, digest))
         for sibling in self.store.units_of_round(session, row_id(round_row)):  # they fetched it and keep it
             holders.extend(a for a in self._holders(session, sibling) if a not in holders)
+        kept = self.custody.holders(session, unit.order_id, digest)
+        holders.extend(a for a in kept if a not in holders)
         return StateSource(state_digest=digest, holders=tuple(holders))
 
     def _previous_result(self, session: Session, unit: UnitRow) -> StateSource | None:
@@ -361,6 +401,7 @@ class OrderBook(Lifecycle):
         for sibling in self.store.units_of_round(session, unit.round_id):
             if sibling.kind == UnitKind.AGGREGATE.value:
                 holders.extend(a for a in self._holders(session, sibling) if a not in holders)
+        holders.extend(a for a in self.custody.holders(session, unit.order_id, digest) if a not in holders)
         return StateSource(state_digest=digest, holders=tuple(holders))
 
     def _holders(self, session: Session, unit: UnitRow, digest: str | None = None) -> list[str]:

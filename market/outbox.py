@@ -56,9 +56,10 @@ UNIT_LEVEL_ERRORS = frozenset(
         "RevealWindowClosed",
     }
 )
-# An assign refused for these can never land (the providers' Accept signatures are past their deadline):
+# An assign refused for these can never land (the providers' Accept signatures are past their deadline, or
+# a provider of a reduced adaptive unit lost its streak since the market last read its reputation):
 # retrying it would strand the unit in ASSIGNING for good, so the unit fails and its order retries it.
-ASSIGN_FINAL_ERRORS = frozenset({"SignatureExpired"})
+ASSIGN_FINAL_ERRORS = frozenset({"SignatureExpired", "ProviderNotTrusted"})
 
 
 @dataclass
@@ -222,7 +223,10 @@ class SettlementOutbox(Lifecycle):
         if action == "finalize" and getattr(exc, "name", "") == "UnitUnderVerification":
             return self._record_drawn(entry_id, error)
         if action == "assign" and getattr(exc, "name", "") in ASSIGN_FINAL_ERRORS:
-            return self._record_unassignable(entry_id, error)
+            result = self._record_unassignable(entry_id, error)
+            # a provider's streak may have ended since the pool read it: the next attempt must see that
+            self.agents.refresh_chain_facts(set(payload["providers"]))
+            return result
         try:
             chain_state = self.chain.unit_state(int(payload["unit_id"])) if "unit_id" in payload else "none"
         except Exception as read_error:  # RPC down: retry the whole intent later

@@ -23,10 +23,12 @@ class ChainOrder:
     buyer: str
     spec_hash: str
     units: int
-    replicas: int
+    replicas: int  # the most per unit
     price_per_replica: int
     verifier_fee_per_unit: int
     deadline: int
+    min_replicas: int  # = replicas for a fixed order
+    trusted_streak: int  # consecutive valid units for a unit below `replicas` (0 for a fixed order)
 
 
 @dataclass(frozen=True, slots=True)

@@ -113,13 +113,14 @@ class AgentRegistry(Lifecycle):
             agent.online = True
             session.add(agent)
             assignments = self.assignments.assignments_for(session, agent.address)
+            custody = self.assignments.orders.custody.custody_for(session, agent.address)
             offer = self.store.offer_of(session, agent.address)
             load = self.store.active_load(session, agent.address).get(agent.address, 0)
         if came_back:
             self.matching.refresh_candidate(agent, offer, load)
             if agent.role == AgentRole.PROVIDER.value:
                 self.triggers.match(True)
-        return HeartbeatReply(agent=message.agent, assignments=tuple(assignments))
+        return HeartbeatReply(agent=message.agent, assignments=tuple(assignments), custody=custody)
 
     def refresh_chain_facts(self, accounts: set[str]) -> None:
         """Re-read free and bonded stake and reputation of registered agents from the chain's views into

@@ -68,6 +68,7 @@ def build_service(settings: Settings | None = None, *, create_schema: bool = Tru
         accept_timeout_s=settings.accept_timeout_s,
         max_skew_s=settings.message_max_skew_s,
         confirmations=settings.chain_confirmations,
+        custody_wait_s=settings.custody_wait_s,
     )
     if chain is not None:  # schedule by the contract's own windows and quorum
         terms = chain.terms()

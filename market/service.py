@@ -9,6 +9,8 @@ tests hold. It only composes; each lifecycle lives in its own module:
 - ``outbox`` (:mod:`market.outbox`): settlement intents sent to the chain.
 - ``sync`` (:mod:`market.sync`): chain events applied to the market.
 - ``progress`` (:mod:`market.progress`): providers' reported losses (the dashboard's live curve).
+- ``custody`` (:mod:`market.custody`, kept by ``orders``): agents asked to keep live states beside their
+  producers.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class MarketService(Lifecycle):
         )
         self.matching = Matchmaker(self.ctx)
         self.orders = OrderBook(self.ctx)
+        self.custody = self.orders.custody
         self.assignments = Assignments(self.ctx, self.orders, self.matching)
         self.agents = AgentRegistry(self.ctx, self.matching, self.assignments)
         self.verification = VerificationJobs(self.ctx, self.orders)

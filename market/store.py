@@ -249,6 +249,21 @@ class LossPointRow(SQLModel, table=True):
     at: int
 
 
+class CustodyRow(SQLModel, table=True):
+    """An agent asked to keep a state an open order may still start a unit from (market/custody.py);
+    ``held_at`` is set by its signed report. Rows live only while the state is live in an open order."""
+
+    __tablename__ = "custody"
+    __table_args__ = (UniqueConstraint("order_id", "state_digest", "agent"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    order_id: int = Field(foreign_key="orders.id", index=True)
+    state_digest: str = Field(max_length=66, index=True)
+    agent: str = Field(max_length=42, index=True)
+    requested_at: int
+    held_at: int | None = None
+
+
 class ChainCursorRow(SQLModel, table=True):
     __tablename__ = "chain_cursor"
 
@@ -600,6 +615,25 @@ class MarketStore:
             return []
         query = select(LossPointRow).where(col(LossPointRow.unit_id).in_(unit_ids))
         return session.exec(query.order_by(col(LossPointRow.unit_id), col(LossPointRow.step))).all()
+
+    # --- custody of live states ---
+
+    def custody_rows(self, session: Session) -> Sequence[CustodyRow]:
+        return session.exec(select(CustodyRow).order_by(col(CustodyRow.id))).all()
+
+    def custody_of_order(self, session: Session, order_id: int) -> Sequence[CustodyRow]:
+        query = select(CustodyRow).where(CustodyRow.order_id == order_id)
+        return session.exec(query.order_by(col(CustodyRow.id))).all()
+
+    def custody_of_agent(self, session: Session, agent: str) -> Sequence[CustodyRow]:
+        query = select(CustodyRow).where(CustodyRow.agent == agent)
+        return session.exec(query.order_by(col(CustodyRow.id))).all()
+
+    def custody_of_state(self, session: Session, order_id: int, state_digest: str) -> Sequence[CustodyRow]:
+        query = select(CustodyRow).where(
+            CustodyRow.order_id == order_id, CustodyRow.state_digest == state_digest
+        )
+        return session.exec(query.order_by(col(CustodyRow.id))).all()
 
     # --- chain cursor ---
 

@@ -56,7 +56,8 @@ class VerificationJobs(Lifecycle):
                 views.append(self._job_view(session, job, unit))
                 if len(views) == limit:
                     break
-        return VerificationJobsReply(verifier=message.agent, jobs=tuple(views))
+            custody = self.orders.custody.custody_for(session, agent.address)
+        return VerificationJobsReply(verifier=message.agent, jobs=tuple(views), custody=custody)
 
     def _job_view(self, session: Session, job: VerificationJobRow, unit: UnitRow) -> VerificationJobView:
         order = self.store.get_order(session, unit.order_id)

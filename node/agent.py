@@ -245,6 +245,7 @@ class ProviderAgent(AgentPlumbing):
                 self.run_or_commit(assignment)
             elif assignment.phase == AssignmentPhase.REVEAL:
                 self.reveal(assignment)
+        self.keep_custody(self.market, reply.custody)
         self.send_progress()
 
     def send_progress(self) -> None:

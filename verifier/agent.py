@@ -162,6 +162,7 @@ class VerifierAgent(AgentPlumbing):
         message = Heartbeat(agent=self.address, nonce=self.clock.next_nonce(), timestamp=self.clock.now())
         signed = sign_message(message, self.account.key, self.deployment.chain_id)
         reply = self.market.verification_jobs(signed)
+        self.keep_custody(self.market, reply.custody)
         now = time.monotonic()
         for job in reply.jobs:
             if (self.done_dir / f"{job.job_id}.json").exists() or self._retry_at.get(job.job_id, 0.0) > now:

@@ -30,11 +30,12 @@ if TYPE_CHECKING:
     import torch
     from eth_account.signers.local import LocalAccount
 
+    from veritrain.api_client import MarketClient
     from veritrain.blobstore import BlobStore
     from veritrain.chain.client import ChainClient
     from veritrain.device import DeviceProfile
     from veritrain.diloco import AggregateInputs
-    from veritrain.messages import AgentRole, Registration, Signed, StateSource, UnitWork
+    from veritrain.messages import AgentRole, Custody, Registration, Signed, StateSource, UnitWork
     from veritrain.p2p.blob_protocol import Authorizer
     from veritrain.pol import State
 
@@ -287,6 +288,65 @@ class BlobPlane:
         self._node.stop()
 
 
+# --- custody: states kept for other parties' orders ----------------------------------------------------
+
+
+class CustodyKeeper:
+    """Keeps the states the market asks this agent to hold beside their producers (market/custody.py), so
+    an order does not lose an accepted result when its only producer disappears.
+
+    Each heartbeat reply lists every state the agent should keep. One not in the store is fetched in a
+    background thread (the heartbeat goes on; the content address checks the bytes), and reported once
+    stored; a state no longer listed is released. Only blobs fetched for custody are ever deleted: one the
+    agent had already (its own result, a start state it trained from) stays.
+    """
+
+    def __init__(self, blobs: BlobPlane, data_dir: Path) -> None:
+        self._blobs = blobs
+        self._file = data_dir / "custody"
+        self._pinned: set[str] = set(self._file.read_text().split()) if self._file.exists() else set()
+        self._fetching: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def update(self, requests: tuple[Custody, ...]) -> list[str]:
+        """Act on one reply's custody list; returns the digests (0x-hex) now stored but not yet reported."""
+        wanted = {c.state.state_digest.removeprefix("0x"): c for c in requests if c.state.state_digest}
+        with self._lock:
+            for digest in sorted(self._pinned - set(wanted)):
+                self._blobs.store.remove(digest)
+                self._pinned.discard(digest)
+                logger.info("custody of state %s released", digest)
+            self._save()
+        to_report = []
+        for digest, request in wanted.items():
+            if self._blobs.store.has(digest):
+                if not request.held:
+                    to_report.append("0x" + digest)
+            elif self._fetching is None or not self._fetching.is_alive():
+                self._fetching = threading.Thread(
+                    target=self._fetch, args=(request.state,), daemon=True, name=f"custody-{digest[:8]}"
+                )
+                self._fetching.start()
+        return to_report
+
+    def _fetch(self, source: StateSource) -> None:
+        digest = (source.state_digest or "").removeprefix("0x")
+        try:
+            self._blobs.fetch_any(list(source.holders), digest)
+        except VeritrainError as err:  # the next reply asks again; the market may pick another custodian
+            logger.warning("custody of state %s: %s", digest, err)
+            return
+        with self._lock:
+            self._pinned.add(digest)
+            self._save()
+        logger.info("holding state %s in custody", digest)
+
+    def _save(self) -> None:
+        tmp = self._file.with_suffix(".tmp")
+        tmp.write_text("".join(f"{digest}\n" for digest in sorted(self._pinned)))
+        os.replace(tmp, self._file)
+
+
 # --- units and agents -------------------------------------------------------------------------------
 
 
@@ -397,6 +457,7 @@ class AgentPlumbing:
             authorize=self.access,
         )
         self.p2p_addr = ""
+        self.custody = CustodyKeeper(self.blobs, settings.data_dir)
         self.metrics = AgentMetrics(self.blobs.bytes_served)
         self._metrics_at = (settings.metrics_host, settings.metrics_port)
 
@@ -428,6 +489,24 @@ class AgentPlumbing:
                 continue
             if order_id.isdigit():
                 self._buyers_of.add(int(order_id))
+
+    def keep_custody(self, market: MarketClient, requests: tuple[Custody, ...]) -> None:
+        """Fetch, report and release the states the market asks us to keep (CustodyKeeper); called from the
+        heartbeat thread, so the reports' nonces stay in order with the heartbeats'."""
+        from veritrain.api_client import MarketRefused
+        from veritrain.messages import CustodyReport, sign_message
+
+        for digest in self.custody.update(requests):
+            message = CustodyReport(
+                agent=self.address,
+                nonce=self.clock.next_nonce(),
+                timestamp=self.clock.now(),
+                state_digest=digest,
+            )
+            try:
+                market.custody(sign_message(message, self.account.key, self.deployment.chain_id))
+            except MarketRefused as err:  # released meanwhile: the next reply no longer lists it
+                logger.info("custody report of %s not taken: %s", digest, err)
 
     def start_metrics(self) -> None:
         """Serve this agent's /metrics when a port is configured (0: off)."""

@@ -20,6 +20,7 @@ from veritrain.messages import (
     Ack,
     AgentInfo,
     CommitSubmission,
+    CustodyReport,
     Heartbeat,
     HeartbeatReply,
     Offer,
@@ -94,6 +95,9 @@ class MarketClient:
 
     def progress(self, signed: Signed[Progress]) -> Ack:
         return self._call("POST", "/agents/progress", Ack, signed)
+
+    def custody(self, signed: Signed[CustodyReport]) -> Ack:
+        return self._call("POST", "/agents/custody", Ack, signed)
 
     def accept(self, submission: AcceptSubmission) -> Ack:
         return self._call("POST", "/assignments/accept", Ack, submission)

@@ -142,3 +142,8 @@ class BlobStore:
             _fsync_dir(final.parent)
         finally:
             tmp_path.unlink(missing_ok=True)
+
+    def remove(self, digest: str) -> None:
+        """Delete a blob (a state kept for someone else and released); absent already is fine. A reader that
+        opened it keeps its bytes until it closes the file."""
+        self._blob_path(digest).unlink(missing_ok=True)

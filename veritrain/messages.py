@@ -32,6 +32,7 @@ MAX_REPLICAS = 5
 UINT64_MAX = 2**64 - 1
 UINT256_MAX = 2**256 - 1
 CHECKPOINTS_PER_UNIT = 4  # PoL segments per unit when the order names no checkpoint interval
+TRUSTED_STREAK = 20  # default consecutive valid units before an adaptive order gives a provider k = 1
 MAX_SHARDS = 1024  # shards per round an order may ask for
 
 
@@ -192,6 +193,16 @@ class Progress(AgentMessage):
         return self
 
 
+class CustodyReport(AgentMessage):
+    """An agent tells the market it now holds a state blob the market asked it to keep (see ``Custody``):
+    from then on the market lists it as a holder of that state."""
+
+    PRIMARY_TYPE: ClassVar[str] = "CustodyReport"
+    EXTRA_FIELDS: ClassVar[tuple[tuple[str, str, str], ...]] = (("stateDigest", "bytes32", "state_digest"),)
+
+    state_digest: Bytes32Hex
+
+
 class AgentInfo(Frozen):
     """The market's view of a registered agent (reply to a registration)."""
 
@@ -253,7 +264,10 @@ class OrderSpec(Frozen):
     total_steps: Annotated[int, Field(ge=1, le=10**9)]
     unit_steps: Annotated[int, Field(ge=1, le=10**9)]
     replicas: Annotated[int, Field(ge=1, le=MAX_REPLICAS)]
+    # Adaptive replication (BOINC's): `replicas` is the most a unit gets; a provider with `trusted_streak`
+    # consecutive valid units (the JobMarket's counter) works a unit alone, audited by the solo spot check.
     adaptive_replication: bool = False
+    trusted_streak: Annotated[int, Field(ge=1, le=65_535)] = TRUSTED_STREAK
     seed: Uint64
     max_price_per_pflop: Uint256
     verifier_fee_per_unit: Uint256 = 0
@@ -272,6 +286,14 @@ class OrderSpec(Frozen):
     outer_trim: Annotated[int, Field(ge=0, le=MAX_SHARDS)] = 0
     outer_lr: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 0.7
     outer_momentum: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)] = 0.9
+
+    @model_validator(mode="after")
+    def _replication_fields(self) -> OrderSpec:
+        if self.adaptive_replication and self.replicas < 2:
+            raise ValueError("adaptive_replication needs replicas >= 2 (the most replicas of a unit)")
+        if not self.adaptive_replication and self.trusted_streak != TRUSTED_STREAK:
+            raise ValueError("trusted_streak needs adaptive_replication")
+        return self
 
     @model_validator(mode="after")
     def _diloco_fields(self) -> OrderSpec:
@@ -314,8 +336,11 @@ class OrderSpec(Frozen):
 
     def spec_hash(self) -> str:
         """keccak256 of the canonical JSON (sorted keys, no spaces) of the spec. An M = 1 spec leaves the
-        DiLoCo fields out (they are all at their defaults), so its hash is what it was before they existed."""
+        DiLoCo fields out, and a fixed-replication spec `trusted_streak` (all at their defaults), so its hash
+        is what it was before they existed."""
         fields = self.model_dump(mode="json")
+        if not self.adaptive_replication:
+            fields.pop("trusted_streak")
         if self.shards == 1:
             for name in _DILOCO_DEFAULTS:
                 fields.pop(name)
@@ -455,9 +480,23 @@ class Assignment(UnitWork):
     commit_deadline: int | None = None
 
 
+class Custody(Frozen):
+    """A state the market asks this agent to keep and serve while an open order may still start a unit
+    from it, so its producers are not its only holders; fetch it from ``state.holders`` (the content
+    address checks the bytes) and report it with a ``CustodyReport``. A state no longer listed is released.
+    ``held``: the market has the agent's report already."""
+
+    state: StateSource
+    held: bool = False
+
+
+MAX_CUSTODY = 256  # states one agent is asked to keep at once
+
+
 class HeartbeatReply(Frozen):
     agent: Address
     assignments: tuple[Assignment, ...]
+    custody: tuple[Custody, ...] = Field(default=(), max_length=MAX_CUSTODY)
 
 
 class AcceptSubmission(Frozen):
@@ -524,6 +563,7 @@ class VerificationJobView(UnitWork):
 class VerificationJobsReply(Frozen):
     verifier: Address
     jobs: tuple[VerificationJobView, ...]
+    custody: tuple[Custody, ...] = Field(default=(), max_length=MAX_CUSTODY)
 
 
 class Ack(Frozen):
@@ -556,6 +596,8 @@ __all__ = [
     "Assignment",
     "AssignmentPhase",
     "CommitSubmission",
+    "Custody",
+    "CustodyReport",
     "Heartbeat",
     "HeartbeatReply",
     "Offer",

@@ -102,6 +102,8 @@ class Settings(BaseSettings):
     chain_confirmations: int = 0
     accept_timeout_s: int = 60
     message_max_skew_s: int = 300
+    # how long a round waits for an agent other than its start state's producers to hold that state
+    custody_wait_s: int = 30
 
     @model_validator(mode="before")
     @classmethod

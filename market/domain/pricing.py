@@ -27,12 +27,15 @@ def price_for_flops(price_per_pflop: int, flops: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class EscrowPlan:
-    """What the on-chain order must carry for a spec: the ``postOrder`` arguments and its total."""
+    """What the on-chain order must carry for a spec: the ``postOrder`` (``postAdaptiveOrder``) arguments
+    and its total (escrow covers every unit at its most replicas)."""
 
     units: int
     replicas: int
     price_per_replica: int
     verifier_fee_per_unit: int
+    min_replicas: int  # 1 for adaptive replication, else `replicas`
+    trusted_streak: int  # 0 for fixed replication
 
     @property
     def total(self) -> int:
@@ -47,4 +50,6 @@ def escrow_plan(spec: OrderSpec, flops_per_step: int) -> EscrowPlan:
         replicas=spec.replicas,
         price_per_replica=price_for_flops(spec.max_price_per_pflop, unit_flops),
         verifier_fee_per_unit=spec.verifier_fee_per_unit,
+        min_replicas=1 if spec.adaptive_replication else spec.replicas,
+        trusted_streak=spec.trusted_streak if spec.adaptive_replication else 0,
     )

@@ -1,16 +1,19 @@
 """Adaptive replication and spot checks (BOINC's adaptive replication plus random audits).
 
-A provider with a long streak of valid units and no fraud earns k = 1 with a raised audit rate;
-newcomers and anyone with a fault/fraud history get 3–5 replicas. On the marketplace the JobMarket
-contract draws spot checks itself (its `spotCheckPpm` / `soloSpotCheckPpm`, from the last commit's block
-hash); `audit_rate_ppm` and `spot_check_drawn` are the same rule for the network simulator.
-"""
+A provider with a long streak of valid units and no fraud earns k = 1 with a raised audit rate; everyone
+else gets the order's most replicas (3 for a buyer's `auto`): the JobMarket assigns fewer than an adaptive
+order's most only when every provider has the order's streak of consecutive valid units, and a fault or
+fraud resets a streak to 0. On the marketplace the JobMarket contract draws spot checks itself (its
+`spotCheckPpm` / `soloSpotCheckPpm`, from the last commit's block hash); `audit_rate_ppm` and
+`spot_check_drawn` are the same rule for the network simulator."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from eth_utils import keccak
+
+from veritrain.messages import TRUSTED_STREAK
 
 PPM = 1_000_000
 
@@ -27,9 +30,7 @@ class Reputation:
 
 @dataclass(frozen=True, slots=True)
 class ReplicationPolicy:
-    trusted_streak: int = 20  # consecutive valid units for k = 1
-    newcomer_k: int = 3
-    suspect_k: int = 5  # any fraud on record, or faults outnumbering valid units
+    trusted_streak: int = TRUSTED_STREAK  # consecutive valid units for k = 1 (an order states its own)
     base_audit_ppm: int = 50_000  # 5 % of units with k > 1 go to a verifier anyway
     trusted_audit_ppm: int = 200_000  # 20 % of k = 1 units are audited
 
@@ -38,15 +39,15 @@ DEFAULT_POLICY = ReplicationPolicy()
 NO_REPUTATION = Reputation()
 
 
+def trusted(reputation: Reputation, policy: ReplicationPolicy = DEFAULT_POLICY) -> bool:
+    """Past the streak (as the contract counts it) with no fraud on record: may work a unit alone."""
+    return reputation.fraud == 0 and reputation.consecutive_valid >= policy.trusted_streak
+
+
 def replication_factor(reputation: Reputation, max_k: int, policy: ReplicationPolicy = DEFAULT_POLICY) -> int:
-    """Replicas a unit needs when ``reputation`` belongs to its best candidate, capped by the order's max."""
-    if reputation.fraud > 0 or reputation.fault > reputation.valid:
-        k = policy.suspect_k
-    elif reputation.consecutive_valid >= policy.trusted_streak:
-        k = 1
-    else:
-        k = policy.newcomer_k
-    return max(1, min(k, max_k))
+    """Replicas a unit needs when ``reputation`` belongs to its first drawn candidate: 1 for a trusted one,
+    else the order's max (never a count between, which the contract would refuse for untrusted providers)."""
+    return 1 if trusted(reputation, policy) else max_k
 
 
 def audit_rate_ppm(k: int, policy: ReplicationPolicy = DEFAULT_POLICY) -> int:

@@ -93,7 +93,7 @@ def test_a_strategy_never_caught_pays_and_one_always_caught_does_not() -> None:
 @pytest.mark.parametrize("strategy", ["skip-50pct", "noise"])
 def test_raising_the_audit_rate_catches_cheaters_sooner(strategy: str) -> None:
     params = MarketParams()
-    rates = (100_000, 400_000, 900_000)
+    rates = (50_000, 200_000, 900_000)
     caught = []
     for ppm in rates:
         net = Network(adversary_stake=0.1, strategy=strategy, policy=ReplicationPolicy(trusted_audit_ppm=ppm))

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,7 +114,12 @@ def chain_state(chain: Chain) -> tuple[int, int, int]:
             "InvalidOrderSpec: deadline",
         ),
         (GOOD.replace("total_steps = 16", "total_steps = 12"), (), "not a multiple of unit_steps"),
-        (GOOD.replace("replicas = 1", "replicas = 'auto'"), (), "InvalidOrderSpec: replicas = 'auto'"),
+        (
+            GOOD.replace("replicas = 1", "replicas = 'auto'\nmax_replicas = 6"),
+            (),
+            "InvalidOrderSpec: invalid order: replicas: Input should be less than or equal to 5",
+        ),
+        (GOOD + "max_replicas = 3\n", (), "InvalidOrderSpec: max_replicas goes with replicas = 'auto'"),
         (GOOD.replace('"10 VERI"', '"100000 VERI"'), (), "UnderfundedOrder: the escrow is"),
         (GOOD, ("--chain-id", "1"), "WrongChainId: chain id 31337 where 1 was expected"),
     ],
@@ -123,7 +129,8 @@ def chain_state(chain: Chain) -> tuple[int, int, int]:
         "unknown-recipe",
         "past-deadline",
         "steps",
-        "auto",
+        "auto-bounds",
+        "max-without-auto",
         "underfunded",
         "chain-id",
     ],
@@ -232,3 +239,25 @@ def test_spec_fields_pass_through_and_amounts_are_exact() -> None:
         parse_amount("0.0000000000000000001 VERI", "x")
     with pytest.raises(InvalidOrderSpec, match="buyer"):
         spec_from_table({**table, "buyer": "0x" + "cd" * 20}, buyer="0x" + "ab" * 20, now=1000)
+
+
+def test_replicas_auto_asks_for_adaptive_replication() -> None:
+    """`replicas = "auto"` is adaptive replication with at most 3 replicas a unit (or `max_replicas`); the
+    escrow covers every unit at its most, and the spec hash binds the streak a provider needs."""
+    from market.domain.pricing import escrow_plan
+
+    table = tomllib.loads(GOOD.replace("replicas = 1", "replicas = 'auto'"))
+    spec = spec_from_table(table, buyer="0x" + "11" * 20, now=1_000)
+    assert (spec.adaptive_replication, spec.replicas, spec.trusted_streak) == (True, 3, 20)
+    plan = escrow_plan(spec, 1)
+    assert (plan.min_replicas, plan.replicas, plan.trusted_streak) == (1, 3, 20)
+    two = spec_from_table(
+        {**table, "max_replicas": 2, "trusted_streak": 5}, buyer="0x" + "11" * 20, now=1_000
+    )
+    assert (two.replicas, two.trusted_streak) == (2, 5)
+    assert (
+        len({spec.spec_hash(), two.spec_hash(), spec.model_copy(update={"trusted_streak": 5}).spec_hash()})
+        == 3
+    )
+    with pytest.raises(InvalidOrderSpec, match="trusted_streak needs adaptive_replication"):
+        spec_from_table({**tomllib.loads(GOOD), "trusted_streak": 5}, buyer="0x" + "11" * 20, now=1_000)

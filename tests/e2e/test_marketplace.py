@@ -17,6 +17,7 @@ from eth_account import Account
 
 from apps.buyer import order_money
 from apps.demo import (
+    VERIFIER_FEE_PER_UNIT,
     Buyer,
     DemoConfig,
     Marketplace,
@@ -74,9 +75,8 @@ def test_killed_provider_unit_migrates_and_nobody_is_paid_twice(tmp_path: Path) 
     # k = 1 on two providers: when the provider of round 1 dies mid-unit, no replica of that attempt can
     # be accepted, so the unit must fail unpaid and run again on the other provider. Short chain windows
     # (the market schedules by them) so the dead attempt is settled within about a minute. The victim is
-    # taken in round 1, whose start state every provider regenerates: a later round starts from the
-    # previous result, and with k = 1 a provider killed there may be that result's only holder (a known
-    # gap: the market keeps no copy of accepted results; CI once drew it and the order stalled).
+    # taken in round 1, whose start state every provider regenerates, so the retry's start is never in
+    # question here; a later round's start held only by a killed producer is the next test's case.
     config = DemoConfig(
         out_dir=tmp_path,
         providers=2,
@@ -131,6 +131,72 @@ def test_killed_provider_unit_migrates_and_nobody_is_paid_twice(tmp_path: Path) 
         assert checks.results[name], (name, checks.details.get(name))
 
 
+def test_an_accepted_result_outlives_its_only_producer(tmp_path: Path) -> None:
+    # k = 1 on two providers: round 1's accepted result is produced by one provider alone. That provider is
+    # SIGKILLed for good as soon as round 2 has opened (before 8f65b16 the killed-provider test drew this
+    # case by chance in round 2 and stalled on 'no holder served blob'). Round 2 opens only once another
+    # agent holds that result (market/custody.py), so round 2 and the order still complete from that copy,
+    # and nobody is paid twice.
+    config = DemoConfig(
+        out_dir=tmp_path,
+        providers=2,
+        dishonest=0,
+        replicas=1,
+        rounds=2,
+        unit_steps=80,
+        commit_window_s=40,
+        reveal_window_s=10,
+        verdict_window_s=30,
+        extra_env={"VERITRAIN_HEARTBEAT_TIMEOUT_S": "5"},
+    )
+    emit = progress_printer()
+    started = time.monotonic()
+    with marketplace(config, emit) as market:
+        before = start_stack(market)
+        buyer = Buyer(market)
+        buyer.post_order()
+        names = {party.address: party.name for party in market.providers()}
+        victim: list[tuple[str, str]] = []  # (provider name, the round-1 state it alone produced)
+
+        def kill_the_producer(status: dict[str, Any]) -> None:
+            accepted = [u for u in status["units"] if u["round_index"] == 0 and u["state"] == "accepted"]
+            if victim or not accepted or not any(u["round_index"] == 1 for u in status["units"]):
+                return
+            (producer,) = accepted[0]["providers"]
+            market.kill(names[producer])
+            victim.append((names[producer], accepted[0]["accepted_state_digest"]))
+            emit(f"test: SIGKILLed {names[producer]}, the producer of round 1's result, as round 2 opened")
+
+        buyer.wait_completed(started + 360, on_tick=kill_the_producer)
+        assert victim, "round 2 never opened"
+        buyer.close(started + 380)
+        market.withdraw_all_credits()
+        after = market.holdings()
+        report, checks = build_report(market, buyer, before, after, None, started)
+        money, units = order_money(market.events(buyer.posted_block), buyer.chain_order_id)
+        killed = market.parties[victim[0][0]].address
+        digest = victim[0][1].removeprefix("0x")
+        custodians = [
+            party.name
+            for party in market.agents()
+            if party.name != victim[0][0]
+            and f"holding state {digest} in custody" in market.procs[party.name].log_path.read_text()
+        ]
+
+    assert custodians, "no agent besides the producer reported holding round 1's result"
+    # The victim was paid for round 1 only; round 2 was accepted from the other provider.
+    completed = [u for u in units if "accept" in u.outcomes]
+    assert len(completed) == config.rounds, report["units"]
+    assert completed[0].providers == [killed] and completed[1].providers != [killed], report["units"]
+    price = money.payouts_total // len(completed)
+    assert money.payouts.get(killed, 0) == price
+    for address, paid in money.payouts.items():
+        assert paid == price * sum(1 for u in completed if u.providers == [address])
+    assert money.deposit == money.payouts_total + money.verdict_fees + money.refund
+    for name in ("escrow_balanced", "providers_paid_exactly", "parties_conserved", "supply_conserved"):
+        assert checks.results[name], (name, checks.details.get(name))
+
+
 def test_restarted_provider_resumes_its_unit_from_the_last_checkpoint(tmp_path: Path) -> None:
     # A crash followed by a restart within the heartbeat timeout costs only the steps since the last
     # checkpoint: the same provider finishes the same unit and is paid for it once.
@@ -179,3 +245,33 @@ def test_restarted_provider_resumes_its_unit_from_the_last_checkpoint(tmp_path: 
     assert len(units) == 1 and units[0].outcomes == ["accept"] and units[0].providers == [provider.address]
     assert list(money.payouts) == [provider.address] and money.escrow_balanced()
     assert checks.results["providers_paid_exactly"] and checks.results["supply_conserved"]
+
+
+def test_an_auto_order_gives_newcomers_three_replicas_then_a_trusted_provider_an_audited_unit_alone(
+    tmp_path: Path,
+) -> None:
+    """`replicas = auto` through every process: round 0 goes to three newcomers; once they have the order's
+    streak (1 here) the first drawn provider works round 1 alone, the chain draws that unit for its solo
+    audit (every such unit here), a verifier re-executes it and the verdict pays it; the buyer gets back
+    what the two replicas it did not need would have cost."""
+    config = DemoConfig(
+        out_dir=tmp_path,
+        providers=3,
+        dishonest=0,
+        verifiers=1,
+        rounds=2,
+        unit_steps=16,
+        adaptive_replication=True,
+        trusted_streak=1,
+        solo_spot_check_ppm=1_000_000,
+    )
+    report = run_demo(config, progress_printer())
+
+    first, second = report["units"]
+    assert len(first["replicas"]) == 3 and {r["outcome"] for r in first["replicas"]} == {"accept"}
+    assert len(second["replicas"]) == 1 and second["replicas"][0]["outcome"] == "accept"
+    assert second["settlement"] == "verdict" and second["signing_verifiers"], second
+    price = (report["deposit"] // 2 - VERIFIER_FEE_PER_UNIT) // 3
+    assert sum(report["payouts"].values()) == 4 * price
+    assert report["refund"] == report["deposit"] - 4 * price - report["verifier_fees"] >= 2 * price
+    assert all(report["checks"].values()), report["check_details"]

@@ -138,4 +138,6 @@ def chain_order_for(spec: OrderSpec, order_id: int, price_per_replica: int | Non
         price_per_replica=plan.price_per_replica if price_per_replica is None else price_per_replica,
         verifier_fee_per_unit=plan.verifier_fee_per_unit,
         deadline=spec.deadline,
+        min_replicas=plan.min_replicas,
+        trusted_streak=plan.trusted_streak,
     )

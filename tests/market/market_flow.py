@@ -143,6 +143,48 @@ def run_unit(
     return unit_id
 
 
+def run_proposed_units(
+    client: TestClient,
+    service: MarketService,
+    keys: dict[str, Any],
+    reveal: Any,
+    reveal_status: int = 200,
+    silent_shards: tuple[int, ...] = (),
+) -> dict[int, dict[str, Any]]:
+    """Drive every proposed unit (k = 1) through accept, commit and reveal; ``reveal(assignment)`` gives
+    (result digest, state digest, transcript root); the providers of ``silent_shards`` accept and then
+    never commit. Returns each unit's assignment as its provider saw it."""
+    seen: dict[int, dict[str, Any]] = {}
+    owner: dict[int, Any] = {}
+    for key in keys.values():
+        for assignment in pull(client, key):
+            if assignment["phase"] == "accept":
+                seen[assignment["unit_id"]], owner[assignment["unit_id"]] = assignment, key
+                sub = key.accept(assignment["unit_id"], assignment["chain_order_id"], assignment["unit_key"])
+                assert client.post("/assignments/accept", json=sub.model_dump(mode="json")).status_code == 200
+    drain_outbox(service)
+    salt = "0x" + "5a" * 32
+    owner = {u: key for u, key in owner.items() if seen[u]["shard"] not in silent_shards}
+    for unit_id, key in owner.items():
+        (assignment,) = [x for x in pull(client, key) if x["unit_id"] == unit_id and x["phase"] == "run"]
+        result, _, _ = reveal(assignment)
+        commit = "0x" + commitment(result, salt, key.address, assignment["chain_unit_id"]).hex()
+        deadline = key.clock.now + 600
+        message = {"unitId": assignment["chain_unit_id"], "provider": key.address, "commitment": commit}
+        signature = key.sign("UnitCommit", {**message, "deadline": deadline})
+        body = {**message, "unit_id": unit_id, "deadline": deadline, "signature": signature}
+        del body["unitId"]
+        assert client.post("/assignments/commit", json=body).status_code == 200, body
+    for unit_id, key in owner.items():
+        result, state, root = reveal(seen[unit_id])
+        body = {"unit_id": unit_id, "provider": key.address, "result_digest": result, "salt": salt}
+        body |= {"state_digest": state, "transcript_root": root}
+        response = client.post("/assignments/reveal", json=body)
+        assert response.status_code == reveal_status, response.text
+    drain_outbox(service)
+    return seen
+
+
 def verdict_body(
     signer: AgentKey, job: dict[str, Any], outcomes: list[int], reasons: str, clock: Clock
 ) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from market_flow import (
     post_order,
     pull,
     register_market,
+    run_proposed_units,
     run_unit,
     snapshot,
     verdict_body,
@@ -669,48 +670,6 @@ def test_matching_settling_and_advancing_are_triggered_when_work_appears(
     assert asked == ["match(refresh=False)"]
 
 
-def _run_proposed_units(
-    client: TestClient,
-    service: MarketService,
-    keys: dict[str, Any],
-    reveal: Any,
-    reveal_status: int = 200,
-    silent_shards: tuple[int, ...] = (),
-) -> dict[int, dict[str, Any]]:
-    """Drive every proposed unit (k = 1) through accept, commit and reveal; ``reveal(assignment)`` gives
-    (result digest, state digest, transcript root); the providers of ``silent_shards`` accept and then
-    never commit. Returns each unit's assignment as its provider saw it."""
-    seen: dict[int, dict[str, Any]] = {}
-    owner: dict[int, Any] = {}
-    for key in keys.values():
-        for assignment in pull(client, key):
-            if assignment["phase"] == "accept":
-                seen[assignment["unit_id"]], owner[assignment["unit_id"]] = assignment, key
-                sub = key.accept(assignment["unit_id"], assignment["chain_order_id"], assignment["unit_key"])
-                assert client.post("/assignments/accept", json=sub.model_dump(mode="json")).status_code == 200
-    drain_outbox(service)
-    salt = "0x" + "5a" * 32
-    owner = {u: key for u, key in owner.items() if seen[u]["shard"] not in silent_shards}
-    for unit_id, key in owner.items():
-        (assignment,) = [x for x in pull(client, key) if x["unit_id"] == unit_id and x["phase"] == "run"]
-        result, _, _ = reveal(assignment)
-        commit = "0x" + commitment(result, salt, key.address, assignment["chain_unit_id"]).hex()
-        deadline = key.clock.now + 600
-        message = {"unitId": assignment["chain_unit_id"], "provider": key.address, "commitment": commit}
-        signature = key.sign("UnitCommit", {**message, "deadline": deadline})
-        body = {**message, "unit_id": unit_id, "deadline": deadline, "signature": signature}
-        del body["unitId"]
-        assert client.post("/assignments/commit", json=body).status_code == 200, body
-    for unit_id, key in owner.items():
-        result, state, root = reveal(seen[unit_id])
-        body = {"unit_id": unit_id, "provider": key.address, "result_digest": result, "salt": salt}
-        body |= {"state_digest": state, "transcript_root": root}
-        response = client.post("/assignments/reveal", json=body)
-        assert response.status_code == reveal_status, response.text
-    drain_outbox(service)
-    return seen
-
-
 def test_diloco_order_runs_m_shards_then_an_aggregate_unit_per_round(
     client: TestClient, service: MarketService, ledger: LedgerChain, make_agent: Any, clock: Clock
 ) -> None:
@@ -737,7 +696,7 @@ def test_diloco_order_runs_m_shards_then_an_aggregate_unit_per_round(
 
     for round_index in range(2):
         service.matching.match_pending()
-        training = _run_proposed_units(client, service, keys, shard_result)
+        training = run_proposed_units(client, service, keys, shard_result)
         assert sorted((a["kind"], a["shard"], a["num_shards"]) for a in training.values()) == [
             ("train", 0, 2),
             ("train", 1, 2),
@@ -754,7 +713,7 @@ def test_diloco_order_runs_m_shards_then_an_aggregate_unit_per_round(
                 )
         assert service.orders.advance_orders() == 1  # both shards accepted: the aggregate unit opens
         service.matching.match_pending()
-        aggregate = _run_proposed_units(client, service, keys, lambda a, r=round_index: aggregate_output(r))
+        aggregate = run_proposed_units(client, service, keys, lambda a, r=round_index: aggregate_output(r))
         ((_, view),) = aggregate.items()
         assert view["kind"] == "aggregate" and view["shard"] == 2 and view["outer"]["lr"] == 0.7
         assert [s["state_digest"] for s in view["shard_results"]] == [
@@ -776,11 +735,11 @@ def test_an_aggregate_reveal_that_does_not_open_its_result_is_refused(
     post_order(client, ledger, make_agent(), clock, shards=2, replicas=1, total_steps=20)
     service.matching.match_pending()
     digest = "0x" + "cd" * 32
-    _run_proposed_units(client, service, keys, lambda a: (bound(digest, ROOT), digest, ROOT))
+    run_proposed_units(client, service, keys, lambda a: (bound(digest, ROOT), digest, ROOT))
     assert service.orders.advance_orders() == 1
     service.matching.match_pending()
     # result digest = state digest does not open as sha256(domain, output, inputs commitment): refused
-    (view,) = _run_proposed_units(
+    (view,) = run_proposed_units(
         client, service, keys, lambda a: (digest, digest, "0x" + "77" * 32), reveal_status=400
     ).values()
     assert view["kind"] == "aggregate"
@@ -797,7 +756,7 @@ def test_a_shard_quorum_aggregates_without_a_failed_shard(
     post_order(client, ledger, make_agent(), clock, shards=3, shard_quorum=2, replicas=1, total_steps=20)
     service.matching.match_pending()
     digest = "0x" + "cd" * 32
-    _run_proposed_units(
+    run_proposed_units(
         client, service, keys, lambda a: (bound(digest, ROOT), digest, ROOT), silent_shards=(1,)
     )
     assert service.orders.advance_orders() == 0  # shard 1 is still in its commit window

@@ -209,3 +209,104 @@ def test_a_batch_sent_again_or_refused_for_one_replica_moves_nothing_twice(marke
     market.tick()
     assert market.client.get_unit(chain_unit).state == UnitState.FINALIZED
     assert market.unit(unit_id).state == "accepted"
+
+
+# --- adaptive replication (issue 9): k = 3 for newcomers, k = 1 past the streak, solo units audited ------
+
+
+@pytest.fixture
+def adaptive_market(tmp_path: Path) -> Iterator[ChainMarket]:
+    """A market on the contracts with 3 staked providers and 2 verifiers, where the chain draws every
+    unit of one replica for a spot check and no unit of more."""
+    params = MarketParams(min_verifiers=1, spot_check_ppm=0, solo_spot_check_ppm=1_000_000)
+    with InProcessBackend() as backend:
+        accounts = list(backend.dev_accounts(7))
+        client = ChainClient.deploy(backend, accounts[0], params=params)
+        funded_accounts(client, accounts)
+        store = MarketStore(f"sqlite:///{tmp_path / 'market.sqlite3'}")
+        store.create_schema()
+        yield ChainMarket(client, store, accounts[1], accounts[2:5], accounts[5:7])
+        store.dispose()
+
+
+def test_an_adaptive_order_gives_newcomers_three_replicas_and_a_trusted_provider_one_audited(
+    adaptive_market: ChainMarket,
+) -> None:
+    market, client = adaptive_market, adaptive_market.client
+    service = market.service
+    order_id = market.post_order(rounds=2, adaptive_replication=True, trusted_streak=1)
+    chain_order = client.get_order(market.order_chain_id(market.unit(1)))
+    assert (chain_order.min_replicas, chain_order.replicas, chain_order.trusted_streak) == (1, 3, 1)
+    price, fee = chain_order.price_per_replica, chain_order.verifier_fee_per_unit
+
+    # round 0: three newcomers (no valid unit on chain yet) share the unit, which finalizes unanimously
+    unit_id, chosen = market.match_and_accept()
+    assert len(chosen) == 3 and market.unit(unit_id).k == 3
+    market.send_outbox()
+    for provider in chosen:
+        market.commit(unit_id, provider, result("round-0"))
+    for provider in chosen:
+        service.assignments.reveal(market.reveal_submission(unit_id, provider, result("round-0")))
+    market.send_outbox()
+    assert client.get_unit(market.chain_unit(unit_id)).state == UnitState.FINALIZED
+    service.sync.sync_chain_events()  # the finalize's reputations reach the candidate pool
+    assert service.orders.advance_orders() == 1
+
+    # round 1: every provider is past the order's streak of 1, so the first drawn works alone
+    solo_id, (solo,) = market.match_and_accept()
+    assert market.unit(solo_id).k == 1
+    market.send_outbox()
+    chain_unit = market.chain_unit(solo_id)
+    assert client.get_unit(chain_unit).replicas == 1
+    market.commit(solo_id, solo, result("round-1"))
+    service.assignments.reveal(market.reveal_submission(solo_id, solo, result("round-1")))
+    market.send_outbox()
+    on_chain = client.get_unit(chain_unit)
+    assert on_chain.drawn and on_chain.state == UnitState.REVEALING  # the solo audit, drawn by the chain
+    assert market.open_job(solo_id) is not None
+    assigned = client.verifiers_of(chain_unit)
+    for address in assigned[: len(assigned) // 2 + 1]:
+        market.sign_verdict(solo_id, next(v for v in market.verifiers if v.address == address), [0])
+    market.send_outbox()
+    assert client.get_unit(chain_unit).state == UnitState.VERDICTED
+    assert client.credits(solo.address) == 2 * price
+    # the solo unit reserved one replica: what the other two would have cost stays with the buyer
+    assert client.get_order(chain_order.order_id).balance == 2 * price + fee
+    service.sync.sync_chain_events()
+    assert service.orders.advance_orders() == 1
+    assert service.orders.order_status(order_id).state == "completed"
+
+
+def test_a_reduced_unit_the_chain_refuses_runs_again_with_the_chains_reputations(
+    adaptive_market: ChainMarket,
+) -> None:
+    """The pool believes the providers are past the order's streak (a stale read: a fault since): the
+    chain refuses each solo assign (ProviderNotTrusted), the unit fails off chain without blaming anyone,
+    the pool re-reads that provider from the chain, and within one attempt per provider a unit of three
+    replicas lands."""
+    market, service = adaptive_market, adaptive_market.service
+    market.post_order(rounds=1, adaptive_replication=True, trusted_streak=3)
+    with market.store.transaction() as session:
+        for provider in market.providers:
+            agent = market.store.get_agent(session, provider.address)
+            agent.rep_valid = agent.rep_consecutive_valid = 3
+            session.add(agent)
+    service.matching.refresh_pool(force=True)
+    refused: list[str] = []
+    unit_id, chosen = market.match_and_accept()
+    while len(chosen) == 1:
+        market.send_outbox()
+        assert market.unit(unit_id).state == "failed" and market.unit(unit_id).chain_unit_id is None
+        with market.store.transaction() as session:
+            (assign,) = [
+                r for r in market.store.outbox_in(session, ["reverted"], 1000) if r.unit_id == unit_id
+            ]
+            assert "ProviderNotTrusted" in (assign.last_error or "")
+            assert market.store.get_agent(session, chosen[0].address).rep_consecutive_valid == 0
+        assert chosen[0].address not in refused
+        refused.append(chosen[0].address)
+        service.orders.advance_orders()
+        unit_id, chosen = market.match_and_accept()
+    assert len(chosen) == 3 and len(refused) >= 1
+    market.send_outbox()
+    assert market.client.get_unit(market.chain_unit(unit_id)).replicas == 3

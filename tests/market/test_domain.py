@@ -17,7 +17,7 @@ from market.domain.matching import (
     match_unit,
 )
 from market.domain.pricing import FLOPS_PER_PFLOP, escrow_plan, price_for_flops, training_flops
-from market.domain.replication import Reputation, replication_factor, spot_check_drawn
+from market.domain.replication import ReplicationPolicy, Reputation, replication_factor, spot_check_drawn
 from market.domain.rounds import (
     AcceptedReplica,
     RoundDecision,
@@ -241,14 +241,17 @@ def test_adaptive_replication_follows_the_first_drawn_candidates_reputation() ->
     match = match_unit(demand(adaptive=True, needed=5), [trusted, *others])
     assert match.k == 1 and match.selected == (trusted.address,)
     newcomer_first = match_unit(demand(adaptive=True, needed=5), others)
-    assert newcomer_first.k == 3 and newcomer_first.complete
+    assert newcomer_first.k == 5 and newcomer_first.complete
 
 
 def test_replication_factor_policy() -> None:
     assert replication_factor(Reputation(valid=25, consecutive_valid=25), 5) == 1
-    assert replication_factor(Reputation(), 5) == 3
+    assert replication_factor(Reputation(valid=19, consecutive_valid=19), 3) == 3  # one short of the streak
+    assert replication_factor(Reputation(), 3) == 3
     assert replication_factor(Reputation(valid=100, fraud=1, consecutive_valid=90), 5) == 5
-    assert replication_factor(Reputation(valid=1, fault=3), 4) == 4  # capped by the order's max
+    assert replication_factor(Reputation(valid=30, fault=1, consecutive_valid=0), 4) == 4  # a fault resets
+    strict = ReplicationPolicy(trusted_streak=50)  # an order's own streak
+    assert replication_factor(Reputation(valid=25, consecutive_valid=25), 3, strict) == 3
 
 
 def test_spot_check_draw_is_deterministic_and_near_its_rate() -> None:

@@ -240,7 +240,9 @@ def double_harness(path: Path) -> Harness:
         order_id = next(order_ids)
         spec_hash = "0x" + os.urandom(32).hex()
         ledger.add_order(
-            ChainOrder(order_id, buyer.address, spec_hash, units, replicas, PRICE, FEE, clock[0] + DAY)
+            ChainOrder(
+                order_id, buyer.address, spec_hash, units, replicas, PRICE, FEE, clock[0] + DAY, replicas, 0
+            )
         )
         return order_id
 

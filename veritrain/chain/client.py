@@ -261,6 +261,8 @@ class OrderInfo:
     open_units: int
     replicas: int
     closed: bool
+    min_replicas: int  # below `replicas` for an adaptive order only
+    trusted_streak: int  # consecutive valid units a provider needs for a unit below `replicas`
 
 
 @dataclass(frozen=True)
@@ -660,19 +662,21 @@ class ChainClient:
         price_per_replica: int,
         verifier_fee_per_unit: int,
         deadline: int,
+        *,
+        min_replicas: int | None = None,
+        trusted_streak: int = 0,
     ) -> tuple[int, Receipt]:
-        """Post an order, escrowing units × (replicas × price + fee) (needs an allowance to the market)."""
-        receipt = self._send(
-            buyer,
-            self.market,
-            "postOrder",
-            eip712.as_bytes32(spec_hash, "spec_hash"),
-            units,
-            replicas,
-            price_per_replica,
-            verifier_fee_per_unit,
-            deadline,
-        )
+        """Post an order, escrowing units × (replicas × price + fee) (needs an allowance to the market).
+
+        With `min_replicas` below `replicas` the order is adaptive (postAdaptiveOrder): a unit may have as
+        few as `min_replicas` providers when each has `trusted_streak` consecutive valid units.
+        """
+        spec = eip712.as_bytes32(spec_hash, "spec_hash")
+        if min_replicas is None or (min_replicas == replicas and trusted_streak == 0):
+            args: tuple[Any, ...] = ("postOrder", spec, units, replicas)
+        else:
+            args = ("postAdaptiveOrder", spec, units, min_replicas, replicas, trusted_streak)
+        receipt = self._send(buyer, self.market, *args, price_per_replica, verifier_fee_per_unit, deadline)
         return int(receipt.event("OrderPosted").args["orderId"]), receipt
 
     def close_order(self, order_id: int, *, sender: LocalAccount | None = None) -> Receipt:
@@ -1073,6 +1077,8 @@ class ChainClient:
             open_units=int(raw[7]),
             replicas=int(raw[8]),
             closed=bool(raw[9]),
+            min_replicas=int(raw[10]),
+            trusted_streak=int(raw[11]),
         )
 
     def get_unit(self, unit_id: int) -> UnitInfo:

@@ -212,6 +212,12 @@ class InvalidReplicaCount(ContractReverted):
     error_name = "InvalidReplicaCount"
 
 
+class InvalidReplicaBounds(ContractReverted):
+    """An adaptive order needs 1 <= minReplicas <= maxReplicas."""
+
+    error_name = "InvalidReplicaBounds"
+
+
 class InvalidDeadline(ContractReverted):
     """The order deadline is not in the future."""
 
@@ -258,9 +264,15 @@ class NoUnitBudget(ContractReverted):
 
 
 class ProviderCountMismatch(ContractReverted):
-    """Providers (or their acceptances) do not number the order's replicas."""
+    """Providers (or their acceptances) are not within the order's replica bounds (or not one each)."""
 
     error_name = "ProviderCountMismatch"
+
+
+class ProviderNotTrusted(ContractReverted):
+    """A unit with fewer than the order's most replicas takes only providers with the order's streak."""
+
+    error_name = "ProviderNotTrusted"
 
 
 class InvalidVerifierCount(ContractReverted):
