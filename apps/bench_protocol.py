@@ -105,22 +105,26 @@ class Figures:
 
 
 class World:
-    """One deployment (default parameters) with a buyer, 4 staked providers and 3 staked verifiers; every
-    trial starts from the same EVM snapshot with a fresh market store."""
+    """One deployment (default parameters) with a buyer, 4 staked providers, 3 staked verifiers and 3
+    staked referees in the appeal pool (none of a unit's parties); every trial starts from the same EVM
+    snapshot with a fresh market store."""
 
     def __init__(self, backend: Backend, folder: Path) -> None:
         self.backend = backend
         self.folder = folder
-        accounts = list(backend.dev_accounts(9))
+        accounts = list(backend.dev_accounts(12))
         self.client = ChainClient.deploy(backend, accounts[0], params=MarketParams())
         funded_accounts(self.client, accounts)
         self.buyer, self.providers, self.verifiers = accounts[1], accounts[2:6], accounts[6:9]
+        self.referees = accounts[9:12]
+        for referee in self.referees:
+            self.client.join_referee_pool(referee)
         self.operator = accounts[0]  # the market's sender: it earns the bounty when it relays a slash
         self.snapshot = backend.snapshot()
         self.played = 0
 
     def parties(self) -> list[LocalAccount]:
-        return [self.buyer, *self.providers, *self.verifiers]
+        return [self.buyer, *self.providers, *self.verifiers, *self.referees]
 
     def market(self, seed: int) -> ChainMarket:
         self.backend.revert(self.snapshot)
@@ -132,6 +136,7 @@ class World:
         salt = "0x" + random.Random(seed).randbytes(32).hex()  # new commitments: new seed blocks, new draws
         market = ChainMarket(self.client, store, self.buyer, self.providers, self.verifiers, salt=salt)
         market.service.config = replace(market.service.config, verifiers_per_unit=3)  # quorum 2 of 3
+        market.referees = list(self.referees)
         return market
 
     def wealth(self, address: str) -> int:
@@ -337,8 +342,9 @@ def spot_check_timing(trial: Trial) -> None:
 
 def lazy_verifier(trial: Trial) -> None:
     """A verifier signs accept for every replica without re-executing, on a unit whose third replica
-    cheats; the two honest verifiers settle it, and the market relays the lazy signature it collected to
-    `slashContradictingVerifier`. Detected: the lazy verifier lost its collateral."""
+    cheats; the two honest verifiers settle it, and once the unit's appeal window passed unappealed (the
+    verdict is then its truth) the market relays the lazy signature it collected to VerdictAppeals'
+    `slashContradiction`. Detected: the lazy verifier was slashed."""
     market = trial.market
     unit, chosen = start(trial)
     lazy = market.verifiers[-1]
@@ -352,14 +358,17 @@ def lazy_verifier(trial: Trial) -> None:
     market.tick()
     market.sign_verdict(unit, lazy, [ACCEPT] * 3)
     settle(trial, unit)
+    pass_appeal_window(market, unit)
     market.tick()  # the outbox relays the contradicting signature sync queued at the verdict
     trial.detected = slashed(market, lazy.address, bonded)
 
 
 def colluding_verifier_majority(trial: Trial) -> None:
     """Two of the unit's three verifiers collude with a cheating replica and sign accept for all; the
-    honest verifier signs the truth first. A majority decides on chain (finding 4 is open): the
-    measured figure is what the collusion wins. Detected: the cheating replica was slashed."""
+    honest verifier signs the truth first. The majority settles the unit; the honest minority appeals, a
+    panel of referees drawn from the pool re-executes (scripted: they vote the truth) and overturns the
+    verdict; VerdictAppeals slashes the accepted cheat, and the market, seeing `AppealDecided`, relays the
+    colluders' own signatures. Detected: the cheat and both colluders were slashed."""
     market = trial.market
     unit, chosen = start(trial)
     cheat = chosen[-1]
@@ -368,7 +377,7 @@ def colluding_verifier_majority(trial: Trial) -> None:
     results: dict[str, Result] = {p.address: wrong if p is cheat else true for p in chosen}
     trial.cheaters = {cheat.address, *(v.address for v in colluders)}
     trial.work(chosen[:-1])
-    bonded = market.client.stake_of(cheat).bonded
+    bonded = {a: market.client.stake_of(a).bonded for a in trial.cheaters}
     commit_all(trial, unit, results, chosen)
     reveal(trial, unit, results, chosen)
     market.tick()
@@ -377,7 +386,39 @@ def colluding_verifier_majority(trial: Trial) -> None:
         if market.open_job(unit) is not None:
             market.sign_verdict(unit, colluder, [ACCEPT] * 3)
     settle(trial, unit)
-    trial.detected = slashed(market, cheat.address, bonded)
+    appeal_by_referees(trial, unit, honest_verifier)
+    market.tick()  # sync applies AppealDecided and queues the colluders' signatures; the outbox relays them
+    market.tick()
+    trial.detected = all(slashed(market, a, b) for a, b in bonded.items())
+
+
+def appeal_by_referees(trial: Trial, unit: int, appellant: LocalAccount) -> None:
+    """`appellant` appeals the unit's verdict; the panel drawn from the pool votes what re-execution finds
+    (:func:`truth`) and the decision's stakes move. The verdict's outcomes come from its chain event."""
+    market = trial.market
+    client, chain_unit = market.client, market.chain_unit(unit)
+    verdict = next(
+        [int(o) for o in e.args["outcomes"]]
+        for e in client.events()
+        if e.name == "VerdictRecorded" and int(e.args["unitId"]) == chain_unit
+    )
+    found = truth(trial, unit)
+    client.appeal(chain_unit, appellant)
+    client.draw_panel(chain_unit)
+    seated: dict[str, LocalAccount] = {r.address: r for r in market.referees}
+    deadline = client.now() + 3600
+    for seat in client.get_appeal(chain_unit).panel:
+        if client.get_appeal(chain_unit).decided != bytes(32):
+            break
+        client.vote(chain_unit, found, client.sign_referee_vote(seated[seat], chain_unit, found, deadline))
+    client.resolve_appeal(chain_unit, verdict, found)
+
+
+def pass_appeal_window(market: ChainMarket, unit: int) -> None:
+    """Move chain time past the unit's appeal window: unappealed, its verdict becomes the truth."""
+    info = market.client.get_unit(market.chain_unit(unit))
+    closes = info.verdict_deadline + market.client.deployment.appeal_params.appeal_window
+    market.client.advance_time(max(1, closes - market.client.now() + 1))
 
 
 def buyer_expire_griefing(trial: Trial) -> None:
@@ -571,6 +612,7 @@ def run_benchmark(
             for trial in range(trials):
                 world.play(ATTACKS[name], seed * 1_000_003 + trial, figures[name])
         params = world.client.params
+        appeals = world.client.deployment.appeal_params
     return {
         "attacks": {name: vars(f) for name, f in figures.items()},
         # issue 8's targets: every trial costs the cheater (gain < 0) and no honest party loses
@@ -582,12 +624,15 @@ def run_benchmark(
         "trials_per_attack": trials,
         "units": "token base units (1 VERI = 10**18); gas apart, in wei of ETH",
         "chain": ("hardhat node" if hardhat else "in-process EVM (py-evm)")
-        + " running the compiled contracts, default MarketParams",
+        + " running the compiled contracts, default MarketParams and AppealParams",
         "params": {
             "spot_check_ppm": params.spot_check_ppm,
             "slash_amount": params.slash_amount,
             "withhold_penalty": params.withhold_penalty,
             "verifier_collateral": params.verifier_collateral,
+            "verifier_slash": appeals.verifier_slash,
+            "appeal_bond": appeals.appeal_bond,
+            "panel_size": appeals.panel_size,
             "verifiers_per_unit": 3,
             "quorum": 2,
         },

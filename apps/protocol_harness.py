@@ -85,6 +85,8 @@ class ChainMarket:
     offset: int = 0  # the market's clock runs this far ahead of the chain's
     verifiers_per_unit: int = 2
     salt: str = SALT  # every replica's commitment salt (a bench varies it per trial)
+    # staked accounts in VerdictAppeals' referee pool: the contract, not the market, seats them on a panel
+    referees: list[LocalAccount] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         params = self.client.params

@@ -17,9 +17,9 @@ import {StakeManager} from "./StakeManager.sol";
 /// reveals are finalized by anyone (fast path); otherwise, or when the unit was drawn for a spot check,
 /// a majority of the unit's assigned verifiers signs a verdict per replica: accept (paid), fault (unpaid;
 /// slashed only the withhold penalty when it committed and never revealed) or fraud (slashed; a bounty goes to the signing verifiers, the rest to the buyer). Each
-/// verifier locks `verifierCollateral` of stake for the unit; an assigned verifier whose signed outcomes
-/// contradict the verdict that settled the unit is slashed by anyone holding that signature
-/// ({slashContradictingVerifier}). A unit nobody settles expires after its verdict deadline and its
+/// verifier locks `verifierCollateral` of stake for the unit. A verdict can be appealed to a referee
+/// panel ({VerdictAppeals}, which reads {verdictHashOf}); only that contract slashes a verifier whose
+/// signed outcomes contradict the unit's refereed truth. A unit nobody settles expires after its verdict deadline and its
 /// budget returns to the order (its verifiers earn nothing). All payouts are pull credits; tokens leave
 /// only through {withdrawCredit}.
 ///
@@ -309,11 +309,9 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
     uint256 private _partyCount;
     /// @dev Unordered `Accept` nonces: bit `nonce & 255` of word `nonce >> 8` is set once used.
     mapping(address account => mapping(uint256 word => uint256)) private _acceptNonces;
-    /// @dev The outcomesHash of the verdict that settled a unit: the referee for
-    /// {slashContradictingVerifier}. Written only on the dispute path.
+    /// @dev The outcomesHash of the verdict that settled a unit, for appeals ({verdictHashOf}). Written only
+    /// on the dispute path.
     mapping(uint256 unitId => bytes32) private _verdictHashes;
-    /// @dev Verifier positions (bit i: verifier i) already slashed for contradicting a unit's verdict.
-    mapping(uint256 unitId => uint256) private _slashedVerifiers;
 
     /// @notice A constructor argument is unusable.
     error InvalidParameter(string name);
@@ -395,12 +393,6 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
     error ReplicaIndexOutOfRange(uint256 unitId, uint256 index);
     /// @notice The provider already used this unordered `Accept` nonce.
     error AcceptNonceUsed(address provider, uint256 nonce);
-    /// @notice Contradiction evidence needs a unit settled by a verdict.
-    error NoVerdict(uint256 unitId);
-    /// @notice The verifier's signed outcomes equal the verdict's: it agreed, nothing to slash.
-    error VerdictNotContradicted(uint256 unitId, address verifier);
-    /// @notice The verifier was already slashed for contradicting this unit's verdict.
-    error VerifierAlreadySlashed(uint256 unitId, address verifier);
     /// @notice A batch call got no entries.
     error EmptyBatch();
     /// @notice All 2**24 - 1 party ids are taken; no new address can be assigned to a unit.
@@ -440,9 +432,6 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
     /// @notice A majority of the unit's verifiers settled it with one outcome per replica (`verifiers`: the
     /// signers, who share the fee).
     event VerdictRecorded(uint256 indexed unitId, uint8[] outcomes, bytes32 outcomesHash, address[] verifiers);
-    /// @notice An assigned verifier signed outcomes contradicting the unit's verdict and lost `amount` of
-    /// stake; `reporter` presented the signature and earned the bounty.
-    event VerifierSlashed(uint256 indexed unitId, address indexed verifier, uint256 amount, address reporter);
     /// @notice A replica judged fraudulent lost `amount` of stake.
     event ReplicaSlashed(uint256 indexed unitId, address indexed provider, uint256 amount);
     /// @notice Nobody settled the unit in time; its budget returned to the order.
@@ -753,7 +742,7 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
     /// (unpaid; slashed the withhold penalty only when the replica committed and never revealed), 2 fraud (slashed). The verifier fee and the slash bounty are split evenly
     /// among the signing verifiers (rounding dust and the rest of the slash are credited to the buyer);
     /// unpaid prices return to the order; every verifier's collateral is released. The verdict's
-    /// outcomesHash is kept as the referee for {slashContradictingVerifier}. Anyone may relay.
+    /// outcomesHash is kept for appeals ({verdictHashOf}). Anyone may relay.
     function submitVerdict(uint256 unitId, uint8[] calldata outcomes, VerifierSignature[] calldata signatures)
         external
         nonReentrant
@@ -771,39 +760,6 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
         _releaseVerifiers(unitId, u);
         _settleVerdict(unitId, u, outcomes, signers);
         emit VerdictRecorded(unitId, outcomes, outcomesHash, signers);
-    }
-
-    /// @notice Slashes `verifierCollateral` from an assigned verifier of a verdicted unit whose own
-    /// `Verdict` signature (`signature.deadline` as signed; it need not still be valid) covers outcomes
-    /// that differ from the verdict that settled the unit: the majority referees the minority, and an
-    /// equivocating verifier (one that signed two vectors) is caught the same way. Permissionless: the
-    /// caller gets `bountyBps` of the slash as credit, the buyer the rest (the slashed tokens arrive
-    /// here, so solvency holds). Once per verifier and unit.
-    /// @dev The collateral lock ends at settlement; the slash takes bonded, then unbonding stake, so the
-    /// evidence window is at least the stake manager's unbonding period after the verifier's last unit.
-    function slashContradictingVerifier(uint256 unitId, uint8[] calldata outcomes, VerifierSignature calldata signature)
-        external
-        nonReentrant
-        returns (uint256 slashed)
-    {
-        Unit memory u = _units[unitId];
-        if (u.state != UnitState.Verdicted) revert NoVerdict(unitId);
-        address verifier = signature.verifier;
-        uint256 bit = 1 << _indexOf(unitId, u.replicas, u.verifierCount, verifier);
-        bytes32 outcomesHash = keccak256(abi.encodePacked(outcomes));
-        if (outcomesHash == _verdictHashes[unitId]) revert VerdictNotContradicted(unitId, verifier);
-        address recovered =
-            _recover(keccak256(abi.encode(VERDICT_TYPEHASH, unitId, outcomesHash, signature.deadline)), signature.signature);
-        if (recovered != verifier) revert InvalidSigner(verifier, recovered);
-        uint256 slashedMask = _slashedVerifiers[unitId];
-        if (slashedMask & bit != 0) revert VerifierAlreadySlashed(unitId, verifier);
-        _slashedVerifiers[unitId] = slashedMask | bit;
-        slashed = stakes.slash(verifier, _verifierCollateral, address(this));
-        uint256 bounty = (slashed * _bountyBps) / BPS;
-        _accounts[msg.sender].credit += SafeCast.toUint128(bounty);
-        _accounts[_orders[u.orderId].buyer].credit += SafeCast.toUint128(slashed - bounty);
-        _totals.credits += SafeCast.toUint128(slashed);
-        emit VerifierSlashed(unitId, verifier, slashed, msg.sender);
     }
 
     /// @notice Expires a unit nobody settled by its verdict deadline: releases all collateral, counts a
@@ -951,6 +907,11 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
             u.committedMask & (1 << index) != 0,
             u.revealedMask & (1 << index) != 0
         );
+    }
+
+    /// @notice keccak256(abi.encodePacked(outcomes)) of the verdict that settled `unitId` (zero unless verdicted).
+    function verdictHashOf(uint256 unitId) external view returns (bytes32) {
+        return _verdictHashes[unitId];
     }
 
     /// @notice The verifiers assigned to `unitId`.

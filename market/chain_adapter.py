@@ -26,7 +26,8 @@ from market.ports import (
 )
 from veritrain.chain import client as chain
 from veritrain.chain.client import ChainClient, Signed, VerifierSignature
-from veritrain.chain.eip712 import as_bytes32
+from veritrain.chain.eip712 import as_bytes32, outcomes_hash
+from veritrain.chain.errors import VerdictNotContradicted
 from veritrain.chain.tx import Receipt
 from veritrain.errors import MarketError
 from veritrain.keys import load_signer
@@ -143,6 +144,14 @@ class ChainClientSettlement:
     def slash_contradicting_verifier(
         self, unit_id: int, outcomes: Sequence[int], evidence: SignedVerdict
     ) -> str:
+        # A free read first: until the unit's truth is fixed (appeal window, pending appeal) the send would
+        # only revert, and so would evidence that agrees with the truth (the minority after an overturn):
+        # raise the contract's own error (TruthNotFixed, AppealLapsed, VerdictNotContradicted) without
+        # paying for a transaction.
+        if self.client.truth_of(unit_id) == outcomes_hash(outcomes):
+            raise VerdictNotContradicted(
+                "VerdictNotContradicted", {"unitId": unit_id, "verifier": evidence.verifier}
+            )
         signed = VerifierSignature(evidence.verifier, evidence.deadline, _sig(evidence.signature))
         return _mined(
             "slash_verifier", self.client.slash_contradicting_verifier(unit_id, list(outcomes), signed)

@@ -32,8 +32,12 @@ SETTLES_AS = {"finalize": "finalized", "verdict": "verdicted", "expire": "expire
 SETTLING_ACTIONS = frozenset({"finalize", "verdict", "expire"})
 # Outbox actions that lock (assign) or release and slash (the settling ones) providers' stake.
 STAKE_CHANGING_ACTIONS = SETTLING_ACTIONS | {"assign"}
-# `slash_verifier:<address>`: relay a verifier's own signature that contradicts the unit's verdict.
+# `slash_verifier:<address>`: relay a verifier's own signature that contradicts the unit's truth (the
+# verdict, or the appeal panel's decision: VerdictAppeals).
 SLASH_VERIFIER = "slash_verifier"
+# A slash relay refused for this waits (backing off): the unit's appeal window is open or its appeal
+# undecided, so the truth the evidence is judged against is not fixed yet.
+SLASH_WAIT_ERRORS = frozenset({"TruthNotFixed"})
 # A slash relay refused once the unit is verdicted is final: with these errors someone slashed it already
 # (done); with any other the evidence does not hold (outcomes match the verdict, wrong signer): reverted.
 SLASH_DONE_ERRORS = frozenset({"VerifierAlreadySlashed"})
@@ -230,7 +234,9 @@ class SettlementOutbox(Lifecycle):
         if chain_state not in CHAIN_SETTLED_STATES:  # refused while the unit is open: retry, blocking nothing
             return self._record_send(entry_id, "retrying", None, error)
         if action.startswith(f"{SLASH_VERIFIER}:"):
-            # evidence is checked against the settled verdict: a refusal now is final, the unit unchanged
+            if getattr(exc, "name", "") in SLASH_WAIT_ERRORS:
+                return self._record_send(entry_id, "retrying", None, error)
+            # evidence is checked against the fixed truth: a refusal now is final, the unit unchanged
             done = getattr(exc, "name", "") in SLASH_DONE_ERRORS
             return self._record_send(
                 entry_id, "confirmed" if done else "reverted", None, f"{error}; unit is {chain_state}"

@@ -132,8 +132,9 @@ class SettlementPort(Protocol):
     def slash_contradicting_verifier(
         self, unit_id: int, outcomes: Sequence[int], evidence: SignedVerdict
     ) -> str:
-        """Relay a verifier's own Verdict signature over ``outcomes`` that contradict the unit's settled
-        verdict: the chain slashes its collateral once per unit and credits the sender the bounty."""
+        """Relay a verifier's own Verdict signature over ``outcomes`` that contradict the unit's truth (the
+        verdict once its appeal window passed unappealed, or the appeal panel's decision): the chain slashes
+        the verifier once per unit and pays the sender the bounty. ``TruthNotFixed`` until then."""
         ...
 
     def unit_state(self, unit_id: int) -> str:

@@ -59,7 +59,7 @@ class ChainSync(Lifecycle):
         self.agents.refresh_chain_facts(touched)
         if any(e.name in SETTLED_EVENTS for e in events):  # a unit settled: its round may close
             self.triggers.advance()
-        if any(e.name == "VerdictRecorded" for e in events):  # evidence against a verifier may be queued
+        if any(e.name in ("VerdictRecorded", "AppealDecided") for e in events):  # evidence may be queued
             self.triggers.settle()
         return len(events)
 
@@ -114,6 +114,10 @@ class ChainSync(Lifecycle):
             outcomes = [int(o) for o in args["outcomes"]]
             self.assignments.settle_unit(session, unit, [ReplicaOutcome(o) for o in outcomes], now)
             self._report_contradicting_verifiers(session, unit, outcomes, now)
+        elif name == "AppealDecided" and "outcomes" in args:
+            # the panel fixed the unit's truth: evidence against every collected signature that differs
+            self._report_contradicting_verifiers(session, unit, [int(o) for o in args["outcomes"]], now)
+            return
         elif name == "VerifierSlashed":
             verifier = to_checksum_address(args["verifier"])
             self._confirm(session, row_id(unit), f"{SLASH_VERIFIER}:{verifier}", now)
@@ -131,9 +135,11 @@ class ChainSync(Lifecycle):
     def _report_contradicting_verifiers(
         self, session: Session, unit: UnitRow, outcomes: list[int], now: int
     ) -> None:
-        """Queue the evidence against every assigned verifier whose signed outcomes differ from the verdict
-        the chain settled: its own signature slashes its collateral (the bounty goes to the market's
-        sender). The (unit, action) key makes a repeated event queue nothing new."""
+        """Queue the evidence against every assigned verifier whose signed outcomes differ from ``outcomes``
+        (the verdict the chain settled, or an appeal panel's decision): its own signature slashes it once the
+        unit's truth is fixed (the outbox waits out the appeal window; the bounty goes to the market's
+        sender). The (unit, action) key makes a repeated event queue nothing new; evidence queued against
+        the verdict that a panel then overturned is refused by the chain and ends reverted."""
         job = self.store.job_for_unit(session, row_id(unit))
         if job is None or unit.chain_unit_id is None:
             return

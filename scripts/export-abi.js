@@ -13,7 +13,7 @@ const fs = require("fs");
 const path = require("path");
 
 const ROOT = path.resolve(__dirname, "..");
-const CONTRACTS = ["VeriToken", "StakeManager", "JobMarket", "AdminTimelock"];
+const CONTRACTS = ["VeriToken", "StakeManager", "JobMarket", "AdminTimelock", "VerdictAppeals"];
 const OUT_DIR = path.join(ROOT, "veritrain", "contracts_data");
 
 function fail(message) {

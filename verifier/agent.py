@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from verifier.appeals import VerdictWatch
 from verifier.fetching import Blame
 from veritrain.agentkit import (
     HTTP_TIMEOUT_S,
@@ -105,6 +106,8 @@ class VerifierAgent(AgentPlumbing):
         self._failures: dict[int, int] = {}
         self._retry_at: dict[int, float] = {}
         self.blame = Blame()
+        # the units we signed: a verdict that contradicts our signature is appealed (verifier.appeals)
+        self.watch = VerdictWatch(self.chain, self.account, config.data_dir / "appeals.json")
         self._stop = threading.Event()
 
     def start(self) -> None:
@@ -177,6 +180,7 @@ class VerifierAgent(AgentPlumbing):
                 delay = min(RETRY_MAX_S, RETRY_BASE_S * 2 ** (failures - 1))
                 self._retry_at[job.job_id] = now + delay
                 logger.error("job %d: %s: %s (retry in %.0fs)", job.job_id, type(err).__name__, err, delay)
+        self.watch.tick()
 
     # --- one job -------------------------------------------------------------------------------------
 
@@ -299,6 +303,7 @@ class VerifierAgent(AgentPlumbing):
             signature="0x" + signed.signature.hex(),
         )
         self.market.verdict(submission)
+        self.watch.signed(job.chain_unit_id, outcomes)
         self.mark_done(job.job_id, {"outcomes": outcomes, "reasons": json.loads(reasons)})
 
     def mark_done(self, job_id: int, record: dict[str, Any]) -> None:

@@ -16,7 +16,7 @@ from eth_account.signers.local import LocalAccount
 
 from veritrain.chain.backends import Backend, HardhatNode, InProcessBackend
 from veritrain.chain.client import ChainClient, Reveal, SignedCommit
-from veritrain.chain.deployment import MarketParams
+from veritrain.chain.deployment import AppealParams, MarketParams
 
 TOKEN = 10**18
 TEST_PARAMS = MarketParams(
@@ -32,6 +32,8 @@ TEST_PARAMS = MarketParams(
     solo_spot_check_ppm=0,
 )
 UNBONDING_PERIOD = 3600
+# verdict_window + appeal_window + vote_window must stay below the unbonding period (VerdictAppeals checks).
+TEST_APPEALS = AppealParams(appeal_window=600, vote_window=1200)
 BUYER_FUNDS = 100_000 * TOKEN
 PARTY_FUNDS = 1_000 * TOKEN
 PROVIDER_STAKE = 300 * TOKEN
@@ -100,7 +102,9 @@ def build_world(backend: Backend) -> World:
     accounts = backend.dev_accounts(10)
     deployer, buyer = accounts[0], accounts[1]
     providers, verifiers, outsider = list(accounts[2:6]), list(accounts[6:9]), accounts[9]
-    client = ChainClient.deploy(backend, deployer, params=TEST_PARAMS, unbonding_period=UNBONDING_PERIOD)
+    client = ChainClient.deploy(
+        backend, deployer, params=TEST_PARAMS, appeal_params=TEST_APPEALS, unbonding_period=UNBONDING_PERIOD
+    )
     client.mint(buyer, BUYER_FUNDS)
     client.approve(buyer, client.deployment.job_market, 2**256 - 1)
     for party in [*providers, *verifiers, outsider]:

@@ -734,39 +734,6 @@ class MarketMachine(RuleBasedStateMachine):
             slashes=frauds,
         )
 
-    @precondition(lambda self: any(unit.verdict is not None for unit in self.model.units.values()))
-    @rule(data=st.data())
-    def slash_contradicting_verifier(self, data: st.DataObject) -> None:
-        """Evidence against a verifier: mostly a vector that contradicts the unit's verdict."""
-        verdicted = sorted(u for u, unit in self.model.units.items() if unit.verdict is not None)
-        unit_id = data.draw(
-            st.sampled_from(verdicted if _mostly(data, 6, "verdicted") else sorted(self.model.units))
-        )
-        unit = self.model.units[unit_id]
-        outcomes = list(unit.verdict or [1] * len(unit.replicas))
-        if _mostly(data, 5, "contradicting"):
-            index = data.draw(st.integers(0, len(outcomes) - 1), label="flipped replica")
-            outcomes[index] = (outcomes[index] + 1) % 3
-        label = data.draw(st.sampled_from([*VERIFIERS, *VERIFIERS, PROVIDERS[0]]), label="signer")
-        reporter = data.draw(st.sampled_from(ACTOR_LABELS), label="reporter")
-        self.do_slash_contradicting_verifier(unit_id, label, outcomes, reporter)
-
-    def do_slash_contradicting_verifier(
-        self, unit_id: int, label: str, outcomes: list[int], reporter: str
-    ) -> None:
-        address = self.address_of[label]
-        self._settle(
-            f"slashContradictingVerifier(unit {unit_id}, {label}, {outcomes}, by {reporter})",
-            unit_id,
-            self.actors[reporter],
-            "slashContradictingVerifier",
-            [unit_id, outcomes, self._sign_verdict(label, unit_id, outcomes)],
-            lambda: self.model.slash_contradicting_verifier(
-                unit_id, address, outcomes, self.address_of[reporter]
-            ),
-            slashes={address: self.chain.params.verifier_collateral},
-        )
-
     @precondition(lambda self: bool(self.model.units))
     @rule(data=st.data())
     def expire_unit(self, data: st.DataObject) -> None:

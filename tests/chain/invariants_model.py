@@ -106,7 +106,6 @@ class Unit:
     state: UnitState = UnitState.COMMITTING
     drawn: bool = False
     verdict: tuple[int, ...] | None = None  # the outcomes that settled it (the referee for slashing)
-    slashed_verifiers: set[str] = field(default_factory=set)
     seed_block: int = 0  # block of the last commit; the draw is decided at the first reveal
 
     @property
@@ -513,26 +512,6 @@ class Model:
         if paid:
             order.delivered += 1
         order.open_units -= 1
-        return None
-
-    def slash_contradicting_verifier(
-        self, unit_id: int, verifier: str, outcomes: Sequence[int], reporter: str
-    ) -> Expected | None:
-        """`verifier` signed `outcomes` for the unit (the machine always signs with the right key)."""
-        unit = self.units.get(unit_id)
-        if unit is None or unit.verdict is None:
-            return Expected("NoVerdict", (unit_id,))
-        if verifier not in unit.verifiers:
-            return Expected("NotAssignedVerifier", (unit_id, verifier))
-        if tuple(outcomes) == unit.verdict:
-            return Expected("VerdictNotContradicted", (unit_id, verifier))
-        if verifier in unit.slashed_verifiers:
-            return Expected("VerifierAlreadySlashed", (unit_id, verifier))
-        unit.slashed_verifiers.add(verifier)
-        slashed = self.slash(verifier, self.params.verifier_collateral, self.token_holder_jm)
-        bounty = slashed * self.params.bounty_bps // BPS
-        self._credit(reporter, bounty)
-        self._credit(self.orders[unit.order_id].buyer, slashed - bounty)
         return None
 
     def expire(self, unit_id: int, now: int) -> Expected | None:

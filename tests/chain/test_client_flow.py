@@ -9,13 +9,15 @@ from typing import Any
 import pytest
 
 from veritrain.chain import errors
-from veritrain.chain.client import Outcome, UnitState
+from veritrain.chain.client import AppealState, Outcome, UnitState
 
 pytestmark = pytest.mark.chain
 
 TOKEN = 10**18
 PRICE = 10 * TOKEN
 FEE = 3 * TOKEN
+PARTY_FUNDS = 1_000 * TOKEN
+VERIFIER_STAKE = 100 * TOKEN
 
 
 def test_happy_flow_stake_post_assign_commit_reveal_finalize_withdraw(world: Any) -> None:
@@ -364,6 +366,8 @@ def test_verifier_collateral_is_locked_for_the_unit_and_released_at_settlement(w
 
 
 def test_a_verifier_whose_signature_contradicts_the_verdict_is_slashed(world: Any) -> None:
+    """No appeal: once the appeal window passed the verdict is the truth, and a contradicting verifier's own
+    signature slashes it (the reporter gets the bounty in tokens); before that nobody can be slashed."""
     client, reporter = world.client, world.outsider
     unit_id = _disputed_unit(world)
     settled = [Outcome.ACCEPT, Outcome.ACCEPT, Outcome.FRAUD]
@@ -374,15 +378,82 @@ def test_a_verifier_whose_signature_contradicts_the_verdict_is_slashed(world: An
     client.submit_verdict(
         unit_id, settled, [client.sign_verdict(v, unit_id, settled, deadline) for v in (v1, v2)]
     )
+    with pytest.raises(errors.TruthNotFixed):
+        client.slash_contradicting_verifier(unit_id, lazy, evidence)
+    appeal_closes = client.get_unit(unit_id).verdict_deadline + client.deployment.appeal_params.appeal_window
+    client.advance_time(appeal_closes - client.now() + 1)
+    assert client.truth_of(unit_id) == client.verdict_hash(unit_id)
     with pytest.raises(errors.VerdictNotContradicted):
         client.slash_contradicting_verifier(
             unit_id, settled, client.sign_verdict(v1, unit_id, settled, deadline)
         )
     bonded = client.stake_of(v3).bonded
-    collateral = client.params.verifier_collateral
+    slash = client.deployment.appeal_params.verifier_slash
+    before = client.token_balance(reporter)
     receipt = client.slash_contradicting_verifier(unit_id, lazy, evidence, sender=reporter)
     assert receipt.event("VerifierSlashed").args["verifier"] == v3.address
-    assert client.stake_of(v3).bonded == bonded - collateral
-    assert client.credits(reporter) == collateral * client.params.bounty_bps // 10_000
+    assert client.stake_of(v3).bonded == bonded - slash
+    assert (
+        client.token_balance(reporter) - before
+        == slash * client.deployment.appeal_params.bounty_bps // 10_000
+    )
     with pytest.raises(errors.VerifierAlreadySlashed):
         client.slash_contradicting_verifier(unit_id, lazy, evidence)
+
+
+def test_a_colluding_verifier_majority_loses_on_appeal(world: Any) -> None:
+    """Finding 4's attack through the client: two of three verifiers settle accept-all for a cheating
+    replica; the honest minority appeals, a panel drawn from the referee pool re-decides, the cheat and
+    both colluders are slashed and the appellant keeps every token."""
+    client = world.client
+    unit_id = _disputed_unit(world)
+    truth = [Outcome.ACCEPT, Outcome.ACCEPT, Outcome.FRAUD]
+    colluded = [Outcome.ACCEPT] * 3
+    deadline = client.now() + 3600
+    honest, *colluders = world.verifiers
+    signatures = [client.sign_verdict(v, unit_id, colluded, deadline) for v in colluders]
+    client.submit_verdict(unit_id, colluded, signatures)
+    referees = list(world.backend.dev_accounts(13)[10:13])
+    for referee in referees:
+        client.mint(referee, PARTY_FUNDS)
+        client.approve(referee, client.deployment.stake_manager, 2**256 - 1)
+        client.stake(referee, VERIFIER_STAKE)
+        client.join_referee_pool(referee)
+        assert client.in_referee_pool(referee)
+    cheat = client.replica(unit_id, 2).provider
+    cheat_bonded, honest_bonded = client.stake_of(cheat).bonded, client.stake_of(honest).bonded
+    with pytest.raises(errors.TruthNotFixed):
+        client.slash_contradicting_verifier(
+            unit_id, truth, client.sign_verdict(honest, unit_id, truth, deadline)
+        )
+
+    client.appeal(unit_id, honest)
+    with pytest.raises(errors.AlreadyAppealed):
+        client.appeal(unit_id, world.outsider)
+    client.draw_panel(unit_id)
+    appeal = client.get_appeal(unit_id)
+    assert appeal.state == AppealState.PENDING and sorted(appeal.panel) == sorted(r.address for r in referees)
+    by_address = {r.address: r for r in referees}
+    decided = None
+    for seat in appeal.panel[:2]:
+        receipt = client.vote(
+            unit_id, truth, client.sign_referee_vote(by_address[seat], unit_id, truth, deadline)
+        )
+        decided = receipt.events_named("AppealDecided") or decided
+    assert decided and decided[0].args["overturned"] is True
+    with pytest.raises(errors.AlreadyDecided):
+        client.vote(
+            unit_id, truth, client.sign_referee_vote(by_address[appeal.panel[2]], unit_id, truth, deadline)
+        )
+    client.resolve_appeal(unit_id, colluded, truth)
+    assert client.get_appeal(unit_id).state == AppealState.OVERTURNED
+    assert client.stake_of(cheat).bonded == cheat_bonded - client.params.slash_amount
+    for colluder, signed in zip(colluders, signatures, strict=True):
+        bonded = client.stake_of(colluder).bonded
+        client.slash_contradicting_verifier(unit_id, colluded, signed)
+        assert client.stake_of(colluder).bonded == bonded - client.deployment.appeal_params.verifier_slash
+    with pytest.raises(errors.VerdictNotContradicted):
+        client.slash_contradicting_verifier(
+            unit_id, truth, client.sign_verdict(honest, unit_id, truth, deadline)
+        )
+    assert client.stake_of(honest).bonded == honest_bonded and client.stake_of(honest).locked == 0

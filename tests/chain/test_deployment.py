@@ -9,7 +9,7 @@ import pytest
 
 from veritrain.chain.backends import HardhatNode, InProcessBackend
 from veritrain.chain.client import ChainClient
-from veritrain.chain.deployment import Deployment, MarketParams
+from veritrain.chain.deployment import AppealParams, Deployment, MarketParams
 from veritrain.chain.errors import DeploymentError, WrongChainId
 
 pytestmark = pytest.mark.chain
@@ -19,20 +19,27 @@ def test_deploy_writes_a_file_that_connects_back(tmp_path: Path) -> None:
     params = MarketParams(
         commit_window=120, min_verifiers=3, slash_amount=7, provider_collateral=9, withhold_penalty=5
     )
+    appeals = AppealParams(appeal_window=60, vote_window=120, panel_size=5, verifier_slash=11)
     path = tmp_path / "deployments.json"
     with InProcessBackend(accounts=2) as backend:
         deployer = backend.dev_accounts(2)[0]
-        client = ChainClient.deploy(backend, deployer, params=params, unbonding_period=99, save_to=path)
+        client = ChainClient.deploy(
+            backend, deployer, params=params, appeal_params=appeals, unbonding_period=99_999, save_to=path
+        )
         raw = json.loads(path.read_text())
         assert raw["chainId"] == backend.chain_id
         assert raw["addresses"]["JobMarket"] == client.deployment.job_market
-        assert raw["params"]["commitWindow"] == 120 and raw["params"]["unbondingPeriod"] == 99
+        assert raw["addresses"]["VerdictAppeals"] == client.deployment.verdict_appeals
+        assert raw["params"]["commitWindow"] == 120 and raw["params"]["unbondingPeriod"] == 99_999
+        assert raw["appealParams"]["panelSize"] == 5
         loaded = Deployment.load(path)
         assert loaded == client.deployment
         again = ChainClient.connect(backend, path)
         assert again.deployment == client.deployment
         on_chain = again.market.functions.params().call()
         assert tuple(on_chain) == params.as_tuple()
+        assert tuple(again.appeals.functions.params().call()) == appeals.as_tuple()
+        assert again.appeals.functions.market().call() == client.deployment.job_market
 
 
 @pytest.mark.node_backend
@@ -60,6 +67,9 @@ def test_connecting_where_no_contract_is_deployed_raises(tmp_path: Path) -> None
     [
         lambda raw: raw.pop("addresses"),
         lambda raw: raw["addresses"].update(JobMarket="0x1234"),
+        lambda raw: raw["addresses"].pop("VerdictAppeals"),
+        lambda raw: raw.pop("appealParams"),
+        lambda raw: raw["appealParams"].update(surprise=1),
         lambda raw: raw.update(chainId=-1),
         lambda raw: raw.update(format=99),
         lambda raw: raw["params"].update(surprise=1),
@@ -76,6 +86,8 @@ def test_malformed_deployments_file_is_a_typed_error(tmp_path: Path, mutate: obj
         operator="0x" + "55" * 20,
         unbonding_period=10,
         params=MarketParams(),
+        verdict_appeals="0x" + "66" * 20,
+        appeal_params=AppealParams(panel_size=5),
     )
     raw = good.to_dict()
     assert Deployment.from_dict(json.loads(json.dumps(raw))) == good

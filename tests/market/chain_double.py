@@ -331,8 +331,10 @@ class LedgerChain:
     def slash_contradicting_verifier(
         self, unit_id: int, outcomes: Sequence[int], evidence: SignedVerdict
     ) -> str:
-        """The contract's rule (signature recovery aside): an assigned verifier whose outcomes differ from
-        the unit's verdict loses its collateral, once per unit; the sender gets the bounty."""
+        """VerdictAppeals' rule (signature recovery aside) for a unit nobody appealed: an assigned verifier
+        whose outcomes differ from the unit's verdict loses the verifier slash (here the collateral), once
+        per unit; the sender gets the bounty. The double keeps no block time, so the appeal window that
+        must pass first on chain is not modelled."""
         with self._state() as state:
             unit = state["units"].get(str(unit_id))
             if unit is None or unit["state"] != "verdicted":

@@ -2,9 +2,10 @@
 bench measured.
 
 Attacks the protocol defends must show a loss for the cheater, no honest loss, and detection in every
-trial. The open findings (issue 8 findings 3 and 4: a sybil ring on one unit passes when the chain does
-not draw it, a colluding verifier majority decides its unit) are checked for what they are: every trial
-either caught or profitable, so a fix shows up here as a change of figures, not as silence.
+trial; a colluding verifier majority (finding 4) is one of them since verdicts can be appealed to a
+referee panel. The open finding (finding 3: a sybil ring on one unit passes when the chain does not draw
+it) is checked for what it is: every trial either caught or profitable, so a fix shows up here as a change
+of figures, not as silence.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from apps.cli import main
 
 pytestmark = pytest.mark.chain
 
-DEFENDED = ["reveal_withholding", "lazy_verifier", "verdict_replay"]
+DEFENDED = ["reveal_withholding", "lazy_verifier", "verdict_replay", "colluding_verifier_majority"]
 GRIEFING = ["buyer_expire_griefing", "event_sync_staller"]  # no token upside: gain 0, the cost is gas
 FLOOD = ["blob_flood"]  # throwaway keys: nothing at stake, nothing gained
-OPEN = ["sybil_ring", "spot_check_timing", "colluding_verifier_majority"]
+OPEN = ["sybil_ring", "spot_check_timing"]
 KEYS = {"trials", "cheater_net_gain", "honest_loss", "detected", "worst_trial_gain", "profitable_trials"}
 
 
@@ -74,5 +75,3 @@ def test_open_findings_are_reported_as_measured(figures: dict[str, Any], name: s
     assert (row["honest_loss"] > 0) == (row["profitable_trials"] > 0)
     if name == "spot_check_timing":  # a reveal in the seed block is always refused (RevealTooEarly)
         assert row["refused_transactions"] == row["trials"]
-    if name == "colluding_verifier_majority":  # the majority is the referee: never caught on chain
-        assert row["detected"] == 0

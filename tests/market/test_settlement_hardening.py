@@ -157,9 +157,10 @@ def test_the_next_round_never_starts_from_a_state_nobody_bound(market: ChainMark
 @pytest.mark.parametrize("market", [3], indirect=True)
 def test_a_verifier_whose_signature_contradicts_the_verdict_is_slashed_once(market: ChainMarket) -> None:
     """Finding 4: of a unit's 3 verifiers two sign the truth (the cheating replica is fraud) and a lazy one
-    signs accept for all. Once the verdict settles, the market relays the lazy verifier's own signature:
-    the chain slashes its collateral exactly once (bounty to the market's sender), even when the relay is
-    retried; the two who agreed keep every token."""
+    signs accept for all. Once the verdict settles, the market queues the lazy verifier's own signature and
+    relays it when the unit's appeal window has passed unappealed (before that the chain's truth is not
+    fixed and no transaction is sent): the chain slashes it exactly once (bounty to the market's sender),
+    even when the relay is retried; the two who agreed keep every token."""
     order_id = market.post_order()
     unit_id, chosen = market.match_and_accept()
     market.send_outbox()  # assign
@@ -188,14 +189,21 @@ def test_a_verifier_whose_signature_contradicts_the_verdict_is_slashed_once(mark
     market.service.sync.sync_chain_events()  # the chain's verdict: the lazy signature contradicts it
     action = f"slash_verifier:{lazy.address}"
     assert [a for a in market.outbox_states(unit_id) if a.startswith("slash_verifier")] == [action]
+    operator = market.client.relayer
+    assert operator is not None
+    tokens_before = market.client.token_balance(operator)
+    assert market.send_outbox() == []  # TruthNotFixed: the appeal window is open, nothing was sent
+    assert market.outbox_states(unit_id)[action] == "retrying"
+    appeal_closes = market.client.get_unit(chain_unit).verdict_deadline
+    appeal_closes += market.client.deployment.appeal_params.appeal_window
+    market.client.advance_time(appeal_closes - market.client.now() + 1)
     assert market.send_outbox() == ["sent"]
     market.service.sync.sync_chain_events()
     assert market.outbox_states(unit_id)[action] == "confirmed"
 
-    collateral = market.client.params.verifier_collateral
-    bounty = collateral * market.client.params.bounty_bps // 10_000
-    operator = market.client.relayer
-    assert operator is not None and market.client.credits(operator) == bounty
+    collateral = market.client.deployment.appeal_params.verifier_slash
+    bounty = collateral * market.client.deployment.appeal_params.bounty_bps // 10_000
+    assert market.client.token_balance(operator) == tokens_before + bounty
     assert market.client.stake_of(lazy).bonded == stakes[lazy.address] - collateral
     for agreed in (first, second):  # never touched: stake whole and free again
         assert market.client.stake_of(agreed).bonded == stakes[agreed.address]
@@ -208,7 +216,7 @@ def test_a_verifier_whose_signature_contradicts_the_verdict_is_slashed_once(mark
     # the buyer sees it in `veritrain order status|watch` (over the market's HTTP API)
     with TestClient(create_app(market.service)) as http:
         lines = status_lines(order_view(MarketClient(http=http), order_id))
-    assert any(f"slashed verifiers {lazy.address} (10 VERI)" in line for line in lines), lines
+    assert any(f"slashed verifiers {lazy.address} (20 VERI)" in line for line in lines), lines
 
     # a worker that crashed before recording its send retries it: the chain refuses a second slash, the
     # market re-reads it and ends the entry as done; nothing moves twice
@@ -221,7 +229,75 @@ def test_a_verifier_whose_signature_contradicts_the_verdict_is_slashed_once(mark
     slashes = [e for e in market.client.events() if e.name == "VerifierSlashed"]
     assert len(slashes) == 1 and slashes[0].args["reporter"] == operator.address
     assert market.client.stake_of(lazy).bonded == stakes[lazy.address] - collateral
-    assert market.client.credits(operator) == bounty
+    assert market.client.token_balance(operator) == tokens_before + bounty
+
+
+@pytest.mark.parametrize("market", [3], indirect=True)
+def test_a_colluding_verifier_majority_is_slashed_after_an_appeal_and_the_honest_minority_is_not(
+    market: ChainMarket,
+) -> None:
+    """Finding 4's last attack: two of three verifiers settle accept-all for a cheating replica. The market
+    queues the honest minority's signature (it contradicts the verdict) but sends nothing while the appeal
+    window is open; the minority appeals, a referee panel overturns the verdict, and the market's sync,
+    seeing `AppealDecided`, queues and relays the colluders' own signatures: both are slashed, the
+    minority's queued evidence ends reverted and it keeps every token."""
+    market.post_order()
+    unit_id, chosen = market.match_and_accept()
+    market.send_outbox()  # assign
+    honest_result, cheat = result("honest"), result("cheat")
+    results = [honest_result, honest_result, cheat]
+    for provider, res in zip(chosen, results, strict=True):
+        market.commit(unit_id, provider, res)
+    for provider, res in zip(chosen, results, strict=True):
+        market.service.assignments.reveal(market.reveal_submission(unit_id, provider, res))
+    market.send_outbox()  # commits and reveals land
+    chain_unit = market.unit(unit_id).chain_unit_id
+    assert chain_unit is not None
+    by_address = {v.address: v for v in market.verifiers}
+    honest, *colluders = (by_address[a] for a in json.loads(market.unit(unit_id).verifiers_json))
+    truth, colluded = [0, 0, 2], [0, 0, 0]
+    market.sign_verdict(unit_id, honest, truth)
+    for colluder in colluders:
+        market.sign_verdict(unit_id, colluder, colluded)
+    assert market.send_outbox() == ["sent"]
+    market.service.sync.sync_chain_events()
+    minority = f"slash_verifier:{honest.address}"
+    assert market.send_outbox() == []  # the truth is not fixed: nothing sent
+    assert market.outbox_states(unit_id)[minority] == "retrying"
+
+    client = market.client
+    stakes = {v.address: client.stake_of(v).bonded for v in (honest, *colluders)}
+    referees = list(client.backend.dev_accounts(12)[9:12])
+    for referee in referees:
+        client.mint(referee, 1_000 * 10**18)
+        client.approve(referee, client.deployment.stake_manager, 2**256 - 1)
+        client.stake(referee, 100 * 10**18)
+        client.join_referee_pool(referee)
+    client.appeal(chain_unit, honest)
+    client.draw_panel(chain_unit)
+    seated = {r.address: r for r in referees}
+    deadline = client.now() + 3600
+    for seat in client.get_appeal(chain_unit).panel[:2]:
+        client.vote(chain_unit, truth, client.sign_referee_vote(seated[seat], chain_unit, truth, deadline))
+    client.resolve_appeal(chain_unit, colluded, truth)
+
+    market.service.sync.sync_chain_events()  # AppealDecided: evidence against the colluders
+    operator = client.relayer
+    assert operator is not None
+    nonce = client.w3.eth.get_transaction_count(operator.address)
+    states = market.send_outbox()
+    assert sorted(states) == ["reverted", "sent", "sent"]  # the minority's evidence agrees with the truth
+    # two slashes sent; the minority's evidence was refused by a read, without a transaction
+    assert client.w3.eth.get_transaction_count(operator.address) == nonce + 2
+    market.service.sync.sync_chain_events()
+    outbox = market.outbox_states(unit_id)
+    assert outbox[minority] == "reverted"
+    slash = client.deployment.appeal_params.verifier_slash
+    for colluder in colluders:
+        assert outbox[f"slash_verifier:{colluder.address}"] == "confirmed"
+        assert client.stake_of(colluder).bonded == stakes[colluder.address] - slash
+    assert client.stake_of(honest).bonded == stakes[honest.address]
+    assert client.free_stake(honest) == stakes[honest.address]
 
 
 WRITES = frozenset(

@@ -37,7 +37,7 @@ from market.ports import (
 )
 from veritrain.chain.backends import Backend, HardhatNode, InProcessBackend, dev_accounts
 from veritrain.chain.client import ChainClient
-from veritrain.chain.deployment import MarketParams
+from veritrain.chain.deployment import AppealParams, MarketParams
 from veritrain.chain.eip712 import commitment, market_domain, outcomes_hash, sign_typed
 from veritrain.chain.errors import ContractReverted
 from veritrain.errors import InvalidInput
@@ -65,7 +65,11 @@ PARAMS = MarketParams(
 EXPECTED_TERMS = MarketTerms(
     600, 600, 1200, min_verifiers=1, provider_collateral=COLLATERAL, verifier_collateral=TOKEN
 )
+# The double judges a verifier at once by the verdict (it keeps no block time); the real chain fixes the
+# verdict as the truth once its appeal window passed unappealed, and slashes the double's amount.
+APPEALS = AppealParams(verifier_slash=TOKEN)
 PAST_EVERY_WINDOW = 600 + 600 + 1200 + 1
+PAST_APPEAL_WINDOW = PAST_EVERY_WINDOW + APPEALS.appeal_window
 DIGEST = "0x" + "5e" * 32
 OTHER_DIGEST = "0x" + "66" * 32
 
@@ -172,7 +176,7 @@ class RealWorld:
 
 def deploy_world(backend: Backend) -> RealWorld:
     buyer, providers, verifiers, outsider, deployer = _accounts()
-    client = ChainClient.deploy(backend, deployer, params=PARAMS)
+    client = ChainClient.deploy(backend, deployer, params=PARAMS, appeal_params=APPEALS)
     client.mint(buyer, 1_000 * TOKEN)
     client.approve(buyer, client.deployment.job_market, 2**256 - 1)
     for party in [*providers, *verifiers, outsider]:
@@ -493,7 +497,8 @@ def test_verdict_settles_once_by_outcome(harness: Harness) -> None:
 
 
 def test_a_verifier_contradicting_the_verdict_is_slashed_once(harness: Harness) -> None:
-    """An equivocating verifier: its own signature over other outcomes slashes its collateral, once."""
+    """An equivocating verifier: once the verdict is the unit's truth (appeal window over, no appeal), its
+    own signature over other outcomes slashes it, once."""
     unit_id, _ = harness.revealed_unit([DIGEST, DIGEST, OTHER_DIGEST])
     verdict, lazy = [0, 0, 2], [0, 0, 0]
     agreeing, contradicting = harness.verifiers
@@ -503,6 +508,7 @@ def test_a_verifier_contradicting_the_verdict_is_slashed_once(harness: Harness) 
     harness.port.submit_verdict(
         unit_id, verdict, [harness.verdict(v, unit_id, verdict) for v in harness.verifiers]
     )
+    harness.advance_time(PAST_APPEAL_WINDOW)
     agreed = harness.verdict(agreeing, unit_id, verdict)
     reverts(
         "VerdictNotContradicted",

@@ -15,7 +15,7 @@ from typing import Any
 from veritrain.chain.errors import DeploymentError
 
 CONTRACTS_DATA_DIR = Path(__file__).resolve().parent.parent / "contracts_data"
-CONTRACT_NAMES = ("VeriToken", "StakeManager", "JobMarket", "AdminTimelock")
+CONTRACT_NAMES = ("VeriToken", "StakeManager", "JobMarket", "AdminTimelock", "VerdictAppeals")
 
 
 @dataclass(frozen=True)

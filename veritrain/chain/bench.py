@@ -130,7 +130,7 @@ NOTES = {
     "verdict": "another unit of the order, digests differ, accept/accept/fraud (one slash, bounty)",
     "withdraw": "withdrawCredit of a provider's credit at the end of an order, mean of the 3",
     "stake": "first stake of a fresh account (cold storage)",
-    "deploy": "VeriToken + StakeManager + JobMarket + grantRole(MARKET_ROLE)",
+    "deploy": "VeriToken + StakeManager + JobMarket + VerdictAppeals + grantRole(MARKET_ROLE) for both",
     "diloco_m8": (
         f"{DILOCO_ROUNDS} rounds of {DILOCO_SHARDS} shard units + 1 aggregate unit; every transaction of the "
         f"order divided by its {DILOCO_ROUNDS * DILOCO_SHARDS} shard units (aggregate units are overhead)"
@@ -372,7 +372,9 @@ def measure(backend: Backend) -> dict[str, Any]:
     deploy_detail = {
         name: receipt.gas_used
         for name, receipt in zip(
-            ["VeriToken", "StakeManager", "JobMarket", "grantRole"], client.deploy_receipts, strict=True
+            ["VeriToken", "StakeManager", "JobMarket", "VerdictAppeals", "grantRole", "grantRole(appeals)"],
+            client.deploy_receipts,
+            strict=True,
         )
     }
     parties = _Parties(client, buyer, list(accounts[2 : 2 + REPLICAS]), list(accounts[2 + REPLICAS :]))

@@ -1,4 +1,5 @@
-"""`ChainClient`: one typed Python method per contract action of VeriToken, StakeManager and JobMarket.
+"""`ChainClient`: one typed Python method per contract action of VeriToken, StakeManager, JobMarket and
+VerdictAppeals.
 
 Every role (market service, provider and verifier agents, tests, demo) talks to the contracts through
 this class, on any backend (`veritrain.chain.backends`). Transactions are signed locally by the
@@ -40,15 +41,15 @@ from typing import Any
 
 from eth_abi import encode as abi_encode
 from eth_account.signers.local import LocalAccount
-from eth_utils import to_checksum_address
+from eth_utils import keccak, to_checksum_address
 from web3.contract import Contract
 
 from veritrain.chain import eip712
 from veritrain.chain.artifacts import ContractData, load_all
 from veritrain.chain.backends import Backend
-from veritrain.chain.deployment import Deployment, MarketParams
+from veritrain.chain.deployment import AppealParams, Deployment, MarketParams
 from veritrain.chain.errors import ChainError, DeploymentError, WrongChainId
-from veritrain.chain.revert import canonical_type
+from veritrain.chain.revert import abi_signature, canonical_type
 from veritrain.chain.tx import Event, Receipt, Transactor
 from veritrain.errors import InvalidInput
 
@@ -78,7 +79,17 @@ GAS_LIMITS: dict[str, int] = {
     "revealBatch": 1_000_000,
     "finalize": 600_000,
     "submitVerdict": 1_500_000,
-    "slashContradictingVerifier": 300_000,
+    # VerdictAppeals (measured: appeal 90k, drawPanel 209k with 3 seats / 283k with 5, vote 80-116k, resolve
+    # 149-165k, slashContradiction 155k, joinPool 84-101k); drawPanel's limit covers 7 seats and every
+    # rejected draw attempt; a fixed limit also skips an estimate run in the appeal's own block.
+    "joinPool": 250_000,
+    "leavePool": 150_000,
+    "appeal": 250_000,
+    "drawPanel": 1_200_000,
+    "vote": 400_000,
+    "resolve": 800_000,
+    "lapse": 150_000,
+    "slashContradiction": 400_000,
     "expireUnit": 500_000,
     "withdrawCredit": 150_000,
     "withdrawCreditWithSig": 200_000,
@@ -124,6 +135,43 @@ class VerifierSignature:
 
     def as_tuple(self) -> tuple[str, int, bytes]:
         return (_address(self.verifier), self.deadline, self.signature)
+
+
+@dataclass(frozen=True)
+class RefereeSignature:
+    """A referee's EIP-712 `RefereeVote` on an appeal (VerdictAppeals `RefereeSignature`): no nonce."""
+
+    referee: str
+    deadline: int
+    signature: bytes
+
+    def as_tuple(self) -> tuple[str, int, bytes]:
+        return (_address(self.referee), self.deadline, self.signature)
+
+
+class AppealState(IntEnum):
+    """VerdictAppeals' appeal life cycle."""
+
+    NONE = 0
+    PENDING = 1
+    CONFIRMED = 2
+    OVERTURNED = 3
+    LAPSED = 4
+
+
+@dataclass(frozen=True)
+class AppealInfo:
+    """VerdictAppeals `AppealView`: the panel is empty until drawn; `votes[i]` is seat i's outcomes hash."""
+
+    unit_id: int
+    state: AppealState
+    appellant: str
+    vote_deadline: int
+    seed_block: int
+    pool_size: int
+    decided: bytes
+    panel: tuple[str, ...]
+    votes: tuple[bytes, ...]
 
 
 class AcceptNonces:
@@ -289,6 +337,8 @@ class ChainClient:
         self.token: Contract = self._bind("VeriToken", deployment.token)
         self.stakes: Contract = self._bind("StakeManager", deployment.stake_manager)
         self.market: Contract = self._bind("JobMarket", deployment.job_market)
+        self.appeals: Contract = self._bind("VerdictAppeals", deployment.verdict_appeals)
+        self.appeals_domain = eip712.appeals_domain(deployment.chain_id, deployment.verdict_appeals)
         self.market_domain = eip712.market_domain(deployment.chain_id, deployment.job_market)
         self.stake_domain = eip712.stake_domain(deployment.chain_id, deployment.stake_manager)
         self.token_domain = eip712.token_domain(deployment.chain_id, deployment.token)
@@ -306,12 +356,14 @@ class ChainClient:
         *,
         operator: str | LocalAccount | None = None,
         params: MarketParams | None = None,
+        appeal_params: AppealParams | None = None,
         unbonding_period: int = DEFAULT_UNBONDING_PERIOD,
         save_to: Path | str | None = None,
         contracts: dict[str, ContractData] | None = None,
         admin_delay: int | None = None,
     ) -> ChainClient:
-        """Deploy token, stake manager and job market; grant the market its role; optionally write the file.
+        """Deploy token, stake manager, job market and verdict appeals; grant the market and the appeals
+        contract MARKET_ROLE; optionally write the file.
 
         `operator` (default: the deployer) is the market service's relayer key that proposes assignments.
         `admin_delay` (seconds): hand both contracts' admin role to an AdminTimelock with that delay, the
@@ -334,6 +386,8 @@ class ChainClient:
         stake_manager = _created(stake_receipt, "StakeManager")
         market_receipt = create("JobMarket", token, stake_manager, operator_address, market_params.as_tuple())
         job_market = _created(market_receipt, "JobMarket")
+        appeal = appeal_params or AppealParams()
+        appeals_receipt = create("VerdictAppeals", job_market, appeal.as_tuple())
         deployment = Deployment(
             chain_id=backend.chain_id,
             token=token,
@@ -344,14 +398,17 @@ class ChainClient:
             operator=operator_address,
             unbonding_period=unbonding_period,
             params=market_params,
+            verdict_appeals=_created(appeals_receipt, "VerdictAppeals"),
+            appeal_params=appeal,
         )
         client = cls(backend, deployment, relayer=deployer, contracts=data)
-        client.deploy_receipts = (token_receipt, stake_receipt, market_receipt)
+        client.deploy_receipts = (token_receipt, stake_receipt, market_receipt, appeals_receipt)
         role = client.stakes.functions.MARKET_ROLE().call()
-        grant = client.transactor.send(
-            deployer, stake_manager, _calldata(client.stakes, "grantRole", role, job_market)
-        )
-        client.deploy_receipts += (grant,)
+        for grantee in (job_market, deployment.verdict_appeals):
+            grant = client.transactor.send(
+                deployer, stake_manager, _calldata(client.stakes, "grantRole", role, grantee)
+            )
+            client.deploy_receipts += (grant,)
         if admin_delay is not None:
             client = client._hand_admin_to_timelock(deployer, admin_delay)
         if save_to is not None:
@@ -424,6 +481,25 @@ class ChainClient:
         return [event for event in decoded if event is not None]
 
     # ------------------------------------------------------------------ plumbing
+
+    def unit_events(self, name: str, unit_id: int, from_block: int | None = None) -> list[Event]:
+        """Decoded `name` events of one unit (indexed `unitId` first), from any of the contracts: one
+        filtered log query (by event signature and unit), not a scan of every event since deployment."""
+        items = [
+            item
+            for data in self.contracts.values()
+            for item in data.abi
+            if item.get("type") == "event" and item.get("name") == name
+        ]
+        topics = sorted({event_topic(item) for item in items})
+        query: Any = {
+            "fromBlock": self.deployment.block if from_block is None else from_block,
+            "toBlock": "latest",
+            "address": [to_checksum_address(a) for a in self.deployment.addresses.values()],
+            "topics": [topics, "0x" + unit_id.to_bytes(32, "big").hex()],
+        }
+        decoded = (self.transactor.event_decoder.decode(log) for log in self.w3.eth.get_logs(query))
+        return [event for event in decoded if event is not None and event.name == name]
 
     def _send(self, sender: LocalAccount | None, contract: Contract, function: str, *args: Any) -> Receipt:
         return self._send_data(sender, contract, function, _calldata(contract, function, *args))
@@ -844,12 +920,14 @@ class ChainClient:
         *,
         sender: LocalAccount | None = None,
     ) -> Receipt:
-        """Slash an assigned verifier whose own `sign_verdict` over `outcomes` contradicts the unit's
-        verdict; the sender earns the bounty as credit. Permissionless."""
+        """Slash an assigned verifier whose own `sign_verdict` over `outcomes` contradicts the unit's truth
+        (VerdictAppeals `slashContradiction`): the verdict once its appeal window passed unappealed, else
+        the panel's decision. `TruthNotFixed` before that, `AppealLapsed` if the panel never decided. The
+        sender earns the bounty in tokens. Permissionless."""
         return self._send(
             sender,
-            self.market,
-            "slashContradictingVerifier",
+            self.appeals,
+            "slashContradiction",
             unit_id,
             [int(outcome) for outcome in outcomes],
             evidence.as_tuple(),
@@ -858,6 +936,93 @@ class ChainClient:
     def expire_unit(self, unit_id: int, *, sender: LocalAccount | None = None) -> Receipt:
         """Expire an unsettled unit after its verdict deadline; permissionless."""
         return self._send(sender, self.market, "expireUnit", unit_id)
+
+    # ------------------------------------------------------------------ VerdictAppeals
+
+    def join_referee_pool(self, referee: LocalAccount) -> Receipt:
+        """Lock `referee_stake` of the referee's free stake and enter the pool panels are drawn from."""
+        return self._send(referee, self.appeals, "joinPool")
+
+    def leave_referee_pool(self, referee: LocalAccount) -> Receipt:
+        """Leave the referee pool and release the referee stake (a panel already drawn keeps the seat)."""
+        return self._send(referee, self.appeals, "leavePool")
+
+    def appeal(self, unit_id: int, appellant: LocalAccount) -> Receipt:
+        """Appeal the verdict that settled `unit_id`, locking `appeal_bond` of the appellant's free stake."""
+        return self._send(appellant, self.appeals, "appeal", unit_id)
+
+    def draw_panel(self, unit_id: int, *, sender: LocalAccount | None = None) -> Receipt:
+        """Draw the appeal's referee panel (from the block after the appeal on); permissionless."""
+        return self._send(sender, self.appeals, "drawPanel", unit_id)
+
+    def sign_referee_vote(
+        self, referee: LocalAccount, unit_id: int, outcomes: Sequence[int], deadline: int
+    ) -> RefereeSignature:
+        """A seated referee's vote: the outcomes of its own re-execution (no nonce: one vote per appeal)."""
+        message = {"unitId": unit_id, "outcomesHash": eip712.outcomes_hash(outcomes), "deadline": deadline}
+        signature = eip712.sign_typed(referee, self.appeals_domain, "RefereeVote", message)
+        return RefereeSignature(referee.address, deadline, signature)
+
+    def vote(
+        self,
+        unit_id: int,
+        outcomes: Sequence[int],
+        signed: RefereeSignature,
+        *,
+        sender: LocalAccount | None = None,
+    ) -> Receipt:
+        """Relay a referee's vote; the vote that makes a majority of the panel decides the appeal."""
+        return self._send(
+            sender, self.appeals, "vote", unit_id, [int(o) for o in outcomes], signed.as_tuple()
+        )
+
+    def resolve_appeal(
+        self,
+        unit_id: int,
+        verdict: Sequence[int],
+        decided: Sequence[int],
+        *,
+        sender: LocalAccount | None = None,
+    ) -> Receipt:
+        """Move a decided appeal's stakes: the bond to the referees (confirmed) or the accepted cheats'
+        stake slashed (overturned). `verdict` and `decided` are the settled and the panel's outcomes."""
+        return self._send(
+            sender,
+            self.appeals,
+            "resolve",
+            unit_id,
+            [int(o) for o in verdict],
+            [int(o) for o in decided],
+        )
+
+    def lapse_appeal(self, unit_id: int, *, sender: LocalAccount | None = None) -> Receipt:
+        """Close an appeal no majority decided by its vote deadline: bond released, nobody slashed."""
+        return self._send(sender, self.appeals, "lapse", unit_id)
+
+    def get_appeal(self, unit_id: int) -> AppealInfo:
+        raw = self._view(self.appeals, "getAppeal", unit_id)
+        return AppealInfo(
+            unit_id=unit_id,
+            state=AppealState(int(raw[0])),
+            appellant=to_checksum_address(raw[1]),
+            vote_deadline=int(raw[2]),
+            seed_block=int(raw[3]),
+            pool_size=int(raw[4]),
+            decided=bytes(raw[5]),
+            panel=tuple(to_checksum_address(item) for item in raw[6]),
+            votes=tuple(bytes(item) for item in raw[7]),
+        )
+
+    def verdict_hash(self, unit_id: int) -> bytes:
+        """The outcomes hash of the verdict that settled `unit_id` (32 zero bytes unless verdicted)."""
+        return bytes(self._view(self.market, "verdictHashOf", unit_id))
+
+    def truth_of(self, unit_id: int) -> bytes:
+        """The outcomes hash verifiers of `unit_id` are judged against (`TruthNotFixed`, `AppealLapsed`)."""
+        return bytes(self._view(self.appeals, "truthOf", unit_id))
+
+    def in_referee_pool(self, account: str | LocalAccount) -> bool:
+        return bool(self._view(self.appeals, "inPool", _address(account)))
 
     # ------------------------------------------------------------------ JobMarket: credits
 
@@ -965,6 +1130,11 @@ class ChainClient:
             locked=position.locked,
             unbonding=position.unbonding,
         )
+
+
+def event_topic(item: dict[str, Any]) -> str:
+    """topic0 of an event ABI item: keccak of its canonical signature, hex."""
+    return "0x" + keccak(text=abi_signature(item)).hex()
 
 
 def _calldata(contract: Contract, function: str, *args: Any) -> bytes:

@@ -44,6 +44,28 @@ class MarketParams:
 
 
 @dataclass(frozen=True)
+class AppealParams:
+    """VerdictAppeals' `Params` struct, in Solidity field order; seconds, base units.
+
+    The windows must satisfy verdict_window + appeal_window + vote_window < unbonding period (the
+    contract checks it), so a verifier that starts unstaking at settlement is still slashable when the
+    panel decides."""
+
+    appeal_window: int = 3600  # after the unit's verdict deadline
+    vote_window: int = 7200  # after the appeal: draw, re-execute, vote
+    panel_size: int = 3  # odd; a majority of equal votes decides
+    bounty_bps: int = 5000  # of a slash: to the deciding referees, or to the reporter of a contradiction
+    appeal_bond: int = 10 * 10**18  # the appellant's stake locked; lost to the referees when confirmed
+    referee_stake: int = 10 * 10**18  # locked while in the referee pool (one draw weight per entry)
+    # twice the verifier collateral: a colluding majority loses more than its fee share
+    verifier_slash: int = 20 * 10**18
+
+    def as_tuple(self) -> tuple[int, ...]:
+        """The Solidity `Params` struct, field by field in declaration order."""
+        return tuple(getattr(self, item.name) for item in fields(self))
+
+
+@dataclass(frozen=True)
 class Deployment:
     """One deployed Veritrain: chain id, addresses, deployment block and parameters."""
 
@@ -56,11 +78,18 @@ class Deployment:
     operator: str
     unbonding_period: int
     params: MarketParams
+    verdict_appeals: str
+    appeal_params: AppealParams = AppealParams()
     timelock: str = ""  # the AdminTimelock holding both admin roles ("": the deployer kept them)
 
     @property
     def addresses(self) -> dict[str, str]:
-        named = {"VeriToken": self.token, "StakeManager": self.stake_manager, "JobMarket": self.job_market}
+        named = {
+            "VeriToken": self.token,
+            "StakeManager": self.stake_manager,
+            "JobMarket": self.job_market,
+            "VerdictAppeals": self.verdict_appeals,
+        }
         return {**named, "AdminTimelock": self.timelock} if self.timelock else named
 
     def to_dict(self) -> dict[str, Any]:
@@ -72,6 +101,7 @@ class Deployment:
             "deployer": self.deployer,
             "operator": self.operator,
             "params": {"unbondingPeriod": self.unbonding_period, **_camel(asdict(self.params))},
+            "appealParams": _camel(asdict(self.appeal_params)),
         }
 
     @classmethod
@@ -84,6 +114,9 @@ class Deployment:
             params = dict(raw["params"])
             unbonding = params.pop("unbondingPeriod")
             market = MarketParams(**{_snake(key): _int(value, key) for key, value in params.items()})
+            appeal = AppealParams(
+                **{_snake(key): _int(v, key) for key, v in dict(raw["appealParams"]).items()}
+            )
             return cls(
                 chain_id=_int(raw["chainId"], "chainId"),
                 token=_address(addresses["VeriToken"], "VeriToken"),
@@ -94,6 +127,8 @@ class Deployment:
                 operator=_address(raw["operator"], "operator"),
                 unbonding_period=_int(unbonding, "unbondingPeriod"),
                 params=market,
+                verdict_appeals=_address(addresses["VerdictAppeals"], "VerdictAppeals"),
+                appeal_params=appeal,
                 timelock=_address(addresses["AdminTimelock"], "AdminTimelock")
                 if "AdminTimelock" in addresses
                 else "",

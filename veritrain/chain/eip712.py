@@ -21,6 +21,7 @@ from veritrain.errors import InvalidInput
 
 MARKET_DOMAIN_NAME = "Veritrain JobMarket"
 STAKE_DOMAIN_NAME = "Veritrain StakeManager"
+APPEALS_DOMAIN_NAME = "Veritrain VerdictAppeals"
 TOKEN_DOMAIN_NAME = "Veritrain Token"  # ERC20Permit uses the token name as the domain name
 DOMAIN_VERSION = "1"
 
@@ -50,6 +51,12 @@ TYPES: dict[str, tuple[tuple[str, str], ...]] = {
     # Outcome-only and nonce-free: reasons stay off chain (each verifier measures its own floats), and a
     # unit settles once, so the unit's state makes the signature single-use.
     "Verdict": (
+        ("unitId", "uint256"),
+        ("outcomesHash", "bytes32"),
+        ("deadline", "uint256"),
+    ),
+    # A referee's vote on an appeal (VerdictAppeals' domain); no nonce: one vote per referee and appeal.
+    "RefereeVote": (
         ("unitId", "uint256"),
         ("outcomesHash", "bytes32"),
         ("deadline", "uint256"),
@@ -122,6 +129,10 @@ class Domain:
 
 def market_domain(chain_id: int, job_market: str) -> Domain:
     return Domain(MARKET_DOMAIN_NAME, chain_id, job_market)
+
+
+def appeals_domain(chain_id: int, verdict_appeals: str) -> Domain:
+    return Domain(APPEALS_DOMAIN_NAME, chain_id, verdict_appeals)
 
 
 def stake_domain(chain_id: int, stake_manager: str) -> Domain:

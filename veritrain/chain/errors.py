@@ -435,21 +435,129 @@ class AcceptNonceUsed(ContractReverted):
 
 
 class NoVerdict(ContractReverted):
-    """Contradiction evidence needs a unit that a verdict settled."""
+    """An appeal or contradiction evidence needs a unit that a verdict settled (VerdictAppeals)."""
 
     error_name = "NoVerdict"
 
 
 class VerdictNotContradicted(ContractReverted):
-    """The verifier's signed outcomes equal the verdict's: it agreed, nothing to slash."""
+    """The verifier's signed outcomes equal the unit's truth: it agreed, nothing to slash."""
 
     error_name = "VerdictNotContradicted"
 
 
 class VerifierAlreadySlashed(ContractReverted):
-    """The verifier was already slashed for contradicting this unit's verdict."""
+    """The verifier was already slashed for contradicting this unit's truth."""
 
     error_name = "VerifierAlreadySlashed"
+
+
+class AppealWindowClosed(ContractReverted):
+    """Appeals of the unit closed `appealWindow` after its verdict deadline."""
+
+    error_name = "AppealWindowClosed"
+
+
+class AlreadyAppealed(ContractReverted):
+    """The unit already has an appeal (one per unit)."""
+
+    error_name = "AlreadyAppealed"
+
+
+class NoPendingAppeal(ContractReverted):
+    """The unit has no pending appeal (none filed, or already decided or lapsed)."""
+
+    error_name = "NoPendingAppeal"
+
+
+class DrawTooEarly(ContractReverted):
+    """The panel is drawn from the appeal block's hash, readable from the next block on."""
+
+    error_name = "DrawTooEarly"
+
+
+class PanelAlreadyDrawn(ContractReverted):
+    """The appeal's panel was already drawn."""
+
+    error_name = "PanelAlreadyDrawn"
+
+
+class PanelUndrawable(ContractReverted):
+    """The referee pool has too few eligible referees for a panel."""
+
+    error_name = "PanelUndrawable"
+
+
+class PanelNotDrawn(ContractReverted):
+    """A vote before the appeal's panel was drawn."""
+
+    error_name = "PanelNotDrawn"
+
+
+class VoteWindowClosed(ContractReverted):
+    """The appeal's vote deadline passed."""
+
+    error_name = "VoteWindowClosed"
+
+
+class NotOnPanel(ContractReverted):
+    """The referee does not sit on the unit's appeal panel."""
+
+    error_name = "NotOnPanel"
+
+
+class AlreadyVoted(ContractReverted):
+    """The referee already voted on this appeal (a replayed or changed vote)."""
+
+    error_name = "AlreadyVoted"
+
+
+class AlreadyDecided(ContractReverted):
+    """A majority of the panel already decided the appeal."""
+
+    error_name = "AlreadyDecided"
+
+
+class OutcomesMismatch(ContractReverted):
+    """The outcomes given do not hash to the verdict, or to the panel's decision."""
+
+    error_name = "OutcomesMismatch"
+
+
+class NotDecided(ContractReverted):
+    """The panel has not decided the appeal yet."""
+
+    error_name = "NotDecided"
+
+
+class AppealNotLapsed(ContractReverted):
+    """An appeal lapses only after its vote deadline without a decision."""
+
+    error_name = "AppealNotLapsed"
+
+
+class TruthNotFixed(ContractReverted):
+    """The unit's appeal window is open or its appeal undecided: no verifier can be slashed yet."""
+
+    error_name = "TruthNotFixed"
+
+
+class AppealLapsed(ContractReverted):
+    """The unit's appeal lapsed undecided: nobody can be slashed for contradicting it."""
+
+    error_name = "AppealLapsed"
+
+
+class AlreadyInPool(ContractReverted):
+    """The account is already in the referee pool."""
+
+    error_name = "AlreadyInPool"
+
+
+class NotInPool(ContractReverted):
+    """The account is not in the referee pool."""
+
+    error_name = "NotInPool"
 
 
 class PartyRegistryFull(ContractReverted):

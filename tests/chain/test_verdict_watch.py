@@ -1,0 +1,113 @@
+"""verifier.appeals.VerdictWatch: the verifier appeals a verdict that contradicts what it signed, and takes
+the appeal to its end (panel drawn, resolved or lapsed); a verdict it agrees with is left alone."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from verifier.appeals import VerdictWatch
+from veritrain.chain.client import AppealState, Outcome
+
+pytestmark = pytest.mark.chain
+
+TOKEN = 10**18
+TRUTH = [Outcome.ACCEPT, Outcome.ACCEPT, Outcome.FRAUD]
+COLLUDED = [Outcome.ACCEPT] * 3
+
+
+def _colluded_unit(world: Any) -> int:
+    """Replica 3 reveals a wrong digest; verifiers 2 and 3 settle accept-all (not yet when returned)."""
+    client = world.client
+    order_id = world.post_order()
+    key, deadline = os.urandom(32), client.now() + 3600
+    providers = world.providers[:3]
+    accepts = [client.sign_accept(p, order_id, key, deadline) for p in providers]
+    unit_id, _ = client.assign(order_id, key, providers, world.verifiers, accepts)
+    honest = os.urandom(32)
+    digests = [honest, honest, os.urandom(32)]
+    world.reveal_all(unit_id, digests, world.commit_all(unit_id, digests))
+    return int(unit_id)
+
+
+def _settle_colluded(world: Any, unit_id: int) -> None:
+    client, deadline = world.client, world.client.now() + 3600
+    signatures = [client.sign_verdict(v, unit_id, COLLUDED, deadline) for v in world.verifiers[1:]]
+    client.submit_verdict(unit_id, COLLUDED, signatures)
+
+
+def _referees(world: Any) -> list[Any]:
+    client = world.client
+    referees = list(world.backend.dev_accounts(13)[10:13])
+    for referee in referees:
+        client.mint(referee, 1_000 * TOKEN)
+        client.approve(referee, client.deployment.stake_manager, 2**256 - 1)
+        client.stake(referee, 100 * TOKEN)
+        client.join_referee_pool(referee)
+    return referees
+
+
+def test_the_outvoted_verifier_appeals_and_resolves_the_overturn(world: Any, tmp_path: Path) -> None:
+    client = world.client
+    honest = world.verifiers[0]
+    referees = _referees(world)
+    unit_id = _colluded_unit(world)
+    watch = VerdictWatch(client, honest, tmp_path / "watch.json")
+    watch.signed(unit_id, TRUTH)
+    assert watch.tick() == [] and unit_id in watch.units  # not settled yet: nothing to contest
+    _settle_colluded(world, unit_id)
+    bonded = client.stake_of(honest).bonded
+    assert VerdictWatch(client, honest, tmp_path / "watch.json").tick() == [unit_id]  # survives a restart
+    watch = VerdictWatch(client, honest, tmp_path / "watch.json")
+    appeal = client.get_appeal(unit_id)
+    assert appeal.state == AppealState.PENDING and appeal.appellant == honest.address
+    watch.tick()  # draws the panel
+    panel = client.get_appeal(unit_id).panel
+    assert len(panel) == 3
+    seated = {r.address: r for r in referees}
+    deadline = client.now() + 3600
+    for seat in panel[:2]:
+        client.vote(unit_id, TRUTH, client.sign_referee_vote(seated[seat], unit_id, TRUTH, deadline))
+    cheat = client.replica(unit_id, 2).provider
+    cheat_bonded = client.stake_of(cheat).bonded
+    watch.tick()  # resolves the decided appeal
+    assert client.get_appeal(unit_id).state == AppealState.OVERTURNED
+    assert client.stake_of(cheat).bonded == cheat_bonded - client.params.slash_amount
+    assert client.stake_of(honest).bonded == bonded and client.stake_of(honest).locked == 0
+    assert watch.units == {}
+
+
+def test_an_appeal_no_panel_decides_lapses_and_the_bond_returns(world: Any, tmp_path: Path) -> None:
+    """No referee in the pool: the panel cannot be drawn, the appeal lapses at its vote deadline, the
+    appellant's bond returns and nobody can be slashed for the unit (the outvoted verifier included)."""
+    client = world.client
+    honest = world.verifiers[0]
+    unit_id = _colluded_unit(world)
+    watch = VerdictWatch(client, honest, tmp_path / "watch.json")
+    watch.signed(unit_id, TRUTH)
+    _settle_colluded(world, unit_id)
+    assert watch.tick() == [unit_id]
+    assert client.stake_of(honest).locked == client.deployment.appeal_params.appeal_bond
+    watch.tick()  # PanelUndrawable: tried again a minute of chain time later, not on every tick
+    assert unit_id in watch.units and watch._retry_at[unit_id] > client.now()
+    blocks = client.w3.eth.block_number
+    watch.tick()
+    assert client.w3.eth.block_number == blocks  # no transaction while it waits
+    client.advance_time(client.get_appeal(unit_id).vote_deadline - client.now() + 1)
+    watch.tick()
+    assert client.get_appeal(unit_id).state == AppealState.LAPSED
+    assert client.stake_of(honest).locked == 0 and watch.units == {}
+
+
+def test_a_verdict_the_verifier_signed_is_not_appealed(world: Any, tmp_path: Path) -> None:
+    client = world.client
+    colluder = world.verifiers[1]
+    unit_id = _colluded_unit(world)
+    watch = VerdictWatch(client, colluder, tmp_path / "watch.json")
+    watch.signed(unit_id, COLLUDED)
+    _settle_colluded(world, unit_id)
+    assert watch.tick() == []
+    assert client.get_appeal(unit_id).state == AppealState.NONE and watch.units == {}

@@ -1,0 +1,115 @@
+"""The verifier's side of VerdictAppeals: appeal a verdict that contradicts what this verifier signed.
+
+Why: a verdict nobody appeals becomes the unit's truth once its appeal window has passed, and then this
+verifier's own signature over other outcomes slashes it (`verifierSlash`): an honest minority that a
+colluding majority outvoted must appeal to keep its stake. The watcher remembers every unit the agent
+signed (in a JSON file, across restarts), and on each tick moves each one step: appeal a contradicting
+verdict while the window is open, draw the panel, end the appeal (`resolve` once the panel decided,
+`lapse` when it missed its deadline, which returns the bond). Serving as a referee is not done here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from eth_account.signers.local import LocalAccount
+
+from veritrain.chain.client import AppealState, ChainClient, UnitState
+from veritrain.chain.eip712 import outcomes_hash
+from veritrain.chain.errors import ChainError, ContractReverted
+
+logger = logging.getLogger(__name__)
+
+# Reverts after which the watcher tries the same step again RETRY_AFTER_S of chain time later (a block
+# later, more referees in the pool), not on every tick: each try is a transaction.
+RETRY_LATER = frozenset({"DrawTooEarly", "PanelUndrawable"})
+RETRY_AFTER_S = 60
+
+
+class VerdictWatch:
+    """Units this verifier signed outcomes for, until each is settled without contradicting them or its
+    appeal has ended."""
+
+    def __init__(self, chain: ChainClient, account: LocalAccount, path: Path) -> None:
+        self.chain = chain
+        self.account = account
+        self.path = path
+        self.units: dict[int, list[int]] = (
+            {int(k): [int(o) for o in v] for k, v in json.loads(path.read_text()).items()}
+            if path.exists()
+            else {}
+        )
+        self._retry_at: dict[int, int] = {}  # chain time before which a unit's refused step waits
+
+    def signed(self, unit_id: int, outcomes: Sequence[int]) -> None:
+        """Remember the outcomes this verifier signed for `unit_id`."""
+        self.units[unit_id] = [int(o) for o in outcomes]
+        self._save()
+
+    def tick(self) -> list[int]:
+        """One step for every remembered unit; returns the units appealed in this tick."""
+        appealed: list[int] = []
+        now = self.chain.now() if self.units else 0
+        for unit_id in sorted(self.units):
+            if self._retry_at.get(unit_id, 0) > now:
+                continue
+            try:
+                done = self._step(unit_id, appealed)
+            except ContractReverted as err:
+                if err.name in RETRY_LATER:
+                    self._retry_at[unit_id] = now + RETRY_AFTER_S
+                else:
+                    logger.warning("unit %d: appeal step refused: %s", unit_id, err)
+                done = False
+            except ChainError as err:  # node down, a transaction not mined: the same step next tick
+                logger.warning("unit %d: appeal step failed: %s", unit_id, err)
+                done = False
+            if done:
+                del self.units[unit_id]
+                self._retry_at.pop(unit_id, None)
+        self._save()
+        return appealed
+
+    def _step(self, unit_id: int, appealed: list[int]) -> bool:
+        """Move one unit's appeal on by one action; True when nothing is left to do for it."""
+        chain = self.chain
+        unit = chain.get_unit(unit_id)
+        if unit.state in (UnitState.COMMITTING, UnitState.REVEALING):
+            return False
+        if unit.state != UnitState.VERDICTED:
+            return True  # finalized or expired: no verdict contradicts us
+        if chain.verdict_hash(unit_id) == outcomes_hash(self.units[unit_id]):
+            return True
+        appeal = chain.get_appeal(unit_id)
+        now = chain.now()
+        if appeal.state == AppealState.NONE:
+            closes = unit.verdict_deadline + chain.deployment.appeal_params.appeal_window
+            if now > closes:
+                logger.warning("unit %d: verdict contradicts our signature, appeal window closed", unit_id)
+                return True
+            chain.appeal(unit_id, self.account)
+            appealed.append(unit_id)
+            logger.info("unit %d: appealed a verdict that contradicts our signature", unit_id)
+            return False
+        if appeal.appellant != self.account.address or appeal.state != AppealState.PENDING:
+            return True  # another's appeal decides it, or ours has ended
+        if appeal.decided == bytes(32):
+            if now > appeal.vote_deadline:
+                chain.lapse_appeal(unit_id, sender=self.account)
+                return True
+            if not appeal.panel:
+                chain.draw_panel(unit_id, sender=self.account)
+            return False
+        verdict = chain.unit_events("VerdictRecorded", unit_id)[0].args["outcomes"]
+        decided = chain.unit_events("AppealDecided", unit_id)[0].args["outcomes"]
+        chain.resolve_appeal(unit_id, verdict, decided, sender=self.account)
+        return True
+
+    def _save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({str(k): v for k, v in sorted(self.units.items())}))
+        tmp.replace(self.path)
