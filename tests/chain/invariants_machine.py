@@ -419,6 +419,38 @@ class MarketMachine(RuleBasedStateMachine):
             lambda: self.model.post_order(actor.address, units, replicas, price, fee, deadline, now),
         )
 
+    @rule(
+        buyer=st.sampled_from(BUYERS),
+        units=st.sampled_from([1, 2, 3]),
+        bounds=st.sampled_from([(1, 3), (1, 3), (1, 2), (2, 3), (0, 2), (3, 2)]),
+        streak=st.sampled_from([0, 1, 1, 2, 3]),
+        price=st.sampled_from([1, 7, 100]),
+        fee=st.sampled_from([0, 1, 50]),
+    )
+    def post_adaptive_order(
+        self, buyer: str, units: int, bounds: tuple[int, int], streak: int, price: int, fee: int
+    ) -> None:
+        """An adaptive order (minReplicas..replicas a unit, fewer than the most only for providers with the
+        streak); assign's draw of fewer providers then exercises reduced units and ProviderNotTrusted."""
+        self.do_post_adaptive_order(buyer, units, bounds, streak, price, fee)
+
+    def do_post_adaptive_order(
+        self, buyer: str, units: int, bounds: tuple[int, int], streak: int, price: int, fee: int
+    ) -> None:
+        actor = self.actors[buyer]
+        now = self._now()
+        low, high = bounds
+        self._run(
+            f"postAdaptiveOrder({buyer}, units={units}, {low}..{high}, streak={streak}, price={price})",
+            actor,
+            "market",
+            "postAdaptiveOrder",
+            [b"\x12" * 32, units, low, high, streak, price, fee, now + 3_000],
+            lambda: self.model.post_adaptive_order(
+                actor.address, units, low, high, streak, price, fee, now + 3_000, now
+            ),
+        )
+
     @precondition(lambda self: bool(self.model.orders))
     @rule(data=st.data())
     def assign(self, data: st.DataObject) -> None:
@@ -427,7 +459,8 @@ class MarketMachine(RuleBasedStateMachine):
         pool = open_orders if open_orders and _mostly(data, 4, "prefer open") else self.model.orders
         order_id = data.draw(st.sampled_from(sorted(pool)), label="order")
         order = self.model.orders[order_id]
-        count = data.draw(st.sampled_from([order.replicas] * 6 + [1, 2]), label="replicas")
+        reduced = list(range(order.min_replicas, order.replicas)) * 3  # an adaptive order's smaller units
+        count = data.draw(st.sampled_from([order.replicas] * 6 + reduced + [1, 2]), label="replicas")
         shuffled = data.draw(st.permutations(PROVIDERS), label="providers")
         if _mostly(data, 4, "prefer eligible"):
             shuffled = sorted(shuffled, key=lambda label: -self._free_stake(label))
@@ -475,6 +508,8 @@ class MarketMachine(RuleBasedStateMachine):
         if outcome.error is None and len(self.model.units) > units_before:
             unit_id = len(self.model.units)
             self.secrets[unit_id] = UnitSecrets()
+            if len(providers) < self.model.orders[order_id].replicas:  # an adaptive order's smaller unit
+                self.call_stats.setdefault("assign (reduced unit)", [0, 0])[0] += 1
 
     @precondition(lambda self: bool(self.model.orders))
     @rule(data=st.data(), by_buyer=st.sampled_from([False, False, False, True]))
@@ -871,7 +906,7 @@ class MarketMachine(RuleBasedStateMachine):
             if not order.closed
             and order.deadline >= self._now()
             and order.delivered + order.open_units < order.units
-            and order.unit_cost <= order.balance
+            and order.cost_of(order.replicas) <= order.balance
         ]
         if not open_orders:
             buyer = data.draw(st.sampled_from(BUYERS), label="buyer")
@@ -1119,7 +1154,9 @@ class MarketMachine(RuleBasedStateMachine):
         for order_id, order in self.model.orders.items():
             stored = self.storage.order(order_id)
             got = (stored["balance"], stored["delivered"], stored["openUnits"], bool(stored["closed"]))
+            got += (stored["minReplicas"], stored["trustedStreak"])
             want = (order.balance, order.delivered, order.open_units, order.closed)
+            want += (order.min_replicas or order.replicas, order.trusted_streak)
             if got != want:
                 self._fail(
                     "model_agreement", f"order {order_id} balance/delivered/open/closed {got}, model {want}"

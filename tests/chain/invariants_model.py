@@ -82,10 +82,12 @@ class Order:
     delivered: int = 0
     open_units: int = 0
     closed: bool = False
+    min_replicas: int = 0  # 0: a fixed order (= replicas)
+    trusted_streak: int = 0
 
-    @property
-    def unit_cost(self) -> int:
-        return self.replicas * self.price + self.fee
+    def cost_of(self, replicas: int) -> int:
+        """What a unit of `replicas` providers reserves (an adaptive unit may have fewer than the most)."""
+        return replicas * self.price + self.fee
 
 
 @dataclass
@@ -174,7 +176,7 @@ class Model:
         escrow = sum(o.balance for o in self.orders.values())
         for unit in self.units.values():
             if unit.state not in SETTLED_STATES:
-                escrow += self.orders[unit.order_id].unit_cost
+                escrow += self.orders[unit.order_id].cost_of(len(unit.replicas))
         return escrow
 
     # ---- StakeManager ----
@@ -247,6 +249,26 @@ class Model:
         self._move(buyer, self.token_holder_jm, escrow)
         return None
 
+    def post_adaptive_order(
+        self,
+        buyer: str,
+        units: int,
+        min_replicas: int,
+        max_replicas: int,
+        streak: int,
+        price: int,
+        fee: int,
+        deadline: int,
+        now: int,
+    ) -> Expected | None:
+        if min_replicas == 0 or min_replicas > max_replicas:
+            return Expected("InvalidReplicaBounds", (min_replicas, max_replicas))
+        error = self.post_order(buyer, units, max_replicas, price, fee, deadline, now)
+        if error is None:
+            order = self.orders[len(self.orders)]
+            order.min_replicas, order.trusted_streak = min_replicas, streak
+        return error
+
     def close_order(self, order_id: int, caller: str, now: int) -> Expected | None:
         order = self.orders.get(order_id)
         if order is None:
@@ -281,18 +303,22 @@ class Model:
             return Expected("OrderNotOpen", (order_id,))
         if now > order.deadline:
             return Expected("OrderExpired", (order_id, order.deadline))
-        if len(providers) != order.replicas:
+        if not (order.min_replicas or order.replicas) <= len(providers) <= order.replicas:
             return Expected("ProviderCountMismatch", (order.replicas, len(providers)))
+        cost = order.cost_of(len(providers))
+        streak = order.trusted_streak if len(providers) < order.replicas else 0
         minimum = self.params.min_verifiers
         if not minimum <= len(verifiers) <= 5:
             return Expected("InvalidVerifierCount", (len(verifiers), minimum, 5))
-        if order.delivered + order.open_units >= order.units or order.unit_cost > order.balance:
+        if order.delivered + order.open_units >= order.units or cost > order.balance:
             return Expected("NoUnitBudget", (order_id,))
         # Providers: duplicates, nonce, then lock (signatures are always made by the right key here).
         locked_now: dict[str, int] = {}
         for i, provider in enumerate(providers):
             if provider in providers[:i]:
                 return Expected("DuplicateParty", (provider,))
+            if self.reputation.get(provider, Reputation()).consecutive < streak:
+                return Expected("ProviderNotTrusted", (provider, streak))
             if (provider, accept_nonces[i]) in self.accept_nonces_used:
                 return Expected("AcceptNonceUsed", (provider, accept_nonces[i]))
             acc = self.stake_of(provider)
@@ -310,7 +336,7 @@ class Model:
                     "InsufficientFreeStake",
                     (verifier, acc.bonded - acc.locked, self.params.verifier_collateral),
                 )
-        order.balance -= order.unit_cost
+        order.balance -= cost
         order.open_units += 1
         for provider, nonce in zip(providers, accept_nonces, strict=True):
             self.accept_nonces_used.add((provider, nonce))
@@ -531,7 +557,7 @@ class Model:
                 if replica.commitment is not None:
                     self._credit(order.buyer, self._withheld(replica.provider))
         self._release_verifiers(unit)
-        order.balance += order.unit_cost
+        order.balance += order.cost_of(len(unit.replicas))
         order.open_units -= 1
         return None
 

@@ -187,6 +187,25 @@ def withheld_reveal(m: MarketMachine) -> None:
     m.check_step()
 
 
+def reduced_unit(m: MarketMachine) -> None:
+    """An adaptive order (1..3 replicas, streak 1): a lone newcomer is refused, a full unit of three is
+    assigned and finalized, then a lone provider with its streak of one valid unit is assigned."""
+    _stake_everyone(m)
+    m.do_post_adaptive_order("buyer0", 3, (1, 3), 1, 100, 50)
+    m.check_step()
+    m.do_assign(1, ["provider0"], list(VERIFIERS))  # ProviderNotTrusted
+    m.check_step()
+    m.do_assign(1, ["provider0", "provider1", "provider2"], list(VERIFIERS))
+    m.check_step()
+    _work_unit(m, 1, (False, False, False))
+    m.do_finalize(1)
+    m.check_step()
+    m.do_assign(1, ["provider0"], list(VERIFIERS))
+    m.check_step()
+    if 2 in m.model.units:  # on a mutant the chain and the model may number units differently by now
+        _work_unit(m, 2, (False,))
+
+
 SCENARIOS: dict[str, Scenario] = {
     "finalize_once": finalize_once,
     "finalize_twice": finalize_twice,
@@ -196,4 +215,5 @@ SCENARIOS: dict[str, Scenario] = {
     "commit_at_deadline": commit_at_deadline,
     "drawn_unit": drawn_unit,
     "withheld_reveal": withheld_reveal,
+    "reduced_unit": reduced_unit,
 }

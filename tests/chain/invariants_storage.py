@@ -81,7 +81,7 @@ def mapping_slot(key: int | str, base: int) -> int:
 
 STAKE_FIELDS = ("bonded", "locked", "unbonding", "thawAt")
 ACCOUNT_FIELDS = ("credit", "valid", "fault", "fraud", "consecutiveValid")
-ORDER_FIELDS = ("balance", "delivered", "openUnits", "closed")
+ORDER_FIELDS = ("balance", "delivered", "openUnits", "closed", "minReplicas", "trustedStreak")
 UNIT_FIELDS = ("state", "committedMask", "revealedMask", "drawn", "commitDeadline", "revealDeadline")
 
 

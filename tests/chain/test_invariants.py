@@ -103,6 +103,8 @@ def test_market_invariants_hold() -> None:
         "requestUnstakeWithSig",
         "commitWithSig",
         "requestVerification",
+        "postAdaptiveOrder",
+        "assign (reduced unit)",
     )
     idle = [fn for fn in required if machine.call_stats.get(fn, [0, 0])[0] == 0]
     assert not idle, f"these actions never succeeded, so the run proves little about them: {idle}"
