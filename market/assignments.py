@@ -379,9 +379,10 @@ class Assignments(Lifecycle):
                         self.drop_replica(session, unit, replica, now)
                         result.dropped_replicas += 1
         self._close_phases(session, now)
-        for unit in self.store.units_in(
-            session, [UnitState.COMMITTING.value, UnitState.REVEALING.value, UnitState.VERIFYING.value]
-        ):
+        # FINALIZING too: a unit the market saw unanimous whose commits or reveals never landed on chain
+        # (its worker down for the whole window) is refused every finalize and would stay open for good
+        on_chain_open = [UnitState.COMMITTING, UnitState.REVEALING, UnitState.FINALIZING, UnitState.VERIFYING]
+        for unit in self.store.units_in(session, [state.value for state in on_chain_open]):
             settle_by = unit.commit_deadline + self.config.reveal_window_s + self.config.verdict_window_s
             if unit.commit_deadline and now > settle_by and unit.chain_unit_id is not None:
                 self.store.enqueue(session, row_id(unit), "expire", {"unit_id": unit.chain_unit_id}, now)

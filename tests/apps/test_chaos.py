@@ -209,3 +209,20 @@ def test_a_link_fault_switches_the_agents_link_for_its_duration_and_heals_it() -
         ("verifier-0", PASS),
     ]
     assert [f["action"] for f in injector.injected] == ["slow", "partition"]
+
+
+def test_a_buyer_run_dry_by_many_orders_is_topped_up_before_the_next_runs_snapshot() -> None:
+    """Run 181 of the first 200-run bench failed to post its order: the buyer had paid 180 orders'
+    providers out of its starting funds. Below a tenth of them it is minted its starting funds again."""
+    minted: list[tuple[str, int]] = []
+    balances = {"buyer": chaos.BUYER_FUNDS // 10 - 1}
+    client = SimpleNamespace(
+        token_balance=lambda account: balances[account],
+        mint=lambda account, amount: minted.append((account, amount)),
+    )
+    market: Any = SimpleNamespace(client=client, parties={"buyer": SimpleNamespace(account="buyer")})
+    chaos.top_up_buyer(market)
+    assert minted == [("buyer", chaos.BUYER_FUNDS)]
+    balances["buyer"] = chaos.BUYER_FUNDS // 10
+    chaos.top_up_buyer(market)
+    assert len(minted) == 1

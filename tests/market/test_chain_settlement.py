@@ -313,3 +313,40 @@ def test_a_reduced_unit_the_chain_refuses_runs_again_with_the_chains_reputations
     assert len(chosen) == 3 and len(refused) >= 1
     market.send_outbox()
     assert market.client.get_unit(market.chain_unit(unit_id)).replicas == 3
+
+
+def test_a_unit_whose_commits_never_landed_is_expired_although_the_market_saw_it_revealed(
+    market: ChainMarket,
+) -> None:
+    """Found by the 200-run chaos bench (seed 118: the worker killed, then Redis, then the worker deaf,
+    for the whole 40 s commit window): the replicas' signed commits and reveals reached the market but
+    never the chain, so the market moved the unit to finalizing and every finalize was refused
+    (RevealsIncomplete); nothing expired the unit and the order's escrow and collateral stayed locked. Past
+    the verdict deadline the market expires it on chain, the unit fails and its round runs again."""
+    client, service = market.client, market.service
+    market.post_order(rounds=1)
+    unit_id, chosen = market.match_and_accept()
+    market.send_outbox()  # the assign lands; then the worker is gone
+    chain_unit = market.chain_unit(unit_id)
+    honest = result("honest")
+    for provider in chosen:
+        market.commit(unit_id, provider, honest)
+    client.advance_time(client.get_unit(chain_unit).commit_deadline - client.now() + 1)
+    market.tick()  # back: the commits are refused (CommitWindowClosed), the commit phase is over
+    for provider in chosen:
+        service.assignments.reveal(market.reveal_submission(unit_id, provider, honest))
+    market.tick()
+    assert market.unit(unit_id).state == "finalizing"
+    assert (
+        client.get_unit(chain_unit).state == UnitState.COMMITTING
+        and client.get_unit(chain_unit).committed_mask == 0
+    )
+
+    client.advance_time(client.get_unit(chain_unit).verdict_deadline - client.now() + 1)
+    market.tick()
+    market.tick()
+    assert client.get_unit(chain_unit).state == UnitState.EXPIRED
+    assert market.unit(unit_id).state == "failed"
+    assert service.orders.advance_orders() == 1
+    retry_id, _ = market.match_and_accept()
+    assert retry_id != unit_id and market.unit(retry_id).round_index == market.unit(unit_id).round_index
