@@ -5,7 +5,9 @@ ticks stop arriving, for its supervisor to start it again."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -72,3 +74,44 @@ def test_a_real_worker_cut_off_from_its_broker_exits_with_the_deaf_code(tmp_path
         while worker.alive() and time.monotonic() < deadline:
             time.sleep(0.2)
         assert worker.returncode() == DEAF_EXIT_CODE, worker.log_tail()
+
+
+def _children(pid: int) -> list[int]:
+    """Processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_the_embedded_beat_dies_with_a_worker_killed_outright(tmp_path: Path) -> None:
+    """Found by the 200-run chaos bench: a worker that ended without its process group (its deaf exit 75,
+    or SIGKILL of its pid) left its embedded beat (a child process) running for ever, ticking beside the
+    beat of the worker started in its place."""
+    require(None if sys.platform.startswith("linux") else "Linux only (prctl)", "run on Linux")
+    env = {"VERITRAIN_DATA_DIR": str(tmp_path / "market"), "VERITRAIN_TICK_S": "0.2"}
+    with ProcessGroup(tmp_path / "logs") as procs:
+        worker = procs.start(
+            "worker", [sys.executable, "-m", "apps", "market", "worker"], env=env, cwd=tmp_path
+        )
+        procs.wait_ready("worker", lambda: "market.tick" in worker.log_tail(), timeout=60)
+        (beat,) = _children(worker.pid)
+        os.kill(worker.pid, signal.SIGKILL)  # the worker alone, as a deaf worker's own exit 75 leaves it
+        deadline = time.monotonic() + 10
+        while _alive(beat) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(beat), f"the beat (pid {beat}) outlived its worker"
