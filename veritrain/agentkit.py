@@ -312,11 +312,13 @@ class CustodyKeeper:
         """Act on one reply's custody list; returns the digests (0x-hex) now stored but not yet reported."""
         wanted = {c.state.state_digest.removeprefix("0x"): c for c in requests if c.state.state_digest}
         with self._lock:
-            for digest in sorted(self._pinned - set(wanted)):
+            released = sorted(self._pinned - set(wanted))
+            for digest in released:
                 self._blobs.store.remove(digest)
                 self._pinned.discard(digest)
                 logger.info("custody of state %s released", digest)
-            self._save()
+            if released:  # every heartbeat calls this: rewrite the file only when it changes
+                self._save()
         to_report = []
         for digest, request in wanted.items():
             if self._blobs.store.has(digest):
