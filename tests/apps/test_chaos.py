@@ -93,21 +93,29 @@ def test_summary_counts_every_kind_of_failure() -> None:
     assert [r["seed"] for r in summary["records"]] == [5, 6, 7]
 
 
+class FakeStack:
+    """A marketplace that starts nothing (the runs are stubbed)."""
+
+    def __enter__(self) -> object:
+        return object()
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def fake_marketplace(monkeypatch: pytest.MonkeyPatch, run_order: Any) -> None:
+    """Runs go to ``run_order`` on a marketplace that starts nothing."""
+    monkeypatch.setattr(chaos, "run_order", run_order)
+    monkeypatch.setattr(chaos, "started_marketplace", lambda config, emit, port, seed: FakeStack())
+
+
 def test_cli_writes_the_counts_and_fails_when_a_run_was_lost(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def fake_run_order(stack: Any, record: RunRecord, schedule: Any, emit: Any) -> None:
         record.outcome = "completed" if record.seed == 3 else "error"
 
-    class FakeStack:
-        def __enter__(self) -> object:
-            return object()
-
-        def __exit__(self, *exc: object) -> None:
-            return None
-
-    monkeypatch.setattr(chaos, "run_order", fake_run_order)
-    monkeypatch.setattr(chaos, "started_marketplace", lambda config, emit, port, seed: FakeStack())
+    fake_marketplace(monkeypatch, fake_run_order)
     out = tmp_path / "chaos.json"
     assert main(["bench", "chaos", "--runs", "1", "--seed", "3", "--json", str(out)]) == 0
     assert json.loads(out.read_text())["records"][0]["schedule"] == [vars(f) for f in fault_schedule(3)]
@@ -130,15 +138,7 @@ def test_an_interrupted_bench_resumes_from_its_json_and_refuses_another_seeds(
             raise KeyboardInterrupt  # the operator stops the bench in its third run
         record.outcome = "completed"
 
-    class FakeStack:
-        def __enter__(self) -> object:
-            return object()
-
-        def __exit__(self, *exc: object) -> None:
-            return None
-
-    monkeypatch.setattr(chaos, "run_order", fake_run_order)
-    monkeypatch.setattr(chaos, "started_marketplace", lambda config, emit, port, seed: FakeStack())
+    fake_marketplace(monkeypatch, fake_run_order)
     out = tmp_path / "chaos.json"
     with pytest.raises(KeyboardInterrupt):
         main(["bench", "chaos", "--runs", "4", "--seed", "10", "--json", str(out)])
