@@ -322,7 +322,8 @@ class CustodyKeeper:
         to_report = []
         for digest, request in wanted.items():
             if self._blobs.store.has(digest):
-                if not request.held:
+                if not request.held:  # fetched for custody, or stored already (e.g. a verifier's replay)
+                    logger.info("holding state %s in custody (reporting it)", digest)
                     to_report.append("0x" + digest)
             elif self._fetching is None or not self._fetching.is_alive():
                 self._fetching = threading.Thread(
