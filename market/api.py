@@ -38,6 +38,7 @@ from veritrain.messages import (
     AgentRole,
     CommitSubmission,
     CustodyReport,
+    EvidenceRequest,
     Heartbeat,
     HeartbeatReply,
     Offer,
@@ -50,6 +51,7 @@ from veritrain.messages import (
     Signed,
     VerdictSubmission,
     VerificationJobsReply,
+    VerificationJobView,
 )
 from veritrain.ratelimit import TokenBuckets
 
@@ -174,6 +176,10 @@ def create_app(service: MarketService) -> FastAPI:
     @app.post("/verification/jobs", responses=_ERRORS)
     def verification_jobs(signed: Signed[Heartbeat]) -> VerificationJobsReply:
         return service.verification.pull_jobs(signed)
+
+    @app.post("/verification/evidence", responses=_ERRORS)
+    def evidence(signed: Signed[EvidenceRequest]) -> VerificationJobView:
+        return service.verification.evidence(signed)
 
     @app.post("/verification/verdict", responses=_ERRORS)
     def verdict(submission: VerdictSubmission) -> Ack:

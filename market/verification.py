@@ -1,7 +1,8 @@
 """Verification jobs: a verifier pulls the open jobs of the units it is assigned to and signs verdicts;
 once a majority of the unit's assigned verifiers signed identical outcomes (the contract's quorum), the
 verdict relay goes to the settlement outbox. Reasons never have to match: each verifier measures its own
-floats, and the chain sees outcomes only."""
+floats, and the chain sees outcomes only. Once a unit's verdict is in, any registered verifier may ask for its
+evidence: a referee seated on the unit's appeal panel (VerdictAppeals) re-executes it from that."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from sqlmodel import Session
 from market.context import Lifecycle, MarketContext, require_signer, row_id
 from market.orders import OrderBook
 from market.store import UnitRow, VerdictSignatureRow, VerificationJobRow
-from veritrain.errors import IllegalTransition, InvalidInput
+from veritrain.errors import IllegalTransition, InvalidInput, NotFound
 from veritrain.messages import (
     AgentRole,
+    EvidenceRequest,
     Heartbeat,
     ReplicaResult,
     Signed,
@@ -58,6 +60,28 @@ class VerificationJobs(Lifecycle):
                     break
             custody = self.orders.custody.custody_for(session, agent.address)
         return VerificationJobsReply(verifier=message.agent, jobs=tuple(views), custody=custody)
+
+    def evidence(self, signed: Signed[EvidenceRequest]) -> VerificationJobView:
+        """A decided unit's job as its verifiers saw it, reason "appeal", for a referee to re-execute.
+
+        Why any registered verifier and not only the panel: the market does not follow panels, and nothing
+        here is secret once the verdict is in (the digests are on chain; the blobs are served by their
+        holders to staked parties only). An open job is refused: its verifiers have not decided yet."""
+        message = verify_signed(signed, self.config.chain_id)
+        now = self.clock()
+        with self.store.transaction() as session:
+            agent = self.store.get_agent(session, message.agent)
+            if agent.role != AgentRole.VERIFIER.value:
+                raise InvalidInput(f"{message.agent} is registered as {agent.role}, not as a verifier")
+            self.ctx.accept_agent_message(session, message, now)
+            unit = self.store.unit_by_chain_id(session, message.chain_unit_id)
+            job = self.store.job_for_unit(session, row_id(unit)) if unit is not None else None
+            if unit is None or job is None:
+                raise NotFound(f"chain unit {message.chain_unit_id} has no verification job in this market")
+            if job.state == "open":
+                raise IllegalTransition(f"chain unit {message.chain_unit_id} has no verdict yet")
+            view = self._job_view(session, job, unit)
+        return view.model_copy(update={"reason": "appeal"})
 
     def _job_view(self, session: Session, job: VerificationJobRow, unit: UnitRow) -> VerificationJobView:
         order = self.store.get_order(session, unit.order_id)

@@ -5,8 +5,10 @@ its work must be cheap and its verdicts binding. It pulls jobs from the market (
 broker access), fetches each replica's PoL manifest and only the checkpoints it re-executes straight
 from the replicas over libp2p (the market never handles blobs), runs the verifier core, and signs the
 contract's outcome-only EIP-712 Verdict; the market relays it once a majority of the unit's verifiers
-signed the same outcomes. The verifier never sends a transaction, so it needs no gas; its collateral is
-locked per unit and slashed if its signature contradicts the verdict that settled the unit.
+signed the same outcomes. Its collateral is locked per unit and slashed if its signature contradicts the
+unit's truth; so it sends transactions of its own only to appeal such a verdict (verifier.appeals) and, with
+`--referee`, to sit in the referee pool and vote on the appeal panels the chain seats it on
+(verifier.refereeing), re-executing each unit from the evidence the market serves.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import httpx
 
 from verifier.appeals import VerdictWatch
 from verifier.fetching import Blame
+from verifier.refereeing import RefereeDuty
 from veritrain.agentkit import (
     HTTP_TIMEOUT_S,
     AgentCommonConfig,
@@ -61,11 +64,13 @@ HTTP_CONFLICT = 409  # the job was decided by other verifiers' signatures alread
 RETRY_BASE_S = 1.0
 RETRY_MAX_S = 30.0
 VERDICT_TTL_S = 600
+REFEREE_POLL_S = 5.0  # a referee scans the chain for panel seats this often, not on every job pull
 
 
 @dataclass(frozen=True, kw_only=True)
 class VerifierConfig(AgentCommonConfig):
     tolerances: Path | None = None
+    referee: bool = False
 
 
 OUTCOME_CODES = {"accept": 0, "fault": 1, "fraud": 2}  # JobMarket's per-replica outcome numbering
@@ -108,6 +113,12 @@ class VerifierAgent(AgentPlumbing):
         self.blame = Blame()
         # the units we signed: a verdict that contradicts our signature is appealed (verifier.appeals)
         self.watch = VerdictWatch(self.chain, self.account, config.data_dir / "appeals.json")
+        self.referee = (
+            RefereeDuty(self.chain, self.account, config.data_dir / "referee.json", self.judge)
+            if config.referee
+            else None
+        )
+        self._referee_at = 0.0
         self._stop = threading.Event()
 
     def start(self) -> None:
@@ -118,6 +129,8 @@ class VerifierAgent(AgentPlumbing):
         self.p2p_addr = self.blobs.start()
         preload_datasets()
         chain_patiently(self.ensure_stake)  # before registering: the market reads our stake then
+        if self.referee is not None:
+            chain_patiently(self.referee.join_pool)
         self.register()
         logger.info("verifier %s ready, bonded %d", self.address, self.chain.stake_of(self.address).bonded)
 
@@ -181,6 +194,28 @@ class VerifierAgent(AgentPlumbing):
                 self._retry_at[job.job_id] = now + delay
                 logger.error("job %d: %s: %s (retry in %.0fs)", job.job_id, type(err).__name__, err, delay)
         self.watch.tick()
+        if self.referee is not None and now >= self._referee_at:
+            self._referee_at = now + REFEREE_POLL_S
+            self.referee.tick()
+
+    def judge(self, chain_unit_id: int) -> tuple[int, ...] | None:
+        """A seated referee's re-execution of `chain_unit_id`, from the evidence the market serves; None
+        (try again later) when the market or a replica's blobs cannot serve it now."""
+        from veritrain.messages import EvidenceRequest, sign_message
+
+        message = EvidenceRequest(
+            agent=self.address,
+            nonce=self.clock.next_nonce(),
+            timestamp=self.clock.now(),
+            chain_unit_id=chain_unit_id,
+        )
+        try:
+            job = self.market.evidence(sign_message(message, self.account.key, self.deployment.chain_id))
+            outcomes, _ = self.decide(job)
+        except (VeritrainError, httpx.HTTPError) as err:
+            logger.warning("appeal of unit %d: no evidence to judge yet: %s", chain_unit_id, err)
+            return None
+        return outcomes
 
     # --- one job -------------------------------------------------------------------------------------
 
@@ -198,14 +233,24 @@ class VerifierAgent(AgentPlumbing):
 
     def verify(self, job: VerificationJobView) -> None:
         """Decide accept/fault/fraud per replica with the verifier core, sign and submit the verdict."""
-        from verifier.core import UnitRequest, verify_unit
-        from veritrain.datasets import load_dataset
+        outcomes, reasons = self.decide(job)
+        self.submit(job, outcomes, reasons)
+
+    def decide(self, job: VerificationJobView) -> tuple[tuple[int, ...], str]:
+        """The outcome per replica and the reasons (JSON), from our own checks of the unit's evidence."""
         from veritrain.messages import UnitKind
-        from veritrain.pol import data_order_commitment, train_steps
 
         if job.kind == UnitKind.AGGREGATE:
-            self.verify_aggregate(job)
-            return
+            return self.decide_aggregate(job)
+        return self.decide_training(job)
+
+    def decide_training(self, job: VerificationJobView) -> tuple[tuple[int, ...], str]:
+        """A training unit: re-execute what the verifier core asks for (all of a drawn or appealed unit's
+        segments it samples, the disputed ones otherwise)."""
+        from verifier.core import UnitRequest, verify_unit
+        from veritrain.datasets import load_dataset
+        from veritrain.pol import data_order_commitment, train_steps
+
         started = time.monotonic()
         tolerances = load_tolerances(job.recipe, self.config.tolerances)
         spec = unit_spec_of(job)
@@ -216,7 +261,7 @@ class VerifierAgent(AgentPlumbing):
             start_state=unit_start_of(job, self.blobs),
             data_order_commitment=data_order_commitment(recipe, dataset, spec),
             randomness=unhex32(job.randomness),
-            spot_checked=job.reason == "spot_check",
+            spot_checked=job.reason in ("spot_check", "appeal"),
             chain_unit_id=job.chain_unit_id,
         )
 
@@ -233,15 +278,15 @@ class VerifierAgent(AgentPlumbing):
             sort_keys=True,
             separators=(",", ":"),
         )
-        self.submit(job, outcomes, reasons)
         elapsed = time.monotonic() - started
         self.metrics.record_unit("verified", elapsed, decision.reexecuted_steps * recipe.tokens_per_step)
         for replica in decision.replicas:
             self.metrics.verdicts.labels(replica.verdict.value).inc()
         logger.info(
-            "job %d (unit %s): %s path, outcomes %s, %d steps re-executed in %.1fs",
+            "job %d (unit %s, %s): %s path, outcomes %s, %d steps re-executed in %.1fs",
             job.job_id,
             job.chain_unit_id,
+            job.reason,
             decision.path,
             outcomes,
             decision.reexecuted_steps,
@@ -249,8 +294,9 @@ class VerifierAgent(AgentPlumbing):
         )
         for line in decision.log:
             logger.info("job %d: %s", job.job_id, line)
+        return outcomes, reasons
 
-    def verify_aggregate(self, job: VerificationJobView) -> None:
+    def decide_aggregate(self, job: VerificationJobView) -> tuple[tuple[int, ...], str]:
         """An aggregate unit is checked by recomputing it from the blobs (verifier.core.judge_aggregate),
         which also checks the inputs commitment that the v1 contract does not compute itself."""
         from verifier.core import judge_aggregate
@@ -270,16 +316,17 @@ class VerifierAgent(AgentPlumbing):
             separators=(",", ":"),
         )
         outcomes = tuple(OUTCOME_CODES[v.verdict.value] for v in verdicts)
-        self.submit(job, outcomes, reasons)
         for verdict in verdicts:
             self.metrics.verdicts.labels(verdict.verdict.value).inc()
         logger.info(
-            "job %d (aggregate unit %s): outcomes %s, recomputed in %.1fs",
+            "job %d (aggregate unit %s, %s): outcomes %s, recomputed in %.1fs",
             job.job_id,
             job.chain_unit_id,
+            job.reason,
             outcomes,
             time.monotonic() - started,
         )
+        return outcomes, reasons
 
     def submit(self, job: VerificationJobView, outcomes: tuple[int, ...], reasons: str) -> None:
         """Sign the contract's outcome-only Verdict; the market keeps the reasons' hash as a record and
@@ -320,6 +367,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="tolerance table JSON (default: the committed calibration)",
     )
+    parser.add_argument(
+        "--referee",
+        action="store_true",
+        help="also join VerdictAppeals' referee pool (locks its referee stake) and vote on the appeal "
+        "panels the chain seats this verifier on, after re-executing the unit",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -328,5 +381,5 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     torch.set_num_threads(max(1, common["threads"]))
-    config = VerifierConfig(tolerances=args.tolerances, **common)
+    config = VerifierConfig(tolerances=args.tolerances, referee=args.referee, **common)
     return run_agent(lambda: VerifierAgent(config))

@@ -5,7 +5,7 @@ verifier's own signature over other outcomes slashes it (`verifierSlash`): an ho
 colluding majority outvoted must appeal to keep its stake. The watcher remembers every unit the agent
 signed (in a JSON file, across restarts), and on each tick moves each one step: appeal a contradicting
 verdict while the window is open, draw the panel, end the appeal (`resolve` once the panel decided,
-`lapse` when it missed its deadline, which returns the bond). Serving as a referee is not done here.
+`lapse` when it missed its deadline, which returns the bond). Voting as a referee: verifier.refereeing.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from veritrain.messages import (
     AgentInfo,
     CommitSubmission,
     CustodyReport,
+    EvidenceRequest,
     Heartbeat,
     HeartbeatReply,
     Offer,
@@ -33,6 +34,7 @@ from veritrain.messages import (
     Signed,
     VerdictSubmission,
     VerificationJobsReply,
+    VerificationJobView,
 )
 
 ReplyT = TypeVar("ReplyT", bound=BaseModel)
@@ -110,6 +112,9 @@ class MarketClient:
 
     def verification_jobs(self, signed: Signed[Heartbeat]) -> VerificationJobsReply:
         return self._call("POST", "/verification/jobs", VerificationJobsReply, signed)
+
+    def evidence(self, signed: Signed[EvidenceRequest]) -> VerificationJobView:
+        return self._call("POST", "/verification/evidence", VerificationJobView, signed)
 
     def verdict(self, submission: VerdictSubmission) -> Ack:
         return self._call("POST", "/verification/verdict", Ack, submission)

@@ -203,6 +203,16 @@ class CustodyReport(AgentMessage):
     state_digest: Bytes32Hex
 
 
+class EvidenceRequest(AgentMessage):
+    """A verifier asks for the evidence of a unit whose verdict is in (a referee re-executes it when seated
+    on the unit's appeal panel): the replicas' reported digests, their peers, the unit's work."""
+
+    PRIMARY_TYPE: ClassVar[str] = "EvidenceRequest"
+    EXTRA_FIELDS: ClassVar[tuple[tuple[str, str, str], ...]] = (("unitId", "uint256", "chain_unit_id"),)
+
+    chain_unit_id: Uint256
+
+
 class AgentInfo(Frozen):
     """The market's view of a registered agent (reply to a registration)."""
 
@@ -598,6 +608,7 @@ __all__ = [
     "CommitSubmission",
     "Custody",
     "CustodyReport",
+    "EvidenceRequest",
     "Heartbeat",
     "HeartbeatReply",
     "Offer",

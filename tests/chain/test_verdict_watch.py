@@ -1,5 +1,9 @@
-"""verifier.appeals.VerdictWatch: the verifier appeals a verdict that contradicts what it signed, and takes
-the appeal to its end (panel drawn, resolved or lapsed); a verdict it agrees with is left alone."""
+"""Both sides of an appeal, on the real contracts.
+
+verifier.appeals.VerdictWatch: the verifier appeals a verdict that contradicts what it signed, and takes the
+appeal to its end (panel drawn, resolved or lapsed); a verdict it agrees with is left alone.
+verifier.refereeing.RefereeDuty: a referee in the pool finds its seats in the chain's panel draws, votes what
+its re-execution found, once, and ends the appeal when nobody else does."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from typing import Any
 import pytest
 
 from verifier.appeals import VerdictWatch
+from verifier.refereeing import RefereeDuty
 from veritrain.chain.client import AppealState, Outcome
 
 pytestmark = pytest.mark.chain
@@ -39,14 +44,15 @@ def _settle_colluded(world: Any, unit_id: int) -> None:
     client.submit_verdict(unit_id, COLLUDED, signatures)
 
 
-def _referees(world: Any) -> list[Any]:
+def _referees(world: Any, count: int = 3, join: bool = True) -> list[Any]:
     client = world.client
-    referees = list(world.backend.dev_accounts(13)[10:13])
+    referees = list(world.backend.dev_accounts(10 + count)[10:])
     for referee in referees:
         client.mint(referee, 1_000 * TOKEN)
         client.approve(referee, client.deployment.stake_manager, 2**256 - 1)
         client.stake(referee, 100 * TOKEN)
-        client.join_referee_pool(referee)
+        if join:
+            client.join_referee_pool(referee)
     return referees
 
 
@@ -111,3 +117,94 @@ def test_a_verdict_the_verifier_signed_is_not_appealed(world: Any, tmp_path: Pat
     _settle_colluded(world, unit_id)
     assert watch.tick() == []
     assert client.get_appeal(unit_id).state == AppealState.NONE and watch.units == {}
+
+
+class Judge:
+    """A referee's re-execution, counted: it returns `found` (None: cannot decide yet)."""
+
+    def __init__(self, found: list[int] | None = TRUTH) -> None:
+        self.found = found
+        self.calls: list[int] = []
+
+    def __call__(self, unit_id: int) -> list[int] | None:
+        self.calls.append(unit_id)
+        return self.found
+
+
+def _appealed(world: Any, tmp_path: Path) -> tuple[int, VerdictWatch]:
+    """A colluded unit, settled; the outvoted honest verifier has appealed and drawn the panel."""
+    unit_id = _colluded_unit(world)
+    watch = VerdictWatch(world.client, world.verifiers[0], tmp_path / "watch.json")
+    watch.signed(unit_id, TRUTH)
+    _settle_colluded(world, unit_id)
+    assert watch.tick() == [unit_id]
+    watch.tick()  # draws the panel
+    assert len(world.client.get_appeal(unit_id).panel) == 3
+    return unit_id, watch
+
+
+def test_seated_referees_vote_what_they_found_and_overturn_a_colluded_verdict(
+    world: Any, tmp_path: Path
+) -> None:
+    client = world.client
+    referees = _referees(world, count=4, join=False)
+    judges = {r.address: Judge() for r in referees}
+    duties = {
+        r.address: RefereeDuty(client, r, tmp_path / f"{r.address}.json", judges[r.address]) for r in referees
+    }
+    assert all(duty.join_pool() for duty in duties.values())
+    assert all(duty.join_pool() for duty in duties.values())  # already in: no second entry
+    stake = client.deployment.appeal_params.referee_stake
+    assert all(client.stake_of(r.address).locked == stake for r in referees)
+    unit_id, watch = _appealed(world, tmp_path)
+    panel = client.get_appeal(unit_id).panel
+    (unseated,) = [a for a in duties if a not in panel]
+    cheat = client.replica(unit_id, 2).provider
+    cheat_bonded = client.stake_of(cheat).bonded
+    voted = {address: duty.tick() for address, duty in duties.items()}
+    appeal = client.get_appeal(unit_id)
+    # the first two seats in tick order decide; the third finds the panel decided and resolves it
+    assert appeal.state == AppealState.OVERTURNED
+    assert sorted(a for a, units in voted.items() if units == [unit_id]) == sorted(
+        [a for a in duties if a in panel][:2]
+    )
+    assert voted[unseated] == [] and judges[unseated].calls == []
+    assert client.stake_of(cheat).bonded == cheat_bonded - client.params.slash_amount
+    blocks = client.w3.eth.block_number
+    assert [duty.tick() for duty in duties.values()] == [[]] * 4  # the appeal has ended: seats dropped
+    assert all(duty.seats == {} for duty in duties.values()) and client.w3.eth.block_number == blocks
+    watch.tick()
+    assert watch.units == {} and client.stake_of(world.verifiers[0].address).locked == 0
+
+
+def test_a_referee_votes_once_across_restarts_and_waits_while_it_cannot_decide(
+    world: Any, tmp_path: Path
+) -> None:
+    client = world.client
+    referees = _referees(world)
+    unit_id, _ = _appealed(world, tmp_path)
+    seat = next(r for r in referees if r.address == client.get_appeal(unit_id).panel[0])
+    path = tmp_path / "referee.json"
+    undecided = Judge(found=None)
+    assert RefereeDuty(client, seat, path, undecided).tick() == []  # evidence not there yet: no vote
+    assert undecided.calls == [unit_id] and client.get_appeal(unit_id).votes[0] == bytes(32)
+    judge = Judge()
+    assert RefereeDuty(client, seat, path, judge).tick() == [unit_id]  # a restart keeps the seat
+    assert client.get_appeal(unit_id).votes[0] != bytes(32)
+    restarted = RefereeDuty(client, seat, path, judge)
+    blocks = client.w3.eth.block_number
+    assert restarted.tick() == [] and restarted.seats == {unit_id: TRUTH}
+    assert judge.calls == [unit_id] and client.w3.eth.block_number == blocks  # neither re-run nor re-sent
+
+
+def test_a_referee_lapses_an_appeal_its_panel_left_undecided(world: Any, tmp_path: Path) -> None:
+    client = world.client
+    referees = _referees(world)
+    unit_id, _ = _appealed(world, tmp_path)
+    seat = next(r for r in referees if r.address == client.get_appeal(unit_id).panel[0])
+    duty = RefereeDuty(client, seat, tmp_path / "referee.json", Judge())
+    assert duty.tick() == [unit_id]  # one vote of three: no majority
+    client.advance_time(client.get_appeal(unit_id).vote_deadline - client.now() + 1)
+    duty.tick()
+    assert client.get_appeal(unit_id).state == AppealState.LAPSED and duty.seats == {}
+    assert client.stake_of(world.verifiers[0].address).locked == 0  # the appellant's bond is back

@@ -34,8 +34,9 @@ from market.domain.replication import ReplicationPolicy
 from market.outbox import backoff_s
 from market.service import MarketService
 from market.store import MarketStore
+from veritrain.api_client import MarketClient
 from veritrain.chain.eip712 import commitment
-from veritrain.messages import Heartbeat, OrderRequest, sign_message
+from veritrain.messages import EvidenceRequest, Heartbeat, OrderRequest, Signed, sign_message
 
 
 @pytest.fixture
@@ -128,6 +129,64 @@ def test_disagreeing_replicas_go_to_verifiers_and_a_majority_with_different_reas
         service.orders.advance_orders() == 1
         and service.orders.order_status(_order_id(service)).state == "completed"
     )
+
+
+def test_a_decided_unit_s_evidence_is_served_to_verifiers_for_an_appeal(
+    client: TestClient,
+    service: MarketService,
+    store: MarketStore,
+    ledger: LedgerChain,
+    make_agent: Any,
+    clock: Clock,
+) -> None:
+    """POST /verification/evidence: what a seated referee re-executes. Refused while the verifiers have not
+    decided, to a non-verifier, for an unknown unit, and on a replayed nonce; nothing changes then."""
+    no_audit(service)
+    providers, verifiers = register_market(client, make_agent)
+    keys = {k.address: k for k in providers}
+    post_order(client, ledger, make_agent(), clock, total_steps=20)
+    (match,) = service.matching.match_pending()
+    cheat = match.selected[1]
+    run_unit(client, service, keys, {"default": "0x" + "11" * 32, cheat: "0x" + "66" * 32})
+    pulled = {
+        v.address: client.post("/verification/jobs", json=v.heartbeat().model_dump(mode="json"))
+        for v in verifiers
+    }
+    signers = [v for v in verifiers if pulled[v.address].json()["jobs"]]
+    (job,) = pulled[signers[0].address].json()["jobs"]
+
+    def request(agent: Any, unit: int, nonce: int | None = None) -> Signed[EvidenceRequest]:
+        message = EvidenceRequest(
+            agent=agent.address,
+            nonce=next(agent.nonces) if nonce is None else nonce,
+            timestamp=clock.now,
+            chain_unit_id=unit,
+        )
+        return sign_message(message, agent.account.key, CHAIN_ID)
+
+    def ask(agent: Any, unit: int, nonce: int | None = None) -> Any:
+        body = request(agent, unit, nonce).model_dump(mode="json")
+        return client.post("/verification/evidence", json=body)
+
+    referee = verifiers[-1]
+    before = snapshot(store)
+    undecided = ask(referee, job["chain_unit_id"])
+    assert undecided.status_code == 409 and "no verdict yet" in undecided.json()["detail"]
+    assert ask(providers[0], job["chain_unit_id"]).status_code == 400  # a provider is not a verifier
+    assert ask(referee, job["chain_unit_id"] + 100).status_code == 404
+    assert ask(referee, 2**256 - 1).status_code == 404  # the widest id the message allows
+    assert snapshot(store) == before  # refused: not even the nonce was taken
+    outcomes = [2 if r["provider"] == cheat else 0 for r in job["replicas"]]
+    for signer in signers:
+        body = verdict_body(signer, job, outcomes, "0x" + "99" * 32, clock)
+        assert client.post("/verification/verdict", json=body).status_code == 200
+    evidence = MarketClient(http=client).evidence(request(referee, job["chain_unit_id"]))  # typed reply
+    assert evidence.reason == "appeal" and evidence.chain_unit_id == job["chain_unit_id"]
+    assert evidence.job_id == job["job_id"]
+    assert [r.model_dump(mode="json") for r in evidence.replicas] == job["replicas"]
+    before = snapshot(store)
+    assert ask(referee, job["chain_unit_id"], nonce=1).status_code == 409  # a replayed nonce
+    assert snapshot(store) == before
 
 
 def _order_id(service: MarketService) -> int:
@@ -435,6 +494,7 @@ def test_openapi_lists_every_route() -> None:
         "/assignments/reveal",
         "/verification/jobs",
         "/verification/verdict",
+        "/verification/evidence",
         "/orders",
         "/orders/{order_id}",
         "/orders/{order_id}/peers",
@@ -485,7 +545,7 @@ def test_a_settlement_that_keeps_failing_backs_off_and_is_never_given_up(
 
 
 def test_market_client_types_replies_and_refusals(client: TestClient, make_agent: Any) -> None:
-    from veritrain.api_client import MarketClient, MarketRefused
+    from veritrain.api_client import MarketRefused
 
     agent = make_agent()
     market = MarketClient(http=client)
