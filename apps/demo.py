@@ -90,6 +90,8 @@ class DemoConfig:
     dishonest: int = 1
     dishonest_strategy: str = DEFAULT_DISHONEST_STRATEGY
     verifiers: int = 3  # each unit gets every verifier; a verdict needs a majority of them (2 of 3)
+    verifiers_per_unit: int | None = None  # the chain's min_verifiers when not every verifier (None)
+    referees: bool = False  # every verifier also sits in VerdictAppeals' referee pool (`--referee`)
     recipe: str = DEFAULT_RECIPE
     rounds: int = 4
     unit_steps: int = 40
@@ -294,7 +296,7 @@ class Marketplace:
             commit_window=self.config.commit_window_s,
             reveal_window=self.config.reveal_window_s,
             verdict_window=self.config.verdict_window_s,
-            min_verifiers=self.config.verifiers,
+            min_verifiers=self.config.verifiers_per_unit or self.config.verifiers,
         )
         if self.config.solo_spot_check_ppm is not None:
             params = replace(params, solo_spot_check_ppm=self.config.solo_spot_check_ppm)
@@ -423,6 +425,8 @@ class Marketplace:
             argv += ["--metrics-port", str(party.metrics_port)]
         if party.role == "verifier" and self.config.tolerances is not None:
             argv += ["--tolerances", str(self.config.tolerances)]
+        if party.role == "verifier" and self.config.referees:
+            argv.append("--referee")
         if party.role == "provider":
             price = DISHONEST_PRICE_PER_PFLOP if party.dishonest_strategy else HONEST_PRICE_PER_PFLOP
             index = self.providers().index(party)

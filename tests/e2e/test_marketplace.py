@@ -270,3 +270,81 @@ def test_an_auto_order_gives_newcomers_three_replicas_then_a_trusted_provider_an
     assert sum(report["payouts"].values()) == 4 * price
     assert report["refund"] == report["deposit"] - 4 * price - report["verifier_fees"] >= 2 * price
     assert all(report["checks"].values()), report["check_details"]
+
+
+def test_referee_agents_re_execute_an_appealed_verdict_and_confirm_it(tmp_path: Path) -> None:
+    # Six verifier agents, all in VerdictAppeals' referee pool (`--referee`); each unit draws three of them
+    # as its verifiers. A dishonest replica makes the unit disputed, so its verifiers settle it with a
+    # verdict. An outsider then appeals that (correct) verdict: the chain seats the three verifiers that
+    # are not the unit's on the panel; each finds its seat in the chain's events, fetches the unit's
+    # evidence from the market, re-executes it, and votes. Their majority confirms the verdict, one of
+    # them resolves the appeal, and the appellant's bond goes to the referees who voted.
+    from veritrain.chain.client import AppealState
+
+    config = DemoConfig(
+        out_dir=tmp_path,
+        providers=3,
+        dishonest=1,
+        verifiers=6,
+        verifiers_per_unit=3,
+        referees=True,
+        rounds=1,
+        unit_steps=16,
+    )
+    emit = progress_printer()
+    started = time.monotonic()
+    with marketplace(config, emit) as market:
+        start_stack(market)
+        client = market.client
+        verifiers = [party.address for party in market.verifiers()]
+        while not all(client.in_referee_pool(address) for address in verifiers):
+            assert time.monotonic() < started + 180, "the verifiers did not all join the referee pool"
+            market.check_children()
+            time.sleep(0.5)
+        buyer = Buyer(market)
+        buyer.post_order()
+        verdicts: list[Any] = []
+        while not verdicts:
+            assert time.monotonic() < started + 300, "no unit was settled by a verdict"
+            market.check_children()
+            verdicts = [e for e in market.events(buyer.posted_block) if e.name == "VerdictRecorded"]
+            time.sleep(0.5)
+        unit_id, verdict = int(verdicts[0].args["unitId"]), [int(o) for o in verdicts[0].args["outcomes"]]
+        assert 2 in verdict, verdict  # the dishonest replica was judged fraud
+
+        appellant = market.parties["buyer"].account  # any staker may appeal; the buyer has tokens to stake
+        bond = client.deployment.appeal_params.appeal_bond
+        client.approve(appellant, client.deployment.stake_manager, bond)
+        client.stake(appellant, bond)
+        client.appeal(unit_id, appellant)
+        client.draw_panel(unit_id, sender=appellant)
+        replicas = client.get_unit(unit_id).replicas
+        unit_parties = {client.replica(unit_id, i).provider for i in range(replicas)}
+        unit_parties |= set(client.verifiers_of(unit_id))
+        panel = client.get_appeal(unit_id).panel
+        assert len(panel) == 3 and set(panel) <= set(verifiers) and not set(panel) & unit_parties
+        emit(f"test: appealed unit {unit_id}'s verdict {verdict}; panel {panel}")
+        tokens_before = {address: client.token_balance(address) for address in panel}
+        while client.get_appeal(unit_id).state == AppealState.PENDING:
+            assert time.monotonic() < started + 400, (
+                f"the panel did not end the appeal: {client.get_appeal(unit_id)}"
+            )
+            market.check_children()
+            time.sleep(0.5)
+        appeal = client.get_appeal(unit_id)
+        decided = client.unit_events("AppealDecided", unit_id)
+        logs = {party.address: market.procs[party.name].log_path.read_text() for party in market.verifiers()}
+        gained = {a: client.token_balance(a) - tokens_before[a] for a in panel}
+        appellant_stake = client.stake_of(appellant.address)
+        buyer.wait_completed(started + 400)
+
+    assert appeal.state == AppealState.CONFIRMED, appeal
+    assert [int(o) for o in decided[0].args["outcomes"]] == verdict
+    voters = [seat for seat, vote in zip(appeal.panel, appeal.votes, strict=True) if vote != bytes(32)]
+    assert len(voters) >= 2, appeal  # a majority of the panel voted the verdict's outcomes
+    assert gained == {a: bond // len(voters) if a in voters else 0 for a in panel}  # the bond, to the voters
+    for voter in voters:  # each voted what its own re-execution of the unit's evidence found
+        found = rf"\(unit {unit_id}, appeal\): \w+ path, outcomes {re.escape(str(tuple(verdict)))}"
+        assert re.search(found, logs[voter]), logs[voter]
+        assert f"unit {unit_id}: voted {verdict} as a seated referee" in logs[voter]
+    assert appellant_stake.bonded == 0 and appellant_stake.locked == 0  # the bond was the stake: all lost
