@@ -392,6 +392,39 @@ def colluding_verifier_majority(trial: Trial) -> None:
     trial.detected = all(slashed(market, a, b) for a, b in bonded.items())
 
 
+def verifier_majority_framing(trial: Trial) -> None:
+    """Two of the unit's three verifiers frame an honest replica: on a unit whose third replica cheats they
+    sign fraud for it and for the first replica, whose result is correct (so the verdict still looks like a
+    catch). The verdict slashes the framed replica at once and pays the colluders the bounty of both
+    slashes; the honest minority appeals, the panel (scripted, as in `colluding_verifier_majority`)
+    overturns, and the market relays the colluders' signatures (`verifierSlash` each). The overturn slashes
+    no one more (the cheat was already slashed) and returns nothing to the framed replica. Detected: both
+    colluders were slashed."""
+    market = trial.market
+    unit, chosen = start(trial)
+    cheat = chosen[-1]
+    honest_verifier, colluders = market.verifiers[0], market.verifiers[1:]
+    true, wrong = result(f"true-{trial.seed}"), trial.wrong_result()
+    results: dict[str, Result] = {p.address: wrong if p is cheat else true for p in chosen}
+    trial.cheaters, trial.bystanders = {v.address for v in colluders}, {cheat.address}
+    trial.work(chosen[:-1])
+    bonded = {a: market.client.stake_of(a).bonded for a in trial.cheaters}
+    commit_all(trial, unit, results, chosen)
+    reveal(trial, unit, results, chosen)
+    market.tick()
+    found = truth(trial, unit)
+    framed = [FRAUD if i == found.index(ACCEPT) else outcome for i, outcome in enumerate(found)]
+    market.sign_verdict(unit, honest_verifier, found)
+    for colluder in colluders:
+        if market.open_job(unit) is not None:
+            market.sign_verdict(unit, colluder, framed)
+    settle(trial, unit)
+    appeal_by_referees(trial, unit, honest_verifier)
+    market.tick()  # sync applies AppealDecided and queues the colluders' signatures; the outbox relays them
+    market.tick()
+    trial.detected = all(slashed(market, a, b) for a, b in bonded.items())
+
+
 def appeal_by_referees(trial: Trial, unit: int, appellant: LocalAccount) -> None:
     """`appellant` appeals the unit's verdict; the panel drawn from the pool votes what re-execution finds
     (:func:`truth`) and the decision's stakes move. The verdict's outcomes come from its chain event."""
@@ -587,6 +620,7 @@ ATTACKS: dict[str, Callable[[Trial], None]] = {
     "spot_check_timing": spot_check_timing,
     "lazy_verifier": lazy_verifier,
     "colluding_verifier_majority": colluding_verifier_majority,
+    "verifier_majority_framing": verifier_majority_framing,
     "buyer_expire_griefing": buyer_expire_griefing,
     "event_sync_staller": event_sync_staller,
     "blob_flood": blob_flood,
