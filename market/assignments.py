@@ -9,8 +9,10 @@ from dataclasses import dataclass, field
 
 from sqlmodel import Session
 
+from market.canary import VERIFY, canary_answer
 from market.context import Lifecycle, MarketContext, require_signer, row_id
 from market.domain.binding import is_bound
+from market.domain.canary import differs_from_known
 from market.domain.states import ReplicaState, UnitState, advance, settle_to
 from market.matchmaker import Matchmaker
 from market.orders import OrderBook
@@ -239,6 +241,10 @@ class Assignments(Lifecycle):
             replica.state_digest = submission.state_digest
             replica.transcript_root = submission.transcript_root
             session.add(replica)
+            if self._canary_missed(session, unit, [submission.result_digest]):
+                # before the reveal is relayed (queued first, so the reveal waits for it): a unanimous
+                # reveal of an undrawn unit would finalize it in the same transaction
+                self.store.enqueue(session, row_id(unit), VERIFY, {"unit_id": unit.chain_unit_id}, now)
             payload = {
                 "unit_id": unit.chain_unit_id,
                 "provider": submission.provider,
@@ -263,15 +269,28 @@ class Assignments(Lifecycle):
         The spot-check draw is the chain's, fixed by the block of the last commit before any reveal: the
         market neither draws nor could race a finalize past it."""
         revealed = [r for r in live if r.state == ReplicaState.REVEALED.value]
-        if len(revealed) == len(live) and len({r.result_digest for r in revealed}) == 1:
+        canary_missed = self._canary_missed(session, unit, [r.result_digest or "" for r in revealed])
+        if len(revealed) == len(live) and len({r.result_digest for r in revealed}) == 1 and not canary_missed:
             unit.state = advance(UnitState(unit.state), UnitState.FINALIZING, what=f"unit {unit.id}")
             self.store.enqueue(session, row_id(unit), "finalize", {"unit_id": unit.chain_unit_id}, now)
         else:
             unit.state = advance(UnitState(unit.state), UnitState.VERIFYING, what=f"unit {unit.id}")
-            reason = "digests_differ" if revealed == list(live) else "missing"
+            # a missed canary is audited like a drawn unit: verifiers re-execute even a unanimous one, and
+            # neither they nor anyone reading the job can tell it from the chain's own draw
+            reason = "digests_differ"
+            if revealed != list(live):
+                reason = "missing"
+            elif canary_missed:
+                reason = "spot_check"
+            unit.spot_checked = canary_missed
             self._open_verification(session, unit, reason, now)
         unit.updated_at = now
         session.add(unit)
+
+    def _canary_missed(self, session: Session, unit: UnitRow, revealed: Sequence[str]) -> bool:
+        """Whether ``unit`` is a canary and a reveal is not its known answer: verifiers must decide it."""
+        known = canary_answer(self.store, session, self.store.get_order(session, unit.order_id))
+        return known is not None and any(differs_from_known(known, digest) for digest in revealed)
 
     def on_drawn(self, session: Session, unit: UnitRow, now: int) -> None:
         """The chain drew this unanimous unit for a spot check (its finalize reverted with

@@ -13,6 +13,7 @@ from typing import Any
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 
+from market.domain.pricing import EscrowPlan
 from market.domain.replication import Reputation
 from market.metrics import record_settlement
 from market.ports import (
@@ -134,6 +135,9 @@ class ChainClientSettlement:
     def finalize(self, unit_id: int) -> str:
         return _mined("finalize", self.client.finalize(unit_id))
 
+    def request_verification(self, unit_id: int) -> str:
+        return _mined("request_verification", self.client.request_verification(unit_id))
+
     def submit_verdict(self, unit_id: int, outcomes: Sequence[int], verdicts: Sequence[SignedVerdict]) -> str:
         signed = [VerifierSignature(v.verifier, v.deadline, _sig(v.signature)) for v in verdicts]
         return _mined("verdict", self.client.submit_verdict(unit_id, list(outcomes), signed))
@@ -175,6 +179,42 @@ class ChainClientSettlement:
             ChainEvent(e.block_number, e.log_index, e.name, {k: _hex(v) for k, v in e.args.items()})
             for e in self.client.events(start, end)
         ]
+
+
+class ChainCanaryAccount:
+    """The canary account (:class:`market.ports.CanaryAccount`) over the chain client: it approves and
+    posts its orders itself, paying its own gas, like any buyer."""
+
+    def __init__(self, client: ChainClient, account: LocalAccount) -> None:
+        self.client = client
+        self.account = account
+        self.address: str = account.address
+
+    def posted_order(self, spec_hash: str) -> int | None:
+        for event in self.client.events():
+            args = event.args
+            if (
+                event.name == "OrderPosted"
+                and str(args["buyer"]).lower() == self.address.lower()
+                and str(_hex(args["specHash"])).lower() == spec_hash.lower()
+            ):
+                return int(args["orderId"])
+        return None
+
+    def post_order(self, spec_hash: str, plan: EscrowPlan, deadline: int) -> int:
+        self.client.approve(self.account, self.client.deployment.job_market, plan.total)
+        order_id, _ = self.client.post_order(
+            self.account,
+            spec_hash,
+            plan.units,
+            plan.replicas,
+            plan.price_per_replica,
+            plan.verifier_fee_per_unit,
+            deadline,
+            min_replicas=plan.min_replicas,
+            trusted_streak=plan.trusted_streak,
+        )
+        return order_id
 
 
 def operator_account(settings: Settings, *, prompt: bool = False) -> LocalAccount:

@@ -54,6 +54,9 @@ class MarketConfig:
     custody_timeout_s: int = 60
     custody_wait_s: int = 0
     policy: ReplicationPolicy = DEFAULT_POLICY
+    # share of verified round-0 units replayed as canary units (market/canary.py), in ppm; 0: none. Off
+    # here (tests, benchmarks); the deployed market's default is VERITRAIN_CANARY_RATE_PPM
+    canary_rate_ppm: int = 0
 
 
 def unix_now() -> int:

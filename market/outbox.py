@@ -11,6 +11,7 @@ from typing import Any
 from sqlmodel import Session
 
 from market.assignments import Assignments
+from market.canary import VERIFY
 from market.context import Lifecycle, MarketContext, row_id
 from market.domain.states import UnitState
 from market.ports import RevealForm, SignedAccept, SignedCommit, SignedVerdict
@@ -301,6 +302,8 @@ class SettlementOutbox(Lifecycle):
             return str(unit_id)
         if kind == "finalize":
             return chain.finalize(payload["unit_id"])
+        if kind == VERIFY:
+            return chain.request_verification(payload["unit_id"])
         if kind == "verdict":
             verdicts = [SignedVerdict(**v) for v in payload["verdicts"]]
             return chain.submit_verdict(payload["unit_id"], payload["outcomes"], verdicts)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Protocol
 
+from market.domain.pricing import EscrowPlan
 from market.domain.replication import Reputation
 
 
@@ -125,6 +126,10 @@ class SettlementPort(Protocol):
         ...
 
     def finalize(self, unit_id: int) -> str: ...
+    def request_verification(self, unit_id: int) -> str:
+        """Draw an open unit for verification (operator only): it then settles by verdict or expiry only."""
+        ...
+
     def submit_verdict(
         self, unit_id: int, outcomes: Sequence[int], verdicts: Sequence[SignedVerdict]
     ) -> str: ...
@@ -145,6 +150,20 @@ class SettlementPort(Protocol):
     def block_number(self) -> int: ...
     def block_hash(self, block_number: int) -> str: ...
     def events(self, from_block: int, to_block: int) -> list[ChainEvent]: ...
+
+
+class CanaryAccount(Protocol):
+    """The operator-funded account that buys canary orders (market/canary.py): an ordinary buyer on chain."""
+
+    address: str
+
+    def posted_order(self, spec_hash: str) -> int | None:
+        """The chain order this account posted for ``spec_hash``, if any (a retried post finds its own)."""
+        ...
+
+    def post_order(self, spec_hash: str, plan: EscrowPlan, deadline: int) -> int:
+        """Approve the escrow and post the order (adaptive when the plan is); returns the chain order id."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import cast
 
 from market.context import MarketConfig
-from market.ports import RegistryRecipeCatalog, SettlementPort
+from market.ports import CanaryAccount, RegistryRecipeCatalog, SettlementPort
 from market.service import MarketService
 from market.store import MarketStore
 from veritrain.errors import MarketError
@@ -69,6 +69,7 @@ def build_service(settings: Settings | None = None, *, create_schema: bool = Tru
         max_skew_s=settings.message_max_skew_s,
         confirmations=settings.chain_confirmations,
         custody_wait_s=settings.custody_wait_s,
+        canary_rate_ppm=settings.canary_rate_ppm,
     )
     if chain is not None:  # schedule by the contract's own windows and quorum
         terms = chain.terms()
@@ -80,4 +81,17 @@ def build_service(settings: Settings | None = None, *, create_schema: bool = Tru
             min_verifiers=terms.min_verifiers,
             verifiers_per_unit=max(config.verifiers_per_unit, terms.min_verifiers),
         )
-    return MarketService(store, RegistryRecipeCatalog(), chain, config)
+    return MarketService(store, RegistryRecipeCatalog(), chain, config, canary=load_canary(settings, chain))
+
+
+def load_canary(settings: Settings, chain: SettlementPort | None) -> CanaryAccount | None:
+    """The canary account from ``VERITRAIN_CANARY_KEY`` on the :mod:`market.chain_adapter` chain; none
+    (no canaries) without a key or on another chain port."""
+    key = settings.canary_key.get_secret_value()
+    from market.chain_adapter import ChainCanaryAccount, ChainClientSettlement
+
+    if not key or not isinstance(chain, ChainClientSettlement):
+        return None
+    from eth_account import Account
+
+    return ChainCanaryAccount(chain.client, Account.from_key(key))

@@ -11,6 +11,7 @@ tests hold. It only composes; each lifecycle lives in its own module:
 - ``progress`` (:mod:`market.progress`): providers' reported losses (the dashboard's live curve).
 - ``custody`` (:mod:`market.custody`, kept by ``orders``): agents asked to keep live states beside their
   producers.
+- ``canaries`` (:mod:`market.canary`): verified units replayed as known-answer canary orders.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from market.assignments import Assignments
+from market.canary import CanaryBook
 from market.context import Lifecycle, MarketConfig, MarketContext, unix_now
 from market.matchmaker import Matchmaker
 from market.orders import OrderBook
 from market.outbox import SettlementOutbox
-from market.ports import RecipeCatalog, SettlementPort
+from market.ports import CanaryAccount, RecipeCatalog, SettlementPort
 from market.progress import ProgressReports
 from market.registry import AgentRegistry
 from market.store import MarketStore
@@ -38,6 +40,7 @@ class MarketService(Lifecycle):
         chain: SettlementPort | None = None,
         config: MarketConfig | None = None,
         clock: Callable[[], int] = unix_now,
+        canary: CanaryAccount | None = None,
     ) -> None:
         super().__init__(
             MarketContext(
@@ -57,3 +60,4 @@ class MarketService(Lifecycle):
         self.outbox = SettlementOutbox(self.ctx, self.assignments, self.agents)
         self.sync = ChainSync(self.ctx, self.assignments, self.agents)
         self.progress = ProgressReports(self.ctx)
+        self.canaries = CanaryBook(self.ctx, self.orders, canary)

@@ -264,6 +264,29 @@ class CustodyRow(SQLModel, table=True):
     held_at: int | None = None
 
 
+class CanaryRow(SQLModel, table=True):
+    """A verified unit considered for a canary replay (market/canary.py), one row per source unit, so a
+    unit is drawn once. ``state``: passed (not drawn) | planned -> posted -> registered (``claimed_until``
+    marks a post in flight). The spec (with its deadline) is fixed when planned, so a retried post looks
+    for the very order it may have posted already (by the canary account and spec hash) before posting
+    again."""
+
+    __tablename__ = "canaries"
+
+    id: int | None = Field(default=None, primary_key=True)
+    source_unit_id: int = Field(foreign_key="units.id", unique=True)
+    state: str = Field(index=True, max_length=16)
+    known_result_digest: str = Field(max_length=66)
+    spec_json: str = ""
+    spec_hash: str = Field(default="", max_length=66, index=True)
+    chain_order_id: int | None = Field(default=None, sa_type=Uint256Text)
+    order_id: int | None = Field(default=None, foreign_key="orders.id", unique=True)
+    claimed_until: int = 0  # a post in flight: nobody else posts it before then
+    last_error: str | None = None
+    created_at: int
+    updated_at: int
+
+
 class ChainCursorRow(SQLModel, table=True):
     __tablename__ = "chain_cursor"
 
@@ -594,6 +617,37 @@ class MarketStore:
         if due_by is not None:
             query = query.where(col(OutboxRow.next_attempt_at) <= due_by)
         return session.exec(query.order_by(col(OutboxRow.id)).limit(limit)).all()
+
+    # --- canaries ---
+
+    def canary_candidates(self, session: Session, limit: int = 100) -> Sequence[UnitRow]:
+        """Accepted round-0 training units of buyers' orders (not of canaries) with no canary row yet."""
+        considered = select(CanaryRow.source_unit_id)
+        canary_orders = select(CanaryRow.order_id).where(col(CanaryRow.order_id).is_not(None))
+        query = select(UnitRow).where(
+            UnitRow.state == UnitState.ACCEPTED.value,
+            UnitRow.round_index == 0,
+            UnitRow.kind == "train",
+            col(UnitRow.id).not_in(considered),
+            col(UnitRow.order_id).not_in(canary_orders),
+        )
+        return session.exec(query.order_by(col(UnitRow.id)).limit(limit)).all()
+
+    def canaries_in(self, session: Session, states: Sequence[str], limit: int = 100) -> Sequence[CanaryRow]:
+        query = select(CanaryRow).where(col(CanaryRow.state).in_(states))
+        return session.exec(query.order_by(col(CanaryRow.id)).limit(limit)).all()
+
+    def get_canary(self, session: Session, canary_id: int, *, for_update: bool = False) -> CanaryRow:
+        query = select(CanaryRow).where(CanaryRow.id == canary_id)
+        if for_update:
+            query = query.with_for_update()
+        row = session.exec(query).first()
+        if row is None:
+            raise NotFound(f"canary {canary_id} does not exist")
+        return row
+
+    def canaries_with_spec(self, session: Session, spec_hash: str) -> Sequence[CanaryRow]:
+        return session.exec(select(CanaryRow).where(CanaryRow.spec_hash == spec_hash)).all()
 
     # --- reported losses ---
 

@@ -99,9 +99,16 @@ def sync_chain_events() -> int:
     return svc.sync.sync_chain_events() if svc.chain is not None else 0
 
 
+@app.task(name="market.run_canaries")
+def run_canaries() -> int:
+    """Draw verified units for canaries and post the drawn ones (nothing without a canary account)."""
+    return service().canaries.run()
+
+
 @app.task(name="market.tick", ignore_result=True)
 def tick() -> None:
     """Periodic heartbeat of the control plane (celery beat): each step is its own task; nobody reads
     their results, so none are stored."""
-    for task in (sweep_heartbeats, sync_chain_events, match_units, advance_orders, drain_outbox):
+    steps = (sweep_heartbeats, sync_chain_events, match_units, advance_orders, drain_outbox, run_canaries)
+    for task in steps:
         task.apply_async(ignore_result=True)

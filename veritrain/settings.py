@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import SecretStr, ValidationError, model_validator
+from pydantic import Field, SecretStr, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -104,6 +104,10 @@ class Settings(BaseSettings):
     message_max_skew_s: int = 300
     # how long a round waits for an agent other than its start state's producers to hold that state
     custody_wait_s: int = 30
+    # canary units (market/canary.py): the key of the operator-funded account that buys them (none: no
+    # canaries) and the share of verified round-0 units it replays, in parts per million
+    canary_key: SecretStr = SecretStr("")
+    canary_rate_ppm: int = Field(default=50_000, ge=0, le=1_000_000)
 
     @model_validator(mode="before")
     @classmethod

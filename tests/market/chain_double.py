@@ -107,9 +107,12 @@ class LedgerChain:
 
     def draw(self, unit_id: int) -> None:
         """Draw an open unit for a spot check, as the operator's requestVerification does on chain."""
+        self.request_verification(unit_id)
+
+    def request_verification(self, unit_id: int) -> str:
         with self._state() as state:
             self._open_unit(state, unit_id)["drawn"] = True
-            self._mine(state, "VerificationRequested", {"unitId": unit_id})
+            return self._mine(state, "VerificationRequested", {"unitId": unit_id})
 
     def effects(self, name: str) -> list[dict[str, Any]]:
         with self._state() as state:

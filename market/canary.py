@@ -1,0 +1,187 @@
+"""Canary units (DESIGN.md §4.7, issue 9 item 2): the market replays verified units as ordinary orders
+bought by an operator-funded canary account, and sends any replica whose reveal is not the known answer
+to the verifiers (the rules: :mod:`market.domain.canary`).
+
+Each accepted round-0 unit of a buyer's order is drawn once, at ``MarketConfig.canary_rate_ppm`` with the
+market's own secret randomness, so nobody can tell in advance which units come back. A drawn unit becomes
+a canary order: the same recipe, data, seed, unit length and replication policy, one unit long, posted and
+escrowed on chain by the canary account and registered like a buyer's order. The canary's work is paid by
+the operator (it counts in the network's compute multiplier, docs/VERIFICATION.md §3d).
+
+Posting follows the outbox's discipline: the canary's spec (deadline included, so its hash is unique) is
+written before anything is sent; a post is claimed for ``CANARY_CLAIM_S``; a retry first looks on chain
+for the order the account may have posted for that spec hash before a crash, so a canary is never bought
+twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Callable
+
+from sqlmodel import Session
+
+from market.context import Lifecycle, MarketContext, row_id
+from market.domain.canary import PPM, canary_spec, draws_canary, replayable
+from market.domain.pricing import escrow_plan
+from market.domain.states import ReplicaState
+from market.orders import OrderBook
+from market.ports import CanaryAccount
+from market.store import CanaryRow, MarketStore, OrderRow, UnitRow
+from veritrain.errors import InvalidInput, MarketError
+from veritrain.messages import OrderRequest, OrderSpec, UnitKind
+
+log = logging.getLogger(__name__)
+
+# A canary order must be worked within a day of being posted (its escrow comes back when it is closed).
+CANARY_DEADLINE_S = 86_400
+# A post in flight is left alone this long; after that a retry looks for its order on chain first.
+CANARY_CLAIM_S = 120
+# The outbox action that draws a unit for verification (requestVerification) before its reveals are
+# relayed: a canary replica revealed something other than the known answer.
+VERIFY = "verify"
+# Canary rows whose order is on its way: posted on chain, or registered with the market.
+LIVE_CANARY_STATES = ("posted", "registered")
+
+
+def _secret_roll() -> int:
+    return secrets.randbelow(PPM)
+
+
+def canary_answer(store: MarketStore, session: Session, order: OrderRow) -> str | None:
+    """The known result digest when ``order`` is a canary (found by its spec hash and chain order, so a
+    canary registered just before a crash, whose row was not updated yet, is still recognised)."""
+    for row in store.canaries_with_spec(session, order.spec_hash):
+        if row.state in LIVE_CANARY_STATES and row.chain_order_id == order.chain_order_id:
+            return row.known_result_digest
+    return None
+
+
+class CanaryBook(Lifecycle):
+    def __init__(
+        self,
+        ctx: MarketContext,
+        orders: OrderBook,
+        account: CanaryAccount | None,
+        roll: Callable[[], int] = _secret_roll,
+    ) -> None:
+        super().__init__(ctx)
+        self.orders = orders
+        self.account = account
+        self.roll = roll
+
+    def run(self) -> int:
+        """Draw the newly verified units, then post and register every canary on its way; returns how many
+        canary orders were registered now. Without a canary account there are no canaries."""
+        if self.account is None:
+            return 0
+        self.plan()
+        with self.store.transaction() as session:
+            pending = [row_id(row) for row in self.store.canaries_in(session, ["planned", "posted"])]
+        return sum(1 for canary_id in pending if self.post(canary_id) == "registered")
+
+    def plan(self) -> int:
+        """Draw each accepted round-0 unit once; a drawn one gets a canary spec. Returns how many drawn."""
+        account = self._account()
+        now = self.clock()
+        drawn = 0
+        with self.store.transaction() as session:
+            for unit in self.store.canary_candidates(session):
+                order = self.store.get_order(session, unit.order_id)
+                row = self._considered(session, order, unit, account.address, now)
+                session.add(row)
+                drawn += row.state == "planned"
+        return drawn
+
+    def _considered(
+        self, session: Session, order: OrderRow, unit: UnitRow, canary_buyer: str, now: int
+    ) -> CanaryRow:
+        spec = OrderSpec.model_validate_json(order.spec_json)
+        accepted = [
+            r.result_digest or ""
+            for r in self.store.replicas_of(session, row_id(unit))
+            if r.state == ReplicaState.ACCEPTED.value
+        ]
+        known = replayable(spec, UnitKind(unit.kind), unit.round_index, accepted, row_id(unit))
+        row = CanaryRow(
+            source_unit_id=row_id(unit),
+            state="passed",
+            known_result_digest=known.result_digest if known else "",
+            created_at=now,
+            updated_at=now,
+        )
+        # a canary's own unit is never replayed: it would only replay its source again
+        if known is None or order.buyer.lower() == canary_buyer.lower():
+            return row
+        if not draws_canary(self.config.canary_rate_ppm, self.roll()):
+            return row
+        replay = canary_spec(spec, canary_buyer, now + CANARY_DEADLINE_S)
+        row.state = "planned"
+        row.spec_json = replay.model_dump_json()
+        row.spec_hash = replay.spec_hash()
+        return row
+
+    def post(self, canary_id: int) -> str:
+        """Post a planned canary on chain (at most once) and register it with the market; its state."""
+        account = self._account()
+        now = self.clock()
+        with self.store.transaction() as session:
+            row = self.store.get_canary(session, canary_id, for_update=True)
+            if row.state == "planned":
+                if row.claimed_until > now:
+                    return row.state  # someone is posting it
+                row.claimed_until = now + CANARY_CLAIM_S
+                session.add(row)
+            state, spec_json, spec_hash = row.state, row.spec_json, row.spec_hash
+            chain_order_id = row.chain_order_id
+        spec = OrderSpec.model_validate_json(spec_json)
+        if state == "planned":
+            try:
+                chain_order_id = account.posted_order(spec_hash)  # posted before a crash: not again
+                if chain_order_id is None:
+                    plan = escrow_plan(spec, self.recipes.lookup(spec.recipe).flops_per_step)
+                    chain_order_id = account.post_order(spec_hash, plan, spec.deadline)
+            except Exception as exc:  # unfunded account, RPC down: the next run tries again
+                return self._record(canary_id, "planned", None, f"{type(exc).__name__}: {exc}")
+            self._record(canary_id, "posted", chain_order_id, "")
+            state = "posted"
+        if state != "posted" or chain_order_id is None:
+            return state
+        try:
+            order_id = self._register(spec, chain_order_id)
+        except (MarketError, InvalidInput) as exc:  # say, the node lags behind the post: tried again later
+            return self._record(canary_id, "posted", chain_order_id, f"{type(exc).__name__}: {exc}")
+        with self.store.transaction() as session:
+            row = self.store.get_canary(session, canary_id, for_update=True)
+            row.state, row.order_id, row.updated_at, row.last_error = "registered", order_id, now, None
+            session.add(row)
+            source = row.source_unit_id
+        log.info("canary order %d replays unit %d", order_id, source)
+        return "registered"
+
+    def _register(self, spec: OrderSpec, chain_order_id: int) -> int:
+        with self.store.transaction() as session:
+            existing = self.store.order_by_chain_id(session, chain_order_id)
+            if existing is not None:  # registered before a crash
+                return row_id(existing)
+        return row_id(self.orders.post_order(OrderRequest(spec=spec, chain_order_id=chain_order_id)))
+
+    def _record(self, canary_id: int, state: str, chain_order_id: int | None, error: str) -> str:
+        now = self.clock()
+        with self.store.transaction() as session:
+            row = self.store.get_canary(session, canary_id, for_update=True)
+            row.state = state
+            row.chain_order_id = chain_order_id
+            row.claimed_until = 0
+            row.last_error = error or None
+            row.updated_at = now
+            session.add(row)
+        if error:
+            log.warning("canary %d: %s; retried on the next run", canary_id, error)
+        return state
+
+    def _account(self) -> CanaryAccount:
+        if self.account is None:
+            raise MarketError("the market has no canary account configured")
+        return self.account
