@@ -19,6 +19,7 @@ from market.orders import OrderBook
 from market.store import OrderRow, ReplicaRow, UnitRow, VerificationJobRow
 from veritrain.errors import IllegalTransition, InvalidInput, MarketError, UnboundResult
 from veritrain.messages import (
+    CANARY_REASON,
     AcceptSubmission,
     Assignment,
     AssignmentPhase,
@@ -275,13 +276,13 @@ class Assignments(Lifecycle):
             self.store.enqueue(session, row_id(unit), "finalize", {"unit_id": unit.chain_unit_id}, now)
         else:
             unit.state = advance(UnitState(unit.state), UnitState.VERIFYING, what=f"unit {unit.id}")
-            # a missed canary is audited like a drawn unit: verifiers re-execute even a unanimous one, and
-            # neither they nor anyone reading the job can tell it from the chain's own draw
+            # a missed canary is audited even when unanimous, and in full: the market knows the answer is
+            # wrong (on its hardware class), so the verifiers re-execute every segment (verifier/agent.py)
             reason = "digests_differ"
             if revealed != list(live):
                 reason = "missing"
             elif canary_missed:
-                reason = "spot_check"
+                reason = CANARY_REASON
             unit.spot_checked = canary_missed
             self._open_verification(session, unit, reason, now)
         unit.updated_at = now

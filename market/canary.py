@@ -2,10 +2,12 @@
 bought by an operator-funded canary account, and sends any replica whose reveal is not the known answer
 to the verifiers (the rules: :mod:`market.domain.canary`).
 
-Each accepted round-0 unit of a buyer's order is drawn once, at ``MarketConfig.canary_rate_ppm`` with the
-market's own secret randomness, so nobody can tell in advance which units come back. A drawn unit becomes
-a canary order: the same recipe, data, seed, unit length and replication policy, one unit long, posted and
-escrowed on chain by the canary account and registered like a buyer's order. The canary's work is paid by
+Each accepted training unit of a buyer's order is drawn once, at ``MarketConfig.canary_rate_ppm`` with the
+market's own secret randomness, so canaries are that share of the units worked and nobody can tell in
+advance when one comes. A drawn unit's order gets a canary order replaying its verified round-0 unit (the
+one unit whose start state, the recipe's seeded initialisation, needs no custody): the same recipe, data,
+seed, unit length and replication policy, one unit long, posted and escrowed on chain by the canary
+account and registered like a buyer's order. The canary's work is paid by
 the operator (it counts in the network's compute multiplier, docs/VERIFICATION.md §3d).
 
 Posting follows the outbox's discipline: the canary's spec (deadline included, so its hash is unique) is
@@ -23,9 +25,9 @@ from collections.abc import Callable
 from sqlmodel import Session
 
 from market.context import Lifecycle, MarketContext, row_id
-from market.domain.canary import PPM, canary_spec, draws_canary, replayable
+from market.domain.canary import PPM, KnownAnswer, canary_spec, draws_canary, replayable
 from market.domain.pricing import escrow_plan
-from market.domain.states import ReplicaState
+from market.domain.states import ReplicaState, UnitState
 from market.orders import OrderBook
 from market.ports import CanaryAccount
 from market.store import CanaryRow, MarketStore, OrderRow, UnitRow
@@ -82,7 +84,7 @@ class CanaryBook(Lifecycle):
         return sum(1 for canary_id in pending if self.post(canary_id) == "registered")
 
     def plan(self) -> int:
-        """Draw each accepted round-0 unit once; a drawn one gets a canary spec. Returns how many drawn."""
+        """Draw each accepted unit once; a drawn one gets a canary spec. Returns how many drawn."""
         account = self._account()
         now = self.clock()
         drawn = 0
@@ -97,30 +99,46 @@ class CanaryBook(Lifecycle):
     def _considered(
         self, session: Session, order: OrderRow, unit: UnitRow, canary_buyer: str, now: int
     ) -> CanaryRow:
-        spec = OrderSpec.model_validate_json(order.spec_json)
-        accepted = [
-            r.result_digest or ""
-            for r in self.store.replicas_of(session, row_id(unit))
-            if r.state == ReplicaState.ACCEPTED.value
-        ]
-        known = replayable(spec, UnitKind(unit.kind), unit.round_index, accepted, row_id(unit))
         row = CanaryRow(
-            source_unit_id=row_id(unit),
-            state="passed",
-            known_result_digest=known.result_digest if known else "",
-            created_at=now,
-            updated_at=now,
+            drawn_unit_id=row_id(unit), state="passed", known_result_digest="", created_at=now, updated_at=now
         )
-        # a canary's own unit is never replayed: it would only replay its source again
-        if known is None or order.buyer.lower() == canary_buyer.lower():
+        # a canary's own unit is never drawn: it would only replay its source again
+        if order.buyer.lower() == canary_buyer.lower():
             return row
         if not draws_canary(self.config.canary_rate_ppm, self.roll()):
             return row
-        replay = canary_spec(spec, canary_buyer, now + CANARY_DEADLINE_S)
+        spec = OrderSpec.model_validate_json(order.spec_json)
+        known = self._round_0_answer(session, order, spec)
+        if known is None:
+            return row
+        row.source_unit_id, row.known_result_digest = known.source_unit_id, known.result_digest
+        deadline = now + CANARY_DEADLINE_S
+        replay = canary_spec(spec, canary_buyer, deadline)
+        # one chain order per canary, found by its spec hash: two replays of one unit differ by their deadline
+        while self.store.canaries_with_spec(session, replay.spec_hash()):
+            deadline += 1
+            replay = canary_spec(spec, canary_buyer, deadline)
         row.state = "planned"
         row.spec_json = replay.model_dump_json()
         row.spec_hash = replay.spec_hash()
         return row
+
+    def _round_0_answer(self, session: Session, order: OrderRow, spec: OrderSpec) -> KnownAnswer | None:
+        """The known answer of the order's accepted round-0 unit, if it has one a canary may replay."""
+        round_0 = self.store.round_of(session, row_id(order), 0)
+        units = self.store.units_of_round(session, row_id(round_0)) if round_0 is not None else []
+        for unit in units:
+            if unit.state != UnitState.ACCEPTED.value:
+                continue
+            accepted = [
+                r.result_digest or ""
+                for r in self.store.replicas_of(session, row_id(unit))
+                if r.state == ReplicaState.ACCEPTED.value
+            ]
+            known = replayable(spec, UnitKind(unit.kind), unit.round_index, accepted, row_id(unit))
+            if known is not None:
+                return known
+        return None
 
     def post(self, canary_id: int) -> str:
         """Post a planned canary on chain (at most once) and register it with the market; its state."""
@@ -157,7 +175,7 @@ class CanaryBook(Lifecycle):
             row.state, row.order_id, row.updated_at, row.last_error = "registered", order_id, now, None
             session.add(row)
             source = row.source_unit_id
-        log.info("canary order %d replays unit %d", order_id, source)
+        log.info("canary order %d replays unit %s", order_id, source)
         return "registered"
 
     def _register(self, spec: OrderSpec, chain_order_id: int) -> int:

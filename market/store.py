@@ -265,16 +265,17 @@ class CustodyRow(SQLModel, table=True):
 
 
 class CanaryRow(SQLModel, table=True):
-    """A verified unit considered for a canary replay (market/canary.py), one row per source unit, so a
-    unit is drawn once. ``state``: passed (not drawn) | planned -> posted -> registered (``claimed_until``
-    marks a post in flight). The spec (with its deadline) is fixed when planned, so a retried post looks
-    for the very order it may have posted already (by the canary account and spec hash) before posting
-    again."""
+    """A verified unit drawn for a canary (market/canary.py), one row per drawn unit, so a unit is drawn
+    once; its canary replays its order's verified round-0 unit (``source_unit_id``). ``state``: passed
+    (not drawn) | planned -> posted -> registered (``claimed_until`` marks a post in flight). The spec
+    (with its deadline) is fixed when planned, so a retried post looks for the very order it may have
+    posted already (by the canary account and spec hash) before posting again."""
 
     __tablename__ = "canaries"
 
     id: int | None = Field(default=None, primary_key=True)
-    source_unit_id: int = Field(foreign_key="units.id", unique=True)
+    drawn_unit_id: int = Field(foreign_key="units.id", unique=True)
+    source_unit_id: int | None = Field(default=None, foreign_key="units.id")
     state: str = Field(index=True, max_length=16)
     known_result_digest: str = Field(max_length=66)
     spec_json: str = ""
@@ -621,12 +622,11 @@ class MarketStore:
     # --- canaries ---
 
     def canary_candidates(self, session: Session, limit: int = 100) -> Sequence[UnitRow]:
-        """Accepted round-0 training units of buyers' orders (not of canaries) with no canary row yet."""
-        considered = select(CanaryRow.source_unit_id)
+        """Accepted training units of buyers' orders (not of canaries) with no canary row yet."""
+        considered = select(CanaryRow.drawn_unit_id)
         canary_orders = select(CanaryRow.order_id).where(col(CanaryRow.order_id).is_not(None))
         query = select(UnitRow).where(
             UnitRow.state == UnitState.ACCEPTED.value,
-            UnitRow.round_index == 0,
             UnitRow.kind == "train",
             col(UnitRow.id).not_in(considered),
             col(UnitRow.order_id).not_in(canary_orders),

@@ -247,8 +247,9 @@ class VerifierAgent(AgentPlumbing):
     def decide_training(self, job: VerificationJobView) -> tuple[tuple[int, ...], str]:
         """A training unit: re-execute what the verifier core asks for (all of a drawn or appealed unit's
         segments it samples, the disputed ones otherwise)."""
-        from verifier.core import UnitRequest, verify_unit
+        from verifier.core import UnitRequest, VerifierPolicy, verify_unit
         from veritrain.datasets import load_dataset
+        from veritrain.messages import CANARY_REASON
         from veritrain.pol import data_order_commitment, train_steps
 
         started = time.monotonic()
@@ -261,14 +262,16 @@ class VerifierAgent(AgentPlumbing):
             start_state=unit_start_of(job, self.blobs),
             data_order_commitment=data_order_commitment(recipe, dataset, spec),
             randomness=unhex32(job.randomness),
-            spot_checked=job.reason in ("spot_check", "appeal"),
+            spot_checked=job.reason in ("spot_check", "appeal", CANARY_REASON),
             chain_unit_id=job.chain_unit_id,
         )
+        # a canary answered other than its known answer: every segment, so no cheat hides in an undrawn one
+        policy = VerifierPolicy(random_segments=spec.steps) if job.reason == CANARY_REASON else None
 
         def reexecute(state: Mapping[str, Any], start_step: int, end_step: int) -> tuple[State, list[float]]:
             return train_steps(recipe, dataset, dict(state), spec, start_step, end_step)
 
-        decision = verify_unit(request, self.submissions(job, spec), reexecute, tolerances)
+        decision = verify_unit(request, self.submissions(job, spec), reexecute, tolerances, policy)
         outcomes = tuple(OUTCOME_CODES[replica.verdict.value] for replica in decision.replicas)
         reasons = json.dumps(
             {

@@ -562,6 +562,11 @@ class ReplicaResult(Frozen):
     p2p_addr: str
 
 
+# A verification job's `reason` when a canary unit's reveal is not its known answer (market/canary.py): the
+# verifiers re-execute every segment, since the market knows the result is wrong on its hardware class.
+CANARY_REASON = "canary"
+
+
 class VerificationJobView(UnitWork):
     job_id: int
     chain_unit_id: int | None

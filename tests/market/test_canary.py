@@ -20,7 +20,7 @@ from veritrain.chain.backends import InProcessBackend
 from veritrain.chain.client import ChainClient, UnitState
 from veritrain.chain.deployment import MarketParams
 from veritrain.errors import InvalidInput
-from veritrain.messages import OrderSpec, ReplicaOutcome, UnitKind
+from veritrain.messages import CANARY_REASON, OrderSpec, ReplicaOutcome, UnitKind
 
 SPEC = OrderSpec(
     buyer="0x" + "11" * 20,
@@ -106,9 +106,9 @@ def canary_market(tmp_path: Path) -> Iterator[tuple[ChainMarket, LocalAccount]]:
         store.dispose()
 
 
-def _verified_round_0(market: ChainMarket) -> Result:
-    """A buyer's one-round `auto` order whose unit three newcomers finalize unanimously; its result."""
-    market.post_order(rounds=1, adaptive_replication=True, trusted_streak=1)
+def _verified_round_0(market: ChainMarket, rounds: int = 1) -> Result:
+    """A buyer's `auto` order whose round-0 unit three newcomers finalize unanimously; its result."""
+    market.post_order(rounds=rounds, adaptive_replication=True, trusted_streak=1)
     unit_id, chosen = market.match_and_accept()
     assert len(chosen) == 3
     market.send_outbox()
@@ -158,6 +158,8 @@ def test_a_wrong_canary_result_is_sent_to_the_verifiers_and_slashed_as_fraud(
     on_chain = client.get_unit(chain_unit)
     assert on_chain.drawn and on_chain.state == UnitState.REVEALING  # not finalized by its lone reveal
     assert market.unit(unit_id).state == "verifying" and market.open_job(unit_id) is not None
+    with market.store.transaction() as session:  # the verifiers re-execute a missed canary in full
+        assert market.store.get_job(session, market.open_job(unit_id) or 0).reason == CANARY_REASON
     bonded = client.stake_of(cheater.address).bonded
     assigned = client.verifiers_of(chain_unit)
     for address in assigned[: len(assigned) // 2 + 1]:
@@ -185,6 +187,9 @@ def test_a_right_canary_result_settles_on_the_fast_path_without_verifiers(
     assert on_chain.state == UnitState.FINALIZED and not on_chain.drawn
     assert "verify" not in market.outbox_states(unit_id) and market.open_job(unit_id) is None
     assert market.unit(unit_id).state == "accepted"
+    assert market.service.canaries.run() == 0  # a canary's own verified unit is never drawn
+    with market.store.transaction() as session:
+        assert [r.drawn_unit_id for r in session.exec(select(CanaryRow)).all()] == [1]
 
 
 class CrashAfterPost:
@@ -227,3 +232,29 @@ def test_a_canary_post_that_crashed_after_landing_is_found_on_chain_not_posted_a
     with market.store.transaction() as session:
         rows = session.exec(select(CanaryRow)).all()
     assert [(r.state, r.chain_order_id) for r in rows] == [("registered", int(posted[0].args["orderId"]))]
+
+
+@pytest.mark.chain
+def test_every_verified_unit_is_drawn_once_and_replays_its_orders_round_0_unit(
+    canary_market: tuple[ChainMarket, LocalAccount],
+) -> None:
+    """At the rate of 1: round 1 (worked alone, its start state in nobody's custody here) is drawn too, and
+    its canary replays round 0, whose answer is known (a second order of its own, so a distinct spec)."""
+    market, _ = canary_market
+    service = market.service
+    answer = _verified_round_0(market, rounds=2)
+    unit_id, (solo,) = market.match_and_accept()
+    market.send_outbox()
+    market.commit(unit_id, solo, result("round-1"))
+    service.assignments.reveal(market.reveal_submission(unit_id, solo, result("round-1")))
+    market.send_outbox()
+    service.sync.sync_chain_events()
+    service.orders.advance_orders()
+    assert service.canaries.run() == 2
+    with market.store.transaction() as session:
+        rows = session.exec(select(CanaryRow)).all()
+    assert [(r.drawn_unit_id, r.source_unit_id, r.state) for r in rows] == [
+        (1, 1, "registered"),
+        (unit_id, 1, "registered"),
+    ]
+    assert {r.known_result_digest for r in rows} == {answer.digest}
