@@ -89,6 +89,7 @@ class DemoConfig:
     providers: int = 5
     dishonest: int = 1
     dishonest_strategy: str = DEFAULT_DISHONEST_STRATEGY
+    dishonest_after: int = 0  # units a dishonest provider trains honestly first (to earn trust)
     verifiers: int = 3  # each unit gets every verifier; a verdict needs a majority of them (2 of 3)
     verifiers_per_unit: int | None = None  # the chain's min_verifiers when not every verifier (None)
     referees: bool = False  # every verifier also sits in VerdictAppeals' referee pool (`--referee`)
@@ -99,6 +100,8 @@ class DemoConfig:
     adaptive_replication: bool = False  # `--replicas auto`: k = 1 for providers past trusted_streak
     trusted_streak: int = TRUSTED_STREAK
     solo_spot_check_ppm: int | None = None  # the chain's audit rate of one-replica units (None: default)
+    # a funded canary account replays verified units at this rate (market/canary.py); None: no canaries
+    canary_rate_ppm: int | None = None
     shards: int = 1  # M > 1: DiLoCo rounds of M shard units and one aggregate unit
     provider_env: tuple[dict[str, str], ...] = ()  # extra environment of provider i (CPU configurations)
     verifier_env: tuple[dict[str, str], ...] = VERIFIER_CPU_CONFIGURATIONS  # of verifier i, cycled
@@ -243,7 +246,7 @@ class Marketplace:
         """Give each role a funded dev account: deployer, operator (market relayer), buyer, agents."""
         from veritrain.chain.backends import dev_accounts
 
-        needed = len(DEV_ACCOUNT_ROLES) + self.config.providers + self.config.verifiers
+        needed = len(DEV_ACCOUNT_ROLES) + self.config.providers + self.config.verifiers + 1
         accounts = dev_accounts(max(needed, 20))
         for index, role in enumerate(DEV_ACCOUNT_ROLES):
             self.parties[role] = Party(role=role, name=role, account=accounts[index])
@@ -256,6 +259,9 @@ class Marketplace:
         offset += self.config.providers
         for i in range(self.config.verifiers):
             self.parties[f"verifier-{i}"] = Party("verifier", f"verifier-{i}", accounts[offset + i])
+        if self.config.canary_rate_ppm is not None:  # the market's canary buyer, an account of its own
+            offset += self.config.verifiers
+            self.parties["canary"] = Party("canary", "canary", accounts[offset])
 
     def providers(self) -> list[Party]:
         return [p for p in self.parties.values() if p.role == "provider"]
@@ -319,6 +325,8 @@ class Marketplace:
             self.chain.mint(party.account, DISHONEST_FUNDS if party.dishonest_strategy else PROVIDER_FUNDS)
         for party in self.verifiers():
             self.chain.mint(party.account, VERIFIER_FUNDS)
+        if "canary" in self.parties:
+            self.chain.mint(self.parties["canary"].account, BUYER_FUNDS)
         self.emit(
             f"chain: minted {BUYER_FUNDS // TOKEN} VERI to the buyer, {PROVIDER_FUNDS // TOKEN} to each "
             f"honest provider, {DISHONEST_FUNDS // TOKEN} to each dishonest one, "
@@ -370,6 +378,9 @@ class Marketplace:
         market_dir.mkdir(parents=True, exist_ok=True)
         env = self.child_env(market_dir)
         env["VERITRAIN_KEYSTORE"] = str(self.write_keystore(self.parties["operator"]))
+        if self.config.canary_rate_ppm is not None:
+            env["VERITRAIN_CANARY_KEY"] = self.parties["canary"].account.key.hex()
+            env["VERITRAIN_CANARY_RATE_PPM"] = str(self.config.canary_rate_ppm)
         self._market_launch = (env, market_dir)
         self.start_market_process("market")
         self.start_market_process("worker")
@@ -438,6 +449,7 @@ class Marketplace:
             ]
             if party.dishonest_strategy:
                 argv += ["--dishonest", party.dishonest_strategy]
+                argv += ["--dishonest-after", str(self.config.dishonest_after)]
         return argv
 
     def start_agent(self, party: Party) -> None:

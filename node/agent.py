@@ -13,7 +13,8 @@ Why it is built this way:
   over libp2p; a state blob is the canonical encoding of the state, so its content address (sha256 of
   the bytes) *is* its canonical state digest (veritrain.pol.state_digest) — one name for one state.
 - `--dishonest STRATEGY` turns it into a cheater from node/dishonest.py, for demos and tests only; it
-  says so loudly in its log and registration name.
+  says so loudly in its log and registration name. With `--dishonest-after N` it works its first N units
+  honestly and cheats from then on: a cheater that first earns the trust that lets it work units alone.
 """
 
 from __future__ import annotations
@@ -107,6 +108,7 @@ class AgentConfig(AgentCommonConfig):
     price_per_pflop: int
     price_step_bps: int
     dishonest: str | None
+    dishonest_after: int = 0  # units trained honestly before the strategy takes over
     device: str = "cpu"
 
 
@@ -126,6 +128,7 @@ class ProviderAgent(AgentPlumbing):
         self._progress: list[tuple[int, int, float]] = []  # (unit, step, loss) the next tick reports
         self._progress_lock = threading.Lock()
         self.dishonest = load_forger(config.dishonest) if config.dishonest else None
+        self._units_trained = 0  # this process's training units, for --dishonest-after
         if config.dishonest:
             logger.warning(
                 "*** DISHONEST MODE: strategy %r — this agent cheats on purpose ***", config.dishonest
@@ -399,7 +402,9 @@ class ProviderAgent(AgentPlumbing):
                     time.monotonic() - started,
                 )
 
-        if self.dishonest is not None:
+        cheat = self.dishonest is not None and self._units_trained >= self.config.dishonest_after
+        self._units_trained += 1
+        if cheat and self.dishonest is not None:
             logger.warning(
                 "*** DISHONEST: forging unit %d with %s ***", assignment.unit_id, self.config.dishonest
             )
@@ -531,6 +536,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="STRATEGY",
         help="DEMO/TEST ONLY: cheat with a strategy from node/dishonest.py",
     )
+    parser.add_argument(
+        "--dishonest-after",
+        type=int,
+        default=0,
+        metavar="N",
+        help="DEMO/TEST ONLY: with --dishonest, train the first N units honestly (to earn trust) first",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -543,6 +555,7 @@ def run(args: argparse.Namespace) -> int:
         price_per_pflop=args.price_per_pflop,
         price_step_bps=args.price_step_bps,
         dishonest=args.dishonest,
+        dishonest_after=args.dishonest_after,
         device=args.device,
         **common,
     )

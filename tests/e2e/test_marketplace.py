@@ -348,3 +348,52 @@ def test_referee_agents_re_execute_an_appealed_verdict_and_confirm_it(tmp_path: 
         assert re.search(found, logs[voter]), logs[voter]
         assert f"unit {unit_id}: voted {verdict} as a seated referee" in logs[voter]
     assert appellant_stake.bonded == 0 and appellant_stake.locked == 0  # the bond was the stake: all lost
+
+
+def _canary_unit(market: Marketplace, from_block: int) -> UnitOutcome | None:
+    """The canary order's unit as the chain settled it, once it settled (the canary account's order)."""
+    canary = market.parties["canary"].address
+    events = market.events(from_block)
+    posted = [e for e in events if e.name == "OrderPosted" and str(e.args["buyer"]) == canary]
+    if not posted:
+        return None
+    _, units = order_money(events, int(posted[0].args["orderId"]))
+    return units[0] if units and units[0].settlement != "open" else None
+
+
+def test_a_canary_catches_a_trusted_provider_that_cheats_once_it_works_alone(tmp_path: Path) -> None:
+    """Issue 9's "a canary catches a planted cheat": three providers train honestly until they are past the
+    order's streak (1), then cheat. The chain draws no solo audit here, so only the canary can catch them:
+    the market replays the verified round-0 unit as a canary order, a trusted provider works it alone and
+    cheats, its reveal is not the known answer, the market asks the chain to verify it, the verifier's
+    re-execution finds the forgery and the verdict slashes it, read back from the chain."""
+    config = DemoConfig(
+        out_dir=tmp_path,
+        providers=3,
+        dishonest=3,
+        dishonest_after=1,
+        verifiers=1,
+        rounds=1,
+        unit_steps=16,
+        adaptive_replication=True,
+        trusted_streak=1,
+        solo_spot_check_ppm=0,
+        canary_rate_ppm=1_000_000,
+    )
+    deadline = time.monotonic() + config.timeout_s
+    with marketplace(config, progress_printer()) as market:
+        start_stack(market)
+        buyer = Buyer(market)
+        buyer.post_order()
+        buyer.wait_completed(deadline)
+        (round_0,) = buyer.status()["units"]
+        assert len(round_0["providers"]) == 3  # worked honestly by three newcomers
+        canary_unit = _canary_unit(market, buyer.posted_block)
+        while canary_unit is None:
+            market.check_children()
+            assert time.monotonic() < deadline, "the canary unit did not settle in time"
+            time.sleep(0.5)
+            canary_unit = _canary_unit(market, buyer.posted_block)
+    (cheater,) = canary_unit.providers
+    assert canary_unit.settlement == "verdict" and canary_unit.outcomes == ["fraud"], canary_unit
+    assert canary_unit.slashed[cheater] > 0 and canary_unit.signing_verifiers
