@@ -28,9 +28,11 @@ Inputs, each named with its source in the output's ``inputs``:
 Adversary (worst case for detection): sybil keys holding a stake share f, each already past the
 reputation threshold; they cheat only on units where no honest replica can contradict them (every replica
 theirs), since a cheat beside an honest replica is caught every time; the copier needs a victim's
-commitment, so it plays beside an honest replica. Canary units (issue 9 item 2, not implemented yet) are
-modelled at ``canary_ppm``: known-answer units, indistinguishable to the agent, that catch a cheat on them
-as a dispute would; their replicas' compute and the market's own run of the answer are not useful.
+commitment, so it plays beside an honest replica. Canary units (issue 9 item 2, market/canary.py) are
+``canary_ppm`` of the units: replays of verified units, indistinguishable to the agent here, whose wrong
+answer the verifiers re-execute in full (measured: every strategy caught); their replicas' compute and,
+for a wrong answer, the verifiers' full re-execution are not useful. The known answer costs nothing more:
+it is the source unit's verified result.
 Honest providers fault (crash, drop) at ``fault_ppm``
 (ASSUMPTION), which resets their streak as the contract does.
 
@@ -66,6 +68,7 @@ from market.domain.replication import (
 )
 from veritrain.chain.deployment import MarketParams
 from veritrain.recipes import get_recipe
+from veritrain.settings import Settings
 
 COPY = "copy-commitment"
 # share of a unit's training compute each strategy skips (node/dishonest.py)
@@ -88,8 +91,11 @@ GAS_PER_SETTLED_UNIT_K3 = 432_578  # measured, batched path, 3 replicas (docs/BE
 GAS_PER_VERDICT = 315_955  # measured, verdict with verifier collateral (docs/BENCHMARKS.md)
 RECIPE = "charlm-25m"
 UNIT_STEPS = 500
-CANARY_DETECTION = 1.0  # a canary's answer is known: judged like a dispute beside an honest replica
-CANARY_PPM = 370_000  # the canary rate that alone gives 1-(1-c)^10 >= 0.99 (item 2, not implemented)
+CANARY_DETECTION = 1.0  # a wrong canary is re-executed on every segment: measured d = 1.0 for every strategy
+CANARY_PPM = 370_000  # the canary share of units that alone gives 1-(1-c)^10 >= 0.99
+# the market's default canary rate per verified unit, as a share of all units worked: r / (1 + r)
+DEFAULT_CANARY_RATE_PPM = Settings.model_fields["canary_rate_ppm"].default
+IMPLEMENTED_CANARY_PPM = PPM * DEFAULT_CANARY_RATE_PPM // (PPM + DEFAULT_CANARY_RATE_PPM)
 WINDOW = 10  # cheating units in `cheat_caught_within_10_units`
 TARGETS = {"compute_multiplier_max": 1.3, "cheat_caught_within_10_units_min": 0.99}
 
@@ -216,8 +222,6 @@ class Simulation:
             theirs = []
         saved = SAVED_FRACTION[strategy] if cheating and strategy else 0.0
         t.provider_flops += sum(1.0 - saved if key in theirs else 1.0 for key in replicas)
-        if canary:
-            t.provider_flops += 1.0  # the market computes the known answer
         if audited:
             t.audits += 1
             t.verifier_flops += net.verifiers_per_audit * self.audit.honest_cost
@@ -226,7 +230,9 @@ class Simulation:
         if theirs:
             detection = self._detection(strategy, honest, canary, audited)
             caught = self.rng.random() < detection
-            if len(honest) > 0 or caught:
+            if canary and not honest:  # the known answer is not theirs: every segment re-executed
+                t.verifier_flops += net.verifiers_per_audit * 1.0
+            elif len(honest) > 0 or caught:
                 t.verifier_flops += net.verifiers_per_audit * VERIFIER_STEP_FRACTION
             self._settle_cheaters(theirs, caught, saved)
         faulted = [key for key in honest if self.rng.randrange(PPM) < net.fault_ppm]
@@ -513,7 +519,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     if args.audits is not None:
-        audits = [AuditMeasurement(**row) for row in json.loads(args.audits.read_text())["audits"]]
+        earlier = json.loads(args.audits.read_text())  # an earlier output keeps its audits with its inputs
+        audits = [AuditMeasurement(**row) for row in earlier["inputs"]["audits"]]
         measured_in = f"read from {args.audits}"
     else:
         audits = measure_audits(args.audit_seeds, SEGMENT_COUNTS)
@@ -566,25 +573,30 @@ def economics(audits: list[AuditMeasurement], trials: int, units: int, seed: int
             **proposed,
             "meets_targets": meets(proposed),
         }
-    canaries = replace(base, canary_ppm=CANARY_PPM)
-    canary = {
-        "canary_ppm": CANARY_PPM,
-        "honest_mature": _merge(
-            [run_network(replace(canaries, seed=seed + i), today, params) for i in range(trials)]
-        ),
-        "noise_10pct": _merge(
-            [
-                run_network(
-                    replace(canaries, seed=seed + i, adversary_stake=0.1, strategy="noise"), today, params
-                )
-                for i in range(trials)
-            ]
-        ),
-    }
+
+    def with_canaries(canary_ppm: int) -> dict[str, Any]:
+        canaries = replace(base, canary_ppm=canary_ppm)
+        return {
+            "canary_ppm": canary_ppm,
+            "honest_mature": _merge(
+                [run_network(replace(canaries, seed=seed + i), today, params) for i in range(trials)]
+            ),
+            "noise_10pct": _merge(
+                [
+                    run_network(
+                        replace(canaries, seed=seed + i, adversary_stake=0.1, strategy="noise"), today, params
+                    )
+                    for i in range(trials)
+                ]
+            ),
+        }
+
+    implemented = {"canary_rate_ppm": DEFAULT_CANARY_RATE_PPM, **with_canaries(IMPLEMENTED_CANARY_PPM)}
     return {
         **figures,
         "meets_targets": meets(figures),
-        "canary_alternative": canary,
+        "canary_alternative": with_canaries(CANARY_PPM),
+        "canaries_default_rate": implemented,
         "targets": TARGETS,
         "cheater_expected_value_unit": "base units (1e-18 token) per cheating replica-unit, vs honest play",
         "scenarios": scenarios,

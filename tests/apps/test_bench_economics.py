@@ -39,7 +39,7 @@ AUDITS = [audit(1, 1.0, 0.25, noise=0.25), audit(3, 1.0, 0.5, noise=0.5), audit(
 
 def test_schema_and_honest_network(tmp_path: Path) -> None:
     source = tmp_path / "audits.json"
-    source.write_text(json.dumps({"audits": [asdict(a) for a in AUDITS]}))
+    source.write_text(json.dumps({"inputs": {"audits": [asdict(a) for a in AUDITS]}}))  # an earlier output
     out = tmp_path / "economics.json"
     argv = ["bench", "economics", "--audits", str(source), "--trials", "2", "--units", "1000"]
     assert main([*argv, "--json", str(out)]) == 0
@@ -61,6 +61,9 @@ def test_schema_and_honest_network(tmp_path: Path) -> None:
     assert honest["units_by_k"]["1"] > 0.9 * 2 * 1000
     assert report["parameters"]["seed"] == 0 and report["parameters"]["trials"] == 2
     assert report["inputs"]["audits"][0]["random_segments"] == 1 and report["wall_seconds"]["total"] >= 0
+    # the market's default canary rate (5 % of verified units) is 4.76 % of the units worked
+    assert report["canaries_default_rate"]["canary_ppm"] == 47_619
+    assert report["canaries_default_rate"]["canary_rate_ppm"] == 50_000
     # the worst strategy is the one the audits catch least (noise: only 1 segment in 4 here)
     assert report["cheat_caught_within_10_units_worst_strategy"] == "noise"
     assert (
@@ -122,7 +125,10 @@ def test_canaries_catch_what_audits_miss_and_cost_compute() -> None:
     canaries = run_network(replace(net, canary_ppm=400_000), blind, params)
     assert canaries["caught_within_10"] > 0.9 and canaries["cheater_ev_per_cheating_unit"] < 0
     honest = run_network(Network(), blind, params)["compute_multiplier"]
-    assert run_network(Network(canary_ppm=400_000), blind, params)["compute_multiplier"] > honest + 0.5
+    # 0.4 / 0.6 canaries per useful unit, each a replica (k = 1 on a mature network) and its audit draw;
+    # no second run of the known answer (market/canary.py reuses the source unit's verified result)
+    extra = run_network(Network(canary_ppm=400_000), blind, params)["compute_multiplier"] - honest
+    assert 0.6 < extra < 0.8
 
 
 def test_audit_measurement_runs_the_verifier_core() -> None:
