@@ -38,7 +38,8 @@ log = logging.getLogger(__name__)
 
 # A canary order must be worked within a day of being posted (its escrow comes back when it is closed).
 CANARY_DEADLINE_S = 86_400
-# A post in flight is left alone this long; after that a retry looks for its order on chain first.
+# A post in flight is left alone this long, and so is a failed one (an unfunded account is not asked again
+# every tick); after that a retry looks for its order on chain first.
 CANARY_CLAIM_S = 120
 # The outbox action that draws a unit for verification (requestVerification) before its reveals are
 # relayed: a canary replica revealed something other than the known answer.
@@ -191,7 +192,7 @@ class CanaryBook(Lifecycle):
             row = self.store.get_canary(session, canary_id, for_update=True)
             row.state = state
             row.chain_order_id = chain_order_id
-            row.claimed_until = 0
+            row.claimed_until = now + CANARY_CLAIM_S if error else 0
             row.last_error = error or None
             row.updated_at = now
             session.add(row)

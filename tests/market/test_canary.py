@@ -12,6 +12,7 @@ from eth_account.signers.local import LocalAccount
 from sqlmodel import select
 
 from apps.protocol_harness import ChainMarket, Result, funded_accounts, result
+from market.canary import CANARY_CLAIM_S
 from market.chain_adapter import ChainCanaryAccount
 from market.domain.canary import canary_spec, differs_from_known, draws_canary, replayable
 from market.domain.pricing import EscrowPlan
@@ -224,6 +225,8 @@ def test_a_canary_post_that_crashed_after_landing_is_found_on_chain_not_posted_a
     with market.store.transaction() as session:
         (row,) = market.store.canaries_in(session, ["planned"])
         assert row.chain_order_id is None and "died" in (row.last_error or "")
+    assert market.service.canaries.run() == 0  # a failed post waits before it is tried again
+    market.offset += CANARY_CLAIM_S
     assert market.service.canaries.run() == 1
     posted = [
         e for e in market.client.events() if e.name == "OrderPosted" and e.args["buyer"] == canary.address
