@@ -53,7 +53,7 @@ from veritrain.chain.errors import RpcUnavailable
 from veritrain.errors import AgentError, MarketError, VeritrainError
 
 if TYPE_CHECKING:
-    from verifier.core import Submission, ToleranceTable
+    from verifier.core import Submission, ToleranceTable, VerifierPolicy
     from veritrain.messages import VerificationJobView
     from veritrain.pol import State, Transcript, UnitSpec
 
@@ -89,6 +89,21 @@ class ReplicaEvidence:
         if digest is None:
             raise AgentError(f"the transcript names no checkpoint at step {step}")
         return decode_state(self._blobs.fetch(self._peer_addr, digest.hex()))
+
+
+def audit_of(job: VerificationJobView) -> tuple[bool, VerifierPolicy | None]:
+    """How to re-execute a job's unit: (audited, segment policy; None is the core's default 1 + 1).
+
+    A unit the chain drew, or an appealed one (a referee's panel seat), is audited even when its replicas
+    agree. A canary whose answer is not the known
+    one (market/canary.py) is audited on every segment: the market knows that result is wrong on its
+    hardware class, so no cheat may hide in a segment an audit did not draw."""
+    from verifier.core import VerifierPolicy
+    from veritrain.messages import CANARY_REASON
+
+    if job.reason == CANARY_REASON:
+        return True, VerifierPolicy(random_segments=job.steps)
+    return job.reason in ("spot_check", "appeal"), None
 
 
 def load_tolerances(recipe: str, path: Path | None = None) -> ToleranceTable:
@@ -247,9 +262,8 @@ class VerifierAgent(AgentPlumbing):
     def decide_training(self, job: VerificationJobView) -> tuple[tuple[int, ...], str]:
         """A training unit: re-execute what the verifier core asks for (all of a drawn or appealed unit's
         segments it samples, the disputed ones otherwise)."""
-        from verifier.core import UnitRequest, VerifierPolicy, verify_unit
+        from verifier.core import UnitRequest, verify_unit
         from veritrain.datasets import load_dataset
-        from veritrain.messages import CANARY_REASON
         from veritrain.pol import data_order_commitment, train_steps
 
         started = time.monotonic()
@@ -257,16 +271,15 @@ class VerifierAgent(AgentPlumbing):
         spec = unit_spec_of(job)
         recipe = spec.recipe_config()
         dataset = load_dataset(recipe.dataset, unhex32(job.dataset_digest))
+        audited, policy = audit_of(job)
         request = UnitRequest(
             spec=spec,
             start_state=unit_start_of(job, self.blobs),
             data_order_commitment=data_order_commitment(recipe, dataset, spec),
             randomness=unhex32(job.randomness),
-            spot_checked=job.reason in ("spot_check", "appeal", CANARY_REASON),
+            spot_checked=audited,
             chain_unit_id=job.chain_unit_id,
         )
-        # a canary answered other than its known answer: every segment, so no cheat hides in an undrawn one
-        policy = VerifierPolicy(random_segments=spec.steps) if job.reason == CANARY_REASON else None
 
         def reexecute(state: Mapping[str, Any], start_step: int, end_step: int) -> tuple[State, list[float]]:
             return train_steps(recipe, dataset, dict(state), spec, start_step, end_step)
