@@ -7,8 +7,10 @@ market's own secret randomness, so canaries are that share of the units worked a
 advance when one comes. A drawn unit's order gets a canary order replaying its verified round-0 unit (the
 one unit whose start state, the recipe's seeded initialisation, needs no custody): the same recipe, data,
 seed, unit length and replication policy, one unit long, posted and escrowed on chain by the canary
-account and registered like a buyer's order. The canary's work is paid by
-the operator (it counts in the network's compute multiplier, docs/VERIFICATION.md §3d).
+account and registered like a buyer's order. The canary's work is paid by the operator (it counts in the
+network's compute multiplier, docs/VERIFICATION.md §3d). Once the canary order has ended, the account
+closes it, so what its escrow did not spend (the replicas a solo unit did not need, an unused verifier
+fee) becomes the account's credit instead of staying locked.
 
 Posting follows the outbox's discipline: the canary's spec (deadline included, so its hash is unique) is
 written before anything is sent; a post is claimed for ``CANARY_CLAIM_S``; a retry first looks on chain
@@ -27,7 +29,7 @@ from sqlmodel import Session
 from market.context import Lifecycle, MarketContext, row_id
 from market.domain.canary import PPM, KnownAnswer, canary_spec, draws_canary, replayable
 from market.domain.pricing import escrow_plan
-from market.domain.states import ReplicaState, UnitState
+from market.domain.states import OrderState, ReplicaState, UnitState
 from market.orders import OrderBook
 from market.ports import CanaryAccount
 from market.store import CanaryRow, MarketStore, OrderRow, UnitRow
@@ -44,8 +46,12 @@ CANARY_CLAIM_S = 120
 # The outbox action that draws a unit for verification (requestVerification) before its reveals are
 # relayed: a canary replica revealed something other than the known answer.
 VERIFY = "verify"
-# Canary rows whose order is on its way: posted on chain, or registered with the market.
+# Canary rows whose order is on its way: posted on chain, or registered with the market (then closed).
 LIVE_CANARY_STATES = ("posted", "registered")
+# A canary order in one of these states has no unit left to run: it is closed on chain.
+ENDED_ORDER_STATES = frozenset(
+    {OrderState.COMPLETED.value, OrderState.EXPIRED.value, OrderState.CANCELLED.value}
+)
 
 
 def _secret_roll() -> int:
@@ -82,7 +88,27 @@ class CanaryBook(Lifecycle):
         self.plan()
         with self.store.transaction() as session:
             pending = [row_id(row) for row in self.store.canaries_in(session, ["planned", "posted"])]
+            ended = [
+                row_id(row)
+                for row in self.store.canaries_in(session, ["registered"])
+                if self.store.get_order(session, row.order_id or 0).state in ENDED_ORDER_STATES
+            ]
+        for canary_id in ended:
+            self.close(canary_id)
         return sum(1 for canary_id in pending if self.post(canary_id) == "registered")
+
+    def close(self, canary_id: int) -> str:
+        """Close an ended canary order on chain (its unspent escrow back to the canary account); its state."""
+        account = self._account()
+        with self.store.transaction() as session:
+            chain_order_id = self.store.get_canary(session, canary_id).chain_order_id
+        if chain_order_id is None:
+            raise MarketError(f"canary {canary_id} is registered without a chain order")
+        try:
+            account.close_order(chain_order_id)
+        except Exception as exc:  # a unit still settling on chain (UnitsStillOpen), RPC down: next run
+            return self._record(canary_id, "registered", chain_order_id, f"{type(exc).__name__}: {exc}")
+        return self._record(canary_id, "closed", chain_order_id, "")
 
     def plan(self) -> int:
         """Draw each accepted unit once; a drawn one gets a canary spec. Returns how many drawn."""

@@ -216,6 +216,10 @@ class ChainCanaryAccount:
         )
         return order_id
 
+    def close_order(self, order_id: int) -> None:
+        if not self.client.get_order(order_id).closed:  # closed before a crash: closing again reverts
+            self.client.close_order(order_id, sender=self.account)
+
 
 def operator_account(settings: Settings, *, prompt: bool = False) -> LocalAccount:
     """The operator's key: the settings' keystore (unlocked once per process, so `market serve` and

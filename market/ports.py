@@ -165,6 +165,10 @@ class CanaryAccount(Protocol):
         """Approve the escrow and post the order (adaptive when the plan is); returns the chain order id."""
         ...
 
+    def close_order(self, order_id: int) -> None:
+        """Close the account's order (its unspent escrow becomes the account's credit); nothing if closed."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class RecipeInfo:

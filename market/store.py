@@ -267,9 +267,9 @@ class CustodyRow(SQLModel, table=True):
 class CanaryRow(SQLModel, table=True):
     """A verified unit drawn for a canary (market/canary.py), one row per drawn unit, so a unit is drawn
     once; its canary replays its order's verified round-0 unit (``source_unit_id``). ``state``: passed
-    (not drawn) | planned -> posted -> registered (``claimed_until`` marks a post in flight). The spec
-    (with its deadline) is fixed when planned, so a retried post looks for the very order it may have
-    posted already (by the canary account and spec hash) before posting again."""
+    (not drawn) | planned -> posted -> registered -> closed (``claimed_until`` marks a post in flight).
+    The spec (with its deadline) is fixed when planned, so a retried post looks for the very order it may
+    have posted already (by the canary account and spec hash) before posting again."""
 
     __tablename__ = "canaries"
 

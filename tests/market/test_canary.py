@@ -188,9 +188,17 @@ def test_a_right_canary_result_settles_on_the_fast_path_without_verifiers(
     assert on_chain.state == UnitState.FINALIZED and not on_chain.drawn
     assert "verify" not in market.outbox_states(unit_id) and market.open_job(unit_id) is None
     assert market.unit(unit_id).state == "accepted"
-    assert market.service.canaries.run() == 0  # a canary's own verified unit is never drawn
+    market.service.sync.sync_chain_events()
+    market.service.orders.advance_orders()  # the canary order completes ...
+    assert market.service.canaries.run() == 0  # ... a canary's own verified unit is never drawn ...
     with market.store.transaction() as session:
-        assert [r.drawn_unit_id for r in session.exec(select(CanaryRow)).all()] == [1]
+        rows = session.exec(select(CanaryRow)).all()
+    assert [(r.drawn_unit_id, r.state) for r in rows] == [(1, "closed")]
+    # ... and its account closes it: the two replicas the solo unit did not need and the unused verifier
+    # fee come back to the canary account's credit
+    order = market.client.get_order(rows[0].chain_order_id or 0)
+    assert order.closed and order.balance == 0
+    assert market.client.credits(canary.address) == 2 * order.price_per_replica + order.verifier_fee_per_unit
 
 
 class CrashAfterPost:
