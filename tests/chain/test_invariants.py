@@ -1,4 +1,4 @@
-"""Stateful invariant tests of the contracts on the in-process EVM (SECURITY.md A1, A2, A7, A8, A15).
+"""Stateful invariant tests of the contracts on a hardhat node (SECURITY.md A1, A2, A7, A8, A15).
 
 `test_market_invariants_hold` runs random market histories (invariants_machine.MarketMachine) against
 the bytecode shipped in veritrain/contracts_data and a Python reference model, checking the named
