@@ -29,7 +29,7 @@ from tests.chain.invariants_harness import compile_variant, compile_variants, lo
 from tests.chain.invariants_machine import INVARIANTS, InvariantViolation, build_chain, machine_for
 from tests.chain.invariants_scenarios import SCENARIOS, run_scenario
 
-pytestmark = pytest.mark.chain
+pytestmark = [pytest.mark.chain, pytest.mark.node_backend]
 
 MUTANTS_FILE = Path(__file__).parent / "mutants" / "mutants.json"
 DEFAULT_SEED = 20261122
