@@ -1,42 +1,50 @@
-"""A thin, fast driver of the real contracts on the in-process EVM for the invariant state machine.
+"""A thin, fast driver of the real contracts on a `hardhat node` (EDR) for the invariant state machine.
 
-Why not go through every layer of `veritrain.chain`: the state machine sends thousands of transactions
-per run, so it talks to eth-tester directly (fixed gas, no estimate, unlocked tester accounts) and
-reuses the client's pieces where they matter for correctness: the typed error classes (so a revert
-is asserted as the same exception callers catch) and the EIP-712 typed data (so signatures match).
-One deployment is snapshotted once and every Hypothesis example starts from `reset()`.
+Why a node and not the in-process EVM: py-evm is pure Python and cost ~0.15 s per transaction, which put
+the soak's 256 × 500 examples at ~4 CPU-hours; EDR (Rust) runs one in well under a millisecond, so the
+JSON-RPC round trips are the cost, and this driver keeps them few: raw JSON-RPC over one kept-alive
+connection (no web3 middleware), fixed gas (no estimate), the dev accounts the node unlocks, the clock
+kept here and handed to the node (`evm_setNextBlockTimestamp`) so every example sees the same
+timestamps, and storage read in batches (`storage_words`). It reuses the client's pieces where they
+matter for correctness: the typed error classes (so a revert is asserted as the same exception callers
+catch) and the EIP-712 typed data (so signatures match). One node per process; each `Chain` starts from
+the node's pristine state, deploys once, and every Hypothesis example starts from `reset()`.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
+import socket
 import subprocess
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
+from urllib.parse import urlsplit
 
 from eth_abi import decode as abi_decode
-from eth_account import Account
+from eth_abi import encode as abi_encode
 from eth_account.signers.local import LocalAccount
-from eth_tester import EthereumTester, PyEVMBackend
-from eth_tester.exceptions import TransactionFailed
-from web3 import EthereumTesterProvider, Web3
+from eth_utils import keccak
+from web3 import Web3
 from web3.contract import Contract
 
 from veritrain.chain import eip712
 from veritrain.chain.artifacts import load_contract
+from veritrain.chain.backends import HardhatNode, dev_accounts
 from veritrain.chain.errors import ContractReverted, UnknownRevert
-from veritrain.chain.revert import RevertDecoder, revert_data
+from veritrain.chain.revert import RevertDecoder, abi_signature, canonical_type
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONTRACT_NAMES = ("VeriToken", "StakeManager", "JobMarket")
 TX_GAS = 3_000_000
-# Every example starts at this instant. py-evm stamps a new block max(wall clock, parent + 1), so a chain
-# whose clock trailed the wall clock would start each example at a different time, and a replay could
-# take another path (CI once saw hypothesis report that as a flaky strategy). Far enough ahead that the
-# wall clock never reaches it, and well inside the contracts' uint40/uint64 time fields.
+# Every example starts at this instant, and every block's timestamp is set by the harness, never taken
+# from the wall clock: an example that started at another time could take another path on replay (CI once
+# saw hypothesis report that as a flaky strategy on py-evm, which stamped blocks by the wall clock). Ahead
+# of the node's genesis (the wall clock) and well inside the contracts' uint40/uint64 time fields.
 CLOCK_ANCHOR = 3_000_000_000
 
 Artifacts = Mapping[str, Mapping[str, Any]]
@@ -124,16 +132,9 @@ class TxOutcome:
     receipt: Mapping[str, Any] | None
 
 
-def _abi_type(item: Mapping[str, Any]) -> str:
-    kind = str(item["type"])
-    if kind.startswith("tuple"):
-        return f"({','.join(_abi_type(component) for component in item['components'])}){kind[5:]}"
-    return kind
-
-
 @dataclass(frozen=True)
 class Actor:
-    """A tester account: it sends transactions (unlocked in eth-tester) and signs EIP-712 messages."""
+    """A dev account: it sends transactions (the node unlocks it) and signs EIP-712 messages."""
 
     label: str
     account: LocalAccount
@@ -143,26 +144,136 @@ class Actor:
         return str(self.account.address)
 
 
+class NodeRpc:
+    """JSON-RPC to one node over one kept-alive HTTP connection (http.client: requests' per-call overhead
+    was a third of a step). `batch` sends several requests in one HTTP round trip; hardhat may run them
+    concurrently, so only requests whose order does not matter."""
+
+    # Node's HTTP server closes a connection idle for 5 s; one idle for this long is opened afresh rather
+    # than risking a request on a connection the server is closing (a compile between tests idles it).
+    IDLE_RECONNECT_S = 2.0
+
+    def __init__(self, url: str) -> None:
+        parsed = urlsplit(url)
+        self.url = url
+        self._connection = http.client.HTTPConnection(parsed.hostname or "127.0.0.1", parsed.port, timeout=60)
+        self._last_used = float("-inf")
+        self._next_id = 0
+
+    def _post(self, body: Any) -> Any:
+        payload = json.dumps(body).encode()
+        try:
+            if time.monotonic() - self._last_used >= self.IDLE_RECONNECT_S:
+                self._connection.close()
+                self._connection.connect()
+                self._connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._connection.request("POST", "/", payload, {"Content-Type": "application/json"})
+            answer = json.loads(self._connection.getresponse().read())
+        except (OSError, http.client.HTTPException) as err:
+            raise HarnessError(f"{self.url}: no answer from the node: {err}") from err
+        self._last_used = time.monotonic()
+        return answer
+
+    def request(self, method: str, *params: Any) -> dict[str, Any]:
+        """The raw response: {"result": ...} or {"error": ...} (a revert is an error the caller reads)."""
+        self._next_id += 1
+        response: dict[str, Any] = self._post(
+            {"jsonrpc": "2.0", "id": self._next_id, "method": method, "params": list(params)}
+        )
+        return response
+
+    def call(self, method: str, *params: Any) -> Any:
+        return _result(method, self.request(method, *params))
+
+    def batch(self, calls: Sequence[tuple[str, Sequence[Any]]]) -> list[Any]:
+        """Results of `calls`, in order; any error raises."""
+        first = self._next_id + 1
+        self._next_id += len(calls)
+        body = [
+            {"jsonrpc": "2.0", "id": first + i, "method": method, "params": list(params)}
+            for i, (method, params) in enumerate(calls)
+        ]
+        by_id = {response.get("id"): response for response in self._post(body)}
+        return [_result(method, by_id.get(first + i, {})) for i, (method, _) in enumerate(calls)]
+
+
+def _result(method: str, response: Mapping[str, Any]) -> Any:
+    if "result" not in response:
+        raise HarnessError(f"{method} failed: {response.get('error', response)}")
+    return response["result"]
+
+
+def _revert_bytes(error: Mapping[str, Any]) -> bytes | None:
+    """The revert data in a hardhat JSON-RPC error: {"data": {"data": "0x..", "txHash": ..}} or
+    {"data": "0x.."}; None when it carries none (then the decoder says UnknownRevert)."""
+    data = error.get("data")
+    if isinstance(data, Mapping):
+        data = data.get("data")
+    return bytes.fromhex(data[2:]) if isinstance(data, str) and data.startswith("0x") else None
+
+
+class _Node:
+    """This process's `hardhat node` (started on first use, stopped at interpreter exit) and a snapshot of
+    its pristine state, so every `Chain` deploys on an empty chain at the same addresses."""
+
+    rpc: NodeRpc | None = None
+    pristine: str = ""
+    process: HardhatNode | None = None
+
+    @classmethod
+    def fresh(cls) -> NodeRpc:
+        if cls.rpc is None:
+            cls.process = HardhatNode(root=REPO_ROOT).start()
+            cls.rpc = NodeRpc(cls.process.url)
+            cls.rpc.call("hardhat_setLoggingEnabled", False)  # the node logs every request otherwise
+        elif cls.rpc.call("evm_revert", cls.pristine) is not True:
+            raise HarnessError(f"evm_revert to the node's pristine snapshot {cls.pristine} refused")
+        cls.pristine = cls.rpc.call("evm_snapshot")  # a revert uses its snapshot up
+        return cls.rpc
+
+
+# Reads the storage words whose slots are the calldata (32 bytes each) and returns them in that order.
+# `eth_call` runs it with a state override that swaps it in for a contract's code (its storage stays), so
+# one call reads any number of a contract's slots. Disassembly:
+#   00 PUSH0                   i = 0
+#   01 JUMPDEST                loop:
+#   02 CALLDATASIZE, DUP2, LT  i < calldatasize ?
+#   05 PUSH1 0x0b, JUMPI       -> body
+#   08 CALLDATASIZE, PUSH0, RETURN    return memory[0 : calldatasize]
+#   0b JUMPDEST                body:
+#   0c DUP1, CALLDATALOAD, SLOAD      sload(calldata[i : i + 32])
+#   0f DUP2, MSTORE            memory[i] = that
+#   11 PUSH1 0x20, ADD         i += 32
+#   14 PUSH1 0x01, JUMP        -> loop
+STORAGE_READER_CODE = "0x5f5b368110600b57365ff35b8035548152602001600156"
+
+
 class Chain:
-    """eth-tester with the three contracts deployed once; `reset()` returns to the deployed state."""
+    """A hardhat node with the three contracts deployed once; `reset()` returns to the deployed state."""
 
     def __init__(self, artifacts: Artifacts, params: MarketParams, labels: Sequence[str]) -> None:
         self.params = params
-        self.tester = EthereumTester(PyEVMBackend())
-        self.w3 = Web3(EthereumTesterProvider(self.tester))
-        keys = [key.to_bytes() for key in self.tester.backend.account_keys]
+        self.rpc = _Node.fresh()
+        self.w3 = Web3()  # offline: ABI encoding only, every request goes through `rpc`
+        keys = dev_accounts()
         if len(labels) + 1 > len(keys):
-            raise HarnessError(f"eth-tester has {len(keys)} accounts, need {len(labels) + 1}")
-        self.deployer = Actor("deployer", Account.from_key(keys[0]))
-        self.actors = {
-            label: Actor(label, Account.from_key(key)) for label, key in zip(labels, keys[1:], strict=False)
-        }
+            raise HarnessError(f"the node unlocks {len(keys)} accounts, need {len(labels) + 1}")
+        self.deployer = Actor("deployer", keys[0])
+        self.actors = {label: Actor(label, key) for label, key in zip(labels, keys[1:], strict=False)}
         self.decoder = RevertDecoder([artifacts[name]["abi"] for name in CONTRACT_NAMES])
-        self._view_cache: dict[tuple[str, str, tuple[Any, ...]], tuple[str, list[str]]] = {}
-        self._snapshot: int | None = None
+        # (contract address, function) -> (selector, input types, output types): web3's encode_abi looks
+        # the function up in the ABI on every call, which cost more than the node's work.
+        self._functions: dict[tuple[str, str], tuple[bytes, list[str], list[str]]] = {}
+        self.head = 0  # moves with every change of the chain's state (a mined block, a reset)
+        self._snapshot: tuple[str, int, int] | None = None
+        # The timestamp and number of the block the next transaction lands in: the node mines one block
+        # per transaction, and every block's timestamp comes from here (deployment starts before the anchor).
+        self._clock = CLOCK_ANCHOR - 10_000
+        self._pending_block = int(self.rpc.call("eth_blockNumber"), 16) + 1
+        self.rpc.call("evm_setNextBlockTimestamp", self._clock)
         self.storage_layouts: dict[str, Any] = {}
         self.token, self.stakes, self.market = self._deploy(artifacts)
-        self.chain_id = int(self.w3.eth.chain_id)
+        self.chain_id = int(self.rpc.call("eth_chainId"), 16)
         self.market_domain = eip712.market_domain(self.chain_id, self.market.address)
         self.stake_domain = eip712.stake_domain(self.chain_id, self.stakes.address)
 
@@ -200,41 +311,62 @@ class Chain:
         return token, stakes, market
 
     def _deploy_one(self, artifact: Mapping[str, Any], args: list[Any]) -> Contract:
-        factory = self.w3.eth.contract(abi=artifact["abi"], bytecode=artifact["bytecode"])
-        tx_hash = factory.constructor(*args).transact({"from": self.deployer.address, "gas": 15_000_000})
-        receipt = self.w3.eth.get_transaction_receipt(tx_hash)
-        if receipt["status"] != 1:
+        inputs = next((item["inputs"] for item in artifact["abi"] if item["type"] == "constructor"), [])
+        encoded = abi_encode([canonical_type(item) for item in inputs], args).hex()
+        tx = {"from": self.deployer.address, "gas": hex(15_000_000), "data": artifact["bytecode"] + encoded}
+        outcome = self._send(tx)
+        if outcome.receipt is None:
             raise HarnessError(
-                f"deploying failed with args {args} (runtime code over the EIP-170 24,576-byte limit?)"
+                f"deploying failed with args {args} (runtime code over the EIP-170 24,576-byte limit?): "
+                f"{outcome.error}"
             )
-        return cast(Contract, self.w3.eth.contract(address=receipt["contractAddress"], abi=artifact["abi"]))
+        address = Web3.to_checksum_address(outcome.receipt["contractAddress"])
+        return cast(Contract, self.w3.eth.contract(address=address, abi=artifact["abi"]))
 
     # ---- snapshots and time ----
 
     def mark_initial_state(self) -> None:
         """Move the clock to CLOCK_ANCHOR and snapshot: each example then starts at the same instant."""
-        if self.now() < CLOCK_ANCHOR:
-            self.tester.time_travel(CLOCK_ANCHOR)
-        self._snapshot = self.tester.take_snapshot()
+        self._clock = max(self._clock, CLOCK_ANCHOR)
+        self.rpc.call("evm_setNextBlockTimestamp", self._clock)
+        self._snapshot = (self.rpc.call("evm_snapshot"), self._clock, self._pending_block)
 
     def reset(self) -> None:
         if self._snapshot is None:
             raise HarnessError("mark_initial_state() was never called")
-        self.tester.revert_to_snapshot(self._snapshot)
+        snapshot, self._clock, self._pending_block = self._snapshot
+        if self.rpc.call("evm_revert", snapshot) is not True:
+            raise HarnessError(
+                f"evm_revert({snapshot}) refused: a later Chain on this process's node reverted past it"
+            )
+        self._snapshot = (self.rpc.call("evm_snapshot"), self._clock, self._pending_block)
+        self.rpc.call("evm_setNextBlockTimestamp", self._clock)
+        self.head += 1
 
     def now(self) -> int:
         """Timestamp the next transaction executes at (each mined transaction adds one second)."""
-        return int(self.tester.get_block_by_number("pending")["timestamp"])
+        return self._clock
 
     def pending_block(self) -> int:
         """Number of the block the next transaction lands in."""
-        return int(self.tester.get_block_by_number("pending")["number"])
+        return self._pending_block
 
     def block_hash(self, number: int) -> bytes:
-        return bytes.fromhex(self.tester.get_block_by_number(number)["hash"].removeprefix("0x"))
+        block = self.rpc.call("eth_getBlockByNumber", hex(number), False)
+        return bytes.fromhex(block["hash"][2:])
 
     def advance(self, seconds: int) -> None:
-        self.tester.time_travel(self.now() + seconds)
+        """Move the clock `seconds` ahead, mining one empty block just before that instant (so time and the
+        block number move together, as they do on a live chain)."""
+        if seconds < 0:
+            raise HarnessError(f"cannot move the clock back by {-seconds} s")
+        if seconds == 0:
+            return
+        target = self._clock + seconds
+        self.rpc.call("evm_mine", target - 1)
+        self._clock, self._pending_block = target, self._pending_block + 1
+        self.head += 1
+        self.rpc.call("evm_setNextBlockTimestamp", self._clock)
 
     # ---- transactions and views ----
 
@@ -243,50 +375,100 @@ class Chain:
     ) -> TxOutcome:
         """Run `fn` from `sender`: the decoded typed error if it reverted, else its receipt.
 
-        A revert the model predicts is checked with a call (nothing mined, so time does not move);
-        otherwise the transaction is sent, and only if it failed is it replayed as a call to decode why.
+        A revert the model predicts is checked with a call on the pending block (nothing mined, so time
+        does not move); otherwise the transaction is mined, and a failed one is decoded from the node's
+        error.
         """
-        data = contract.encode_abi(fn, list(args))
-        tx = {"from": sender.address, "to": contract.address, "gas": TX_GAS, "data": data}
+        data = self._calldata(contract, fn, args)
+        tx = {"from": sender.address, "to": contract.address, "gas": hex(TX_GAS), "data": data}
         if expect_revert:
-            error = self._call_error(tx)
-            if error is not None:
-                return TxOutcome(error, None)
-        tx_hash = self.tester.send_transaction(tx)
-        receipt = self.tester.get_transaction_receipt(tx_hash)
-        if receipt["status"] == 1:
-            return TxOutcome(None, receipt)
-        error = self._call_error(tx) or UnknownRevert(
-            "UnknownRevert", {"note": "transaction failed, call did not"}
-        )
-        return TxOutcome(error, None)
+            response = self.rpc.request("eth_call", tx, "pending")
+            if "error" in response:
+                return TxOutcome(self.decoder.decode(_revert_bytes(response["error"])), None)
+        return self._send(tx)
 
-    def _call_error(self, tx: Mapping[str, Any]) -> ContractReverted | None:
-        try:
-            self.tester.call(dict(tx), "pending")
-        except TransactionFailed as exc:
-            return self.decoder.decode(revert_data(exc))
-        return None
+    def _send(self, tx: Mapping[str, Any]) -> TxOutcome:
+        """Mine `tx` in its own block at the harness's clock; a reverted one is mined too (as on a chain)."""
+        response = self.rpc.request("eth_sendTransaction", dict(tx))
+        error = response.get("error")
+        if error is None:
+            tx_hash = response["result"]
+        else:
+            details = error.get("data")
+            tx_hash = details.get("txHash") if isinstance(details, Mapping) else None
+            if tx_hash is None:
+                raise HarnessError(f"the node refused the transaction (not a revert): {error}")
+        self._clock += 1
+        receipt, _ = self.rpc.batch(
+            [("eth_getTransactionReceipt", [tx_hash]), ("evm_setNextBlockTimestamp", [self._clock])]
+        )
+        if int(receipt["blockNumber"], 16) != self._pending_block:
+            raise HarnessError(
+                f"transaction mined in block {receipt['blockNumber']}, not {self._pending_block}"
+            )
+        self._pending_block += 1
+        self.head += 1
+        if error is not None:
+            return TxOutcome(self.decoder.decode(_revert_bytes(error)), None)
+        if int(receipt["status"], 16) != 1:
+            return TxOutcome(UnknownRevert("UnknownRevert", {"note": "failed without a revert error"}), None)
+        return TxOutcome(None, receipt)
+
+    def _function(self, contract: Contract, fn: str) -> tuple[bytes, list[str], list[str]]:
+        key = (contract.address, fn)
+        found = self._functions.get(key)
+        if found is None:
+            abi = contract.get_function_by_name(fn).abi
+            found = (
+                keccak(text=abi_signature(abi))[:4],
+                [canonical_type(item) for item in abi["inputs"]],
+                [canonical_type(item) for item in abi["outputs"]],
+            )
+            self._functions[key] = found
+        return found
+
+    def _calldata(self, contract: Contract, fn: str, args: Sequence[Any]) -> str:
+        selector, input_types, _ = self._function(contract, fn)
+        return "0x" + (selector + abi_encode(input_types, list(args))).hex()
 
     def view(self, contract: Contract, fn: str, *args: Any) -> Any:
-        """A read-only call, encoded once per (function, arguments) and decoded with eth_abi (fast path)."""
-        key = (contract.address, fn, args)
-        encoded = self._view_cache.get(key)
-        if encoded is None:
-            outputs = contract.get_function_by_name(fn).abi["outputs"]
-            encoded = (contract.encode_abi(fn, list(args)), [_abi_type(item) for item in outputs])
-            self._view_cache[key] = encoded
-        data, output_types = encoded
-        raw = self.tester.call(
-            {"from": self.deployer.address, "to": contract.address, "data": data}, "latest"
-        )
-        values = abi_decode(output_types, bytes.fromhex(raw[2:]) if isinstance(raw, str) else raw)
+        """A read-only call at the chain head, decoded with eth_abi."""
+        data = self._calldata(contract, fn, args)
+        raw = self.rpc.call("eth_call", {"from": self.deployer.address, "to": contract.address, "data": data})
+        values = abi_decode(self._function(contract, fn)[2], bytes.fromhex(raw[2:]))
         return values[0] if len(values) == 1 else values
 
     def view_struct(self, contract: Contract, fn: str, *args: Any) -> dict[str, Any]:
         """A view returning one struct, as {member name: value} (names from the ABI)."""
         components = contract.get_function_by_name(fn).abi["outputs"][0]["components"]
         return dict(zip((c["name"] for c in components), self.view(contract, fn, *args), strict=True))
+
+    def storage_words(self, wanted: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """The words at (contract address, slot) at the chain head: one eth_call per contract, all in one
+        round trip (STORAGE_READER_CODE)."""
+        slots: dict[str, list[int]] = {}
+        for address, slot in wanted:
+            slots.setdefault(address, []).append(slot)
+        calls = [
+            (
+                "eth_call",
+                [
+                    {
+                        "to": address,
+                        "data": "0x" + b"".join(s.to_bytes(32, "big") for s in wanted_slots).hex(),
+                    },
+                    "latest",
+                    {address: {"code": STORAGE_READER_CODE}},
+                ],
+            )
+            for address, wanted_slots in slots.items()
+        ]
+        words: dict[tuple[str, int], int] = {}
+        for (address, wanted_slots), raw in zip(slots.items(), self.rpc.batch(calls), strict=True):
+            data = bytes.fromhex(raw[2:])
+            for i, slot in enumerate(wanted_slots):
+                words[(address, slot)] = int.from_bytes(data[32 * i : 32 * i + 32], "big")
+        return words
 
     # ---- EIP-712 (the client's encoder, so these signatures are the ones the contracts check) ----
 

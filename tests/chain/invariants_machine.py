@@ -1,12 +1,13 @@
 """Hypothesis state machine: random market histories on the real bytecode, checked after every step.
 
-Each rule performs one party action on the in-process EVM and the same action on the reference model
+Each rule performs one party action on a hardhat node (EDR) and the same action on the reference model
 (`invariants_model.Model`); a revert the model predicts must come back as that exact typed error with
 those arguments. After every step the invariants below are checked from chain observations (contract
-storage read straight from py-evm, token balances, the events of the step) and ghost variables, and
-every account, order and unit is compared field by field with the model. Every example ends by driving
-the market past all deadlines and closing every position: all funds must exit (liveness); there the
-storage reader is also cross-checked against the contracts' public views, and nonces are compared.
+storage read straight from the node in one batch, token balances, the events of the step) and ghost
+variables, and every account, order and unit is compared field by field with the model. Every example
+ends by driving the market past all deadlines and closing every position: all funds must exit
+(liveness); there the storage reader is also cross-checked against the contracts' public views, and
+nonces are compared.
 Actors: operator, 2 buyers, 3 providers, 2 verifiers; the deployer also holds MARKET_ROLE on the
 StakeManager, acting as a second market that slashes directly (SECURITY.md A7).
 
@@ -119,9 +120,9 @@ def _mostly(data: st.DataObject, odds: int, label: str) -> bool:
     return data.draw(st.integers(0, odds), label=label) > 0
 
 
-def _raw(value: str | bytes) -> bytes:
-    """Receipt fields arrive as 0x-hex strings from eth-tester and as bytes from web3."""
-    return bytes.fromhex(value[2:]) if isinstance(value, str) else bytes(value)
+def _raw(value: str) -> bytes:
+    """Receipt fields arrive as 0x-hex strings (raw JSON-RPC)."""
+    return bytes.fromhex(value[2:])
 
 
 def _norm(value: Any) -> Any:
@@ -177,7 +178,6 @@ class MarketMachine(RuleBasedStateMachine):
         self.secrets: dict[int, UnitSecrets] = {}
         self.failures: list[tuple[str, str]] = []
         self.storage = StorageReader(chain, chain.storage_layouts)
-        self.storage.refresh()
         self.staker_addresses = [self.address_of[label] for label in STAKERS]
         self.steps = 0
         self.broken = False
@@ -200,7 +200,6 @@ class MarketMachine(RuleBasedStateMachine):
         expected = model_action()
         contract = getattr(self.chain, contract_name)
         outcome = self.chain.transact(sender, contract, fn, args, expect_revert=expected is not None)
-        self.storage.refresh()
         self.call_stats.setdefault(fn, [0, 0])[outcome.error is not None] += 1
         if outcome.error is not None:
             self.error_stats[f"{fn}: {outcome.error.name}"] = (
@@ -953,7 +952,6 @@ class MarketMachine(RuleBasedStateMachine):
     def check_step(self) -> None:
         """Check every invariant on the whole state (storage reads are cheap); raise once with all."""
         self.steps += 1
-        self.storage.refresh()
         self._check_solvency()
         self._check_settlements()
         self._check_unit_states()
@@ -1202,7 +1200,6 @@ class MarketMachine(RuleBasedStateMachine):
         for index, label in enumerate(STAKERS):
             if storage.stake_of(self.address_of[label])[2]:
                 self.do_withdraw_stake(label, signed=index % 2 == 1)
-        self.storage.refresh()
         sm_balance, jm_balance = self._sm_balance(), self._jm_balance()
         if sm_balance or jm_balance:
             self._fail(

@@ -1,4 +1,4 @@
-"""Stateful invariant tests of the contracts on the in-process EVM (SECURITY.md A1, A2, A7, A8, A15).
+"""Stateful invariant tests of the contracts on a hardhat node (SECURITY.md A1, A2, A7, A8, A15).
 
 `test_market_invariants_hold` runs random market histories (invariants_machine.MarketMachine) against
 the bytecode shipped in veritrain/contracts_data and a Python reference model, checking the named
@@ -29,7 +29,7 @@ from tests.chain.invariants_harness import compile_variant, compile_variants, lo
 from tests.chain.invariants_machine import INVARIANTS, InvariantViolation, build_chain, machine_for
 from tests.chain.invariants_scenarios import SCENARIOS, run_scenario
 
-pytestmark = pytest.mark.chain
+pytestmark = [pytest.mark.chain, pytest.mark.node_backend]
 
 MUTANTS_FILE = Path(__file__).parent / "mutants" / "mutants.json"
 DEFAULT_SEED = 20261122
