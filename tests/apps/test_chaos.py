@@ -1,20 +1,24 @@
-"""`veritrain bench chaos` without processes: the fault schedule is a function of the seed, the summary
+"""`veritrain bench chaos` without its stack: the fault schedule is a function of the seed, the summary
 adds the runs' counts up as the issue defines them, and the CLI writes them (the runs themselves are
-stubbed here; tests/e2e/test_chaos.py runs real ones)."""
+stubbed here; tests/e2e/test_chaos.py runs real ones); the stack supervises its worker as a supervisor
+would over the many runs it serves."""
 
 from __future__ import annotations
 
 import json
+import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from apps import chaos
+from apps import chaos, demo
 from apps.chaos import ChaosError, ChaosStack, Fault, FaultInjector, RunRecord, fault_schedule, summarize
 from apps.cli import main
 from apps.faultproxy import PASS, FaultProxy, LinkMode
+from veritrain.errors import ChildProcessExited
 
 
 def test_schedule_is_reproducible_from_its_seed_and_stays_in_bounds() -> None:
@@ -226,3 +230,35 @@ def test_a_buyer_run_dry_by_many_orders_is_topped_up_before_the_next_runs_snapsh
     balances["buyer"] = chaos.BUYER_FUNDS // 10
     chaos.top_up_buyer(market)
     assert len(minted) == 1
+
+
+def test_a_long_lived_stack_restarts_its_worker_as_often_as_a_supervisor_would(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the 200-run chaos bench (run 91, seed 191): one stack serves many runs, and its worker's
+    deaf exit 75 after a Redis fault is normal there (DEPLOY.md: a supervisor restarts it); the stack
+    restarted it three times in its whole life, so the fourth exit, 91 runs in, failed the run and lost its
+    order. Now the limit is three restarts within a window: a crash loop still fails, a long life does not."""
+    monkeypatch.setattr(demo, "WORKER_RESTART_WINDOW_S", 3.0)
+    market = demo.Marketplace(demo.DemoConfig(out_dir=tmp_path), emit=lambda line: None)
+    deaf = [sys.executable, "-c", "import time; time.sleep(0.3); raise SystemExit(75)"]  # up 0.3 s, then 75
+
+    def start_worker(name: str) -> None:
+        market.procs.start(name, deaf)
+
+    def deaf_exit() -> None:
+        assert market.procs["worker"].popen.wait() == 75
+
+    monkeypatch.setattr(market, "start_market_process", start_worker)
+    with market.procs:
+        start_worker("worker")
+        for _ in range(demo.MAX_WORKER_RESTARTS):
+            deaf_exit()
+            market.check_children()  # restarted
+            assert market.procs["worker"].alive()
+        deaf_exit()
+        with pytest.raises(ChildProcessExited, match="exited with code 75"):
+            market.check_children()  # a crash loop: a fourth exit within the window fails
+        time.sleep(3.1)  # the window passes: the earlier restarts no longer count
+        market.check_children()
+        assert market.procs["worker"].alive()
