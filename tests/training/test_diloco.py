@@ -379,8 +379,8 @@ def test_a_provider_runs_an_aggregate_unit_and_keeps_what_opens_its_result(tmp_p
     assert expected.output_digest.hex() in stored  # served to the next round's providers
 
 
-def test_the_verifier_agent_signs_outcomes_of_an_aggregate_job_from_fetched_blobs() -> None:
-    """verifier.agent.VerifierAgent.verify_aggregate: one outcome per replica in assignment order (accept,
+def test_the_verifier_agent_decides_outcomes_of_an_aggregate_job_from_fetched_blobs() -> None:
+    """verifier.agent.VerifierAgent.decide_aggregate: one outcome per replica in assignment order (accept,
     fraud, fault), reasons that name the recomputed digest."""
     from types import SimpleNamespace
 
@@ -414,16 +414,13 @@ def test_the_verifier_agent_signs_outcomes_of_an_aggregate_job_from_fetched_blob
         reason="spot_check",
         replicas=replicas,
     )
-    signed: list[tuple[tuple[int, ...], str]] = []
     counted: list[str] = []
     agent = SimpleNamespace(
         blobs=blobs,
-        submit=lambda job, outcomes, reasons: signed.append((outcomes, reasons)),
         metrics=SimpleNamespace(
             verdicts=SimpleNamespace(labels=lambda v: SimpleNamespace(inc=lambda: counted.append(v)))
         ),
     )
-    VerifierAgent.verify_aggregate(agent, job)
-    ((outcomes, reasons),) = signed
+    outcomes, reasons = VerifierAgent.decide_aggregate(agent, job)  # what verify() then signs and submits
     assert outcomes == (0, 2, 1) and counted == ["accept", "fraud", "fault"]
     assert json.loads(reasons)["expected"] == "0x" + honest.result_digest.hex()
