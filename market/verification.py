@@ -12,7 +12,7 @@ from sqlmodel import Session
 
 from market.context import Lifecycle, MarketContext, require_signer, row_id
 from market.orders import OrderBook
-from market.store import UnitRow, VerdictSignatureRow, VerificationJobRow
+from market.store import AgentRow, UnitRow, VerdictSignatureRow, VerificationJobRow
 from veritrain.errors import IllegalTransition, InvalidInput, NotFound
 from veritrain.messages import (
     AgentRole,
@@ -42,10 +42,7 @@ class VerificationJobs(Lifecycle):
         message = verify_signed(signed, self.config.chain_id)
         now = self.clock()
         with self.store.transaction() as session:
-            agent = self.store.get_agent(session, message.agent)
-            if agent.role != AgentRole.VERIFIER.value:
-                raise InvalidInput(f"{message.agent} is registered as {agent.role}, not as a verifier")
-            self.ctx.accept_agent_message(session, message, now)
+            agent = self._verifier_message(session, message, now)
             agent.online = True
             session.add(agent)
             views = []
@@ -70,10 +67,7 @@ class VerificationJobs(Lifecycle):
         message = verify_signed(signed, self.config.chain_id)
         now = self.clock()
         with self.store.transaction() as session:
-            agent = self.store.get_agent(session, message.agent)
-            if agent.role != AgentRole.VERIFIER.value:
-                raise InvalidInput(f"{message.agent} is registered as {agent.role}, not as a verifier")
-            self.ctx.accept_agent_message(session, message, now)
+            self._verifier_message(session, message, now)
             unit = self.store.unit_by_chain_id(session, message.chain_unit_id)
             job = self.store.job_for_unit(session, row_id(unit)) if unit is not None else None
             if unit is None or job is None:
@@ -82,6 +76,14 @@ class VerificationJobs(Lifecycle):
                 raise IllegalTransition(f"chain unit {message.chain_unit_id} has no verdict yet")
             view = self._job_view(session, job, unit)
         return view.model_copy(update={"reason": "appeal"})
+
+    def _verifier_message(self, session: Session, message: Heartbeat | EvidenceRequest, now: int) -> AgentRow:
+        """The registered verifier that signed `message`, once the message passed the replay check."""
+        agent = self.store.get_agent(session, message.agent)
+        if agent.role != AgentRole.VERIFIER.value:
+            raise InvalidInput(f"{message.agent} is registered as {agent.role}, not as a verifier")
+        self.ctx.accept_agent_message(session, message, now)
+        return agent
 
     def _job_view(self, session: Session, job: VerificationJobRow, unit: UnitRow) -> VerificationJobView:
         order = self.store.get_order(session, unit.order_id)
