@@ -10,7 +10,8 @@ the EVM node (a hardhat node, whose state lives in its memory and survives the f
 slow, lossy link of a provider or the verifier (each agent reaches the market API and the chain RPC
 through its own link of apps.faultproxy, while the agent itself keeps running: a provider cut off while
 its unit is being committed comes back late); and now and then the crash of a training provider that
-returns only after the order has ended. After the order ends it is checked from the chain's events and
+returns only after the order has ended (or, if its commitment may have left, reboots and must reveal what
+it saved). After the order ends it is checked from the chain's events and
 balances and the market's database (its order status): the order completed or was refunded, no unit was
 paid twice (a late result of a partitioned provider included), deposit = payouts + fees + refund exactly
 (apps.demo_report's checks), no escrow, credit or locked collateral is left, no honest party was slashed
@@ -84,8 +85,13 @@ LONG_DOWN_S = (20.0, 45.0)
 LONG_DOWN_P = 0.25
 # At most one provider per run "crash"es: the first one found training (its unit committing) is killed
 # and comes back only once the order has ended, so its unit must settle without it and run again
-# elsewhere (the one unit of work a fault may cost).
+# elsewhere (the one unit of work a fault may cost). A provider whose commitment was already on its disk
+# when it was killed may have sent it: staying down would withhold its reveal, which loses the penalty by
+# design (docs/TRUST.md), so its crash is a reboot, back after REBOOT_S, well inside the reveal window,
+# and it must reveal from what it saved (run 132, seed 232 of the 2026-11-24 200-run bench: a crash 0.4 s
+# after the commit, counted as a false slash).
 CRASH_P = 0.3
+REBOOT_S = 10.0
 BUSY_PROVIDER = "busy-provider"
 BUSY_PARTITION_P = 0.5  # half of the providers' partitions wait for a unit being committed
 MARKET_DOWN_S = (1.0, 4.0)  # the market API, its Celery worker, (with --broker redis) its Redis, the EVM node
@@ -119,9 +125,10 @@ class Fault:
     """One fault: at `at_s` after the order is posted, `action` on `target` for `down_s` seconds.
 
     Process faults: "kill" (SIGKILL, then a restart), "stop" (SIGSTOP, then SIGCONT) and "crash" (SIGKILL,
-    restarted only after the order has ended; down_s 0). Link faults, of an agent's link to the market
-    API and the chain (apps.faultproxy; the agent keeps running): "partition" (every connection reset)
-    and "slow" (+`delay_ms` each way, each chunk lost with probability `loss`)."""
+    restarted only after the order has ended, or after REBOOT_S if it had committed; down_s 0). Link
+    faults, of an agent's link to the market API and the chain (apps.faultproxy; the agent keeps running):
+    "partition" (every connection reset) and "slow" (+`delay_ms` each way, each chunk lost with
+    probability `loss`)."""
 
     at_s: float
     action: str
@@ -195,8 +202,10 @@ class FaultInjector:
         self.posted = time.monotonic()
         self.injected: list[dict[str, Any]] = []
         self.crashed: list[str] = []
+        self.status: dict[str, Any] = {"units": []}
 
     def tick(self, status: dict[str, Any]) -> None:
+        self.status = status
         while self.pending and time.monotonic() - self.posted >= self.pending[0].at_s:
             fault = self.pending[0]
             if fault.target == BUSY_PROVIDER:
@@ -216,6 +225,20 @@ class FaultInjector:
                     if names.get(address, "") not in ("", *self.crashed):
                         return names[address]
         return None
+
+    def commitment_on_disk(self, name: str) -> bool:
+        """Whether provider `name` had saved the salt of a commitment it has not revealed, for a unit of the
+        order (it saves one before the commitment leaves the process, node.agent)."""
+        from node.agent import UnitRecord
+
+        address = self.market.parties[name].address
+        units = self.market.config.work_dir / name / "units"
+        for unit in self.status["units"]:
+            if address in unit["providers"]:
+                record = UnitRecord.load(units / str(unit["unit_id"]), int(unit["unit_id"]))
+                if record.salt is not None and not record.revealed:
+                    return True
+        return False
 
     def finish(self) -> None:
         """The order has ended: crashed agents come back (the next run needs every provider)."""
@@ -239,6 +262,12 @@ class FaultInjector:
         self.emit(f"chaos: {fault.describe()} (applied at +{at:.1f}s)")
         if fault.action == "crash":
             market.kill(fault.target)
+            if self.commitment_on_disk(fault.target):
+                self.emit(f"chaos: {fault.target} had committed: a reboot, back in {REBOOT_S:.0f}s")
+                time.sleep(REBOOT_S)
+                market.restart(fault.target)
+                self.injected.append({**asdict(fault), "applied_at_s": round(at, 1), "rebooted_s": REBOOT_S})
+                return
             self.crashed.append(fault.target)
             self.injected.append({**asdict(fault), "applied_at_s": round(at, 1)})
             return

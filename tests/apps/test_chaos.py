@@ -18,6 +18,7 @@ from apps import chaos, demo
 from apps.chaos import ChaosError, ChaosStack, Fault, FaultInjector, RunRecord, fault_schedule, summarize
 from apps.cli import main
 from apps.faultproxy import PASS, FaultProxy, LinkMode
+from node.agent import UnitRecord
 from veritrain.errors import ChildProcessExited
 
 
@@ -166,30 +167,61 @@ def test_an_interrupted_bench_resumes_from_its_json_and_refuses_another_seeds(
         chaos.run_chaos(4, 10, tmp_path, "filesystem", print, out, resume=True)
 
 
-def test_a_crash_waits_for_a_busy_provider_which_is_left_alone_until_the_order_ends() -> None:
-    calls: list[str] = []
+class FakeMarket:
+    """Three providers whose data folders live under `work_dir`; records kills and restarts."""
 
-    class FakeMarket:
-        def providers(self) -> list[Any]:
-            return [SimpleNamespace(address=f"0x{i}", name=f"provider-{i}") for i in range(3)]
+    def __init__(self, work_dir: Path) -> None:
+        self.calls: list[str] = []
+        self.config = SimpleNamespace(work_dir=work_dir)
+        names = [f"provider-{i}" for i in range(3)]
+        self.parties = {name: SimpleNamespace(address=f"0x{i}", name=name) for i, name in enumerate(names)}
 
-        def kill(self, name: str) -> None:
-            calls.append(f"kill {name}")
+    def providers(self) -> list[Any]:
+        return list(self.parties.values())
 
-        def restart(self, name: str) -> None:
-            calls.append(f"restart {name}")
+    def kill(self, name: str) -> None:
+        self.calls.append(f"kill {name}")
 
+    def restart(self, name: str) -> None:
+        self.calls.append(f"restart {name}")
+
+
+def test_a_crash_waits_for_a_busy_provider_which_is_left_alone_until_the_order_ends(tmp_path: Path) -> None:
+    market = FakeMarket(tmp_path)
     schedule = [Fault(0.0, "crash", chaos.BUSY_PROVIDER, 0.0), Fault(0.0, "kill", "provider-2", 0.0)]
-    stack = ChaosStack(FakeMarket(), FaultProxy())  # type: ignore[arg-type]
+    stack = ChaosStack(market, FaultProxy())  # type: ignore[arg-type]
     injector = FaultInjector(stack, schedule, lambda line: None)
     injector.tick({"units": [{"unit_id": 1, "state": "proposed", "providers": ["0x1"]}]})
-    assert calls == []  # nobody trains yet: the crash and the faults behind it wait
+    assert market.calls == []  # nobody trains yet: the crash and the faults behind it wait
     injector.tick({"units": [{"unit_id": 2, "state": "committing", "providers": ["0x2", "0x0"]}]})
     # provider-2 crashed; the kill scheduled for it is not applied (it is down until the order ends)
-    assert calls == ["kill provider-2"]
+    assert market.calls == ["kill provider-2"]
     assert [(f["action"], f["target"]) for f in injector.injected] == [("crash", "provider-2")]
     injector.finish()
-    assert calls == ["kill provider-2", "restart provider-2"] and injector.crashed == []
+    assert market.calls == ["kill provider-2", "restart provider-2"] and injector.crashed == []
+
+
+def test_a_provider_crashed_after_saving_its_commitment_reboots_to_reveal_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run 132 (seed 232) of the 2026-11-24 bench: the crash hit provider-1 0.4 s after its commit, it
+    stayed down and lost the withhold penalty. A provider whose unsent-or-sent commitment is on its disk
+    reboots instead; one whose record has no salt yet (or that revealed) stays down."""
+    monkeypatch.setattr(chaos, "REBOOT_S", 0.0)
+    market = FakeMarket(tmp_path)
+    UnitRecord(unit_id=7, salt="0x" + "11" * 32, committed=True).save(tmp_path / "provider-1" / "units" / "7")
+    UnitRecord(unit_id=6, salt="0x" + "22" * 32, revealed=True).save(tmp_path / "provider-0" / "units" / "6")
+    schedule = [Fault(0.0, "crash", chaos.BUSY_PROVIDER, 0.0)]
+    injector = FaultInjector(ChaosStack(market, FaultProxy()), schedule, lambda line: None)  # type: ignore[arg-type]
+    injector.tick({"units": [{"unit_id": 7, "state": "committing", "providers": ["0x1", "0x2"]}]})
+    assert market.calls == ["kill provider-1", "restart provider-1"] and injector.crashed == []
+    assert injector.injected[0]["rebooted_s"] == 0.0
+    for unit_id, name in ((6, "provider-0"), (8, "provider-2")):  # revealed; nothing saved yet
+        market.calls.clear()
+        injector = FaultInjector(ChaosStack(market, FaultProxy()), list(schedule), lambda line: None)  # type: ignore[arg-type]
+        unit = {"unit_id": unit_id, "state": "committing", "providers": [market.parties[name].address]}
+        injector.tick({"units": [unit]})
+        assert market.calls == [f"kill {name}"] and injector.crashed == [name]
 
 
 def test_a_link_fault_switches_the_agents_link_for_its_duration_and_heals_it() -> None:
