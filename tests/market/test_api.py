@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -91,9 +92,21 @@ def test_two_round_order_runs_to_completion_on_the_fast_path(
     assert len(ledger.effects("UnitAssigned")) == 2
 
 
-def test_disagreeing_replicas_go_to_verifiers_and_a_majority_with_different_reasons_settles(
+@dataclass(frozen=True)
+class Dispute:
+    """A one-round order whose unit's replicas disagreed (one cheat), pulled by its assigned verifiers."""
+
+    providers: list[Any]
+    verifiers: list[Any]
+    cheat: str
+    unit_id: int
+    job: dict[str, Any]
+    signers: list[Any]  # the verifiers the job went to
+
+
+def disputed_unit(
     client: TestClient, service: MarketService, ledger: LedgerChain, make_agent: Any, clock: Clock
-) -> None:
+) -> Dispute:
     no_audit(service)
     providers, verifiers = register_market(client, make_agent)
     keys = {k.address: k for k in providers}
@@ -101,15 +114,22 @@ def test_disagreeing_replicas_go_to_verifiers_and_a_majority_with_different_reas
     (match,) = service.matching.match_pending()
     cheat = match.selected[1]
     unit_id = run_unit(client, service, keys, {"default": "0x" + "11" * 32, cheat: "0x" + "66" * 32})
-
     pulled = {}
     for verifier in verifiers:
         reply = client.post("/verification/jobs", json=verifier.heartbeat().model_dump(mode="json"))
         assert reply.status_code == 200
         pulled[verifier.address] = reply.json()["jobs"]
     (job,) = next(jobs for jobs in pulled.values() if jobs)
-    assert job["reason"] == "digests_differ" and len(job["replicas"]) == 3
     signers = [v for v in verifiers if pulled[v.address]]
+    return Dispute(providers, verifiers, cheat, unit_id, job, signers)
+
+
+def test_disagreeing_replicas_go_to_verifiers_and_a_majority_with_different_reasons_settles(
+    client: TestClient, service: MarketService, ledger: LedgerChain, make_agent: Any, clock: Clock
+) -> None:
+    dispute = disputed_unit(client, service, ledger, make_agent, clock)
+    cheat, job, signers, unit_id = dispute.cheat, dispute.job, dispute.signers, dispute.unit_id
+    assert job["reason"] == "digests_differ" and len(job["replicas"]) == 3
     assert len(signers) == 2  # both assigned verifiers: a majority of two is two
     outcomes = [2 if r["provider"] == cheat else 0 for r in job["replicas"]]
     # Each verifier's reasons carry its own measurements, so their hashes differ; the outcomes agree.
@@ -141,19 +161,8 @@ def test_a_decided_unit_s_evidence_is_served_to_verifiers_for_an_appeal(
 ) -> None:
     """POST /verification/evidence: what a seated referee re-executes. Refused while the verifiers have not
     decided, to a non-verifier, for an unknown unit, and on a replayed nonce; nothing changes then."""
-    no_audit(service)
-    providers, verifiers = register_market(client, make_agent)
-    keys = {k.address: k for k in providers}
-    post_order(client, ledger, make_agent(), clock, total_steps=20)
-    (match,) = service.matching.match_pending()
-    cheat = match.selected[1]
-    run_unit(client, service, keys, {"default": "0x" + "11" * 32, cheat: "0x" + "66" * 32})
-    pulled = {
-        v.address: client.post("/verification/jobs", json=v.heartbeat().model_dump(mode="json"))
-        for v in verifiers
-    }
-    signers = [v for v in verifiers if pulled[v.address].json()["jobs"]]
-    (job,) = pulled[signers[0].address].json()["jobs"]
+    dispute = disputed_unit(client, service, ledger, make_agent, clock)
+    providers, verifiers, job = dispute.providers, dispute.verifiers, dispute.job
 
     def request(agent: Any, unit: int, nonce: int | None = None) -> Signed[EvidenceRequest]:
         message = EvidenceRequest(
@@ -176,8 +185,8 @@ def test_a_decided_unit_s_evidence_is_served_to_verifiers_for_an_appeal(
     assert ask(referee, job["chain_unit_id"] + 100).status_code == 404
     assert ask(referee, 2**256 - 1).status_code == 404  # the widest id the message allows
     assert snapshot(store) == before  # refused: not even the nonce was taken
-    outcomes = [2 if r["provider"] == cheat else 0 for r in job["replicas"]]
-    for signer in signers:
+    outcomes = [2 if r["provider"] == dispute.cheat else 0 for r in job["replicas"]]
+    for signer in dispute.signers:
         body = verdict_body(signer, job, outcomes, "0x" + "99" * 32, clock)
         assert client.post("/verification/verdict", json=body).status_code == 200
     evidence = MarketClient(http=client).evidence(request(referee, job["chain_unit_id"]))  # typed reply
