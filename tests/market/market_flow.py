@@ -75,6 +75,14 @@ def pull(client: TestClient, key: AgentKey) -> list[dict[str, Any]]:
     return list(response.json()["assignments"])
 
 
+def accept_offered(client: TestClient, keys: dict[str, AgentKey]) -> None:
+    """Every provider signs the Accept of every unit offered to it."""
+    for key in keys.values():
+        for assignment in pull(client, key):
+            sub = key.accept(assignment["unit_id"], assignment["chain_order_id"], assignment["unit_key"])
+            assert client.post("/assignments/accept", json=sub.model_dump(mode="json")).status_code == 200
+
+
 def drain_outbox(service: MarketService) -> None:
     for _ in range(20):
         pending = service.outbox.pending_outbox()

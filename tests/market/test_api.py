@@ -18,6 +18,7 @@ from chain_double import DEFAULT_FREE_STAKE, LedgerChain
 from fastapi.testclient import TestClient
 from market_flow import (
     ROOT,
+    accept_offered,
     bound,
     drain_outbox,
     post_order,
@@ -263,10 +264,7 @@ def test_failed_unit_is_retried_under_a_new_unit_key(
     keys = {k.address: k for k in providers}
     post_order(client, ledger, make_agent(), clock, total_steps=20)
     service.matching.match_pending()
-    for key in keys.values():
-        for assignment in pull(client, key):
-            sub = key.accept(assignment["unit_id"], assignment["chain_order_id"], assignment["unit_key"])
-            client.post("/assignments/accept", json=sub.model_dump(mode="json"))
+    accept_offered(client, keys)
     drain_outbox(service)
     clock.now += 4000  # nobody commits; past commit + reveal + verdict windows
     for key in providers:
@@ -318,10 +316,7 @@ def test_chain_events_confirm_what_another_relayer_did(
     keys = {k.address: k for k in providers}
     post_order(client, ledger, make_agent(), clock, total_steps=20)
     service.matching.match_pending()
-    for key in keys.values():
-        for assignment in pull(client, key):
-            sub = key.accept(assignment["unit_id"], assignment["chain_order_id"], assignment["unit_key"])
-            client.post("/assignments/accept", json=sub.model_dump(mode="json"))
+    accept_offered(client, keys)
     with service.store.transaction() as session:
         (entry,) = service.store.outbox_in(session, ["pending"])
         payload = json.loads(entry.payload_json)
