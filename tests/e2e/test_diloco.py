@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from orders import KillMidUnit, close_and_check
 
 from apps.demo import (
     HONEST_CPU_CONFIGURATIONS,
@@ -22,10 +23,8 @@ from apps.demo import (
     DemoConfig,
     Marketplace,
     UnitOutcome,
-    build_report,
     collect_training,
     marketplace,
-    order_money,
     progress_printer,
     start_stack,
 )
@@ -39,19 +38,6 @@ pytestmark = [
     pytest.mark.redis,
     pytest.mark.timeout(600),
 ]
-
-
-def _shard_unit_in_progress(market: Marketplace, buyer: Buyer, round_index: int) -> tuple[str, int] | None:
-    """(provider name, unit id) of a training unit of `round_index` whose provider's log shows steps."""
-    names = {party.address: party.name for party in market.providers()}
-    for unit in buyer.status()["units"]:
-        if (unit["round_index"], unit["kind"], unit["state"]) != (round_index, "train", "committing"):
-            continue
-        for address in unit["providers"]:
-            log = market.procs[names[address]].log_path.read_text(errors="replace")
-            if re.search(rf"unit {unit['unit_id']}: step \d+/", log):
-                return names[address], int(unit["unit_id"])
-    return None
 
 
 def anchored_digest(unit: UnitOutcome) -> str:
@@ -133,26 +119,15 @@ def test_m2_order_completes_with_a_shard_provider_killed_mid_unit(
         before = start_stack(market)
         buyer = Buyer(market)
         buyer.post_order()
-        victim: list[tuple[str, int]] = []
-
-        def crash_mid_unit(status: dict[str, Any]) -> None:
-            found = None if victim else _shard_unit_in_progress(market, buyer, round_index=0)
-            if found is not None:
-                market.kill(found[0])
-                victim.append(found)
-                emit(f"test: SIGKILLed {found[0]} while it trained unit {found[1]}")
-
-        buyer.wait_completed(started + 480, on_tick=crash_mid_unit)
-        assert victim, "no provider was caught mid-unit"
+        crash = KillMidUnit(market, buyer, emit, round_index=0, kind="train")
+        buyer.wait_completed(started + 480, on_tick=crash)
+        assert crash.victim is not None, "no provider was caught mid-unit"
         status = buyer.status()
-        buyer.close(started + 500)
-        market.withdraw_all_credits()
-        after = market.holdings()
-        _, checks = build_report(market, buyer, before, after, None, started)
-        money, units = order_money(market.events(buyer.posted_block), buyer.chain_order_id)
+        closed = close_and_check(market, buyer, before, started, started + 500)
+        checks, money, units = closed.checks, closed.money, closed.units
         audited = recompute_aggregates(market, status, units)
         training = collect_training(market, units, status, tmp_path)
-        killed = market.parties[victim[0][0]].address
+        killed = market.parties[crash.victim[0]].address
 
     # Every round closed on its aggregate unit, whose digest on chain is the one recomputed here.
     assert len(audited) == config.rounds
@@ -160,7 +135,7 @@ def test_m2_order_completes_with_a_shard_provider_killed_mid_unit(
         assert recomputed == anchored
     assert status["current_state_digest"] == audited[-1][2] == training.final_state_digest
     # The victim's attempt settled unpaid; its shard ran again, on another provider.
-    (dead,) = [u for u in status["units"] if u["unit_id"] == victim[0][1]]
+    (dead,) = [u for u in status["units"] if u["unit_id"] == crash.victim[1]]
     retry = [
         u
         for u in status["units"]
@@ -205,11 +180,8 @@ def test_honest_providers_on_different_cpu_configurations_are_all_paid(
         buyer.post_order()
         buyer.wait_completed(started + 480)
         status = buyer.status()
-        buyer.close(started + 500)
-        market.withdraw_all_credits()
-        after = market.holdings()
-        report, checks = build_report(market, buyer, before, after, None, started)
-        money, units = order_money(market.events(buyer.posted_block), buyer.chain_order_id)
+        closed = close_and_check(market, buyer, before, started, started + 500)
+        report, checks, money, units = closed.report, closed.checks, closed.money, closed.units
         audited = recompute_aggregates(market, status, units)
         classes = {
             party.name: re.findall(r"class (\S+)", market.procs[party.name].log_path.read_text())[:1]

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from eth_account import Account
+from orders import KillMidUnit, close_and_check
 
 from apps.buyer import UnitOutcome, order_money
 from apps.demo import (
@@ -21,7 +22,6 @@ from apps.demo import (
     Buyer,
     DemoConfig,
     Marketplace,
-    build_report,
     marketplace,
     progress_printer,
     run_demo,
@@ -57,19 +57,6 @@ def test_demo_flow_on_postgresql_and_redis(
     assert (tmp_path / "demo-report.json").is_file()
     assert (tmp_path / "loss-curve.png").stat().st_size > 0
     assert (tmp_path / "final-weights.safetensors").stat().st_size > 0
-
-
-def _unit_in_progress(market: Marketplace, buyer: Buyer, round_index: int) -> tuple[str, int] | None:
-    """(provider name, unit id) of a replica of round `round_index` whose log shows training steps."""
-    names = {party.address: party.name for party in market.providers()}
-    for unit in buyer.status()["units"]:
-        if unit["round_index"] != round_index or unit["state"] != "committing":
-            continue
-        for address in unit["providers"]:
-            log = market.procs[names[address]].log_path.read_text(errors="replace")
-            if re.search(rf"unit {unit['unit_id']}: step \d+/", log):
-                return names[address], int(unit["unit_id"])
-    return None
 
 
 def two_providers_k1(tmp_path: Path) -> DemoConfig:
@@ -113,23 +100,12 @@ def test_killed_provider_unit_migrates_and_nobody_is_paid_twice(tmp_path: Path) 
         before = start_stack(market)
         buyer = Buyer(market)
         buyer.post_order()
-        victim: list[tuple[str, int]] = []
-
-        def crash_mid_unit(status: dict[str, Any]) -> None:
-            found = None if victim else _unit_in_progress(market, buyer, round_index=0)
-            if found is not None:
-                market.kill(found[0])
-                victim.append(found)
-                emit(f"test: SIGKILLed {found[0]} while it trained unit {found[1]}")
-
-        buyer.wait_completed(started + 360, on_tick=crash_mid_unit)
-        assert victim, "no provider was caught mid-unit"
-        buyer.close(started + 380)
-        market.withdraw_all_credits()
-        after = market.holdings()
-        report, checks = build_report(market, buyer, before, after, None, started)
-        money, units = order_money(market.events(buyer.posted_block), buyer.chain_order_id)
-        killed = market.parties[victim[0][0]].address
+        crash = KillMidUnit(market, buyer, emit, round_index=0)
+        buyer.wait_completed(started + 360, on_tick=crash)
+        assert crash.victim is not None, "no provider was caught mid-unit"
+        closed = close_and_check(market, buyer, before, started, started + 380)
+        report, checks, money, units = closed.report, closed.checks, closed.money, closed.units
+        killed = market.parties[crash.victim[0]].address
 
     # The victim's attempt settled without paying anyone; the unit ran again, on the other provider.
     dead = [u for u in units if killed in u.providers and "accept" not in u.outcomes]
@@ -169,11 +145,8 @@ def test_an_accepted_result_outlives_its_only_producer(tmp_path: Path) -> None:
 
         buyer.wait_completed(started + 360, on_tick=kill_the_producer)
         assert victim, "round 2 never opened"
-        buyer.close(started + 380)
-        market.withdraw_all_credits()
-        after = market.holdings()
-        report, checks = build_report(market, buyer, before, after, None, started)
-        money, units = order_money(market.events(buyer.posted_block), buyer.chain_order_id)
+        closed = close_and_check(market, buyer, before, started, started + 380)
+        report, checks, money, units = closed.report, closed.checks, closed.money, closed.units
         killed = market.parties[victim[0][0]].address
         digest = victim[0][1].removeprefix("0x")
         custodians = [
@@ -227,11 +200,8 @@ def test_restarted_provider_resumes_its_unit_from_the_last_checkpoint(tmp_path: 
             with pytest.raises(RequestDenied):
                 stranger.fetch(provider.peer_addr, final, timeout=30)
             assert sha256(owner.fetch(provider.peer_addr, final, timeout=30)).hexdigest() == final
-        buyer.close(started + 320)
-        market.withdraw_all_credits()
-        after = market.holdings()
-        _, checks = build_report(market, buyer, before, after, None, started)
-        money, units = order_money(market.events(buyer.posted_block), buyer.chain_order_id)
+        closed = close_and_check(market, buyer, before, started, started + 320)
+        checks, money, units = closed.checks, closed.money, closed.units
         log = market.procs[provider.name].log_path.read_text(errors="replace")
 
     assert restarted, "the provider was never caught mid-unit"
