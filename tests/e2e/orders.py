@@ -1,16 +1,32 @@
-"""What the end-to-end tests of one order share: a provider killed while it trains, and the order closed and
-checked from the chain (its money from events, apps.demo's report checks)."""
+"""What the end-to-end tests of one order share: waiting for what the processes do, a provider killed while
+it trains, and the order closed and checked from the chain (its money from events, apps.demo's report
+checks)."""
 
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from apps.buyer import UnitOutcome, order_money
 from apps.demo import Buyer, Marketplace, build_report
 from apps.demo_report import Checks, Holdings, OrderMoney
+
+T = TypeVar("T")
+
+
+def wait_until(
+    market: Marketplace, condition: Callable[[], T], deadline: float, failure: str | Callable[[], str]
+) -> T:
+    """Poll `condition` every 0.5 s until it returns something truthy, and return that; fail with `failure`
+    once `deadline` (time.monotonic) has passed, and at once when a child of the marketplace has died."""
+    while not (value := condition()):
+        assert time.monotonic() < deadline, failure if isinstance(failure, str) else failure()
+        market.check_children()
+        time.sleep(0.5)
+    return value
 
 
 def unit_in_progress(

@@ -10,16 +10,15 @@ when it is opened; a screenshot is kept as an artifact. The market, the worker a
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 from browser import chromium, save_artifact
+from orders import wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
-from apps.demo import Buyer, DemoConfig, Marketplace, marketplace, progress_printer, start_stack
+from apps.demo import Buyer, DemoConfig, marketplace, progress_printer, start_stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.node_backend, pytest.mark.torch, pytest.mark.timeout(420)]
 
@@ -37,19 +36,6 @@ def scrape(port: int) -> dict[str, float]:
 def total(samples: list[dict[str, float]], prefix: str) -> float:
     """Sum of every sample whose name (with labels) starts with `prefix`, over several scrapes."""
     return sum(v for s in samples for k, v in s.items() if k.startswith(prefix))
-
-
-def wait_for(what: str, check: Callable[[], Any], market: Marketplace, timeout: float = 240) -> Any:
-    """Poll `check` until it returns something truthy; the stack's children must stay alive meanwhile."""
-    deadline = time.monotonic() + timeout
-    while True:
-        market.check_children()
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.25)
 
 
 def test_dashboard_shows_a_running_order_and_every_endpoint_exports_metrics(tmp_path: Path) -> None:
@@ -76,15 +62,19 @@ def test_dashboard_shows_a_running_order_and_every_endpoint_exports_metrics(tmp_
 
         page.get(market.market_url + "/")
         curve = page.find_element(By.ID, "loss-curve")
-        first = wait_for(
-            "the loss curve's first points", lambda: int(curve.get_attribute("data-points")), market
+        first = wait_until(
+            market,
+            lambda: int(curve.get_attribute("data-points")),
+            time.monotonic() + 240,
+            "the loss curve never showed a point",
         )
-        more = wait_for(
-            "the loss curve to gain points",
+        more = wait_until(
+            market,
             lambda: (
                 int(curve.get_attribute("data-points")) > first and int(curve.get_attribute("data-points"))
             ),
-            market,
+            time.monotonic() + 240,
+            "the loss curve gained no points",
         )
         assert more > first
 
@@ -95,13 +85,13 @@ def test_dashboard_shows_a_running_order_and_every_endpoint_exports_metrics(tmp_
                     return int(unit["id"])
             return None
 
-        unit_id = wait_for("a unit with a signed verdict", verified_unit, market)
+        unit_id = wait_until(market, verified_unit, time.monotonic() + 240, "no unit got a signed verdict")
         page.find_element(By.CSS_SELECTOR, f'button.unit[data-unit-id="{unit_id}"]').click()
-        verdicts = wait_for(
-            "the opened unit's verdicts on the page",
-            lambda: [e.text for e in page.find_elements(By.CSS_SELECTOR, "#unit-verdicts .verdict")],
+        verdicts = wait_until(
             market,
-            timeout=10,
+            lambda: [e.text for e in page.find_elements(By.CSS_SELECTOR, "#unit-verdicts .verdict")],
+            time.monotonic() + 10,
+            "the opened unit's verdicts never showed on the page",
         )
         assert any("fraud" in line for line in verdicts) and any("accept" in line for line in verdicts)
         assert page.find_element(By.ID, "unit-title").text.startswith(str(unit_id))

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from eth_account import Account
-from orders import KillMidUnit, close_and_check
+from orders import KillMidUnit, close_and_check, wait_until
 
 from apps.buyer import UnitOutcome, order_money
 from apps.demo import (
@@ -267,18 +267,20 @@ def test_referee_agents_re_execute_an_appealed_verdict_and_confirm_it(tmp_path: 
         start_stack(market)
         client = market.client
         verifiers = [party.address for party in market.verifiers()]
-        while not all(client.in_referee_pool(address) for address in verifiers):
-            assert time.monotonic() < started + 180, "the verifiers did not all join the referee pool"
-            market.check_children()
-            time.sleep(0.5)
+        wait_until(
+            market,
+            lambda: all(client.in_referee_pool(address) for address in verifiers),
+            started + 180,
+            "the verifiers did not all join the referee pool",
+        )
         buyer = Buyer(market)
         buyer.post_order()
-        verdicts: list[Any] = []
-        while not verdicts:
-            assert time.monotonic() < started + 300, "no unit was settled by a verdict"
-            market.check_children()
-            verdicts = [e for e in market.events(buyer.posted_block) if e.name == "VerdictRecorded"]
-            time.sleep(0.5)
+        verdicts = wait_until(
+            market,
+            lambda: [e for e in market.events(buyer.posted_block) if e.name == "VerdictRecorded"],
+            started + 300,
+            "no unit was settled by a verdict",
+        )
         unit_id, verdict = int(verdicts[0].args["unitId"]), [int(o) for o in verdicts[0].args["outcomes"]]
         assert 2 in verdict, verdict  # the dishonest replica was judged fraud
 
@@ -295,12 +297,12 @@ def test_referee_agents_re_execute_an_appealed_verdict_and_confirm_it(tmp_path: 
         assert len(panel) == 3 and set(panel) <= set(verifiers) and not set(panel) & unit_parties
         emit(f"test: appealed unit {unit_id}'s verdict {verdict}; panel {panel}")
         tokens_before = {address: client.token_balance(address) for address in panel}
-        while client.get_appeal(unit_id).state == AppealState.PENDING:
-            assert time.monotonic() < started + 400, (
-                f"the panel did not end the appeal: {client.get_appeal(unit_id)}"
-            )
-            market.check_children()
-            time.sleep(0.5)
+        wait_until(
+            market,
+            lambda: client.get_appeal(unit_id).state != AppealState.PENDING,
+            started + 400,
+            lambda: f"the panel did not end the appeal: {client.get_appeal(unit_id)}",
+        )
         appeal = client.get_appeal(unit_id)
         decided = client.unit_events("AppealDecided", unit_id)
         logs = {party.address: market.procs[party.name].log_path.read_text() for party in market.verifiers()}
@@ -358,12 +360,12 @@ def test_a_canary_catches_a_trusted_provider_that_cheats_once_it_works_alone(tmp
         buyer.wait_completed(deadline)
         (round_0,) = buyer.status()["units"]
         assert len(round_0["providers"]) == 3  # worked honestly by three newcomers
-        canary_unit = _canary_unit(market, buyer.posted_block)
-        while canary_unit is None:
-            market.check_children()
-            assert time.monotonic() < deadline, "the canary unit did not settle in time"
-            time.sleep(0.5)
-            canary_unit = _canary_unit(market, buyer.posted_block)
+        canary_unit = wait_until(
+            market,
+            lambda: _canary_unit(market, buyer.posted_block),
+            deadline,
+            "the canary unit did not settle in time",
+        )
     (cheater,) = canary_unit.providers
     assert canary_unit.settlement == "verdict" and canary_unit.outcomes == ["fraud"], canary_unit
     assert canary_unit.slashed[cheater] > 0 and canary_unit.signing_verifiers
