@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import String, Table, TypeDecorator, UniqueConstraint, bindparam, event, func
 from sqlalchemy.engine import Dialect, Engine
@@ -404,13 +404,7 @@ class MarketStore:
     # --- orders, rounds, units ---
 
     def get_order(self, session: Session, order_id: int, *, for_update: bool = False) -> OrderRow:
-        query = select(OrderRow).where(OrderRow.id == order_id)
-        if for_update:
-            query = query.with_for_update()
-        row = session.exec(query).first()
-        if row is None:
-            raise NotFound(f"order {order_id} does not exist")
-        return row
+        return _by_id(session, OrderRow, order_id, f"order {order_id}", for_update)
 
     def order_by_chain_id(self, session: Session, chain_order_id: int) -> OrderRow | None:
         return session.exec(select(OrderRow).where(OrderRow.chain_order_id == chain_order_id)).first()
@@ -431,13 +425,7 @@ class MarketStore:
         return row
 
     def get_unit(self, session: Session, unit_id: int, *, for_update: bool = False) -> UnitRow:
-        query = select(UnitRow).where(UnitRow.id == unit_id)
-        if for_update:
-            query = query.with_for_update()
-        row = session.exec(query).first()
-        if row is None:
-            raise NotFound(f"unit {unit_id} does not exist")
-        return row
+        return _by_id(session, UnitRow, unit_id, f"unit {unit_id}", for_update)
 
     def unit_by_chain_id(self, session: Session, chain_unit_id: int) -> UnitRow | None:
         return session.exec(select(UnitRow).where(UnitRow.chain_unit_id == chain_unit_id)).first()
@@ -582,13 +570,7 @@ class MarketStore:
         return session.exec(query).first()
 
     def get_outbox(self, session: Session, entry_id: int, *, for_update: bool = False) -> OutboxRow:
-        query = select(OutboxRow).where(OutboxRow.id == entry_id)
-        if for_update:
-            query = query.with_for_update()
-        row = session.exec(query).first()
-        if row is None:
-            raise NotFound(f"outbox entry {entry_id} does not exist")
-        return row
+        return _by_id(session, OutboxRow, entry_id, f"outbox entry {entry_id}", for_update)
 
     def outbox_before(
         self, session: Session, unit_id: int, before_id: int, states: Sequence[str]
@@ -638,13 +620,7 @@ class MarketStore:
         return session.exec(query.order_by(col(CanaryRow.id)).limit(limit)).all()
 
     def get_canary(self, session: Session, canary_id: int, *, for_update: bool = False) -> CanaryRow:
-        query = select(CanaryRow).where(CanaryRow.id == canary_id)
-        if for_update:
-            query = query.with_for_update()
-        row = session.exec(query).first()
-        if row is None:
-            raise NotFound(f"canary {canary_id} does not exist")
-        return row
+        return _by_id(session, CanaryRow, canary_id, f"canary {canary_id}", for_update)
 
     def canaries_with_spec(self, session: Session, spec_hash: str) -> Sequence[CanaryRow]:
         return session.exec(select(CanaryRow).where(CanaryRow.spec_hash == spec_hash)).all()
@@ -698,3 +674,17 @@ class MarketStore:
             session.add(row)
             session.flush()
         return row
+
+
+Row = TypeVar("Row", OrderRow, UnitRow, OutboxRow, CanaryRow)
+
+
+def _by_id(session: Session, model: type[Row], row_id: int, what: str, for_update: bool) -> Row:
+    """The `model` row with primary key `row_id`, locked FOR UPDATE when asked; NotFound names `what`."""
+    query = select(model).where(model.id == row_id)
+    if for_update:
+        query = query.with_for_update()
+    row = session.exec(query).first()
+    if row is None:
+        raise NotFound(f"{what} does not exist")
+    return row
