@@ -30,12 +30,12 @@ def wait_until(
 
 
 def unit_in_progress(
-    market: Marketplace, buyer: Buyer, round_index: int, kind: str | None = None
+    market: Marketplace, status: dict[str, Any], round_index: int, kind: str | None = None
 ) -> tuple[str, int] | None:
-    """(provider name, unit id) of a replica of a `round_index` unit (of `kind`, if given) being committed
-    whose provider's log shows training steps."""
+    """(provider name, unit id) of a replica of a `round_index` unit (of `kind`, if given) that the order's
+    `status` shows being committed and whose provider's log shows training steps."""
     names = {party.address: party.name for party in market.providers()}
-    for unit in buyer.status()["units"]:
+    for unit in status["units"]:
         if unit["round_index"] != round_index or unit["state"] != "committing":
             continue
         if kind is not None and unit["kind"] != kind:
@@ -52,21 +52,16 @@ class KillMidUnit:
     training a unit of `round_index` (of `kind`, if given); `victim` is (its name, the unit id)."""
 
     def __init__(
-        self,
-        market: Marketplace,
-        buyer: Buyer,
-        emit: Callable[[str], None],
-        round_index: int = 0,
-        kind: str | None = None,
+        self, market: Marketplace, emit: Callable[[str], None], round_index: int = 0, kind: str | None = None
     ) -> None:
-        self.market, self.buyer, self.emit = market, buyer, emit
+        self.market, self.emit = market, emit
         self.round_index, self.kind = round_index, kind
         self.victim: tuple[str, int] | None = None
 
     def __call__(self, status: dict[str, Any]) -> None:
         if self.victim is not None:
             return
-        found = unit_in_progress(self.market, self.buyer, self.round_index, self.kind)
+        found = unit_in_progress(self.market, status, self.round_index, self.kind)
         if found is not None:
             self.market.kill(found[0])
             self.victim = found

@@ -119,7 +119,7 @@ def test_m2_order_completes_with_a_shard_provider_killed_mid_unit(
         before = start_stack(market)
         buyer = Buyer(market)
         buyer.post_order()
-        crash = KillMidUnit(market, buyer, emit, round_index=0, kind="train")
+        crash = KillMidUnit(market, emit, round_index=0, kind="train")
         buyer.wait_completed(started + 480, on_tick=crash)
         assert crash.victim is not None, "no provider was caught mid-unit"
         status = buyer.status()

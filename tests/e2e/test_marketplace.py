@@ -100,7 +100,7 @@ def test_killed_provider_unit_migrates_and_nobody_is_paid_twice(tmp_path: Path) 
         before = start_stack(market)
         buyer = Buyer(market)
         buyer.post_order()
-        crash = KillMidUnit(market, buyer, emit, round_index=0)
+        crash = KillMidUnit(market, emit, round_index=0)
         buyer.wait_completed(started + 360, on_tick=crash)
         assert crash.victim is not None, "no provider was caught mid-unit"
         closed = close_and_check(market, buyer, before, started, started + 380)
