@@ -16,7 +16,9 @@ import {StakeManager} from "./StakeManager.sol";
 /// signature, and to a few staked verifiers. Providers commit to their result, then reveal it. Unanimous
 /// reveals are finalized by anyone (fast path); otherwise, or when the unit was drawn for a spot check,
 /// a majority of the unit's assigned verifiers signs a verdict per replica: accept (paid), fault (unpaid;
-/// slashed only the withhold penalty when it committed and never revealed) or fraud (slashed; a bounty goes to the signing verifiers, the rest to the buyer). Each
+/// slashed only the withhold penalty when it committed and never revealed) or fraud (held until the unit's
+/// truth is fixed on {VerdictAppeals}, then slashed, with a bounty to the signing verifiers and the rest to
+/// the buyer, or paid if a referee panel overturned the verdict: {settleHeld}). Each
 /// verifier locks `verifierCollateral` of stake for the unit. A verdict can be appealed to a referee
 /// panel ({VerdictAppeals}, which reads {verdictHashOf}); only that contract slashes a verifier whose
 /// signed outcomes contradict the unit's refereed truth. A unit nobody settles expires after its verdict deadline and its
@@ -104,6 +106,8 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
 
     /// @notice Role of the market service's relayer key, which proposes assignments and spot checks.
     bytes32 public constant OPERATOR_ROLE = keccak256("OPERATOR_ROLE");
+    /// @notice Role of {VerdictAppeals}, which alone settles a verdict's held fraud by the unit's truth.
+    bytes32 public constant APPEALS_ROLE = keccak256("APPEALS_ROLE");
     /// @notice Most replicas per unit.
     uint256 public constant MAX_REPLICAS = 5;
     /// @notice Most verifiers per unit.
@@ -312,6 +316,10 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
     /// @dev The outcomesHash of the verdict that settled a unit, for appeals ({verdictHashOf}). Written only
     /// on the dispute path.
     mapping(uint256 unitId => bytes32) private _verdictHashes;
+    /// @dev A verdicted unit's replicas judged fraud, held until its truth is fixed ({settleHeld}): bits 0..7
+    /// the replicas, bits 8..15 the verdict's signers among its verifiers, bits 16.. the verdict's time.
+    /// 0: nothing held.
+    mapping(uint256 unitId => uint256) private _held;
 
     /// @notice A constructor argument is unusable.
     error InvalidParameter(string name);
@@ -434,6 +442,11 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
     event VerdictRecorded(uint256 indexed unitId, uint8[] outcomes, bytes32 outcomesHash, address[] verifiers);
     /// @notice A replica judged fraudulent lost `amount` of stake.
     event ReplicaSlashed(uint256 indexed unitId, address indexed provider, uint256 amount);
+    /// @notice The verdict called the replicas in `replicaMask` fraud: their collateral and price are held
+    /// until the unit's truth is fixed ({settleHeld}).
+    event FraudHeld(uint256 indexed unitId, uint8 replicaMask);
+    /// @notice The held replicas were settled by the unit's truth (one outcome per replica, as a verdict).
+    event HeldSettled(uint256 indexed unitId, uint8[] truth);
     /// @notice Nobody settled the unit in time; its budget returned to the order.
     event UnitExpired(uint256 indexed unitId);
     /// @notice The order was closed and `refund` credited to its buyer.
@@ -739,10 +752,11 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
 
     /// @notice Settles a unit by the signatures of a majority of its assigned verifiers
     /// (`verifierCount / 2 + 1`), one outcome per replica in assignment order: 0 accept (paid), 1 fault
-    /// (unpaid; slashed the withhold penalty only when the replica committed and never revealed), 2 fraud (slashed). The verifier fee and the slash bounty are split evenly
-    /// among the signing verifiers (rounding dust and the rest of the slash are credited to the buyer);
-    /// unpaid prices return to the order; every verifier's collateral is released. The verdict's
-    /// outcomesHash is kept for appeals ({verdictHashOf}). Anyone may relay.
+    /// (unpaid; slashed the withhold penalty only when the replica committed and never revealed), 2 fraud
+    /// (held: see {settleHeld}). The verifier fee and the withhold penalties' bounty are split evenly among
+    /// the signing verifiers (rounding dust and the rest of the penalties are credited to the buyer); unpaid
+    /// prices return to the order; every verifier's collateral is released. The verdict's outcomesHash is
+    /// kept for appeals ({verdictHashOf}). Anyone may relay.
     function submitVerdict(uint256 unitId, uint8[] calldata outcomes, VerifierSignature[] calldata signatures)
         external
         nonReentrant
@@ -751,15 +765,75 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
         Unit memory u = unit;
         _requireOpen(unitId, u.state);
         _checkVerdictWindow(unitId, u);
-        bytes32 outcomesHash = _checkOutcomes(u, outcomes);
-        address[] memory signers =
+        (bytes32 outcomesHash, uint256 fraudMask) = _checkOutcomes(u, outcomes);
+        (address[] memory signers, uint256 signerMask) =
             _checkVerdictSignatures(unitId, u.replicas, u.verifierCount, outcomesHash, signatures);
         unit.state = UnitState.Verdicted;
         _verdictHashes[unitId] = outcomesHash;
         _unpage(unitId, u);
         _releaseVerifiers(unitId, u);
-        _settleVerdict(unitId, u, outcomes, signers);
+        _settleVerdict(
+            unitId, u, outcomes, signers, fraudMask == 0 ? 0 : fraudMask | (signerMask << 8) | (block.timestamp << 16)
+        );
         emit VerdictRecorded(unitId, outcomes, outcomesHash, signers);
+    }
+
+    /// @notice Settles the replicas a verdict called fraud by the unit's truth, once {VerdictAppeals} fixed
+    /// it (the verdict unappealed past its appeal window or appealed and lapsed, or a panel's decision).
+    /// Why held: a colluding verifier majority could otherwise slash an honest replica and take the bounty
+    /// before the honest minority's appeal is decided. Until then such a replica keeps its collateral locked,
+    /// its price in escrow, its streak reset and one fraud counted (taken back if the truth acquits it). By `truth`: fraud is slashed `slashAmount` (the bounty to
+    /// the verdict's signers when `truth` is the verdict, all of it to the caller, which pays the deciding
+    /// referees, when a panel overturned it), accept is paid its price, fault is unpaid; every held
+    /// replica's collateral is released and unpaid prices are credited to the buyer. A no-op when nothing
+    /// is held. Returns what was slashed to the caller.
+    function settleHeld(uint256 unitId, uint8[] calldata truth)
+        external
+        onlyRole(APPEALS_ROLE)
+        nonReentrant
+        returns (uint256 toCaller)
+    {
+        uint256 held = _held[unitId];
+        if (held == 0) return 0;
+        delete _held[unitId];
+        bool verdictStands = keccak256(abi.encodePacked(truth)) == _verdictHashes[unitId];
+        toCaller = _settleHeld(unitId, truth, held, verdictStands ? address(this) : msg.sender);
+        emit HeldSettled(unitId, truth);
+    }
+
+    /// @dev {settleHeld}'s replicas; the stake slashed goes to `slashTo`. Returns what the caller received.
+    function _settleHeld(uint256 unitId, uint8[] calldata truth, uint256 held, address slashTo)
+        private
+        returns (uint256)
+    {
+        Unit memory u = _units[unitId];
+        (uint256 paidCount, uint256 slashed) = _applyOutcomes(unitId, u, truth, held, slashTo);
+        return _creditHeld(unitId, u, held, paidCount, slashed, slashTo == address(this));
+    }
+
+    /// @dev {settleHeld}'s money: prices to the accepted, refunds to the buyer and, when the verdict stands,
+    /// the slash's bounty to the verdict's signers and the rest to the buyer. Returns what was slashed to
+    /// the caller (only when the verdict fell: the caller pays the referees who overturned it).
+    function _creditHeld(uint256 unitId, Unit memory u, uint256 held, uint256 paidCount, uint256 slashed, bool verdictStands)
+        private
+        returns (uint256 toCaller)
+    {
+        Order storage order = _orders[u.orderId];
+        uint256 price = order.pricePerReplica;
+        uint256 paid = paidCount * price;
+        uint256 refunds = (_countBits(held & 0xff) - paidCount) * price;
+        uint256 bounty;
+        if (verdictStands) {
+            bounty = _payEach(_verifiersAt(unitId, u, (held >> 8) & 0xff), (slashed * _bountyBps) / BPS);
+        } else {
+            toCaller = slashed;
+            slashed = 0;
+        }
+        _accounts[order.buyer].credit += SafeCast.toUint128(refunds + slashed - bounty);
+        Totals memory totals = _totals;
+        totals.escrow -= uint128(paid + refunds);
+        totals.credits += SafeCast.toUint128(paid + refunds + slashed);
+        _totals = totals;
     }
 
     /// @notice Expires a unit nobody settled by its verdict deadline: releases all collateral, counts a
@@ -916,11 +990,14 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
 
     /// @notice The verifiers assigned to `unitId`.
     function verifiersOf(uint256 unitId) external view returns (address[] memory verifiers) {
-        Unit memory u = _units[unitId];
-        verifiers = new address[](u.verifierCount);
-        for (uint256 i; i < u.verifierCount; ++i) {
-            verifiers[i] = _partyAt(unitId, u.replicas + i);
-        }
+        return _verifiersAt(unitId, _units[unitId], type(uint256).max);
+    }
+
+    /// @notice The replicas of `unitId` a verdict called fraud that are still held for {settleHeld}, and
+    /// when that verdict was recorded (0, 0 when nothing is held).
+    function heldOf(uint256 unitId) external view returns (uint8 replicaMask, uint64 since) {
+        uint256 held = _held[unitId];
+        return (uint8(held), uint64(held >> 16));
     }
 
     /// @notice Tokens escrowed for orders (order balances plus the cost of open units).
@@ -1266,8 +1343,13 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
     }
 
     /// @dev Checks one known outcome per replica (accept and fraud only for revealed replicas) and returns
-    /// the signed `outcomesHash` = keccak256(abi.encodePacked(outcomes)) (one 32-byte word per outcome).
-    function _checkOutcomes(Unit memory u, uint8[] calldata outcomes) private pure returns (bytes32) {
+    /// the signed `outcomesHash` = keccak256(abi.encodePacked(outcomes)) (one 32-byte word per outcome)
+    /// and the replicas judged fraud, as a bit mask.
+    function _checkOutcomes(Unit memory u, uint8[] calldata outcomes)
+        private
+        pure
+        returns (bytes32 outcomesHash, uint256 fraudMask)
+    {
         if (outcomes.length != u.replicas) revert OutcomeCountMismatch(u.replicas, outcomes.length);
         for (uint256 i; i < outcomes.length; ++i) {
             uint8 outcome = outcomes[i];
@@ -1275,21 +1357,21 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
             if (outcome > OUTCOME_FRAUD || (outcome != OUTCOME_FAULT && !revealed)) {
                 revert InvalidOutcome(i, outcome);
             }
+            if (outcome == OUTCOME_FRAUD) fraudMask |= 1 << i;
         }
-        return keccak256(abi.encodePacked(outcomes));
+        outcomesHash = keccak256(abi.encodePacked(outcomes));
     }
 
     /// @dev Checks every signature is a distinct assigned verifier's valid `Verdict` signature and that
-    /// they are a majority of the unit's verifiers. Returns the signers.
+    /// they are a majority of the unit's verifiers. Returns the signers and their positions as a bit mask.
     function _checkVerdictSignatures(
         uint256 unitId,
         uint8 replicas,
         uint8 verifierCount,
         bytes32 outcomesHash,
         VerifierSignature[] calldata signatures
-    ) private view returns (address[] memory signers) {
+    ) private view returns (address[] memory signers, uint256 seen) {
         signers = new address[](signatures.length);
-        uint256 seen;
         for (uint256 s; s < signatures.length; ++s) {
             VerifierSignature calldata sig = signatures[s];
             uint256 bit = 1 << _indexOf(unitId, replicas, verifierCount, sig.verifier);
@@ -1309,68 +1391,104 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
 
     /// @dev Releases the collateral of every verifier assigned to the settling unit.
     function _releaseVerifiers(uint256 unitId, Unit memory u) private {
-        address[] memory verifiers = new address[](u.verifierCount);
-        uint256 partyIds = _unitParties[unitId];
-        for (uint256 i; i < verifiers.length; ++i) {
-            verifiers[i] = _partyAddresses[_idAt(partyIds, u.replicas + i)];
-        }
-        stakes.unlockBatch(verifiers, _verifierCollateral);
+        stakes.unlockBatch(_verifiersAt(unitId, u, type(uint256).max), _verifierCollateral);
     }
 
-    /// @dev Moves a verdicted unit's money: replica payouts and slashes, the verifiers' fee and bounty,
-    /// the buyer's share of slashes, and unpaid prices back to the order.
-    function _settleVerdict(uint256 unitId, Unit memory u, uint8[] calldata outcomes, address[] memory signers)
-        private
-    {
+    /// @dev Moves a verdicted unit's money: replica payouts and withhold penalties, the verifiers' fee and
+    /// the penalties' bounty, the buyer's share of penalties, and unpaid prices back to the order. Replicas
+    /// judged fraud are held (price in escrow, collateral locked) for {settleHeld}.
+    function _settleVerdict(
+        uint256 unitId,
+        Unit memory u,
+        uint8[] calldata outcomes,
+        address[] memory signers,
+        uint256 held
+    ) private {
         Order storage order = _orders[u.orderId];
         uint128 price = order.pricePerReplica;
         uint128 fee = order.verifierFeePerUnit;
-        (uint256 paidCount, uint256 slashedTotal) =
-            _applyOutcomes(unitId, outcomes, price, u.committedMask & ~u.revealedMask);
-        uint256 verifierPay = fee + (slashedTotal * _bountyBps) / BPS;
-        uint256 share = verifierPay / signers.length;
-        for (uint256 i; i < signers.length; ++i) {
-            _accounts[signers[i]].credit += SafeCast.toUint128(share);
+        (uint256 paidCount, uint256 penalties) = _applyOutcomes(unitId, u, outcomes, type(uint256).max, address(0));
+        if (held != 0) {
+            _held[unitId] = held;
+            emit FraudHeld(unitId, uint8(held));
         }
-        uint256 toBuyer = slashedTotal + fee - share * signers.length;
+        uint256 verifierPay = _payEach(signers, fee + (penalties * _bountyBps) / BPS);
+        uint256 toBuyer = penalties + fee - verifierPay;
         if (toBuyer != 0) _accounts[order.buyer].credit += SafeCast.toUint128(toBuyer);
 
         uint256 paid = paidCount * price;
-        order.balance += uint128((u.replicas - paidCount) * price);
+        order.balance += uint128((u.replicas - paidCount - _countBits(held & 0xff)) * price);
         if (paidCount != 0) order.delivered += 1;
         order.openUnits -= 1;
         Totals memory totals = _totals;
         totals.escrow -= uint128(paid + fee);
-        totals.credits += SafeCast.toUint128(paid + fee + slashedTotal);
+        totals.credits += SafeCast.toUint128(paid + fee + penalties);
         _totals = totals;
     }
 
-    /// @dev Pays, releases and slashes each replica per its outcome; a replica in `withheldMask` (committed,
-    /// never revealed: the verdict window opens for it only after the reveal deadline) also loses the
-    /// withhold penalty, shared like a fraud slash. Returns how many were paid and the total slashed
-    /// (already received from the stake manager).
-    function _applyOutcomes(uint256 unitId, uint8[] calldata outcomes, uint128 price, uint8 withheldMask)
-        private
-        returns (uint256 paidCount, uint256 slashedTotal)
-    {
+    /// @dev Applies `outcomes` to the replicas in `mask`: accept is paid and released, fault released (a
+    /// replica that committed and never revealed also loses the withhold penalty, shared like
+    /// a slash: the verdict window opens for it only after the reveal deadline), fraud released and slashed
+    /// to `slashTo`, or, when `slashTo` is zero (at the verdict), held: its collateral stays locked, its
+    /// fraud is counted and its streak ends at once (so matching and reduced units see the accusation
+    /// meanwhile); settling a held replica (`slashTo` set) that the truth acquits takes the count back.
+    /// Returns how many were paid and the stake received.
+    function _applyOutcomes(
+        uint256 unitId,
+        Unit memory u,
+        uint8[] calldata outcomes,
+        uint256 mask,
+        address slashTo
+    ) private returns (uint256 paidCount, uint256 slashed) {
+        uint128 price = _orders[u.orderId].pricePerReplica;
         for (uint256 i; i < outcomes.length; ++i) {
+            if (mask & (1 << i) == 0) continue;
             address provider = _partyAt(unitId, i);
-            stakes.unlock(provider, _providerCollateral);
             uint8 outcome = outcomes[i];
+            if (outcome == OUTCOME_FRAUD && slashTo == address(0)) {
+                Account storage accused = _accounts[provider];
+                accused.fraud += 1;
+                accused.consecutiveValid = 0;
+                continue;
+            }
+            stakes.unlock(provider, _providerCollateral);
+            if (slashTo != address(0) && outcome != OUTCOME_FRAUD) _accounts[provider].fraud -= 1; // acquitted
             if (outcome == OUTCOME_ACCEPT) {
                 _payAccepted(provider, price);
                 ++paidCount;
             } else if (outcome == OUTCOME_FAULT) {
                 _recordFault(provider);
-                if (withheldMask & (1 << i) != 0) slashedTotal += _penalizeWithholding(unitId, provider);
+                if ((u.committedMask & ~u.revealedMask) & (1 << i) != 0) {
+                    slashed += _penalizeWithholding(unitId, provider);
+                }
             } else {
-                Account storage acc = _accounts[provider];
-                acc.fraud += 1;
-                acc.consecutiveValid = 0;
-                uint256 slashed = stakes.slash(provider, _slashAmount, address(this));
-                slashedTotal += slashed;
-                emit ReplicaSlashed(unitId, provider, slashed);
+                uint256 taken = stakes.slash(provider, _slashAmount, slashTo);
+                slashed += taken;
+                emit ReplicaSlashed(unitId, provider, taken);
             }
+        }
+    }
+
+    /// @dev Credits `amount` split evenly among `accounts`; returns what was credited (the rounding dust
+    /// is the caller's to place).
+    function _payEach(address[] memory accounts, uint256 amount) private returns (uint256 credited) {
+        uint256 share = amount / accounts.length;
+        for (uint256 i; i < accounts.length; ++i) {
+            _accounts[accounts[i]].credit += SafeCast.toUint128(share);
+        }
+        return share * accounts.length;
+    }
+
+    /// @dev The unit's verifiers at the positions set in `mask`, in assignment order.
+    function _verifiersAt(uint256 unitId, Unit memory u, uint256 mask) private view returns (address[] memory found) {
+        found = new address[](u.verifierCount);
+        uint256 partyIds = _unitParties[unitId];
+        uint256 count;
+        for (uint256 i; i < u.verifierCount; ++i) {
+            if (mask & (1 << i) != 0) found[count++] = _partyAddresses[_idAt(partyIds, u.replicas + i)];
+        }
+        assembly ("memory-safe") {
+            mstore(found, count)
         }
     }
 
@@ -1415,6 +1533,10 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
     function _requireOpen(uint256 unitId, UnitState state) private pure {
         if (state == UnitState.None) revert InvalidUnitState(unitId, uint8(state));
         if (state > UnitState.Revealing) revert UnitAlreadySettled(unitId);
+    }
+
+    function _countBits(uint256 mask) private pure returns (uint256 count) {
+        for (; mask != 0; mask &= mask - 1) ++count;
     }
 
     function _fullMask(uint8 replicas) private pure returns (uint8) {

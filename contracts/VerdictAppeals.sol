@@ -25,7 +25,13 @@ import {StakeManager} from "./StakeManager.sol";
 ///     the verdict did not (accepted or called a fault) loses JobMarket's `slashAmount` (`bountyBps` to
 ///     the deciding referees, the rest to the buyer).
 /// - no decision by the vote deadline (lapsed): the bond is released and the unit has no truth, so
-///   nobody can be slashed for it.
+///   nobody can be slashed for contradicting it.
+/// The replicas a verdict calls fraud are held by JobMarket (collateral locked, price in escrow, no slash,
+/// no bounty) until the truth is fixed, then settled by it: by {settleVerdict} once the verdict stands
+/// (nobody appealed within `appealWindow` of the verdict, or its appeal lapsed) and by {resolve} for a
+/// decided appeal. So a colluding majority that frames an honest replica gains nothing before the honest
+/// minority's appeal is decided; an appeal filed later than that still slashes the verifiers who signed
+/// an overturned verdict, but no longer moves the held money.
 /// Once the truth is fixed, anyone presenting an assigned verifier's JobMarket `Verdict` signature over
 /// other outcomes slashes it `verifierSlash`, once per unit ({slashContradiction}; `bountyBps` to the
 /// reporter, the rest to the buyer): the verifiers who signed an overturned verdict, and a minority
@@ -355,9 +361,10 @@ contract VerdictAppeals is EIP712, ReentrancyGuardTransient {
     }
 
     /// @notice Moves the stakes of a decided appeal (permissionless): `verdict` must be the outcomes that
-    /// settled the unit and `decided` the panel's. Confirmed: the appellant's bond goes to the referees who
-    /// voted the decision. Overturned: the bond is released and every provider the panel judges fraud and the
-    /// verdict did not is slashed JobMarket's `slashAmount`.
+    /// settled the unit and `decided` the panel's. The replicas the verdict called fraud are settled by the
+    /// decision ({JobMarket-settleHeld}). Confirmed: the appellant's bond goes to the referees who voted the
+    /// decision. Overturned: the bond is released and every provider the panel judges fraud is slashed
+    /// JobMarket's `slashAmount` (`bountyBps` to the deciding referees, the rest to the buyer).
     function resolve(uint256 unitId, uint8[] calldata verdict, uint8[] calldata decided) external nonReentrant {
         Appeal storage a = _requirePending(unitId);
         bytes32 decidedHash = a.decided;
@@ -372,10 +379,12 @@ contract VerdictAppeals is EIP712, ReentrancyGuardTransient {
         address buyer = market.getOrder(market.getUnit(unitId).orderId).buyer;
         if (decidedHash == verdictHash) {
             a.state = AppealState.Confirmed;
+            market.settleHeld(unitId, decided);
             slashed = stakes.slash(appellant, _appealBond, address(this));
             _pay(winners, slashed, buyer);
         } else {
             a.state = AppealState.Overturned;
+            slashed = market.settleHeld(unitId, decided);
             uint256 slashAmount = market.params().slashAmount;
             for (uint256 i; i < verdict.length; ++i) {
                 if (decided[i] != OUTCOME_FRAUD || verdict[i] == OUTCOME_FRAUD) continue;
@@ -389,6 +398,24 @@ contract VerdictAppeals is EIP712, ReentrancyGuardTransient {
             if (slashed != bounty) token.safeTransfer(buyer, slashed - bounty);
         }
         emit AppealResolved(unitId, decidedHash != verdictHash, slashed);
+    }
+
+    /// @notice Settles the replicas the unit's verdict called fraud by the verdict itself
+    /// ({JobMarket-settleHeld}) once nobody appealed within `appealWindow` of the verdict, or its appeal
+    /// lapsed (no truth, so the verdict stands). The hold's window starts at the verdict, not at the unit's
+    /// verdict deadline (which only bounds when an appeal may still slash verifiers), so held money waits no
+    /// longer than an honest minority needs to appeal. Permissionless; a no-op when nothing is held or a
+    /// decided appeal's {resolve} settled it. `verdict`: the outcomes that settled the unit.
+    function settleVerdict(uint256 unitId, uint8[] calldata verdict) external nonReentrant {
+        _requireHash(unitId, market.verdictHashOf(unitId), verdict);
+        AppealState state = _appeals[unitId].state;
+        if (state == AppealState.Pending) revert TruthNotFixed(unitId);
+        if (state == AppealState.Confirmed || state == AppealState.Overturned) return;
+        if (state == AppealState.None) {
+            (, uint64 since) = market.heldOf(unitId);
+            if (block.timestamp <= since + _appealWindow) revert TruthNotFixed(unitId);
+        }
+        market.settleHeld(unitId, verdict);
     }
 
     /// @notice Closes an appeal that no majority decided by its vote deadline: the bond is released and

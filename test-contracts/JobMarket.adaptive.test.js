@@ -6,7 +6,7 @@ const { ethers } = require("hardhat");
 const { loadFixture, time } = require("./chain");
 const h = require("./helpers");
 
-const { PARAMS, PRICE, FEE, ACCEPT, FAULT } = h;
+const { PARAMS, PRICE, FEE, ACCEPT, FAULT, FRAUD } = h;
 const STREAK = 2;
 
 async function postAdaptive(sys, opts = {}) {
@@ -100,6 +100,21 @@ describe("JobMarket: adaptive replication", function () {
     await expect(h.assignUnit(sys, orderId, { providers: [a] })).to.be.revertedWithCustomError(sys.market,
       "ProviderNotTrusted").withArgs(a.address, STREAK);
     await h.assignUnit(sys, orderId, { providers: [b, c] });
+  });
+
+  it("a fraud verdict ends the accused provider's streak at once, while its fraud is still held (not yet settled)",
+    async function () {
+    const { sys, orderId } = await loadFixture(adaptiveFixture);
+    const [a, b, c] = sys.providers;
+    for (let i = 0; i < STREAK; i++) await settleUnit(sys, orderId, [a, b, c]);
+    expect((await sys.market.reputationOf(a.address)).consecutiveValid).to.equal(BigInt(STREAK));
+    const unitId = await settleUnit(sys, orderId, [a, b, c], [FRAUD, ACCEPT, ACCEPT]);
+    expect((await sys.market.heldOf(unitId))[0]).to.equal(1n); // held: no slash yet, the accusation counted
+    expect(await sys.market.reputationOf(a.address)).to.deep.equal([BigInt(STREAK), 0n, 1n, 0n]);
+    expect((await sys.stakes.stakeOf(a.address))[1]).to.equal(PARAMS.providerCollateral);
+    await expect(h.assignUnit(sys, orderId, { providers: [a] })).to.be.revertedWithCustomError(sys.market,
+      "ProviderNotTrusted").withArgs(a.address, STREAK);
+    await h.assignUnit(sys, orderId, { providers: [b] }); // the accepted replicas' streaks go on
   });
 
   it("refuses a unit outside the bounds, or accepts that do not match its providers", async function () {

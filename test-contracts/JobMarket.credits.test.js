@@ -92,8 +92,10 @@ describe("JobMarket: re-entrancy", function () {
     await h.expectSolvent(sys);
   });
 
-  it("refuses re-entry while a verdict slashes (the slash transfer calls the token)", async function () {
+  it("refuses re-entry while held fraud is slashed (the slash transfer calls the token)", async function () {
     const sys = await loadFixture(reentrantFixture);
+    const appeals = sys.admin; // stands in for VerdictAppeals
+    await sys.market.grantRole(await sys.market.APPEALS_ROLE(), appeals.address);
     const { unitId } = await h.unitAt(sys, "revealed", [h.digestOf("a"), h.digestOf("a"), h.digestOf("b")]);
     const outcomes = [ACCEPT, ACCEPT, FRAUD];
     const sigs = [];
@@ -101,7 +103,10 @@ describe("JobMarket: re-entrancy", function () {
     const s = await signWithdraw(sys, sys.providers[0]);
     await sys.token.setHook(await sys.market.getAddress(), sys.market.interface.encodeFunctionData(
       "withdrawCreditWithSig", [sys.providers[0].address, s.nonce, s.deadline, s.signature]));
-    await expect(sys.market.submitVerdict(unitId, outcomes, sigs)).to.emit(sys.market, "VerdictRecorded");
+    await expect(sys.market.submitVerdict(unitId, outcomes, sigs)).to.emit(sys.market, "FraudHeld");
+    expect(await sys.token.hookCalls()).to.equal(0n); // the verdict moved no token: the fraud is held
+    await expect(sys.market.connect(appeals).settleHeld(unitId, outcomes)).to.emit(sys.market, "ReplicaSlashed");
+    expect(await sys.token.hookCalls()).to.equal(1n);
     expect(await sys.token.lastHookSucceeded()).to.equal(false);
     expect(await sys.token.lastHookReturn()).to.equal(sys.market.interface.getError("ReentrancyGuardReentrantCall").selector);
     expect(await sys.market.credits(sys.providers[0].address)).to.equal(PRICE);
@@ -170,6 +175,7 @@ describe("JobMarket: every fund can exit after its deadlines", function () {
 
   it("after a finalized and a slashed unit, all credits and unslashed stake leave; no token is stuck", async function () {
     const sys = await loadFixture(h.systemFixture);
+    const appeals = await h.deployAppeals(sys);
     const { orderId } = await h.postOrder(sys);
     const a = await h.assignUnit(sys, orderId);
     const digests = [h.digestOf("a"), h.digestOf("a"), h.digestOf("a")];
@@ -185,7 +191,15 @@ describe("JobMarket: every fund can exit after its deadlines", function () {
     await sys.market.submitVerdict(b.unitId, [0, 0, 2], sigs);
     await sys.market.connect(sys.buyer).closeOrder(orderId);
     await h.expectSolvent(sys);
+    // the fraud is held (collateral locked, price escrowed) until nobody appealed in time; then anyone settles it
+    expect((await sys.stakes.stakeOf(b.providers[2].address))[1]).to.equal(h.PARAMS.providerCollateral);
+    const [, since] = await sys.market.heldOf(b.unitId);
+    await time.increaseTo(since + h.APPEAL_PARAMS.appealWindow + 1n);
+    await expect(appeals.connect(sys.other).settleVerdict(b.unitId, [0, 0, 2])).to.emit(sys.market, "ReplicaSlashed");
+    expect(await sys.market.totalEscrow()).to.equal(0n);
+    await h.expectSolvent(sys);
     await drain(sys, [sys.buyer, ...sys.providers, ...sys.verifiers]);
+    expect(await sys.token.balanceOf(await appeals.getAddress())).to.equal(0n);
     expect(await sys.token.balanceOf(await sys.market.getAddress())).to.equal(0n);
     expect(await sys.token.balanceOf(await sys.stakes.getAddress())).to.equal(0n);
     const totalSupply = await sys.token.totalSupply();

@@ -214,34 +214,113 @@ describe("JobMarket: finalize", function () {
 });
 
 describe("JobMarket: submitVerdict", function () {
-  it("pays accepted replicas, slashes fraud, pays fee and bounty to signers and the rest to the buyer", async function () {
-    const { sys, unitId, orderId, providers } = await loadFixture(h.disputedFixture);
-    const [p1, p2, p3] = providers;
-    const [v1, v2] = sys.verifiers;
-    const tx = verdict(sys, unitId, [ACCEPT, ACCEPT, FRAUD]);
-    await expect(tx).to.emit(sys.market, "ReplicaSlashed").withArgs(unitId, p3.address, PARAMS.slashAmount);
-    await expect(tx).to.emit(sys.market, "VerdictRecorded")
-      .withArgs(unitId, [ACCEPT, ACCEPT, FRAUD], h.outcomesHashOf([ACCEPT, ACCEPT, FRAUD]), [v1.address, v2.address]);
-    const bounty = (PARAMS.slashAmount * BigInt(PARAMS.bountyBps)) / 10_000n;
-    const share = (FEE + bounty) / 2n;
-    expect(await sys.market.credits(p1.address)).to.equal(PRICE);
-    expect(await sys.market.credits(p2.address)).to.equal(PRICE);
-    expect(await sys.market.credits(p3.address)).to.equal(0n);
-    expect(await sys.market.credits(v1.address)).to.equal(share);
-    expect(await sys.market.credits(v2.address)).to.equal(share);
-    expect(await sys.market.credits(sys.verifiers[2].address)).to.equal(0n);
-    expect(await sys.market.credits(sys.buyer.address)).to.equal(PARAMS.slashAmount - bounty + FEE + bounty - 2n * share);
-    expect(await sys.market.reputationOf(p1.address)).to.deep.equal([1n, 0n, 0n, 1n]);
-    expect(await sys.market.reputationOf(p3.address)).to.deep.equal([0n, 0n, 1n, 0n]);
-    expect(await sys.stakes.stakeOf(p3.address)).to.deep.equal([200n * E18 - PARAMS.slashAmount, 0n, 0n, 0n]);
-    const o = await sys.market.getOrder(orderId);
-    expect([o.balance, o.delivered, o.openUnits]).to.deep.equal([UNIT_COST + PRICE, 1n, 0n]);
-    expect((await sys.market.getUnit(unitId)).state).to.equal(UNIT_STATE.Verdicted);
-    expect(await sys.market.totalCredits()).to.equal(2n * PRICE + FEE + PARAMS.slashAmount);
-    await h.expectSolvent(sys);
-    await expect(verdict(sys, unitId, [ACCEPT, ACCEPT, FRAUD]))
-      .to.be.revertedWithCustomError(sys.market, "UnitAlreadySettled").withArgs(unitId);
-    await expect(sys.market.finalize(unitId)).to.be.revertedWithCustomError(sys.market, "UnitAlreadySettled");
+  it("pays accepted replicas and the fee to signers, and holds fraud (no slash, collateral locked, price escrowed)",
+    async function () {
+      const { sys, unitId, orderId, providers } = await loadFixture(h.disputedFixture);
+      const [p1, p2, p3] = providers;
+      const [v1, v2] = sys.verifiers;
+      const tx = verdict(sys, unitId, [ACCEPT, ACCEPT, FRAUD]);
+      await expect(tx).to.emit(sys.market, "FraudHeld").withArgs(unitId, 0b100);
+      await expect(tx).to.not.emit(sys.market, "ReplicaSlashed");
+      await expect(tx).to.emit(sys.market, "VerdictRecorded")
+        .withArgs(unitId, [ACCEPT, ACCEPT, FRAUD], h.outcomesHashOf([ACCEPT, ACCEPT, FRAUD]), [v1.address, v2.address]);
+      expect(await sys.market.credits(p1.address)).to.equal(PRICE);
+      expect(await sys.market.credits(p2.address)).to.equal(PRICE);
+      expect(await sys.market.credits(p3.address)).to.equal(0n);
+      expect(await sys.market.credits(v1.address)).to.equal(FEE / 2n); // the fee only: no bounty yet
+      expect(await sys.market.credits(v2.address)).to.equal(FEE / 2n);
+      expect(await sys.market.credits(sys.verifiers[2].address)).to.equal(0n);
+      expect(await sys.market.credits(sys.buyer.address)).to.equal(FEE - 2n * (FEE / 2n));
+      expect(await sys.market.reputationOf(p1.address)).to.deep.equal([1n, 0n, 0n, 1n]);
+      // the accusation counts at once (matching declines it); an acquittal by the truth takes it back
+      expect(await sys.market.reputationOf(p3.address)).to.deep.equal([0n, 0n, 1n, 0n]);
+      expect(await sys.stakes.stakeOf(p3.address)).to.deep.equal([200n * E18, PARAMS.providerCollateral, 0n, 0n]);
+      for (const p of [p1, p2]) expect((await sys.stakes.stakeOf(p.address))[1]).to.equal(0n);
+      const o = await sys.market.getOrder(orderId);
+      expect([o.balance, o.delivered, o.openUnits]).to.deep.equal([UNIT_COST, 1n, 0n]); // p3's price stays escrowed
+      expect((await sys.market.getUnit(unitId)).state).to.equal(UNIT_STATE.Verdicted);
+      const verdictTime = (await ethers.provider.getBlock((await (await tx).wait()).blockNumber)).timestamp;
+      expect(await sys.market.heldOf(unitId)).to.deep.equal([0b100n, BigInt(verdictTime)]);
+      expect(await sys.market.totalCredits()).to.equal(2n * PRICE + FEE);
+      expect(await sys.market.totalEscrow()).to.equal(UNIT_COST + PRICE);
+      await h.expectSolvent(sys);
+      await expect(verdict(sys, unitId, [ACCEPT, ACCEPT, FRAUD]))
+        .to.be.revertedWithCustomError(sys.market, "UnitAlreadySettled").withArgs(unitId);
+      await expect(sys.market.finalize(unitId)).to.be.revertedWithCustomError(sys.market, "UnitAlreadySettled");
+    });
+
+  it("settleHeld by the verdict slashes held fraud: bounty to the verdict's signers, the rest and the price to the buyer",
+    async function () {
+      const { sys, unitId, orderId, providers } = await loadFixture(h.disputedFixture);
+      const [, , p3] = providers;
+      const [v1, v2, v3] = sys.verifiers;
+      const outcomes = [ACCEPT, ACCEPT, FRAUD];
+      await verdict(sys, unitId, outcomes, [v1, v2]);
+      await sys.market.connect(sys.admin).grantRole(await sys.market.APPEALS_ROLE(), sys.admin.address);
+      expect(await sys.market.connect(sys.admin).settleHeld.staticCall(unitId, outcomes)).to.equal(0n);
+      const tx = sys.market.connect(sys.admin).settleHeld(unitId, outcomes);
+      await expect(tx).to.emit(sys.market, "ReplicaSlashed").withArgs(unitId, p3.address, PARAMS.slashAmount);
+      await expect(tx).to.emit(sys.market, "HeldSettled").withArgs(unitId, outcomes);
+      await expect(tx).to.changeTokenBalances(sys.token, [sys.admin, sys.market], [0n, PARAMS.slashAmount]);
+      const bounty = (PARAMS.slashAmount * BigInt(PARAMS.bountyBps)) / 10_000n;
+      const share = FEE / 2n + bounty / 2n;
+      expect(await sys.market.credits(v1.address)).to.equal(share);
+      expect(await sys.market.credits(v2.address)).to.equal(share);
+      expect(await sys.market.credits(v3.address)).to.equal(0n);
+      expect(await sys.market.credits(p3.address)).to.equal(0n);
+      expect(await sys.market.credits(sys.buyer.address)).to.equal(PARAMS.slashAmount - bounty + PRICE);
+      expect(await sys.market.reputationOf(p3.address)).to.deep.equal([0n, 0n, 1n, 0n]);
+      expect(await sys.stakes.stakeOf(p3.address)).to.deep.equal([200n * E18 - PARAMS.slashAmount, 0n, 0n, 0n]);
+      expect((await sys.market.getOrder(orderId)).balance).to.equal(UNIT_COST); // the refund went to credit
+      expect(await sys.market.heldOf(unitId)).to.deep.equal([0n, 0n]);
+      expect(await sys.market.totalCredits()).to.equal(3n * PRICE + FEE + PARAMS.slashAmount);
+      expect(await sys.market.totalEscrow()).to.equal(UNIT_COST);
+      await h.expectSolvent(sys);
+      // settled once: a second call (by any truth) is a no-op
+      await expect(sys.market.connect(sys.admin).settleHeld(unitId, [ACCEPT, ACCEPT, ACCEPT]))
+        .to.not.emit(sys.market, "HeldSettled");
+      expect(await sys.market.credits(p3.address)).to.equal(0n);
+    });
+
+  it("settleHeld by a truth that overturns the verdict pays a framed replica, and sends a cheat's slash to the caller",
+    async function () {
+      const { sys, unitId, providers } = await loadFixture(h.disputedFixture);
+      const [p1, , p3] = providers;
+      const [v1, v2] = sys.verifiers;
+      const framed = [FRAUD, ACCEPT, FRAUD];
+      await expect(verdict(sys, unitId, framed, [v1, v2])).to.emit(sys.market, "FraudHeld").withArgs(unitId, 0b101);
+      expect((await sys.stakes.stakeOf(p1.address))[1]).to.equal(PARAMS.providerCollateral);
+      const appeals = sys.other; // stands in for VerdictAppeals
+      await sys.market.connect(sys.admin).grantRole(await sys.market.APPEALS_ROLE(), appeals.address);
+      const truth = [ACCEPT, ACCEPT, FRAUD];
+      expect(await sys.market.connect(appeals).settleHeld.staticCall(unitId, truth)).to.equal(PARAMS.slashAmount);
+      const tx = sys.market.connect(appeals).settleHeld(unitId, truth);
+      await expect(tx).to.emit(sys.market, "ReplicaSlashed").withArgs(unitId, p3.address, PARAMS.slashAmount);
+      await expect(tx).to.emit(sys.market, "HeldSettled").withArgs(unitId, truth);
+      await expect(tx).to.changeTokenBalances(sys.token, [appeals, sys.market], [PARAMS.slashAmount, 0n]);
+      expect(await sys.market.credits(p1.address)).to.equal(PRICE);
+      expect(await sys.market.reputationOf(p1.address)).to.deep.equal([1n, 0n, 0n, 1n]);
+      expect(await sys.stakes.stakeOf(p1.address)).to.deep.equal([200n * E18, 0n, 0n, 0n]);
+      expect(await sys.market.reputationOf(p3.address)).to.deep.equal([0n, 0n, 1n, 0n]);
+      for (const v of [v1, v2]) expect(await sys.market.credits(v.address)).to.equal(FEE / 2n); // no bounty
+      expect(await sys.market.credits(sys.buyer.address)).to.equal(PRICE); // p3's price; its slash went to the caller
+      await h.expectSolvent(sys);
+    });
+
+  it("settleHeld: only APPEALS_ROLE, and a no-op for a unit with nothing held", async function () {
+    const { sys, unitId } = await loadFixture(h.disputedFixture);
+    await verdict(sys, unitId, [ACCEPT, ACCEPT, FRAUD]);
+    const role = await sys.market.APPEALS_ROLE();
+    for (const caller of [sys.other, sys.admin, sys.operator]) {
+      await expect(sys.market.connect(caller).settleHeld(unitId, [ACCEPT, ACCEPT, FRAUD]))
+        .to.be.revertedWithCustomError(sys.market, "AccessControlUnauthorizedAccount").withArgs(caller.address, role);
+    }
+    await sys.market.connect(sys.admin).grantRole(role, sys.admin.address);
+    const { sys: s2, unitId: u2 } = await loadFixture(h.revealedFixture);
+    await s2.market.connect(s2.admin).grantRole(role, s2.admin.address);
+    await s2.market.finalize(u2);
+    expect(await s2.market.connect(s2.admin).settleHeld.staticCall(u2, [ACCEPT, ACCEPT, ACCEPT])).to.equal(0n);
+    await expect(s2.market.connect(s2.admin).settleHeld(u2, [ACCEPT, ACCEPT, ACCEPT])).to.not.emit(s2.market, "HeldSettled");
   });
 
   it("settles a drawn unit: all accepted, the verifier fee goes to the signers", async function () {

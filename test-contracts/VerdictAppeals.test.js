@@ -6,28 +6,20 @@ const { ethers, network } = require("hardhat");
 const { loadFixture, time } = require("./chain");
 const h = require("./helpers");
 
-const { E18, PARAMS, FEE, ACCEPT, FAULT, FRAUD } = h;
-const APPEAL_PARAMS = {
-  appealWindow: 3600n,
-  voteWindow: 7200n,
-  panelSize: 3,
-  bountyBps: 5000,
-  appealBond: 10n * E18,
-  refereeStake: 10n * E18,
-  verifierSlash: 20n * E18,
-};
+const { E18, PARAMS, PRICE, FEE, ACCEPT, FAULT, FRAUD } = h;
+const { APPEAL_PARAMS } = h;
 const STAKE = 200n * E18;
 const TRUTH = [ACCEPT, ACCEPT, FRAUD]; // replica 3 returned a wrong result
 const COLLUDED = [ACCEPT, ACCEPT, ACCEPT];
 const APPEAL_STATE = { None: 0n, Pending: 1n, Confirmed: 2n, Overturned: 3n, Lapsed: 4n };
 
-/** The system plus the appeals contract (holding MARKET_ROLE) and five staked referees in its pool. */
+/** The system plus the appeals contract (holding the stake manager's MARKET_ROLE and the market's
+ * APPEALS_ROLE) and five staked referees in its pool. */
 async function appealsSystem() {
   const sys = await h.systemFixture();
   const signers = await ethers.getSigners();
   const referees = signers.slice(11, 16);
-  const appeals = await ethers.deployContract("VerdictAppeals", [await sys.market.getAddress(), APPEAL_PARAMS]);
-  await sys.stakes.grantRole(await sys.stakes.MARKET_ROLE(), await appeals.getAddress());
+  const appeals = await h.deployAppeals(sys);
   for (const r of referees) {
     await sys.token.mint(r.address, 1_000n * E18);
     await sys.token.connect(r).approve(await sys.stakes.getAddress(), ethers.MaxUint256);
@@ -435,6 +427,207 @@ describe("VerdictAppeals: referee pool and parameters", function () {
     expect(p.verifierSlash).to.equal(APPEAL_PARAMS.verifierSlash);
     expect(await sys.appeals.market()).to.equal(market);
   });
+});
+
+/** `[bonded, locked]` of `account`. */
+async function stakeOf(sys, account) {
+  const [b, locked] = await sys.stakes.stakeOf(account.address);
+  return [b, locked];
+}
+
+/** Market token balance == escrow + credits, and the appeals contract holds nothing. */
+async function expectConserved(sys) {
+  const owed = (await sys.market.totalEscrow()) + (await sys.market.totalCredits());
+  expect(await sys.token.balanceOf(await sys.market.getAddress())).to.equal(owed);
+  expect(await sys.token.balanceOf(await sys.appeals.getAddress())).to.equal(0n);
+  await h.expectSolvent(sys);
+}
+
+/** The time a unit's verdict was recorded, from its hold ({JobMarket-heldOf}). */
+async function heldSince(sys, unitId) {
+  return (await sys.market.heldOf(unitId))[1];
+}
+
+const BOUNTY = (PARAMS.slashAmount * BigInt(APPEAL_PARAMS.bountyBps)) / 10_000n; // JobMarket's bountyBps is the same
+
+describe("VerdictAppeals: a majority that frames an honest replica (truth before money)", function () {
+  const FRAMED = [FRAUD, ACCEPT, ACCEPT]; // replica 1 is honest: every replica returned the same result
+  const ALL_GOOD = [ACCEPT, ACCEPT, ACCEPT];
+
+  it("holds the framed replica at the verdict, and after the overturn pays it with its stake intact; the colluders get no bounty and are slashed",
+    async function () {
+      const sys = await loadFixture(appealsSystem);
+      const unit = await h.unitAt(sys, "revealed"); // unanimous, drawn for a spot check
+      const { unitId, orderId, providers } = unit;
+      await sys.market.connect(sys.operator).requestVerification(unitId);
+      const [honest, c1, c2] = sys.verifiers;
+      const framed = providers[0];
+      const orderBalance = (await sys.market.getOrder(orderId)).balance;
+
+      const tx = verdict(sys, unitId, FRAMED, [c1, c2]);
+      await expect(tx).to.emit(sys.market, "FraudHeld").withArgs(unitId, 1);
+      await expect(tx).to.not.emit(sys.market, "ReplicaSlashed");
+      expect(await stakeOf(sys, framed)).to.deep.equal([STAKE, PARAMS.providerCollateral]); // locked, not slashed
+      expect(await sys.market.credits(framed.address)).to.equal(0n);
+      for (const c of [c1, c2]) expect(await sys.market.credits(c.address)).to.equal(FEE / 2n); // the fee only
+      expect((await sys.market.getOrder(orderId)).balance).to.equal(orderBalance); // its price stays escrowed
+      await expectConserved(sys);
+
+      const panel = await appealAndDraw(sys, unitId, honest);
+      await sys.appeals.vote(unitId, ALL_GOOD, await signVote(sys.appeals, panel[0], unitId, ALL_GOOD));
+      await expect(sys.appeals.vote(unitId, ALL_GOOD, await signVote(sys.appeals, panel[1], unitId, ALL_GOOD)))
+        .to.emit(sys.appeals, "AppealDecided").withArgs(unitId, ALL_GOOD, h.outcomesHashOf(ALL_GOOD), true);
+      expect((await sys.market.reputationOf(framed.address)).fraud).to.equal(1n); // accused, while held
+      const resolved = sys.appeals.resolve(unitId, FRAMED, ALL_GOOD);
+      await expect(resolved).to.emit(sys.market, "HeldSettled").withArgs(unitId, ALL_GOOD);
+      await expect(resolved).to.not.emit(sys.market, "ReplicaSlashed");
+      await expect(resolved).to.emit(sys.appeals, "AppealResolved").withArgs(unitId, true, 0n);
+
+      expect(await sys.market.credits(framed.address)).to.equal(PRICE);
+      expect(await stakeOf(sys, framed)).to.deep.equal([STAKE, 0n]);
+      expect(await sys.market.reputationOf(framed.address)).to.deep.equal([1n, 0n, 0n, 1n]);
+      for (const c of [c1, c2]) expect(await sys.market.credits(c.address)).to.equal(FEE / 2n); // no bounty
+      expect(await sys.market.credits(sys.buyer.address)).to.equal(FEE - 2n * (FEE / 2n));
+      expect(await sys.market.heldOf(unitId)).to.deep.equal([0n, 0n]);
+      expect(await stakeOf(sys, honest)).to.deep.equal([STAKE, 0n]); // the bond returned
+      for (const c of [c1, c2]) {
+        const evidence = await h.signVerdict(sys.market, c, unitId, FRAMED);
+        await expect(sys.appeals.connect(honest).slashContradiction(unitId, FRAMED, evidence))
+          .to.emit(sys.appeals, "VerifierSlashed").withArgs(unitId, c.address, APPEAL_PARAMS.verifierSlash, honest.address);
+        expect(await bonded(sys, c)).to.equal(STAKE - APPEAL_PARAMS.verifierSlash);
+      }
+      await expect(sys.appeals.settleVerdict(unitId, FRAMED)).to.not.emit(sys.market, "HeldSettled");
+      await expectConserved(sys);
+    });
+
+  it("overturned with the truth keeping fraud for a held cheat: the cheat is slashed with the bounty to the deciding referees, not the verdict's signers",
+    async function () {
+      const sys = await loadFixture(appealsSystem);
+      const { unitId, providers } = await h.unitAt(sys, "revealed",
+        [h.digestOf("good"), h.digestOf("good"), h.digestOf("bad")]);
+      const framedToo = [FRAUD, ACCEPT, FRAUD]; // right about replica 3, framing replica 1
+      const [honest, c1, c2] = sys.verifiers;
+      const [framed, , cheat] = providers;
+      await expect(verdict(sys, unitId, framedToo, [c1, c2])).to.emit(sys.market, "FraudHeld").withArgs(unitId, 0b101);
+      const panel = await appealAndDraw(sys, unitId, honest);
+      await sys.appeals.vote(unitId, TRUTH, await signVote(sys.appeals, panel[0], unitId, TRUTH));
+      await sys.appeals.vote(unitId, TRUTH, await signVote(sys.appeals, panel[1], unitId, TRUTH));
+      const before = await Promise.all(panel.map((r) => sys.token.balanceOf(r.address)));
+      const buyerBefore = await sys.token.balanceOf(sys.buyer.address);
+
+      const tx = sys.appeals.resolve(unitId, framedToo, TRUTH);
+      await expect(tx).to.emit(sys.market, "ReplicaSlashed").withArgs(unitId, cheat.address, PARAMS.slashAmount);
+      await expect(tx).to.emit(sys.market, "HeldSettled").withArgs(unitId, TRUTH);
+      await expect(tx).to.not.emit(sys.appeals, "ReplicaSlashed"); // the verdict already called it fraud: slashed once
+      await expect(tx).to.emit(sys.appeals, "AppealResolved").withArgs(unitId, true, PARAMS.slashAmount);
+      const bounty = (PARAMS.slashAmount * BigInt(APPEAL_PARAMS.bountyBps)) / 10_000n;
+      expect(await sys.token.balanceOf(panel[0].address)).to.equal(before[0] + bounty / 2n);
+      expect(await sys.token.balanceOf(panel[1].address)).to.equal(before[1] + bounty / 2n);
+      expect(await sys.token.balanceOf(panel[2].address)).to.equal(before[2]);
+      expect(await sys.token.balanceOf(sys.buyer.address)).to.equal(buyerBefore + PARAMS.slashAmount - bounty);
+      for (const c of [c1, c2]) expect(await sys.market.credits(c.address)).to.equal(FEE / 2n); // no bounty
+      expect(await sys.market.credits(honest.address)).to.equal(0n); // did not sign the verdict
+      expect(await stakeOf(sys, cheat)).to.deep.equal([STAKE - PARAMS.slashAmount, 0n]);
+      expect(await sys.market.reputationOf(cheat.address)).to.deep.equal([0n, 0n, 1n, 0n]);
+      expect(await sys.market.credits(framed.address)).to.equal(PRICE);
+      expect(await stakeOf(sys, framed)).to.deep.equal([STAKE, 0n]);
+      expect(await sys.market.credits(sys.buyer.address)).to.equal(PRICE); // the cheat's unpaid price
+      await expectConserved(sys);
+    });
+});
+
+describe("VerdictAppeals: settling held fraud by the verdict (settleVerdict)", function () {
+  it("unappealed: TruthNotFixed until the appeal window after the verdict closed, then slashes the held replica: bounty to the verdict's signers only, the rest and its price to the buyer; once",
+    async function () {
+      const { sys, unitId, providers, lazy } = await loadFixture(honestVerdictFixture);
+      const [v1, v2] = sys.verifiers;
+      const cheat = providers[2];
+      const since = await heldSince(sys, unitId);
+      expect(since).to.be.greaterThan(0n);
+      await expect(sys.appeals.settleVerdict(unitId, TRUTH))
+        .to.be.revertedWithCustomError(sys.appeals, "TruthNotFixed").withArgs(unitId);
+      await time.setNextBlockTimestamp(since + APPEAL_PARAMS.appealWindow);
+      await expect(sys.appeals.settleVerdict(unitId, TRUTH))
+        .to.be.revertedWithCustomError(sys.appeals, "TruthNotFixed").withArgs(unitId);
+      expect(await stakeOf(sys, cheat)).to.deep.equal([STAKE, PARAMS.providerCollateral]);
+      expect(await sys.market.credits(sys.buyer.address)).to.equal(0n);
+
+      await time.setNextBlockTimestamp(since + APPEAL_PARAMS.appealWindow + 1n);
+      const tx = sys.appeals.connect(sys.other).settleVerdict(unitId, TRUTH);
+      await expect(tx).to.emit(sys.market, "ReplicaSlashed").withArgs(unitId, cheat.address, PARAMS.slashAmount);
+      await expect(tx).to.emit(sys.market, "HeldSettled").withArgs(unitId, TRUTH);
+      for (const v of [v1, v2]) expect(await sys.market.credits(v.address)).to.equal(FEE / 2n + BOUNTY / 2n);
+      expect(await sys.market.credits(lazy.address)).to.equal(0n);
+      expect(await sys.market.credits(sys.other.address)).to.equal(0n);
+      expect(await sys.market.credits(sys.buyer.address)).to.equal(PARAMS.slashAmount - BOUNTY + PRICE);
+      expect(await stakeOf(sys, cheat)).to.deep.equal([STAKE - PARAMS.slashAmount, 0n]);
+      expect(await sys.market.reputationOf(cheat.address)).to.deep.equal([0n, 0n, 1n, 0n]);
+      await expectConserved(sys);
+
+      await expect(sys.appeals.settleVerdict(unitId, TRUTH)).to.not.emit(sys.market, "HeldSettled");
+      expect(await sys.market.credits(sys.buyer.address)).to.equal(PARAMS.slashAmount - BOUNTY + PRICE);
+      expect(await bonded(sys, cheat)).to.equal(STAKE - PARAMS.slashAmount);
+    });
+
+  it("pending appeal: TruthNotFixed even past the window; lapsed appeal: settles by the verdict (bounty to its signers)",
+    async function () {
+      const { sys, unitId, providers, lazy } = await loadFixture(honestVerdictFixture);
+      const [v1, v2] = sys.verifiers;
+      await appealAndDraw(sys, unitId, lazy);
+      await time.increaseTo((await heldSince(sys, unitId)) + APPEAL_PARAMS.appealWindow + 1n);
+      await expect(sys.appeals.settleVerdict(unitId, TRUTH))
+        .to.be.revertedWithCustomError(sys.appeals, "TruthNotFixed").withArgs(unitId);
+      await time.increaseTo((await sys.appeals.getAppeal(unitId)).voteDeadline + 1n);
+      await expect(sys.appeals.settleVerdict(unitId, TRUTH))
+        .to.be.revertedWithCustomError(sys.appeals, "TruthNotFixed").withArgs(unitId);
+      await sys.appeals.lapse(unitId);
+      const tx = sys.appeals.settleVerdict(unitId, TRUTH);
+      await expect(tx).to.emit(sys.market, "ReplicaSlashed").withArgs(unitId, providers[2].address, PARAMS.slashAmount);
+      await expect(tx).to.emit(sys.market, "HeldSettled").withArgs(unitId, TRUTH);
+      for (const v of [v1, v2]) expect(await sys.market.credits(v.address)).to.equal(FEE / 2n + BOUNTY / 2n);
+      expect(await sys.market.credits(lazy.address)).to.equal(0n);
+      expect(await sys.market.credits(sys.buyer.address)).to.equal(PARAMS.slashAmount - BOUNTY + PRICE);
+      await expectConserved(sys);
+    });
+
+  it("confirmed appeal: resolve settles the held fraud by the verdict (bounty to its signers); a later settleVerdict is a no-op",
+    async function () {
+      const { sys, unitId, providers, lazy } = await loadFixture(honestVerdictFixture);
+      const [v1, v2] = sys.verifiers;
+      const cheat = providers[2];
+      const panel = await appealAndDraw(sys, unitId, lazy);
+      await sys.appeals.vote(unitId, TRUTH, await signVote(sys.appeals, panel[0], unitId, TRUTH));
+      await sys.appeals.vote(unitId, TRUTH, await signVote(sys.appeals, panel[1], unitId, TRUTH));
+      const tx = sys.appeals.resolve(unitId, TRUTH, TRUTH);
+      await expect(tx).to.emit(sys.market, "ReplicaSlashed").withArgs(unitId, cheat.address, PARAMS.slashAmount);
+      await expect(tx).to.emit(sys.market, "HeldSettled").withArgs(unitId, TRUTH);
+      await expect(tx).to.emit(sys.appeals, "AppealResolved").withArgs(unitId, false, APPEAL_PARAMS.appealBond);
+      for (const v of [v1, v2]) expect(await sys.market.credits(v.address)).to.equal(FEE / 2n + BOUNTY / 2n);
+      for (const r of panel) expect(await sys.market.credits(r.address)).to.equal(0n); // referees get the bond only
+      expect(await sys.market.credits(lazy.address)).to.equal(0n);
+      expect(await sys.market.credits(sys.buyer.address)).to.equal(PARAMS.slashAmount - BOUNTY + PRICE);
+      expect(await stakeOf(sys, cheat)).to.deep.equal([STAKE - PARAMS.slashAmount, 0n]);
+      await expectConserved(sys);
+      await time.increaseTo((await sys.market.getUnit(unitId)).verdictDeadline + APPEAL_PARAMS.appealWindow + 1n);
+      await expect(sys.appeals.settleVerdict(unitId, TRUTH)).to.not.emit(sys.market, "HeldSettled");
+      expect(await stakeOf(sys, cheat)).to.deep.equal([STAKE - PARAMS.slashAmount, 0n]);
+      expect(await sys.market.credits(sys.buyer.address)).to.equal(PARAMS.slashAmount - BOUNTY + PRICE);
+    });
+
+  it("refuses outcomes that are not the verdict (OutcomesMismatch), and JobMarket.settleHeld refuses any caller without APPEALS_ROLE",
+    async function () {
+      const { sys, unitId, lazy } = await loadFixture(honestVerdictFixture);
+      await time.increaseTo((await heldSince(sys, unitId)) + APPEAL_PARAMS.appealWindow + 1n);
+      await expect(sys.appeals.settleVerdict(unitId, COLLUDED)).to.be.revertedWithCustomError(sys.appeals, "OutcomesMismatch")
+        .withArgs(unitId, h.outcomesHashOf(TRUTH), h.outcomesHashOf(COLLUDED));
+      const role = await sys.market.APPEALS_ROLE();
+      expect(await sys.market.hasRole(role, await sys.appeals.getAddress())).to.equal(true);
+      for (const caller of [sys.other, sys.admin, lazy, sys.buyer]) {
+        await expect(sys.market.connect(caller).settleHeld(unitId, COLLUDED))
+          .to.be.revertedWithCustomError(sys.market, "AccessControlUnauthorizedAccount").withArgs(caller.address, role);
+      }
+      expect((await sys.market.heldOf(unitId))[0]).to.equal(0b100n);
+    });
 });
 
 module.exports = { APPEAL_PARAMS };

@@ -146,6 +146,26 @@ async function deploySystem(tokenFactoryName = "VeriToken", params = PARAMS) {
   return { token, stakes, market, admin, operator, buyer, providers: [p1, p2, p3, p4], verifiers: [v1, v2, v3], other };
 }
 
+/** VerdictAppeals parameters of the tests that deploy it. */
+const APPEAL_PARAMS = {
+  appealWindow: 3600n,
+  voteWindow: 7200n,
+  panelSize: 3,
+  bountyBps: 5000,
+  appealBond: 10n * E18,
+  refereeStake: 10n * E18,
+  verifierSlash: 20n * E18,
+};
+
+/** Deploys VerdictAppeals on `sys.market` with the roles a deployment grants it: the stake manager's
+ * MARKET_ROLE (it slashes) and the market's APPEALS_ROLE (it settles held fraud). */
+async function deployAppeals(sys, params = APPEAL_PARAMS) {
+  const appeals = await ethers.deployContract("VerdictAppeals", [await sys.market.getAddress(), params]);
+  await sys.stakes.grantRole(await sys.stakes.MARKET_ROLE(), await appeals.getAddress());
+  await sys.market.connect(sys.admin).grantRole(await sys.market.APPEALS_ROLE(), await appeals.getAddress());
+  return appeals;
+}
+
 /** The full system with funded, approved and staked parties. */
 async function systemFixture() {
   return fundedSystem(PARAMS);
@@ -220,6 +240,7 @@ module.exports = {
   E18, PARAMS, UNBONDING, PRICE, FEE, ACCEPT, FAULT, FRAUD, UNIT_STATE, TYPES,
   signMarket, signStakes, signAccept, signVerdict, outcomesHashOf, signUnitCommit, commitmentOf, digestOf, saltOf, farDeadline,
   deploySystem, systemFixture, fundedSystem, postOrder, assignUnit, commitAll, revealAll, unitAt,
+  APPEAL_PARAMS, deployAppeals,
 };
 
 /** Solvency, exactly (these tests never donate tokens): each contract holds what it owes. */
