@@ -31,16 +31,22 @@ CHAIN_SETTLED_STATES = frozenset({"finalized", "verdicted", "expired"})
 SETTLES_AS = {"finalize": "finalized", "verdict": "verdicted", "expire": "expired"}
 # Outbox actions that end a unit: its round may close (or a retry open) right away.
 SETTLING_ACTIONS = frozenset({"finalize", "verdict", "expire"})
-# Outbox actions that lock (assign) or release and slash (the settling ones) providers' stake.
-STAKE_CHANGING_ACTIONS = SETTLING_ACTIONS | {"assign"}
+# `settle_held`: a verdict's fraud replicas are held on chain (collateral locked, no slash) until the unit's
+# truth is fixed, so an appeal can still clear them; this relays VerdictAppeals.settleVerdict, which then
+# slashes them and pays the verdict's signers the bounty. Confirmed by `HeldSettled`, whoever sent it.
+SETTLE_HELD = "settle_held"
+# Outbox actions that lock (assign) or release and slash (the settling ones, the held fraud) providers' stake.
+STAKE_CHANGING_ACTIONS = SETTLING_ACTIONS | {"assign", SETTLE_HELD}
 # `slash_verifier:<address>`: relay a verifier's own signature that contradicts the unit's truth (the
 # verdict, or the appeal panel's decision: VerdictAppeals).
 SLASH_VERIFIER = "slash_verifier"
-# A slash relay refused for this waits (backing off): the unit's appeal window is open or its appeal
-# undecided, so the truth the evidence is judged against is not fixed yet.
-SLASH_WAIT_ERRORS = frozenset({"TruthNotFixed"})
-# A slash relay refused once the unit is verdicted is final: with these errors someone slashed it already
-# (done); with any other the evidence does not hold (outcomes match the verdict, wrong signer): reverted.
+# Relays that need the unit's truth fixed (VerdictAppeals). Refused for TRUTH_WAIT_ERRORS they wait (backing
+# off): the unit's appeal window is open or its appeal undecided. Any other refusal once the unit is verdicted
+# is final.
+TRUTH_RELAYS = frozenset({SLASH_VERIFIER, SETTLE_HELD})
+TRUTH_WAIT_ERRORS = frozenset({"TruthNotFixed"})
+# A slash relay refused with these: someone slashed the verifier already (done); with any other the evidence
+# does not hold (outcomes match the truth, wrong signer): reverted.
 SLASH_DONE_ERRORS = frozenset({"VerifierAlreadySlashed"})
 # Replicas' intents relayed together, one batch per unit (`commit:<provider>`, `reveal:<provider>`).
 BATCHED_KINDS = frozenset({"commit", "reveal"})
@@ -234,16 +240,19 @@ class SettlementOutbox(Lifecycle):
             return self._record_send(entry_id, "failed", None, f"{error}; re-read failed: {read_error}")
         if chain_state not in CHAIN_SETTLED_STATES:  # refused while the unit is open: retry, blocking nothing
             return self._record_send(entry_id, "retrying", None, error)
-        if action.startswith(f"{SLASH_VERIFIER}:"):
-            if getattr(exc, "name", "") in SLASH_WAIT_ERRORS:
-                return self._record_send(entry_id, "retrying", None, error)
-            # evidence is checked against the fixed truth: a refusal now is final, the unit unchanged
-            done = getattr(exc, "name", "") in SLASH_DONE_ERRORS
+        name, kind = getattr(exc, "name", ""), action.split(":", 1)[0]
+        if kind in TRUTH_RELAYS and name in TRUTH_WAIT_ERRORS:
+            return self._record_send(entry_id, "retrying", None, error)
+        if kind in TRUTH_RELAYS:
+            # judged against the fixed truth, a refusal now is final and the unit unchanged. A held
+            # settlement someone else made never reverts ours (it is a no-op then): the sync's HeldSettled
+            # confirms the entry, whatever this records.
+            done = name in SLASH_DONE_ERRORS
             return self._record_send(
                 entry_id, "confirmed" if done else "reverted", None, f"{error}; unit is {chain_state}"
             )
         # the chain did what this intent does (someone relayed it first): done; else superseded
-        done = SETTLES_AS.get(action.split(":", 1)[0]) == chain_state
+        done = SETTLES_AS.get(kind) == chain_state
         return self._record_send(
             entry_id,
             "confirmed" if done else "reverted",
@@ -309,6 +318,8 @@ class SettlementOutbox(Lifecycle):
             return chain.submit_verdict(payload["unit_id"], payload["outcomes"], verdicts)
         if kind == "expire":
             return chain.expire_unit(payload["unit_id"])
+        if kind == SETTLE_HELD:
+            return chain.settle_verdict(payload["unit_id"], payload["outcomes"])
         if kind == SLASH_VERIFIER:
             evidence = SignedVerdict(payload["verifier"], payload["deadline"], payload["signature"])
             return chain.slash_contradicting_verifier(payload["unit_id"], payload["outcomes"], evidence)
@@ -345,7 +356,7 @@ class SettlementOutbox(Lifecycle):
             recorded = OutboxResult(entry_id, entry.state, outcome == "sent", error)
             kind = entry.action.split(":", 1)[0]
             settled = bool(chain_state) or (outcome == "sent" and kind in SETTLING_ACTIONS)
-            landed = settled or (outcome == "sent" and kind == "assign")
+            landed = settled or (outcome == "sent" and kind in ("assign", SETTLE_HELD))
             # later intents of the unit wait for this one (assign, commits, reveals, then the settlement)
             unblocked = outcome != "failed" and any(
                 e.unit_id == entry.unit_id and row_id(e) > entry_id

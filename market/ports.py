@@ -142,6 +142,13 @@ class SettlementPort(Protocol):
         the verifier once per unit and pays the sender the bounty. ``TruthNotFixed`` until then."""
         ...
 
+    def settle_verdict(self, unit_id: int, verdict: Sequence[int]) -> str:
+        """Settle the replicas the unit's verdict (``verdict``: its outcomes) called fraud, which the chain
+        holds (collateral locked, not slashed) so that an appeal could still clear them: once the verdict is
+        the unit's truth the chain slashes them and pays the verdict's signers the bounty (``HeldSettled``).
+        ``TruthNotFixed`` until then; a no-op once they were settled (by anyone, or by an appeal)."""
+        ...
+
     def unit_state(self, unit_id: int) -> str:
         """The unit's state on chain, lower case: none, committing, revealing, finalized, verdicted,
         expired (what the market re-reads after a revert)."""

@@ -12,7 +12,7 @@ from sqlmodel import Session
 from market.assignments import Assignments
 from market.context import Lifecycle, MarketContext, row_id
 from market.domain.states import ReplicaState, UnitState
-from market.outbox import SLASH_VERIFIER
+from market.outbox import SETTLE_HELD, SLASH_VERIFIER
 from market.registry import AgentRegistry
 from market.store import UnitRow
 from veritrain.errors import MarketError
@@ -26,9 +26,10 @@ STAKE_EVENTS = {
     "StakeSlashed": "account",
     "ReplicaSlashed": "provider",
 }
-# ... and unit events that lock or release collateral and write reputation for every replica's provider.
+# ... and unit events that lock or release collateral and write reputation for every replica's provider
+# (HeldSettled: the held fraud replicas' collateral released, their stake slashed and fraud counted).
 SETTLED_EVENTS = frozenset({"UnitFinalized", "VerdictRecorded", "UnitExpired"})
-UNIT_SETTLEMENT_EVENTS = SETTLED_EVENTS | {"UnitAssigned"}
+UNIT_SETTLEMENT_EVENTS = SETTLED_EVENTS | {"UnitAssigned", "HeldSettled"}
 
 
 class ChainSync(Lifecycle):
@@ -113,10 +114,14 @@ class ChainSync(Lifecycle):
             self._confirm(session, row_id(unit), "verdict", now)
             outcomes = [int(o) for o in args["outcomes"]]
             self.assignments.settle_unit(session, unit, [ReplicaOutcome(o) for o in outcomes], now)
+            self._settle_held_fraud(session, unit, outcomes, now)
             self._report_contradicting_verifiers(session, unit, outcomes, now)
         elif name == "AppealDecided" and "outcomes" in args:
             # the panel fixed the unit's truth: evidence against every collected signature that differs
             self._report_contradicting_verifiers(session, unit, [int(o) for o in args["outcomes"]], now)
+            return
+        elif name == "HeldSettled":  # by our relay, another's, or an appeal's resolve
+            self._confirm(session, row_id(unit), SETTLE_HELD, now)
             return
         elif name == "VerifierSlashed":
             verifier = to_checksum_address(args["verifier"])
@@ -131,6 +136,15 @@ class ChainSync(Lifecycle):
             self._confirm(session, row_id(unit), "expire", now)
             self.assignments.fail_unit(session, unit, now)
         session.add(unit)
+
+    def _settle_held_fraud(self, session: Session, unit: UnitRow, outcomes: list[int], now: int) -> None:
+        """Queue the settlement of a verdict's fraud replicas: the chain holds them (no slash, no bounty)
+        until the unit's truth is fixed, then settles them by the verdict when asked (the outbox waits out
+        the appeal window). Nothing to hold without a fraud outcome."""
+        if unit.chain_unit_id is None or ReplicaOutcome.FRAUD not in outcomes:
+            return
+        payload = {"unit_id": unit.chain_unit_id, "outcomes": outcomes}
+        self.store.enqueue(session, row_id(unit), SETTLE_HELD, payload, now)
 
     def _report_contradicting_verifiers(
         self, session: Session, unit: UnitRow, outcomes: list[int], now: int

@@ -40,6 +40,10 @@ from veritrain.chain.revert import RevertDecoder, abi_signature, canonical_type
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONTRACT_NAMES = ("VeriToken", "StakeManager", "JobMarket")
+# Deployed too (it alone settles JobMarket's held fraud: settleHeld), but never mutated: compile-mutant.js
+# compiles CONTRACT_NAMES only, so every variant runs the shipped VerdictAppeals bytecode, which depends
+# on JobMarket's ABI, not its code.
+APPEALS_NAME = "VerdictAppeals"
 TX_GAS = 3_000_000
 # Every example starts at this instant, and every block's timestamp is set by the harness, never taken
 # from the wall clock: an example that started at another time could take another path on replay (CI once
@@ -75,13 +79,36 @@ class MarketParams:
     withhold_penalty: int = 400
 
 
+@dataclass(frozen=True)
+class AppealParams:
+    """VerdictAppeals' parameters: verdict + appeal + vote windows stay below the unbonding period (its
+    constructor checks). A panel of one, drawn from a pool whose only member is a referee that is never a
+    unit's party, so the draw does not depend on block hashes (which change from run to run)."""
+
+    appeal_window: int = 100
+    vote_window: int = 200
+    panel_size: int = 1
+    bounty_bps: int = 2_000
+    appeal_bond: int = 300
+    referee_stake: int = 500
+    verifier_slash: int = 200
+
+
 def load_package_artifacts() -> dict[str, dict[str, Any]]:
     """ABI + bytecode as exported by scripts/export-abi.js into the Python package."""
     artifacts: dict[str, dict[str, Any]] = {}
-    for name in CONTRACT_NAMES:
+    for name in (*CONTRACT_NAMES, APPEALS_NAME):
         data = load_contract(name)
         artifacts[name] = {"abi": list(data.abi), "bytecode": "0x" + data.bytecode.hex()}
     return artifacts
+
+
+def with_appeals(artifacts: Artifacts) -> dict[str, Mapping[str, Any]]:
+    """`artifacts` plus the shipped VerdictAppeals where they lack it (a compiled variant)."""
+    if APPEALS_NAME in artifacts:
+        return dict(artifacts)
+    data = load_contract(APPEALS_NAME)
+    return {**artifacts, APPEALS_NAME: {"abi": list(data.abi), "bytecode": "0x" + data.bytecode.hex()}}
 
 
 ORIGINAL = "--original"
@@ -249,10 +276,18 @@ STORAGE_READER_CODE = "0x5f5b368110600b57365ff35b8035548152602001600156"
 
 
 class Chain:
-    """A hardhat node with the three contracts deployed once; `reset()` returns to the deployed state."""
+    """A hardhat node with the four contracts deployed once; `reset()` returns to the deployed state."""
 
-    def __init__(self, artifacts: Artifacts, params: MarketParams, labels: Sequence[str]) -> None:
+    def __init__(
+        self,
+        artifacts: Artifacts,
+        params: MarketParams,
+        labels: Sequence[str],
+        appeal_params: AppealParams | None = None,
+    ) -> None:
         self.params = params
+        self.appeal_params = appeal_params or AppealParams()
+        artifacts = with_appeals(artifacts)
         self.rpc = _Node.fresh()
         self.w3 = Web3()  # offline: ABI encoding only, every request goes through `rpc`
         keys = dev_accounts()
@@ -260,7 +295,7 @@ class Chain:
             raise HarnessError(f"the node unlocks {len(keys)} accounts, need {len(labels) + 1}")
         self.deployer = Actor("deployer", keys[0])
         self.actors = {label: Actor(label, key) for label, key in zip(labels, keys[1:], strict=False)}
-        self.decoder = RevertDecoder([artifacts[name]["abi"] for name in CONTRACT_NAMES])
+        self.decoder = RevertDecoder([artifacts[name]["abi"] for name in (*CONTRACT_NAMES, APPEALS_NAME)])
         # (contract address, function) -> (selector, input types, output types): web3's encode_abi looks
         # the function up in the ABI on every call, which cost more than the node's work.
         self._functions: dict[tuple[str, str], tuple[bytes, list[str], list[str]]] = {}
@@ -272,12 +307,13 @@ class Chain:
         self._pending_block = int(self.rpc.call("eth_blockNumber"), 16) + 1
         self.rpc.call("evm_setNextBlockTimestamp", self._clock)
         self.storage_layouts: dict[str, Any] = {}
-        self.token, self.stakes, self.market = self._deploy(artifacts)
+        self.token, self.stakes, self.market, self.appeals = self._deploy(artifacts)
         self.chain_id = int(self.rpc.call("eth_chainId"), 16)
         self.market_domain = eip712.market_domain(self.chain_id, self.market.address)
         self.stake_domain = eip712.stake_domain(self.chain_id, self.stakes.address)
+        self.appeals_domain = eip712.appeals_domain(self.chain_id, self.appeals.address)
 
-    def _deploy(self, artifacts: Artifacts) -> tuple[Contract, Contract, Contract]:
+    def _deploy(self, artifacts: Artifacts) -> tuple[Contract, Contract, Contract, Contract]:
         p = self.params
         operator = self.actors["operator"].address
         token = self._deploy_one(artifacts["VeriToken"], [])
@@ -300,15 +336,29 @@ class Chain:
         market = self._deploy_one(
             artifacts["JobMarket"], [token.address, stakes.address, operator, market_params]
         )
+        a = self.appeal_params
+        appeal_params = (
+            a.appeal_window,
+            a.vote_window,
+            a.panel_size,
+            a.bounty_bps,
+            a.appeal_bond,
+            a.referee_stake,
+            a.verifier_slash,
+        )
+        appeals = self._deploy_one(artifacts[APPEALS_NAME], [market.address, appeal_params])
         role = self.view(stakes, "MARKET_ROLE")
-        for holder in (
-            market.address,
-            self.deployer.address,
-        ):  # the deployer slashes directly as a 2nd market
-            outcome = self.transact(self.deployer, stakes, "grantRole", [role, holder])
+        grants = [
+            (stakes, role, market.address),
+            (stakes, role, self.deployer.address),  # the deployer slashes directly as a 2nd market
+            (stakes, role, appeals.address),  # locks bonds and referee stakes, slashes
+            (market, self.view(market, "APPEALS_ROLE"), appeals.address),  # alone settles held fraud
+        ]
+        for contract, granted, holder in grants:
+            outcome = self.transact(self.deployer, contract, "grantRole", [granted, holder])
             if outcome.error is not None:
                 raise HarnessError(f"grantRole failed: {outcome.error}")
-        return token, stakes, market
+        return token, stakes, market, appeals
 
     def _deploy_one(self, artifact: Mapping[str, Any], args: list[Any]) -> Contract:
         inputs = next((item["inputs"] for item in artifact["abi"] if item["type"] == "constructor"), [])
@@ -477,3 +527,6 @@ class Chain:
 
     def sign_stake(self, signer: Actor, primary: str, message: Mapping[str, Any]) -> bytes:
         return eip712.sign_typed(signer.account, self.stake_domain, primary, message)
+
+    def sign_appeals(self, signer: Actor, primary: str, message: Mapping[str, Any]) -> bytes:
+        return eip712.sign_typed(signer.account, self.appeals_domain, primary, message)

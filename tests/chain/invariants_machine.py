@@ -8,16 +8,29 @@ variables, and every account, order and unit is compared field by field with the
 ends by driving the market past all deadlines and closing every position: all funds must exit
 (liveness); there the storage reader is also cross-checked against the contracts' public views, and
 nonces are compared.
-Actors: operator, 2 buyers, 3 providers, 2 verifiers; the deployer also holds MARKET_ROLE on the
-StakeManager, acting as a second market that slashes directly (SECURITY.md A7).
+Actors: operator, 2 buyers, 3 providers, 2 verifiers and a referee, the only member of VerdictAppeals'
+referee pool (a panel of one, never a unit's party, so the draw does not hang on block hashes); the
+deployer also holds MARKET_ROLE on the StakeManager, acting as a second market that slashes directly
+(SECURITY.md A7).
+
+Truth before money: a verdict holds the replicas it calls fraud (collateral locked, price in escrow,
+nobody slashed, no bounty) until VerdictAppeals fixes the unit's truth. The machine appeals verdicts (the
+framed provider or a verifier), draws the panel, votes (mostly the honest outcomes, which overturn a
+framing verdict; sometimes the verdict), resolves, lets appeals lapse, and settles unappealed or lapsed
+verdicts after the appeal window (settleVerdict); the model settles the held replicas the same way.
 
 Named invariants (a failure raises `InvariantViolation` carrying the names; the mutation test asserts
 the seeded bug trips the one it targets):
 - solvency: token balance of StakeManager == totalStaked == Σ stakers' bonded+unbonding; token balance
   of JobMarket == totalEscrow + totalCredits, with totalCredits == Σ actors' credits (≥ would suffice
-  against donations; this handler never donates, so equality must hold).
-- no_double_settlement: a unit settles (finalize / verdict / expire) at most once; per order, the escrow
-  that left as credits never exceeds what the buyer escrowed, and equals it once the order is closed.
+  against donations; this handler never donates, so equality must hold); VerdictAppeals holds nothing.
+- no_double_settlement: a unit settles (finalize / verdict / expire) at most once and its held replicas
+  at most once; per order, the escrow that left as credits never exceeds what the buyer escrowed, and
+  once the order is closed equals it less the prices of its still-held replicas.
+- truth_before_money: a verdict slashes nobody it calls fraud, credits its signers only the fee and
+  the withhold penalties' bounty, and leaves the held replicas' collateral locked.
+- framed_made_whole: when the truth accepts a replica its verdict called fraud (an overturn), the
+  provider lost no stake to that unit, gets its price and its collateral back.
 - unit_state_machine: every stored unit state change is a legal edge (None → Committing → Revealing →
   Finalized | Verdicted | Expired; Committing → Verdicted | Expired) and equals the model's state.
 - slash_reaches_unbonding: a slash takes min(amount, bonded + unbonding) — unbonding stake stays slashable
@@ -26,6 +39,8 @@ the seeded bug trips the one it targets):
   slashed token can never come back out through withdraw.
 - funds_exit: after all deadlines, expiring units, closing orders, withdrawing credits and unstaking
   leave both contracts holding no tokens and every actor holding what the model says.
+- collateral_locked: a staker never slashed has exactly locked the collateral of its open units, of its
+  held replicas, its pending appeal bonds and its referee stake.
 - model_agreement: everything else the model predicts (success vs typed revert and its arguments,
   balances, stakes, credits, reputation, nonces, order and unit fields).
 """
@@ -42,13 +57,17 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from tests.chain.invariants_harness import Actor, Chain, MarketParams, TxOutcome
 from tests.chain.invariants_model import (
+    ACCEPT,
     FAULT,
+    FRAUD,
     LEGAL_TRANSITIONS,
     SETTLED_STATES,
+    AppealState,
     Expected,
     Model,
     Unit,
     UnitState,
+    bits,
 )
 from tests.chain.invariants_storage import StorageReader
 from veritrain.chain import eip712
@@ -57,10 +76,13 @@ from veritrain.chain.errors import ContractReverted
 BUYERS = ("buyer0", "buyer1")
 PROVIDERS = ("provider0", "provider1", "provider2")
 VERIFIERS = ("verifier0", "verifier1")
-ACTOR_LABELS = ("operator", *BUYERS, *PROVIDERS, *VERIFIERS)
-STAKERS = (*PROVIDERS, *VERIFIERS)
-FUNDED = (*BUYERS, *PROVIDERS, *VERIFIERS)
+REFEREE = "referee0"
+ACTOR_LABELS = ("operator", *BUYERS, *PROVIDERS, *VERIFIERS, REFEREE)
+STAKERS = (*PROVIDERS, *VERIFIERS)  # the stake rules' accounts; the referee's stake sits in the pool
+ALL_STAKERS = (*STAKERS, REFEREE)
+FUNDED = (*BUYERS, *PROVIDERS, *VERIFIERS, REFEREE)
 INITIAL_TOKENS = 1_000_000
+REFEREE_DEPOSIT = 1_000  # staked and joined to the referee pool at deployment (the pool locks part of it)
 SIG_LIFETIME = 10**6
 MAX_UINT = 2**256 - 1
 
@@ -74,6 +96,8 @@ INVARIANTS = (
     "model_agreement",
     "drawn_never_finalized",
     "collateral_locked",
+    "truth_before_money",
+    "framed_made_whole",
 )
 SETTLEMENT_EVENTS = {
     keccak(text="UnitFinalized(uint256,bytes32)"),
@@ -81,6 +105,7 @@ SETTLEMENT_EVENTS = {
     keccak(text="UnitExpired(uint256)"),
 }
 STAKE_SLASHED = keccak(text="StakeSlashed(address,uint256,address)")
+HELD_SETTLED = keccak(text="HeldSettled(uint256,uint8[])")
 
 
 class InvariantViolation(AssertionError):
@@ -111,6 +136,13 @@ def build_chain(
         for outcome in (minted, approved_sm, approved_jm):
             if outcome.error is not None:
                 raise AssertionError(f"setting up {label} failed: {outcome.error}")
+    referee = chain.actors[REFEREE]
+    for outcome in (
+        chain.transact(referee, chain.stakes, "stake", [REFEREE_DEPOSIT]),
+        chain.transact(referee, chain.appeals, "joinPool", []),
+    ):
+        if outcome.error is not None:
+            raise AssertionError(f"setting up the referee failed: {outcome.error}")
     chain.mark_initial_state()
     return chain
 
@@ -123,6 +155,17 @@ def _mostly(data: st.DataObject, odds: int, label: str) -> bool:
 def _raw(value: str) -> bytes:
     """Receipt fields arrive as 0x-hex strings (raw JSON-RPC)."""
     return bytes.fromhex(value[2:])
+
+
+def _slash_events(receipt: Any) -> dict[str, int]:
+    """Stake taken per account (lowercase address) by the StakeSlashed events of one transaction."""
+    taken: dict[str, int] = {}
+    for log in receipt["logs"]:
+        topics = [_raw(t) for t in log["topics"]]
+        if topics[0] == STAKE_SLASHED:
+            account = "0x" + topics[1][-20:].hex()
+            taken[account] = taken.get(account, 0) + int.from_bytes(_raw(log["data"])[:32], "big")
+    return taken
 
 
 def _norm(value: Any) -> Any:
@@ -143,6 +186,8 @@ class Ghosts:
     withdrawn: dict[str, int] = field(default_factory=dict)
     slashed: dict[str, int] = field(default_factory=dict)
     unit_states: dict[int, UnitState] = field(default_factory=dict)
+    held_settlements: dict[int, int] = field(default_factory=dict)  # HeldSettled events per unit
+    unit_slashes: dict[tuple[int, str], int] = field(default_factory=dict)  # (unit, lowercase account)
 
 
 @dataclass
@@ -168,17 +213,29 @@ class MarketMachine(RuleBasedStateMachine):
         self.actors = chain.actors
         self.address_of = {label: actor.address for label, actor in self.actors.items()}
         self.address_of["deployer"] = chain.deployer.address  # receives direct slashes
+        self.address_of["appeals"] = chain.appeals.address  # must hold nothing and stake nothing
         self.label_of = {address: label for label, address in self.address_of.items()}
-        self.model = Model(chain.params, chain.stakes.address, chain.market.address)
+        self.model = Model(
+            chain.params,
+            chain.stakes.address,
+            chain.market.address,
+            token_holder_va=chain.appeals.address,
+            appeal_params=chain.appeal_params,
+        )
         self.model.pending_block = chain.pending_block
         self.model.block_hash = chain.block_hash
         for label in FUNDED:
             self.model.tokens[self.address_of[label]] = INITIAL_TOKENS
         self.ghosts = Ghosts()
+        # build_chain's referee: staked, and in the pool
+        referee = self.address_of[REFEREE]
+        self.model.stake(referee, REFEREE_DEPOSIT, 0)
+        self.model.join_pool(referee)
+        self.ghosts.deposited[referee] = REFEREE_DEPOSIT
         self.secrets: dict[int, UnitSecrets] = {}
         self.failures: list[tuple[str, str]] = []
         self.storage = StorageReader(chain, chain.storage_layouts)
-        self.staker_addresses = [self.address_of[label] for label in STAKERS]
+        self.staker_addresses = [self.address_of[label] for label in ALL_STAKERS]
         self.steps = 0
         self.broken = False
         self.accept_draws: dict[str, int] = {}  # per provider: unordered Accept nonces drawn so far
@@ -682,19 +739,24 @@ class MarketMachine(RuleBasedStateMachine):
         args: Sequence[Any],
         model_action: Callable[[], Expected | None],
         slashes: dict[str, int] | None = None,
+        contract: str = "market",
     ) -> TxOutcome:
-        """Run a settlement and record what it did to escrow, settlement counts and stake (ghosts)."""
+        """Run a settlement (of a unit, or of its held replicas through VerdictAppeals) and record what it
+        did to escrow, settlement counts and stake (ghosts)."""
         unit = self.model.units.get(unit_id)
         order_id = unit.order_id if unit is not None else 0
         escrow_before = self._escrow()
         sm_before = self._sm_balance()
         pre = {account: self.storage.stake_of(account) for account in slashes or {}}
-        outcome = self._run(what, sender, "market", fn, args, model_action)
+        outcome = self._run(what, sender, contract, fn, args, model_action)
         if outcome.receipt is not None:
-            settled = sum(1 for log in outcome.receipt["logs"] if _raw(log["topics"][0]) in SETTLEMENT_EVENTS)
-            self._add(self.ghosts.settlements, unit_id, settled)
+            topics = [_raw(log["topics"][0]) for log in outcome.receipt["logs"]]
+            self._add(self.ghosts.settlements, unit_id, sum(1 for t in topics if t in SETTLEMENT_EVENTS))
+            self._add(self.ghosts.held_settlements, unit_id, topics.count(HELD_SETTLED))
             self._add(self.ghosts.escrow_out, order_id, escrow_before - self._escrow())
             self._check_slashes(outcome.receipt, pre, slashes or {}, sm_before)
+            for account, amount in _slash_events(outcome.receipt).items():
+                self._add(self.ghosts.unit_slashes, (unit_id, account), amount)
         return outcome
 
     @precondition(lambda self: bool(self.model.units))
@@ -752,21 +814,60 @@ class MarketMachine(RuleBasedStateMachine):
         unit = self.model.units[unit_id]
         now = self._now()
         signatures = [self._sign_verdict(label, unit_id, outcomes) for label in signers]
-        frauds = {
-            r.provider: self.chain.params.slash_amount
-            for r, o in zip(unit.replicas, outcomes, strict=False)
-            if o == 2
-        } | self._withholders(unit)
+        withholders = self._withholders(unit)
+        accused = [r.provider for r, o in zip(unit.replicas, outcomes, strict=False) if o == FRAUD]
         signer_addresses = [self.address_of[label] for label in signers]
-        self._settle(
+        watched = [*accused, *signer_addresses]
+        before = {a: (self.storage.stake_of(a)[1], self.storage.account(a)[0]) for a in watched}
+        outcome = self._settle(
             f"submitVerdict(unit {unit_id}, {outcomes}, {signers})",
             unit_id,
             self.actors["operator"],
             "submitVerdict",
             [unit_id, outcomes, signatures],
             lambda: self.model.submit_verdict(unit_id, outcomes, signer_addresses, now),
-            slashes=frauds,
+            slashes=withholders,
         )
+        if outcome.receipt is not None:
+            self._check_truth_before_money(unit, outcome.receipt, accused, signer_addresses, before)
+
+    def _check_truth_before_money(
+        self,
+        unit: Unit,
+        receipt: Any,
+        accused: list[str],
+        signers: list[str],
+        before: dict[str, tuple[int, int]],
+    ) -> None:
+        """truth_before_money, at a verdict: the replicas it calls fraud lose no stake and keep their
+        collateral locked, and its signers are credited only the fee and the withhold penalties' bounty."""
+        taken = _slash_events(receipt)
+        for provider in accused:
+            label = self.label_of.get(provider, provider)
+            if taken.get(provider.lower(), 0):
+                self._fail(
+                    "truth_before_money",
+                    f"unit {unit.unit_id}: {label} slashed {taken[provider.lower()]} at the verdict that "
+                    "calls it fraud, before the unit's truth is fixed",
+                )
+            locked = self.storage.stake_of(provider)[1]
+            if locked != before[provider][0]:
+                self._fail(
+                    "truth_before_money",
+                    f"unit {unit.unit_id}: {label}'s locked stake went {before[provider][0]} -> {locked} at "
+                    "the verdict that holds its collateral",
+                )
+        penalties = sum(taken.get(p.lower(), 0) for p in self._withholders(unit))
+        order = self.model.orders[unit.order_id]
+        share = (order.fee + penalties * self.chain.params.bounty_bps // 10_000) // len(signers)
+        for signer in signers:
+            gained = self.storage.account(signer)[0] - before[signer][1]
+            if gained != share:
+                self._fail(
+                    "truth_before_money",
+                    f"unit {unit.unit_id}: signer {self.label_of.get(signer, signer)} credited {gained} at "
+                    f"the verdict; the fee and withhold bounty share is {share}",
+                )
 
     @precondition(lambda self: bool(self.model.units))
     @rule(data=st.data())
@@ -791,6 +892,287 @@ class MarketMachine(RuleBasedStateMachine):
             return {}
         penalty = self.chain.params.withhold_penalty
         return {r.provider: penalty for r in unit.replicas if r.commitment is not None and r.digest is None}
+
+    # ------------------------------------------------------------------------------------------
+    # Rules: appeals and held fraud (VerdictAppeals)
+    # ------------------------------------------------------------------------------------------
+
+    def _verdicted(self) -> list[int]:
+        return [u for u, unit in self.model.units.items() if unit.state == UnitState.VERDICTED]
+
+    def _pending_appeals(self) -> list[int]:
+        return [u for u, a in self.model.appeals.items() if a.state == AppealState.PENDING]
+
+    def _truth(self, unit: Unit) -> list[int]:
+        """What re-executing the unit shows: honest replicas accept, deviant ones fraud, silent ones fault."""
+        honest = keccak(text=f"honest-{unit.unit_id}")
+        return [FAULT if r.digest is None else ACCEPT if r.digest == honest else FRAUD for r in unit.replicas]
+
+    def _other_outcomes(self, data: st.DataObject, unit: Unit) -> list[int]:
+        """Any outcome vector the contracts accept for `unit` (sometimes one they refuse)."""
+        return [
+            data.draw(st.sampled_from([0, 1, 2] if r.digest is not None else [1, 1, 1, 0]), label="outcome")
+            for r in unit.replicas
+        ]
+
+    @precondition(lambda self: bool(self._verdicted()))
+    @rule(data=st.data())
+    def appeals(self, data: st.DataObject) -> None:
+        """One VerdictAppeals action, mostly where it can succeed (one rule for all six, so they do not
+        crowd out the other rules; the progress rules drive the usual appeal life cycle)."""
+        actions = ["appeal", "settle_verdict"]
+        if self.model.appeals:
+            actions += ["draw_panel", "vote", "resolve", "lapse"]
+        getattr(self, f"_any_{data.draw(st.sampled_from(actions), label='action')}")(data)
+
+    def _any_appeal(self, data: st.DataObject) -> None:
+        """Mostly a verdict still in its appeal window, by one of the unit's parties; sometimes any."""
+        now = self._now()
+        open_ = [
+            u
+            for u in self._verdicted()
+            if u not in self.model.appeals and now <= self.model.appeal_closes(self.model.units[u])
+        ]
+        pool = open_ if open_ and _mostly(data, 4, "prefer appealable") else sorted(self.model.units)
+        unit_id = data.draw(st.sampled_from(pool), label="unit")
+        unit = self.model.units[unit_id]
+        parties = [self.label_of[r.provider] for r in unit.replicas] + [
+            self.label_of[v] for v in unit.verifiers
+        ]
+        appellant = data.draw(st.sampled_from(parties if _mostly(data, 4, "a party") else STAKERS))
+        self.do_appeal(unit_id, appellant)
+
+    def do_appeal(self, unit_id: int, appellant: str) -> None:
+        actor = self.actors[appellant]
+        now = self._now()
+        self._run(
+            f"appeal(unit {unit_id}, by {appellant})",
+            actor,
+            "appeals",
+            "appeal",
+            [unit_id],
+            lambda: self.model.appeal(unit_id, actor.address, now),
+        )
+        self._compare_appeal(unit_id)
+
+    def _any_draw_panel(self, data: st.DataObject) -> None:
+        pending = [u for u in self._pending_appeals() if not self.model.appeals[u].panel]
+        pool = pending if pending and _mostly(data, 4, "prefer undrawn") else sorted(self.model.appeals)
+        self.do_draw_panel(data.draw(st.sampled_from(pool), label="unit"))
+
+    def do_draw_panel(self, unit_id: int) -> None:
+        now = self._now()
+        self._run(
+            f"drawPanel(unit {unit_id})",
+            self.actors["operator"],
+            "appeals",
+            "drawPanel",
+            [unit_id],
+            lambda: self.model.draw_panel(unit_id, now),
+        )
+        self._compare_appeal(unit_id)
+
+    def _any_vote(self, data: st.DataObject) -> None:
+        """Mostly the referee's honest vote on a drawn panel; sometimes the verdict, any vector, or an
+        outsider's vote."""
+        drawn = [u for u in self._pending_appeals() if self.model.appeals[u].panel]
+        pool = drawn if drawn and _mostly(data, 4, "prefer drawn") else sorted(self.model.appeals)
+        unit_id = data.draw(st.sampled_from(pool), label="unit")
+        unit = self.model.units[unit_id]
+        choice = data.draw(st.sampled_from(["truth"] * 4 + ["verdict", "any"]), label="vote")
+        if choice == "truth":
+            outcomes = self._truth(unit)
+        elif choice == "verdict" and unit.verdict is not None:
+            outcomes = list(unit.verdict)
+        else:
+            outcomes = self._other_outcomes(data, unit)
+        referee = REFEREE if _mostly(data, 6, "the referee") else data.draw(st.sampled_from(STAKERS))
+        self.do_vote(unit_id, outcomes, referee)
+
+    def do_vote(self, unit_id: int, outcomes: list[int], referee: str) -> None:
+        actor = self.actors[referee]
+        now = self._now()
+        deadline = now + SIG_LIFETIME
+        message = {"unitId": unit_id, "outcomesHash": eip712.outcomes_hash(outcomes), "deadline": deadline}
+        signature = self.chain.sign_appeals(actor, "RefereeVote", message)
+        self._run(
+            f"vote(unit {unit_id}, {outcomes}, {referee})",
+            self.actors["operator"],
+            "appeals",
+            "vote",
+            [unit_id, outcomes, (actor.address, deadline, signature)],
+            lambda: self.model.vote(unit_id, outcomes, actor.address, now),
+        )
+        self._compare_appeal(unit_id)
+
+    def _any_resolve(self, data: st.DataObject) -> None:
+        """Mostly a decided appeal with the right vectors; sometimes undecided, settled or wrong vectors."""
+        decided = [u for u in self._pending_appeals() if self.model.appeals[u].decided is not None]
+        pool = decided if decided and _mostly(data, 4, "prefer decided") else sorted(self.model.appeals)
+        unit_id = data.draw(st.sampled_from(pool), label="unit")
+        unit, appeal = self.model.units[unit_id], self.model.appeals[unit_id]
+        verdict = list(unit.verdict or ())
+        decision = list(appeal.decided) if appeal.decided is not None else self._truth(unit)
+        if not _mostly(data, 9, "right vectors"):
+            verdict, decision = decision, verdict  # a mismatch unless the panel confirmed
+        self.do_resolve(unit_id, verdict, decision)
+
+    def do_resolve(self, unit_id: int, verdict: list[int], decided: list[int]) -> None:
+        unit, appeal = self.model.units[unit_id], self.model.appeals[unit_id]
+        slashes: dict[str, int] = {}
+        if appeal.state == AppealState.PENDING and appeal.decided == tuple(decided):
+            slash = self.chain.params.slash_amount
+            for index, replica in enumerate(unit.replicas):
+                held = unit.held >> index & 1
+                if decided[index] == FRAUD and (held or verdict[index] != FRAUD):
+                    self._add(slashes, replica.provider, slash)
+            if tuple(decided) == unit.verdict:
+                self._add(slashes, appeal.appellant, self.chain.appeal_params.appeal_bond)
+        self._settle_held_by(
+            f"resolve(unit {unit_id}, verdict {verdict}, decided {decided})",
+            unit_id,
+            "resolve",
+            [unit_id, verdict, decided],
+            lambda: self.model.resolve(unit_id, verdict, decided),
+            decided,
+            slashes,
+            appeal.appellant,
+        )
+
+    def _any_lapse(self, data: st.DataObject) -> None:
+        now = self._now()
+        lapsable = [
+            u
+            for u in self._pending_appeals()
+            if self.model.appeals[u].decided is None and now > self.model.appeals[u].vote_deadline
+        ]
+        pool = lapsable if lapsable and _mostly(data, 3, "prefer lapsable") else sorted(self.model.appeals)
+        self.do_lapse(data.draw(st.sampled_from(pool), label="unit"))
+
+    def do_lapse(self, unit_id: int) -> None:
+        now = self._now()
+        self._run(
+            f"lapse(unit {unit_id})",
+            self.actors["operator"],
+            "appeals",
+            "lapse",
+            [unit_id],
+            lambda: self.model.lapse(unit_id, now),
+        )
+        self._compare_appeal(unit_id)
+
+    def _any_settle_verdict(self, data: st.DataObject) -> None:
+        """Mostly a verdict with held fraud; sometimes any unit (early, appealed, settled, wrong vector)."""
+        held = [u for u in self._verdicted() if self.model.units[u].held]
+        pool = held if held and _mostly(data, 4, "prefer held") else sorted(self.model.units)
+        unit_id = data.draw(st.sampled_from(pool), label="unit")
+        unit = self.model.units[unit_id]
+        verdict = (
+            list(unit.verdict) if unit.verdict and _mostly(data, 9, "the verdict") else self._truth(unit)
+        )
+        self.do_settle_verdict(unit_id, verdict)
+
+    def do_settle_verdict(self, unit_id: int, verdict: list[int]) -> None:
+        unit = self.model.units[unit_id]
+        slash = self.chain.params.slash_amount
+        slashes = {unit.replicas[i].provider: slash for i in bits(unit.held)}
+        now = self._now()
+        self._settle_held_by(
+            f"settleVerdict(unit {unit_id}, {verdict})",
+            unit_id,
+            "settleVerdict",
+            [unit_id, verdict],
+            lambda: self.model.settle_verdict(unit_id, verdict, now),
+            verdict,
+            slashes,
+            None,
+        )
+
+    def _settle_held_by(
+        self,
+        what: str,
+        unit_id: int,
+        fn: str,
+        args: Sequence[Any],
+        model_action: Callable[[], Expected | None],
+        truth: list[int],
+        slashes: dict[str, int],
+        appellant: str | None,
+    ) -> None:
+        """A VerdictAppeals call that may settle the unit's held replicas by `truth`; checks
+        framed_made_whole for each one the truth accepts."""
+        unit = self.model.units.get(unit_id)
+        held = self.storage.held(unit_id) & 0xFF if unit is not None else 0
+        providers = [unit.replicas[i].provider for i in bits(held)] if unit is not None else []
+        before = {p: (self.storage.stake_of(p)[1], *self.storage.account(p)) for p in providers}
+        outcome = self._settle(
+            what, unit_id, self.actors["operator"], fn, args, model_action, slashes, contract="appeals"
+        )
+        if outcome.receipt is not None and unit is not None:
+            self._compare_appeal(unit_id)
+            settled = self.storage.held(unit_id) == 0 and held != 0
+            if settled:
+                stands = "stands" if tuple(truth) == unit.verdict else "overturned"
+                self.call_stats.setdefault(f"settleHeld ({stands})", [0, 0])[0] += 1
+            for index in bits(held):
+                if settled and index < len(truth) and truth[index] == ACCEPT:
+                    provider = unit.replicas[index].provider
+                    bond = self.chain.appeal_params.appeal_bond if appellant == provider else 0
+                    self._check_framed_made_whole(unit, provider, before[provider], bond)
+
+    def _check_framed_made_whole(self, unit: Unit, provider: str, before: tuple[int, ...], bond: int) -> None:
+        """framed_made_whole: the truth accepted a replica the verdict called fraud: the provider lost no
+        stake to this unit (at the verdict or now), is paid the price, the fraud counted at the accusation
+        is taken back, and its collateral (and the bond of its own appeal) came back. `before`: its locked
+        stake, then its JobMarket account (credit, valid, fault, fraud, streak), just before."""
+        self.call_stats.setdefault("settleHeld (framed paid)", [0, 0])[0] += 1
+        label = self.label_of.get(provider, provider)
+        lost = self.ghosts.unit_slashes.get((unit.unit_id, provider.lower()), 0)
+        if lost:
+            self._fail(
+                "framed_made_whole", f"unit {unit.unit_id}: {label}, accepted by the truth, lost {lost}"
+            )
+        price = self.model.orders[unit.order_id].price
+        credit, valid, _, fraud, _ = self.storage.account(provider)
+        paid = credit - before[1]
+        if (valid, fraud) != (before[2] + 1, before[4] - 1):
+            self._fail(
+                "framed_made_whole",
+                f"unit {unit.unit_id}: {label}, accepted by the truth, has valid/fraud {(valid, fraud)}, "
+                f"had {(before[2], before[4])}: the accusation must be taken back and the unit counted valid",
+            )
+        if paid != price:
+            self._fail(
+                "framed_made_whole",
+                f"unit {unit.unit_id}: {label}, accepted by the truth, was credited {paid}, "
+                f"not its price {price}",
+            )
+        locked = self.storage.stake_of(provider)[1]
+        want = max(0, before[0] - self.chain.params.provider_collateral - bond)
+        if locked != want:
+            self._fail(
+                "framed_made_whole",
+                f"unit {unit.unit_id}: {label}, accepted by the truth, has {locked} locked, "
+                f"should have {want}",
+            )
+
+    def _compare_appeal(self, unit_id: int) -> None:
+        """The appeal's state, appellant, panel and decision on VerdictAppeals against the model."""
+        model = self.model.appeals.get(unit_id)
+        got = self.chain.view_struct(self.chain.appeals, "getAppeal", unit_id)
+        if model is None:
+            want: tuple[Any, ...] = (AppealState.NONE, "0x" + "00" * 20, [], b"\x00" * 32)
+        else:
+            decided = b"\x00" * 32 if model.decided is None else eip712.outcomes_hash(model.decided)
+            want = (model.state, model.appellant.lower(), [p.lower() for p in model.panel], decided)
+        have = (
+            got["state"],
+            got["appellant"].lower(),
+            [p.lower() for p in got["panel"]],
+            bytes(got["decided"]),
+        )
+        if have != want:
+            self._fail("model_agreement", f"appeal of unit {unit_id}: {have}, model {want}")
 
     # ------------------------------------------------------------------------------------------
     # Rules: credits and time
@@ -840,7 +1222,7 @@ class MarketMachine(RuleBasedStateMachine):
         self.chain.advance(seconds)
 
     # ------------------------------------------------------------------------------------------
-    # Progress: drive one unit through its next phase (weighted by four identical rules)
+    # Progress: drive one unit through its next phase (weighted by five identical rules)
     # ------------------------------------------------------------------------------------------
 
     def _progress(self, data: st.DataObject) -> None:
@@ -848,14 +1230,23 @@ class MarketMachine(RuleBasedStateMachine):
 
         Random single actions rarely line up into a whole unit life cycle, so this rule moves one unit
         a whole phase per step: all pending commits, then all reveals, then finalize, a verdict or
-        expiry, waiting out deadlines when nothing else can happen. The per-action rules still explore
-        the wrong orders and bad inputs.
+        expiry, then for a verdict that holds fraud its appeal or its settlement, waiting out deadlines
+        when nothing else can happen. The per-action rules still explore the wrong orders and bad inputs.
         """
         open_units = self._open_units()
-        if not open_units or not _mostly(data, 3, "continue a unit"):
+        now = self._now()
+        unsettled = [  # a held unit (to appeal, or to settle once its hold ended), a pending appeal
+            u
+            for u in self._verdicted()
+            if self.model.units[u].held or self.model.appeal_state(u) == AppealState.PENDING
+        ]
+        if not (open_units or unsettled) or not _mostly(data, 3, "continue a unit"):
             self._progress_assign(data)
             return
-        unit_id = data.draw(st.sampled_from(open_units), label="unit")
+        unit_id = data.draw(st.sampled_from(open_units + unsettled), label="unit")
+        if unit_id in unsettled:
+            self._progress_truth(unit_id, data)
+            return
         unit = self.model.units[unit_id]
         now = self._now()
         verdict_deadline = unit.reveal_deadline + self.chain.params.verdict_window
@@ -879,6 +1270,69 @@ class MarketMachine(RuleBasedStateMachine):
         else:
             self._progress_settle(unit_id, data)
 
+    def _progress_truth(self, unit_id: int, data: st.DataObject) -> None:
+        """A verdicted unit's next step towards its truth: within its hold, maybe an appeal; a pending
+        appeal's draw, vote (mostly the truth), resolve, or its lapse once nobody decided in time; a hold
+        nobody appealed, or whose appeal lapsed, settled by the verdict once it ended. (Never waits: a jump
+        in time would expire the other open units.)"""
+        unit = self.model.units[unit_id]
+        appeal = self.model.appeals.get(unit_id)
+        verdict = list(unit.verdict or ())
+        if appeal is None and self._now() <= self.model.hold_ends(unit):
+            self._progress_appeal(unit_id, data)
+        elif appeal is None or appeal.state == AppealState.LAPSED:
+            self.do_settle_verdict(unit_id, verdict)
+        elif appeal.decided is not None:
+            self.do_resolve(unit_id, verdict, list(appeal.decided))
+        elif self._now() > appeal.vote_deadline:
+            self.do_lapse(unit_id)
+        elif not appeal.panel:
+            self.do_draw_panel(unit_id)
+        else:
+            honest = _mostly(data, 4, "honest vote")
+            self.do_vote(unit_id, self._truth(unit) if honest else verdict, REFEREE)
+            if appeal.decided is not None and _mostly(data, 3, "resolve at once"):
+                self.do_resolve(unit_id, verdict, list(appeal.decided))
+
+    def _progress_appeal(self, unit_id: int, data: st.DataObject) -> None:
+        """Maybe appeal the unit's fresh verdict (mostly when it is wrong: the framed provider or the
+        honest minority pays the bond; rarely when it is right), and mostly carry the appeal through at
+        once: draw, vote (mostly the truth), resolve; sometimes it is left for later steps, or to lapse."""
+        unit = self.model.units[unit_id]
+        verdict, truth = list(unit.verdict or ()), self._truth(unit)
+        wrong = [
+            self.label_of[r.provider] for r, v, t in zip(unit.replicas, verdict, truth, strict=True) if v != t
+        ]
+        framed = [  # called fraud, honest: its provider's stake and price are held until the truth
+            self.label_of[r.provider]
+            for r, v, t in zip(unit.replicas, verdict, truth, strict=True)
+            if v == FRAUD and t == ACCEPT
+        ]
+        odds = 9 if framed else 1 if wrong else 0  # of appealing against 1 (0: one chance in ten)
+        if not (_mostly(data, odds, "appeal") if odds else not _mostly(data, 9, "let it stand")):
+            return
+        appellants = [
+            label
+            for label in wrong + [self.label_of[v] for v in unit.verifiers]
+            if self._free_stake(label) >= self.chain.appeal_params.appeal_bond
+        ]
+        if not appellants:
+            return
+        self.do_appeal(unit_id, data.draw(st.sampled_from(appellants), label="appellant"))
+        filed = self.model.appeals.get(unit_id)
+        path = data.draw(st.sampled_from(["decide"] * 8 + ["later", "lapse"]), label="appeal path")
+        if filed is None or path == "later":
+            return  # left for later steps (or to lapse)
+        if path == "lapse":  # nobody draws or votes in time
+            self.chain.advance(filed.vote_deadline - self._now() + 1)
+            self.do_lapse(unit_id)
+            return
+        self.do_draw_panel(unit_id)
+        if filed.panel and _mostly(data, 9, "vote at once"):
+            self.do_vote(unit_id, truth if _mostly(data, 9, "honest vote") else verdict, REFEREE)
+            if filed.decided is not None and _mostly(data, 9, "resolve at once"):
+                self.do_resolve(unit_id, verdict, list(filed.decided))
+
     def _progress_settle(self, unit_id: int, data: st.DataObject) -> None:
         unit = self.model.units[unit_id]
         if not unit.drawn and not _mostly(data, 6, "spot check"):
@@ -892,11 +1346,13 @@ class MarketMachine(RuleBasedStateMachine):
         for replica in unit.replicas:
             if replica.digest is None:
                 outcomes.append(FAULT)
-            elif replica.digest == honest:
-                outcomes.append(data.draw(st.sampled_from([0, 0, 0, 1]), label="outcome"))
+            elif replica.digest == honest:  # sometimes framed: a colluding majority calls it fraud
+                outcomes.append(data.draw(st.sampled_from([0, 0, 0, 0, 1, 2, 2]), label="outcome"))
             else:
                 outcomes.append(data.draw(st.sampled_from([2, 2, 1]), label="outcome"))
         self.do_submit_verdict(unit_id, outcomes, list(VERIFIERS))
+        if unit.state == UnitState.VERDICTED:
+            self._progress_appeal(unit_id, data)  # an appeal moves held money only within the hold
 
     def _progress_assign(self, data: st.DataObject) -> None:
         open_orders = [
@@ -909,9 +1365,11 @@ class MarketMachine(RuleBasedStateMachine):
         ]
         if not open_orders:
             buyer = data.draw(st.sampled_from(BUYERS), label="buyer")
-            self.do_post_order(
-                buyer, data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3)), 100, 50, 3_000
-            )
+            units = data.draw(st.integers(1, 3))
+            if _mostly(data, 1, "fixed order"):
+                self.do_post_order(buyer, units, data.draw(st.integers(1, 3)), 100, 50, 3_000)
+            else:  # adaptive: smaller units for providers with the streak
+                self.do_post_adaptive_order(buyer, units, (1, 3), data.draw(st.sampled_from([0, 1])), 100, 50)
             return
         order_id = data.draw(st.sampled_from(open_orders), label="order")
         order = self.model.orders[order_id]
@@ -922,7 +1380,18 @@ class MarketMachine(RuleBasedStateMachine):
                 if self._free_stake(label) < self.chain.params.provider_collateral:
                     self.do_stake(label, 2_500)
             return
-        providers = data.draw(st.permutations(eligible), label="providers")[: order.replicas]
+        count = order.replicas
+        trusted = [
+            p for p in eligible if self.model.rep(self.address_of[p]).consecutive >= order.trusted_streak
+        ]
+        if (
+            0 < order.min_replicas <= len(trusted)
+            and order.min_replicas < order.replicas
+            and _mostly(data, 1, "reduced unit")
+        ):
+            count = data.draw(st.integers(order.min_replicas, min(order.replicas - 1, len(trusted))))
+            eligible = trusted  # an adaptive order's smaller unit, for providers with its streak
+        providers = data.draw(st.permutations(eligible), label="providers")[:count]
         self.do_assign(order_id, list(providers), list(VERIFIERS))
 
     @rule(data=st.data())
@@ -939,6 +1408,11 @@ class MarketMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def progress_4(self, data: st.DataObject) -> None:
+        self._progress(data)
+
+    @rule(data=st.data())
+    def progress_5(self, data: st.DataObject) -> None:
+        """A fifth: the appeal life cycle added phases to drive."""
         self._progress(data)
 
     # ------------------------------------------------------------------------------------------
@@ -988,6 +1462,9 @@ class MarketMachine(RuleBasedStateMachine):
                 f"JobMarket holds {jm_balance}; totalEscrow {escrow} + totalCredits {total_credits}; "
                 f"Σ credits {credit_sum}",
             )
+        va_balance = storage.token_balance(self.chain.appeals.address)
+        if va_balance:
+            self._fail("solvency", f"VerdictAppeals holds {va_balance}; slashes only pass through it")
         want = (self.model.total_staked(), self.model.total_escrow(), self.model.total_credits())
         if (total_staked, escrow, total_credits) != want:
             self._fail(
@@ -999,15 +1476,29 @@ class MarketMachine(RuleBasedStateMachine):
         for unit_id, count in self.ghosts.settlements.items():
             if count > 1:
                 self._fail("no_double_settlement", f"unit {unit_id} settled {count} times")
+        for unit_id, count in self.ghosts.held_settlements.items():
+            if count > 1:
+                self._fail("no_double_settlement", f"unit {unit_id}'s held replicas settled {count} times")
+        held_prices: dict[int, int] = {}
+        for unit_id, model_unit in self.model.units.items():
+            if self.storage.unit(unit_id)["state"] == UnitState.VERDICTED:
+                held = len(bits(self.storage.held(unit_id) & 0xFF))
+                self._add(
+                    held_prices, model_unit.order_id, held * self.model.orders[model_unit.order_id].price
+                )
         for order_id, order in self.model.orders.items():
             out = self.ghosts.escrow_out.get(order_id, 0)
             if out > order.escrow0:
                 self._fail(
                     "no_double_settlement", f"order {order_id} paid out {out} of escrow {order.escrow0}"
                 )
-            if self.storage.order(order_id)["closed"] and out != order.escrow0:
+            # a closed order keeps in escrow only the prices of its held replicas (until their truth)
+            want = order.escrow0 - held_prices.get(order_id, 0)
+            if self.storage.order(order_id)["closed"] and out != want:
                 self._fail(
-                    "no_double_settlement", f"closed order {order_id} paid out {out} of {order.escrow0}"
+                    "no_double_settlement",
+                    f"closed order {order_id} paid out {out} of {order.escrow0}; "
+                    f"held prices {held_prices.get(order_id, 0)}",
                 )
 
     def _check_unit_states(self) -> None:
@@ -1049,19 +1540,35 @@ class MarketMachine(RuleBasedStateMachine):
             )
             if got != want:
                 self._fail("model_agreement", f"unit {unit_id} masks/drawn/deadlines {got}, model {want}")
+            if state == UnitState.VERDICTED and self.storage.held(unit_id) != model_unit.held_word:
+                self._fail(
+                    "model_agreement",
+                    f"unit {unit_id} holds {self.storage.held(unit_id):#x}, model {model_unit.held_word:#x}",
+                )
 
     def _check_collateral_locked(self) -> None:
-        """Every open unit holds its providers' and verifiers' collateral: an account never slashed has
-        exactly that sum locked (a slash may clamp the lock to the remaining stake, so those are skipped)."""
+        """Every open unit holds its providers' and verifiers' collateral, every held replica (a verdict
+        called it fraud, its truth is not settled) its provider's, every pending appeal its bond and the
+        pool its referee's stake: an account never slashed has exactly that sum locked (a slash may clamp
+        the lock to the remaining stake, so those are skipped)."""
         params = self.chain.params
         want = dict.fromkeys(self.staker_addresses, 0)
         for unit_id, model_unit in self.model.units.items():
-            if self.storage.unit(unit_id)["state"] not in (UnitState.COMMITTING, UnitState.REVEALING):
+            state = self.storage.unit(unit_id)["state"]
+            if state == UnitState.VERDICTED:
+                for index in bits(self.storage.held(unit_id) & 0xFF):
+                    self._add(want, model_unit.replicas[index].provider, params.provider_collateral)
+            if state not in (UnitState.COMMITTING, UnitState.REVEALING):
                 continue
             for replica in model_unit.replicas:
                 want[replica.provider] = want.get(replica.provider, 0) + params.provider_collateral
             for verifier in model_unit.verifiers:
                 want[verifier] = want.get(verifier, 0) + params.verifier_collateral
+        for appeal in self.model.appeals.values():
+            if appeal.state == AppealState.PENDING:
+                self._add(want, appeal.appellant, self.chain.appeal_params.appeal_bond)
+        for referee in self.model.entry_of:
+            self._add(want, referee, self.chain.appeal_params.referee_stake)
         for account, locked_sum in want.items():
             if self.ghosts.slashed.get(account, 0):
                 continue
@@ -1080,18 +1587,12 @@ class MarketMachine(RuleBasedStateMachine):
         sm_before: int,
     ) -> None:
         """slash_reaches_unbonding: each slash took min(requested, bonded + unbonding); those tokens left."""
-        reported: dict[str, int] = {}
-        for log in receipt["logs"]:
-            topics = [_raw(t) for t in log["topics"]]
-            if topics[0] == STAKE_SLASHED:
-                account = "0x" + topics[1][-20:].hex()
-                amount = int.from_bytes(_raw(log["data"])[:32], "big")
-                reported[account] = reported.get(account, 0) + amount
+        reported = _slash_events(receipt)
         total = 0
         for account, amount in requested.items():
             bonded, _, unbonding, _ = pre[account]
             want = min(amount, bonded + unbonding)
-            got = reported.get(account.lower(), 0)
+            got = reported.pop(account.lower(), 0)
             total += got
             self._add(self.ghosts.slashed, account, got)
             if got != want:
@@ -1100,6 +1601,11 @@ class MarketMachine(RuleBasedStateMachine):
                     f"slash of {amount} on {self.label_of.get(account, account)} with bonded {bonded}, "
                     f"unbonding {unbonding} took {got}, should take {want}",
                 )
+        for account, got in reported.items():  # a slash the rules do not call for here
+            label = next((label for a, label in self.label_of.items() if a.lower() == account), account)
+            total += got
+            self._add(self.ghosts.slashed, self.address_of.get(label, account), got)
+            self._fail("model_agreement", f"{label} slashed {got}, which no rule calls for here")
         left = sm_before - self._sm_balance()
         if left != total:
             self._fail(
@@ -1170,14 +1676,16 @@ class MarketMachine(RuleBasedStateMachine):
         self.drain_everything()
 
     def drain_everything(self) -> None:
-        """Past all deadlines: expire units, close orders, withdraw credits and stake; nothing may remain.
+        """Past all deadlines: expire units, decide or lapse appeals, settle every held replica, close
+        orders, leave the referee pool, withdraw credits and stake; nothing may remain.
 
         Decisions come from the chain's own state (not the model), so a seeded bug that already made
         the model disagree still gets its funds-exit verdict.
         """
         storage = self.storage
         horizon = max(
-            [u.reveal_deadline + self.chain.params.verdict_window for u in self.model.units.values()]
+            [self.model.appeal_closes(u) for u in self.model.units.values()]
+            + [a.vote_deadline for a in self.model.appeals.values()]
             + [o.deadline for o in self.model.orders.values()]
             + [0]
         )
@@ -1186,18 +1694,41 @@ class MarketMachine(RuleBasedStateMachine):
         for unit_id in self.model.units:
             if storage.unit(unit_id)["state"] in (UnitState.COMMITTING, UnitState.REVEALING):
                 self.do_expire(unit_id)
+        for unit_id, appeal in self.model.appeals.items():
+            if (
+                self.chain.view_struct(self.chain.appeals, "getAppeal", unit_id)["state"]
+                != AppealState.PENDING
+            ):
+                continue
+            verdict = list(self.model.units[unit_id].verdict or ())
+            if appeal.decided is not None:
+                self.do_resolve(unit_id, verdict, list(appeal.decided))
+            else:
+                self.do_lapse(unit_id)
+        for unit_id, unit in self.model.units.items():  # every held replica can be settled
+            if storage.unit(unit_id)["state"] == UnitState.VERDICTED and storage.held(unit_id):
+                self.do_settle_verdict(unit_id, list(unit.verdict or ()))
         for order_id in self.model.orders:
             if not storage.order(order_id)["closed"]:
                 self.do_close_order(order_id, by_buyer=False)
+        referee = self.actors[REFEREE]
+        self._run(
+            f"leavePool({REFEREE})",
+            referee,
+            "appeals",
+            "leavePool",
+            [],
+            lambda: self.model.leave_pool(referee.address),
+        )
         for index, label in enumerate(FUNDED):  # alternate plain and relayed (signed) withdrawals
             if storage.account(self.address_of[label])[0]:
                 self.do_withdraw_credit(label, signed=index % 2 == 1)
-        for label in STAKERS:
+        for label in ALL_STAKERS:
             bonded, locked, _, _ = storage.stake_of(self.address_of[label])
             if bonded > locked:
                 self.do_request_unstake(label, bonded - locked)
         self.chain.advance(self.chain.params.unbonding_period + 1)
-        for index, label in enumerate(STAKERS):
+        for index, label in enumerate(ALL_STAKERS):
             if storage.stake_of(self.address_of[label])[2]:
                 self.do_withdraw_stake(label, signed=index % 2 == 1)
         sm_balance, jm_balance = self._sm_balance(), self._jm_balance()

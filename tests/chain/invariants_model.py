@@ -1,4 +1,5 @@
-"""Reference model of VeriToken + StakeManager + JobMarket, in plain Python, for the invariant machine.
+"""Reference model of VeriToken + StakeManager + JobMarket + VerdictAppeals, in plain Python, for the
+invariant machine.
 
 Why a second implementation: the state machine compares the contracts against it after every step, so
 a contract that pays, locks, slashes or reverts differently from the written rules (contract_spec.md and
@@ -16,7 +17,8 @@ from typing import Any
 
 from eth_utils import keccak
 
-from tests.chain.invariants_harness import MarketParams
+from tests.chain.invariants_harness import AppealParams, MarketParams
+from veritrain.chain.eip712 import outcomes_hash
 
 BPS = 10_000
 PPM = 1_000_000
@@ -42,6 +44,25 @@ LEGAL_TRANSITIONS: dict[UnitState, frozenset[UnitState]] = {
     UnitState.VERDICTED: frozenset(),
     UnitState.EXPIRED: frozenset(),
 }
+
+
+class AppealState(IntEnum):
+    NONE = 0
+    PENDING = 1
+    CONFIRMED = 2
+    OVERTURNED = 3
+    LAPSED = 4
+
+
+# bytes32(0): JobMarket.verdictHashOf of a unit no verdict settled.
+NO_HASH = b"\x00" * 32
+# VerdictAppeals.drawPanel tries this many pool entries per seat before it gives up.
+DRAW_TRIES_PER_SEAT = 16
+
+
+def bits(mask: int) -> list[int]:
+    """The set bit positions of `mask`, lowest first."""
+    return [i for i in range(mask.bit_length()) if mask >> i & 1]
 
 
 @dataclass(frozen=True)
@@ -109,6 +130,11 @@ class Unit:
     drawn: bool = False
     verdict: tuple[int, ...] | None = None  # the outcomes that settled it (the referee for slashing)
     seed_block: int = 0  # block of the last commit; the draw is decided at the first reveal
+    # The replicas the verdict called fraud, held (collateral locked, price in escrow, nobody slashed)
+    # until the unit's truth is fixed on VerdictAppeals (settle_held); 0 once settled or when none.
+    held: int = 0
+    held_signers: tuple[str, ...] = ()  # the verdict's signers, in assignment order: the bounty's payees
+    held_since: int = 0  # when the verdict that holds them was recorded (the hold's appeal window opens)
 
     @property
     def all_committed(self) -> bool:
@@ -128,6 +154,30 @@ class Unit:
                 return index
         return None
 
+    @property
+    def held_word(self) -> int:
+        """JobMarket's `_held[unitId]`: held replicas in bits 0..7, the signers' positions in bits 8..15,
+        the verdict's timestamp from bit 16."""
+        if not self.held:
+            return 0
+        signers = sum(1 << i for i, v in enumerate(self.verifiers) if v in self.held_signers)
+        return self.held | signers << 8 | self.held_since << 16
+
+
+@dataclass
+class Appeal:
+    """A unit's appeal on VerdictAppeals. `votes[seat]` is the outcomes hash the referee voted (None: not
+    yet); `decided` the outcomes a panel majority voted."""
+
+    appellant: str
+    vote_deadline: int
+    seed_block: int
+    pool_size: int
+    state: AppealState = AppealState.PENDING
+    panel: list[str] = field(default_factory=list)
+    votes: list[bytes | None] = field(default_factory=list)
+    decided: tuple[int, ...] | None = None
+
 
 @dataclass
 class Model:
@@ -136,6 +186,8 @@ class Model:
     params: MarketParams
     token_holder_sm: str
     token_holder_jm: str
+    token_holder_va: str = ""  # VerdictAppeals: slashes pass through it within one transaction
+    appeal_params: AppealParams = field(default_factory=AppealParams)
     tokens: dict[str, int] = field(default_factory=dict)
     stakes: dict[str, StakeAccount] = field(default_factory=dict)
     credits: dict[str, int] = field(default_factory=dict)
@@ -145,6 +197,9 @@ class Model:
     accept_nonces_used: set[tuple[str, int]] = field(default_factory=set)
     orders: dict[int, Order] = field(default_factory=dict)
     units: dict[int, Unit] = field(default_factory=dict)
+    appeals: dict[int, Appeal] = field(default_factory=dict)
+    pool: list[list[Any]] = field(default_factory=list)  # [referee, block it left (0: still in)]
+    entry_of: dict[str, int] = field(default_factory=dict)  # 1 + its active pool entry's index
     # The chain's block clock, which no contract rule decides: the number of the block the next
     # transaction lands in, and a mined block's hash (the spot-check seed).
     pending_block: Callable[[], int] = lambda: 0
@@ -172,12 +227,19 @@ class Model:
         return sum(self.credits.values())
 
     def total_escrow(self) -> int:
-        """Order balances plus the full cost of every open unit (what finalize/verdict/expire draw on)."""
+        """Order balances, the full cost of every open unit (what finalize/verdict/expire draw on) and the
+        prices of held replicas (what settle_held draws on)."""
         escrow = sum(o.balance for o in self.orders.values())
         for unit in self.units.values():
             if unit.state not in SETTLED_STATES:
                 escrow += self.orders[unit.order_id].cost_of(len(unit.replicas))
+            escrow += len(bits(unit.held)) * self.orders[unit.order_id].price
         return escrow
+
+    def held_prices(self, order_id: int) -> int:
+        """The prices of the order's held replicas: escrow that stays after the order closes."""
+        order = self.orders[order_id]
+        return sum(len(bits(u.held)) * order.price for u in self.units.values() if u.order_id == order_id)
 
     # ---- StakeManager ----
 
@@ -223,9 +285,18 @@ class Model:
         self._move(self.token_holder_sm, recipient, slashed)
         return slashed
 
-    def _unlock(self, account: str) -> None:
+    def _unlock(self, account: str, amount: int | None = None) -> None:
+        """StakeManager.unlock (saturating); a provider's collateral by default."""
         acc = self.stake_of(account)
-        acc.locked = max(0, acc.locked - self.params.provider_collateral)
+        acc.locked = max(0, acc.locked - (self.params.provider_collateral if amount is None else amount))
+
+    def _lock(self, account: str, amount: int) -> Expected | None:
+        """StakeManager.lock: only free stake."""
+        acc = self.stake_of(account)
+        if amount > acc.bonded - acc.locked:
+            return Expected("InsufficientFreeStake", (account, acc.bonded - acc.locked, amount))
+        acc.locked += amount
+        return None
 
     def _release_verifiers(self, unit: Unit) -> None:
         for verifier in unit.verifiers:
@@ -312,8 +383,8 @@ class Model:
             return Expected("InvalidVerifierCount", (len(verifiers), minimum, 5))
         if order.delivered + order.open_units >= order.units or cost > order.balance:
             return Expected("NoUnitBudget", (order_id,))
-        # Providers: duplicates, nonce, then lock (signatures are always made by the right key here).
-        locked_now: dict[str, int] = {}
+        # Providers: duplicates, streak and nonce of each, then all locks (lockBatch; signatures are always
+        # made by the right key here).
         for i, provider in enumerate(providers):
             if provider in providers[:i]:
                 return Expected("DuplicateParty", (provider,))
@@ -321,11 +392,11 @@ class Model:
                 return Expected("ProviderNotTrusted", (provider, streak))
             if (provider, accept_nonces[i]) in self.accept_nonces_used:
                 return Expected("AcceptNonceUsed", (provider, accept_nonces[i]))
+        for provider in providers:
             acc = self.stake_of(provider)
-            free = acc.bonded - acc.locked - locked_now.get(provider, 0)
-            if self.params.provider_collateral > free:
+            if self.params.provider_collateral > acc.bonded - acc.locked:
+                free = acc.bonded - acc.locked
                 return Expected("InsufficientFreeStake", (provider, free, self.params.provider_collateral))
-            locked_now[provider] = self.params.provider_collateral
         for i, verifier in enumerate(verifiers):
             if verifier in providers or verifier in verifiers[:i]:
                 return Expected("DuplicateParty", (verifier,))
@@ -512,29 +583,33 @@ class Model:
         unit.verdict = tuple(outcomes)
         self._release_verifiers(unit)
         order = self.orders[unit.order_id]
-        paid = slashed_total = 0
-        for replica, outcome in zip(unit.replicas, outcomes, strict=True):
+        paid = penalties = 0
+        for index, (replica, outcome) in enumerate(zip(unit.replicas, outcomes, strict=True)):
+            if outcome == FRAUD:  # held: no slash, no bounty, collateral locked, price in escrow; counted
+                unit.held |= 1 << index  # (the accusation: matching declines it at once), streak ends
+                rep = self.rep(replica.provider)
+                rep.fraud += 1
+                rep.consecutive = 0
+                continue
             self._unlock(replica.provider)
             if outcome == ACCEPT:
                 self._pay_accepted(replica.provider, order.price)
                 paid += 1
-            elif outcome == FAULT:
+            else:
                 self._record_fault(replica.provider)
                 if replica.commitment is not None and replica.digest is None:
-                    slashed_total += self._withheld(replica.provider)
-            else:
-                rep = self.rep(replica.provider)
-                rep.fraud += 1
-                rep.consecutive = 0
-                slashed_total += self.slash(replica.provider, self.params.slash_amount, self.token_holder_jm)
-        verifier_pay = order.fee + slashed_total * self.params.bounty_bps // BPS
+                    penalties += self._withheld(replica.provider)
+        if unit.held:
+            unit.held_signers = tuple(v for v in unit.verifiers if v in signers)
+            unit.held_since = now
+        verifier_pay = order.fee + penalties * self.params.bounty_bps // BPS
         share = verifier_pay // len(signers)
         for signer in signers:
             self._credit(signer, share)
-        to_buyer = slashed_total + order.fee - share * len(signers)
+        to_buyer = penalties + order.fee - share * len(signers)
         if to_buyer:
             self._credit(order.buyer, to_buyer)
-        order.balance += (len(unit.replicas) - paid) * order.price
+        order.balance += (len(unit.replicas) - paid - len(bits(unit.held))) * order.price
         if paid:
             order.delivered += 1
         order.open_units -= 1
@@ -564,6 +639,230 @@ class Model:
     def _withheld(self, provider: str) -> int:
         """Slashes the withhold penalty of a replica that committed and never revealed, into JobMarket."""
         return self.slash(provider, self.params.withhold_penalty, self.token_holder_jm)
+
+    def settle_held(self, unit_id: int, truth: Sequence[int], caller: str) -> int:
+        """JobMarket.settleHeld (only VerdictAppeals calls it, with a truth of one outcome per replica):
+        each held replica is released and settled by `truth`; returns what was slashed to the caller."""
+        unit = self.units[unit_id]
+        held = unit.held
+        if not held:
+            return 0
+        unit.held = 0
+        stands = tuple(truth) == unit.verdict
+        slash_to = self.token_holder_jm if stands else caller
+        order = self.orders[unit.order_id]
+        paid = slashed = 0
+        for index in range(len(truth)):
+            if not held >> index & 1:
+                continue
+            provider = unit.replicas[index].provider
+            self._unlock(provider)
+            if truth[index] != FRAUD:  # acquitted: the fraud counted at the accusation is taken back
+                self.rep(provider).fraud -= 1
+            if truth[index] == ACCEPT:
+                self._pay_accepted(provider, order.price)
+                paid += 1
+            elif truth[index] == FAULT:  # a held replica revealed: no withhold penalty
+                self._record_fault(provider)
+            else:
+                slashed += self.slash(provider, self.params.slash_amount, slash_to)
+        refunds = (len(bits(held)) - paid) * order.price
+        to_caller = bounty = 0
+        if stands:  # the bounty to the verdict's signers, the rest to the buyer
+            share = slashed * self.params.bounty_bps // BPS // len(unit.held_signers)
+            for signer in unit.held_signers:
+                self._credit(signer, share)
+            bounty = share * len(unit.held_signers)
+        else:  # overturned: the caller pays the deciding referees
+            to_caller, slashed = slashed, 0
+        self._credit(order.buyer, refunds + slashed - bounty)
+        return to_caller
+
+    # ---- VerdictAppeals ----
+
+    def verdict_hash(self, unit_id: int) -> bytes:
+        """JobMarket.verdictHashOf."""
+        unit = self.units.get(unit_id)
+        return outcomes_hash(unit.verdict) if unit is not None and unit.verdict is not None else NO_HASH
+
+    def appeal_state(self, unit_id: int) -> AppealState:
+        appeal = self.appeals.get(unit_id)
+        return AppealState.NONE if appeal is None else appeal.state
+
+    def appeal_closes(self, unit: Unit) -> int:
+        """The last instant an appeal of `unit` may be filed (its verdict deadline + the appeal window)."""
+        return unit.reveal_deadline + self.params.verdict_window + self.appeal_params.appeal_window
+
+    def hold_ends(self, unit: Unit) -> int:
+        """The last instant settleVerdict refuses an unappealed hold: the appeal window from the verdict."""
+        return (unit.held_since if unit.held else 0) + self.appeal_params.appeal_window
+
+    def _pending(self, unit_id: int) -> Appeal | Expected:
+        appeal = self.appeals.get(unit_id)
+        if appeal is None or appeal.state != AppealState.PENDING:
+            return Expected("NoPendingAppeal", (unit_id,))
+        return appeal
+
+    def join_pool(self, account: str) -> Expected | None:
+        if account in self.entry_of:
+            return Expected("AlreadyInPool", (account,))
+        error = self._lock(account, self.appeal_params.referee_stake)
+        if error:
+            return error
+        self.pool.append([account, 0])
+        self.entry_of[account] = len(self.pool)
+        return None
+
+    def leave_pool(self, account: str) -> Expected | None:
+        entry = self.entry_of.pop(account, 0)
+        if not entry:
+            return Expected("NotInPool", (account,))
+        self.pool[entry - 1][1] = self.pending_block()
+        self._unlock(account, self.appeal_params.referee_stake)
+        return None
+
+    def appeal(self, unit_id: int, appellant: str, now: int) -> Expected | None:
+        unit = self.units.get(unit_id)
+        if unit is None or unit.state != UnitState.VERDICTED:
+            return Expected("NoVerdict", (unit_id,))
+        closes = self.appeal_closes(unit)
+        if now > closes:
+            return Expected("AppealWindowClosed", (unit_id, closes))
+        if unit_id in self.appeals:
+            return Expected("AlreadyAppealed", (unit_id,))
+        error = self._lock(appellant, self.appeal_params.appeal_bond)
+        if error:
+            return error
+        vote_deadline = now + self.appeal_params.vote_window
+        self.appeals[unit_id] = Appeal(appellant, vote_deadline, self.pending_block(), len(self.pool))
+        return None
+
+    def draw_panel(self, unit_id: int, now: int) -> Expected | None:
+        appeal = self._pending(unit_id)
+        if isinstance(appeal, Expected):
+            return appeal
+        if appeal.panel:
+            return Expected("PanelAlreadyDrawn", (unit_id,))
+        if now > appeal.vote_deadline:
+            return Expected("VoteWindowClosed", (unit_id, appeal.vote_deadline))
+        block = self.pending_block()
+        if block <= appeal.seed_block:
+            return Expected("DrawTooEarly", (unit_id, appeal.seed_block))
+        if block - appeal.seed_block > 256:  # the seed's hash is gone: re-seed from this block
+            appeal.seed_block, appeal.pool_size = block, len(self.pool)
+            return None
+        seed = self.block_hash(appeal.seed_block)
+        unit = self.units[unit_id]
+        excluded = [r.provider for r in unit.replicas] + unit.verifiers + [appeal.appellant]
+        size, seats = appeal.pool_size, self.appeal_params.panel_size
+        panel: list[str] = []
+        for attempt in range(seats * DRAW_TRIES_PER_SEAT if size else 0):
+            if len(panel) == seats:
+                break
+            word = keccak(seed + unit_id.to_bytes(32, "big") + attempt.to_bytes(32, "big"))
+            referee, left = self.pool[int.from_bytes(word, "big") % size]
+            if (left and left <= appeal.seed_block) or referee in excluded or referee in panel:
+                continue
+            panel.append(referee)
+        if len(panel) < seats:
+            return Expected("PanelUndrawable", (unit_id, len(panel)))
+        appeal.panel, appeal.votes = panel, [None] * seats
+        return None
+
+    def vote(self, unit_id: int, outcomes: Sequence[int], referee: str, now: int) -> Expected | None:
+        appeal = self._pending(unit_id)
+        if isinstance(appeal, Expected):
+            return appeal
+        if not appeal.panel:
+            return Expected("PanelNotDrawn", (unit_id,))
+        if now > appeal.vote_deadline:
+            return Expected("VoteWindowClosed", (unit_id, appeal.vote_deadline))
+        if appeal.decided is not None:
+            return Expected("AlreadyDecided", (unit_id,))
+        if referee not in appeal.panel:
+            return Expected("NotOnPanel", (unit_id, referee))
+        seat = appeal.panel.index(referee)
+        if appeal.votes[seat] is not None:
+            return Expected("AlreadyVoted", (unit_id, referee))
+        unit = self.units[unit_id]
+        if len(outcomes) != len(unit.replicas):
+            return Expected("OutcomeCountMismatch", (len(unit.replicas), len(outcomes)))
+        for i, outcome in enumerate(outcomes):
+            if outcome > FRAUD or (outcome != FAULT and unit.replicas[i].digest is None):
+                return Expected("InvalidOutcome", (i, outcome))
+        voted = outcomes_hash(outcomes)
+        appeal.votes[seat] = voted
+        if appeal.votes.count(voted) == len(appeal.panel) // 2 + 1:
+            appeal.decided = tuple(outcomes)
+        return None
+
+    def resolve(self, unit_id: int, verdict: Sequence[int], decided: Sequence[int]) -> Expected | None:
+        appeal = self._pending(unit_id)
+        if isinstance(appeal, Expected):
+            return appeal
+        if appeal.decided is None:
+            return Expected("NotDecided", (unit_id,))
+        decided_hash = outcomes_hash(appeal.decided)
+        if outcomes_hash(decided) != decided_hash:
+            return Expected("OutcomesMismatch", (unit_id, decided_hash, outcomes_hash(decided)))
+        verdict_hash = self.verdict_hash(unit_id)
+        if outcomes_hash(verdict) != verdict_hash:
+            return Expected("OutcomesMismatch", (unit_id, verdict_hash, outcomes_hash(verdict)))
+        winners = [r for r, v in zip(appeal.panel, appeal.votes, strict=True) if v == decided_hash]
+        bond, va = self.appeal_params.appeal_bond, self.token_holder_va
+        self._unlock(appeal.appellant, bond)
+        unit = self.units[unit_id]
+        buyer = self.orders[unit.order_id].buyer
+        if decided_hash == verdict_hash:  # confirmed: the bond to the referees who voted it
+            appeal.state = AppealState.CONFIRMED
+            self.settle_held(unit_id, decided, va)
+            self._pay(winners, self.slash(appeal.appellant, bond, va), buyer)
+        else:  # overturned: fraud the verdict missed is slashed too; a bounty to the deciding referees
+            appeal.state = AppealState.OVERTURNED
+            slashed = self.settle_held(unit_id, decided, va)
+            for i, (said, truth) in enumerate(zip(verdict, decided, strict=True)):
+                if truth == FRAUD and said != FRAUD:
+                    slashed += self.slash(unit.replicas[i].provider, self.params.slash_amount, va)
+            bounty = slashed * self.appeal_params.bounty_bps // BPS
+            self._pay(winners, bounty, buyer)
+            if slashed != bounty:
+                self._move(va, buyer, slashed - bounty)
+        return None
+
+    def _pay(self, referees: Sequence[str], amount: int, buyer: str) -> None:
+        """VerdictAppeals._pay: `amount` (held by it) split among `referees`, the dust to `buyer`."""
+        share = amount // len(referees)
+        for referee in referees:
+            if share:
+                self._move(self.token_holder_va, referee, share)
+        if amount - share * len(referees):
+            self._move(self.token_holder_va, buyer, amount - share * len(referees))
+
+    def settle_verdict(self, unit_id: int, verdict: Sequence[int], now: int) -> Expected | None:
+        """VerdictAppeals.settleVerdict: settles the held replicas by the verdict once nobody appealed
+        within the appeal window from the verdict, or the appeal lapsed."""
+        expected = self.verdict_hash(unit_id)
+        if outcomes_hash(verdict) != expected:
+            return Expected("OutcomesMismatch", (unit_id, expected, outcomes_hash(verdict)))
+        state = self.appeal_state(unit_id)
+        if state == AppealState.PENDING:
+            return Expected("TruthNotFixed", (unit_id,))
+        if state in (AppealState.CONFIRMED, AppealState.OVERTURNED):
+            return None  # resolve settled them
+        if state == AppealState.NONE and now <= self.hold_ends(self.units[unit_id]):
+            return Expected("TruthNotFixed", (unit_id,))
+        self.settle_held(unit_id, verdict, self.token_holder_va)
+        return None
+
+    def lapse(self, unit_id: int, now: int) -> Expected | None:
+        appeal = self._pending(unit_id)
+        if isinstance(appeal, Expected):
+            return appeal
+        if appeal.decided is not None or now <= appeal.vote_deadline:
+            return Expected("AppealNotLapsed", (unit_id, appeal.vote_deadline))
+        appeal.state = AppealState.LAPSED
+        self._unlock(appeal.appellant, self.appeal_params.appeal_bond)
+        return None
 
     # ---- credits ----
 

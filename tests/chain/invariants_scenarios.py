@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tests.chain.invariants_machine import VERIFIERS, InvariantViolation, MarketMachine
+from tests.chain.invariants_machine import REFEREE, VERIFIERS, InvariantViolation, MarketMachine
 from tests.chain.invariants_model import ACCEPT, FAULT, FRAUD
 
 Scenario = Callable[[MarketMachine], None]
@@ -110,8 +110,8 @@ def expire_after_finalize(m: MarketMachine) -> None:
 
 def fraud_while_unbonding(m: MarketMachine) -> None:
     """A provider unbonds its free stake, loses most of its bonded stake to another market's slash, then
-    is judged fraudulent: the market's slash must reach the unbonding stake (LIP-8, Celo #2887), and the
-    slashed part must never come back out through withdraw."""
+    is judged fraudulent and, once the appeal window closed, slashed: the market's slash must reach the
+    unbonding stake (LIP-8, Celo #2887), and the slashed part must never come back out through withdraw."""
     m.do_stake("provider0", 1_500)
     m.check_step()
     for verifier in VERIFIERS:
@@ -128,8 +128,49 @@ def fraud_while_unbonding(m: MarketMachine) -> None:
     _work_unit(m, 1, (True,))
     m.do_submit_verdict(1, [FRAUD], list(VERIFIERS))
     m.check_step()
+    _settle_after_appeal_window(m, 1)
     m.chain.advance(m.chain.params.unbonding_period + 1)
     m.do_withdraw_stake("provider0")
+    m.check_step()
+
+
+def _settle_after_appeal_window(m: MarketMachine, unit_id: int) -> None:
+    """Nobody appeals: past the appeal window from the verdict it stands, and settles what it held."""
+    unit = m.model.units[unit_id]
+    m.chain.advance(m.model.hold_ends(unit) - m.chain.now() + 1)
+    m.do_settle_verdict(unit_id, list(unit.verdict or ()))
+    m.check_step()
+
+
+def fraud_held(m: MarketMachine) -> None:
+    """A deviant replica judged fraud is held: no slash and no bounty at the verdict, its collateral
+    locked and its price in escrow; settling before the appeal window closed is refused, after it the
+    verdict stands and the fraud is slashed (bounty to the signers)."""
+    _one_unit(m, ["provider0", "provider1"])
+    _work_unit(m, 1, (False, True))
+    m.do_submit_verdict(1, [ACCEPT, FRAUD], list(VERIFIERS))
+    m.check_step()
+    m.do_close_order(1)  # the held price stays in escrow past the order's close
+    m.check_step()
+    m.do_settle_verdict(1, [ACCEPT, FRAUD])  # TruthNotFixed
+    m.check_step()
+    _settle_after_appeal_window(m, 1)
+
+
+def framed_overturned(m: MarketMachine) -> None:
+    """A colluding majority calls an honest replica fraud; its provider appeals, the referee panel votes
+    the truth and the verdict is overturned: the framed provider loses nothing and is paid."""
+    _one_unit(m, ["provider0", "provider1", "provider2"])
+    _work_unit(m, 1, (False, False, False))
+    m.do_submit_verdict(1, [ACCEPT, ACCEPT, FRAUD], list(VERIFIERS))
+    m.check_step()
+    m.do_appeal(1, "provider2")
+    m.check_step()
+    m.do_draw_panel(1)
+    m.check_step()
+    m.do_vote(1, [ACCEPT, ACCEPT, ACCEPT], REFEREE)
+    m.check_step()
+    m.do_resolve(1, [ACCEPT, ACCEPT, FRAUD], [ACCEPT, ACCEPT, ACCEPT])
     m.check_step()
 
 
@@ -216,4 +257,6 @@ SCENARIOS: dict[str, Scenario] = {
     "drawn_unit": drawn_unit,
     "withheld_reveal": withheld_reveal,
     "reduced_unit": reduced_unit,
+    "fraud_held": fraud_held,
+    "framed_overturned": framed_overturned,
 }

@@ -115,6 +115,7 @@ class StorageReader:
         self._jm_order_fields = market.members("_orders", ORDER_FIELDS)
         self._jm_units = market.slot("_units")
         self._jm_unit_fields = market.members("_units", UNIT_FIELDS)
+        self._jm_held = market.slot("_held")
         self._words: dict[tuple[str, int], int] = {}
         self._head = chain.head
         # Every (contract, slot) read so far, in first-read order: the next step reads mostly the same ones.
@@ -175,6 +176,12 @@ class StorageReader:
             self._market_address, mapping_slot(unit_id, self._jm_units), self._jm_unit_fields
         )
         return dict(zip(UNIT_FIELDS, values, strict=True))
+
+    def held(self, unit_id: int) -> int:
+        """JobMarket's `_held[unitId]`: the replicas a verdict called fraud (bits 0..7) and its signers'
+        positions (bits 8..15) until settleHeld; 0 when nothing is held. No view mirrors it: the model
+        checks it after every step."""
+        return self._word(self._market_address, mapping_slot(unit_id, self._jm_held))
 
     def cross_check(self, accounts: list[str], order_ids: list[int], unit_ids: list[int]) -> list[str]:
         """Differences between these readers and the contracts' public views (empty when the layout holds)."""

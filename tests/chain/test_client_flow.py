@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from veritrain.chain import errors
-from veritrain.chain.client import AppealState, Outcome, UnitState
+from veritrain.chain.client import GAS_LIMITS, AppealState, Outcome, UnitState
 
 pytestmark = pytest.mark.chain
 
@@ -83,8 +83,11 @@ def test_happy_flow_stake_post_assign_commit_reveal_finalize_withdraw(world: Any
     assert client.total_credits() == 0
 
 
-def test_verifier_path_slashes_fraud_and_pays_bounty(world: Any) -> None:
-    client = world.client
+def test_verifier_path_holds_fraud_until_the_verdict_stands_then_slashes_and_pays_bounty(world: Any) -> None:
+    """Truth before money: the fraud verdict pays the honest replicas and the fee, but holds the cheat
+    (collateral locked, stake whole, no bounty) until its appeal window passed; then anyone's
+    settle_verdict slashes it and pays the verdict's signers the bounty, once."""
+    client, relayer = world.client, world.outsider
     order_id = world.post_order()
     unit_id = world.assign(order_id)
     honest, other = os.urandom(32), os.urandom(32)
@@ -96,19 +99,56 @@ def test_verifier_path_slashes_fraud_and_pays_bounty(world: Any) -> None:
     bonded_before = client.stake_of(cheater).bonded
     outcomes = [Outcome.ACCEPT, Outcome.ACCEPT, Outcome.FRAUD]
     deadline = client.now() + 3600
-    verdicts = [client.sign_verdict(v, unit_id, outcomes, deadline) for v in world.verifiers[:2]]
+    signers = world.verifiers[:2]
+    verdicts = [client.sign_verdict(v, unit_id, outcomes, deadline) for v in signers]
+    start = client.w3.eth.block_number + 1
     receipt = client.submit_verdict(unit_id, outcomes, verdicts)
 
-    slash = client.params.slash_amount
-    assert receipt.event("ReplicaSlashed").args["amount"] == slash
+    assert receipt.events_named("ReplicaSlashed") == []
+    assert receipt.event("FraudHeld").args == {"unitId": unit_id, "replicaMask": 0b100}
     assert receipt.event("VerdictRecorded").args["outcomes"] == [0, 0, 2]
     assert client.get_unit(unit_id).state == UnitState.VERDICTED
-    assert client.stake_of(cheater).bonded == bonded_before - slash
-    assert client.reputation(cheater).fraud == 1
-    verifier_share = (FEE + slash * client.params.bounty_bps // 10_000) // 2
-    assert [client.credits(v) for v in world.verifiers[:2]] == [verifier_share, verifier_share]
-    assert client.credits(world.buyer) == slash + FEE - 2 * verifier_share
+    held = client.stake_of(cheater)
+    assert (held.bonded, held.locked) == (bonded_before, client.params.provider_collateral)
+    # the accusation counts at once (matching declines the accused); an acquittal would take it back
+    assert client.reputation(cheater).fraud == 1 and client.reputation(cheater).consecutive_valid == 0
+    fee_share = FEE // 2
+    assert [client.credits(v) for v in signers] == [fee_share, fee_share]
+    assert client.credits(world.buyer) == FEE - 2 * fee_share
     assert client.credits(world.providers[0]) == PRICE
+    with pytest.raises(errors.TruthNotFixed):
+        client.check_settle_verdict(unit_id, outcomes)
+    with pytest.raises(errors.TruthNotFixed):
+        client.settle_verdict(unit_id, outcomes, sender=relayer)
+
+    appeal_closes = client.get_unit(unit_id).verdict_deadline + client.deployment.appeal_params.appeal_window
+    client.advance_time(appeal_closes - client.now() + 1)
+    with pytest.raises(errors.OutcomesMismatch):
+        client.check_settle_verdict(unit_id, [Outcome.ACCEPT] * 3)
+    client.check_settle_verdict(unit_id, outcomes)  # free, and changes nothing
+    assert client.stake_of(cheater).locked == client.params.provider_collateral
+    receipt = client.settle_verdict(unit_id, outcomes, sender=relayer)
+    slash = client.params.slash_amount
+    assert receipt.event("ReplicaSlashed").args == {
+        "unitId": unit_id,
+        "provider": cheater.address,
+        "amount": slash,
+    }
+    assert receipt.event("HeldSettled").args == {"unitId": unit_id, "truth": [0, 0, 2]}
+    assert receipt.gas_used < GAS_LIMITS["settleVerdict"] // 2
+    settled = client.stake_of(cheater)
+    assert (settled.bonded, settled.locked) == (bonded_before - slash, 0)
+    assert client.reputation(cheater).fraud == 1
+    bounty_share = slash * client.params.bounty_bps // 10_000 // 2
+    assert [client.credits(v) for v in signers] == [fee_share + bounty_share] * 2
+    # the cheat's price and the slash less the bounty go to the buyer
+    assert client.credits(world.buyer) == FEE - 2 * fee_share + PRICE + slash - 2 * bounty_share
+    assert client.credits(relayer) == 0  # the relay earns nothing: it only moves the truth's money
+    names = [e.name for e in client.events(from_block=start) if e.args.get("unitId") == unit_id]
+    assert names.index("FraudHeld") < names.index("VerdictRecorded") < names.index("HeldSettled")
+
+    repeat = client.settle_verdict(unit_id, outcomes)  # nothing held any more: a no-op
+    assert repeat.events == () and client.stake_of(cheater).bonded == bonded_before - slash
 
 
 def test_expired_unit_returns_budget_and_order_closes_with_refund(world: Any) -> None:
@@ -260,6 +300,8 @@ def test_reveal_batch_with_differing_digests_leaves_the_unit_to_a_verdict(world:
     verdicts = [client.sign_verdict(v, unit_id, outcomes, deadline) for v in world.verifiers[:2]]
     client.submit_verdict(unit_id, outcomes, verdicts)
     assert client.get_unit(unit_id).state == UnitState.VERDICTED
+    # held until the unit's truth is fixed: collateral locked, the accusation counted
+    assert client.stake_of(world.providers[2]).locked == client.params.provider_collateral
     assert client.reputation(world.providers[2]).fraud == 1
 
 

@@ -84,7 +84,8 @@ def test_market_invariants_hold() -> None:
     for name, count in sorted(machine.error_stats.items()):
         print(f"    {name:50s} {count:5d}")
     # Vacuous-pass guard (foundry #1572): every action must have succeeded, and settled units,
-    # verdicts and slashes must have happened, or the invariants were checked on an idle market.
+    # verdicts, slashes and held fraud settled by a standing and by an overturned verdict (a framed
+    # provider paid) must have happened, or the invariants were checked on an idle market.
     required = (
         "stake",
         "assign",
@@ -105,6 +106,16 @@ def test_market_invariants_hold() -> None:
         "requestVerification",
         "postAdaptiveOrder",
         "assign (reduced unit)",
+        "appeal",
+        "drawPanel",
+        "vote",
+        "resolve",
+        "lapse",
+        "settleVerdict",
+        "leavePool",
+        "settleHeld (stands)",
+        "settleHeld (overturned)",
+        "settleHeld (framed paid)",
     )
     idle = [fn for fn in required if machine.call_stats.get(fn, [0, 0])[0] == 0]
     assert not idle, f"these actions never succeeded, so the run proves little about them: {idle}"

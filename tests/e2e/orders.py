@@ -79,9 +79,11 @@ class ClosedOrder:
 def close_and_check(
     market: Marketplace, buyer: Buyer, before: Holdings, started: float, close_by: float
 ) -> ClosedOrder:
-    """Close the order (the rest of its escrow back to the buyer), withdraw every credit, then read the
-    order's money from the chain's events and run the demo report's checks on the holdings."""
+    """Close the order (the rest of its escrow back to the buyer), wait for the chain to settle the fraud
+    its verdicts held, withdraw every credit, then read the order's money from the chain's events and run
+    the demo report's checks on the holdings."""
     buyer.close(close_by)
+    buyer.wait_truth_fixed(close_by)
     market.withdraw_all_credits()
     report, checks = build_report(market, buyer, before, market.holdings(), None, started)
     money, units = order_money(market.events(buyer.posted_block), buyer.chain_order_id)

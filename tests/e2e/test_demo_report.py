@@ -18,7 +18,8 @@ def _event(name: str, **args: object) -> Event:
 
 
 def _order_events() -> list[Event]:
-    """One fast-path unit (P1, P2, CHEAT all accepted) and one verdict unit where CHEAT is fraud."""
+    """One fast-path unit (P1, P2, CHEAT all accepted) and one verdict unit where CHEAT is fraud: held at
+    the verdict, slashed once the verdict stood (HeldSettled), its price credited to the buyer."""
     return [
         _event(
             "OrderPosted",
@@ -34,9 +35,10 @@ def _order_events() -> list[Event]:
         _event("UnitFinalized", unitId=1),
         _event("UnitAssigned", unitId=2, orderId=1, providers=[CHEAT, P1, P2], verifiers=[V1]),
         _event("ReplicaRevealed", unitId=2, provider=P1, resultDigest=b"\x01" * 32),
-        _event("ReplicaSlashed", unitId=2, provider=CHEAT, amount=SLASH),
         _event("VerdictRecorded", unitId=2, outcomes=[2, 0, 0], verifiers=[V1]),
-        _event("OrderClosed", orderId=1, refund=2 * (3 * PRICE + FEE) - 5 * PRICE - FEE),
+        _event("OrderClosed", orderId=1, refund=2 * (3 * PRICE + FEE) - 6 * PRICE - FEE),
+        _event("ReplicaSlashed", unitId=2, provider=CHEAT, amount=SLASH),
+        _event("HeldSettled", unitId=2, truth=[2, 0, 0]),
     ]
 
 
@@ -49,7 +51,7 @@ def test_order_money_from_events() -> None:
     lazy = _event("VerifierSlashed", unitId=2, verifier="0xL", amount=7, reporter="0xOperator")
     money, units = order_money([*_order_events(), lazy], order_id=1)
     assert units[1].slashed_verifiers == {"0xL": 7} and units[0].slashed_verifiers == {}
-    assert money.deposit == 620 and money.refund == 620 - 5 * PRICE - FEE
+    assert money.deposit == 620 and money.refund == 620 - 6 * PRICE - FEE and money.held_refunds == PRICE
     assert money.payouts == {P1: 200, P2: 200, CHEAT: 100}
     assert money.verdict_fees == FEE and money.slashed == {CHEAT: SLASH}
     assert money.escrow_balanced()
@@ -112,6 +114,18 @@ def test_conservation_holds_when_a_verifier_is_slashed() -> None:
         money, before, after, buyer=BUYER, providers=[P1, P2, CHEAT], verifiers=[V1, lazy], checks=checks
     )
     assert {"fees_and_slashes_distributed", "parties_conserved"} <= set(checks.failed())
+
+
+def test_held_fraud_counts_once_the_truth_settles_it() -> None:
+    """A verdict's fraud moves no money until the unit's truth settles it: still held, the escrow does not
+    balance; overturned (the truth accepts the framed replica), the replica is paid its price."""
+    held = [e for e in _order_events() if e.name not in ("ReplicaSlashed", "HeldSettled")]
+    money, units = order_money(held, order_id=1)
+    assert money.held_replicas == 1 and units[1].held == [0] and not money.escrow_balanced()
+    overturned = [*held, _event("HeldSettled", unitId=2, truth=[0, 0, 0])]
+    money, units = order_money(overturned, order_id=1)
+    assert money.payouts == {P1: 200, P2: 200, CHEAT: 200} and money.held_refunds == 0
+    assert units[1].outcomes == ["accept"] * 3 and money.escrow_balanced()
 
 
 def test_a_withheld_reveal_penalty_counts_as_slashed_and_balances() -> None:

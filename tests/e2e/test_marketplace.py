@@ -323,14 +323,15 @@ def test_referee_agents_re_execute_an_appealed_verdict_and_confirm_it(tmp_path: 
 
 
 def _canary_unit(market: Marketplace, from_block: int) -> UnitOutcome | None:
-    """The canary order's unit as the chain settled it, once it settled (the canary account's order)."""
+    """The canary order's unit as the chain settled it, once it settled and the fraud its verdict held was
+    settled too (the canary account's order)."""
     canary = market.parties["canary"].address
     events = market.events(from_block)
     posted = [e for e in events if e.name == "OrderPosted" and str(e.args["buyer"]) == canary]
     if not posted:
         return None
     _, units = order_money(events, int(posted[0].args["orderId"]))
-    return units[0] if units and units[0].settlement != "open" else None
+    return units[0] if units and units[0].settlement != "open" and not units[0].held else None
 
 
 def test_a_canary_catches_a_trusted_provider_that_cheats_once_it_works_alone(tmp_path: Path) -> None:

@@ -3,10 +3,12 @@
 Why a double: a Celery worker process cannot reach the in-process EVM, and most market tests drive the
 service with a settable clock that no chain follows. The double models the contract's unit state
 machine (collateral locks, commit → reveal → finalize / verdict / expiry, one settlement per unit,
-single-use signed forms) and records every effect in a JSON file under a file lock, so a worker process
-and the test see the same chain. `tests/market/test_settlement_port.py` runs the same conformance suite
-on it and on the real contracts; what it does not model is listed there (each as a strict xfail):
-signature recovery, nonce order and block time (deadlines).
+single-use signed forms, a verdict's fraud held until the unit's truth is fixed) and records every effect
+in a JSON file under a file lock, so a worker process and the test see the same chain.
+`tests/market/test_settlement_port.py` runs the same conformance suite on it and on the real contracts;
+what it does not model is listed there (each as a strict xfail): signature recovery, nonce order and block
+time (deadlines). Its one clock (`advance_time`) only closes appeal windows (`set_appeal_window`, 0 by
+default: a verdict is the unit's truth at once); appeals themselves are not modelled.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ DEFAULT_FREE_STAKE = 10**21
 PPM = 1_000_000
 TERMS = MarketTerms(600, 600, 1200, min_verifiers=1, provider_collateral=10**18, verifier_collateral=10**18)
 OPEN_STATES = ("committing", "revealing")
-OUTCOME_ACCEPT, OUTCOME_FAULT = 0, 1
+SLASH_AMOUNT = TERMS.provider_collateral // 2  # the contracts in the conformance suite slash the same
+OUTCOME_ACCEPT, OUTCOME_FAULT, OUTCOME_FRAUD = 0, 1, 2
 
 
 def _revert(name: str, **arguments: Any) -> ContractReverted:
@@ -105,6 +108,16 @@ class LedgerChain:
             state["stake"][_key(account)] = bonded - amount
             self._mine(state, "StakeSlashed", {"account": account, "amount": amount, "recipient": JOB_MARKET})
 
+    def advance_time(self, seconds: int) -> None:
+        """Move the double's clock, which only closes appeal windows."""
+        with self._state() as state:
+            state["time"] = int(state.get("time", 0)) + seconds
+
+    def set_appeal_window(self, seconds: int) -> None:
+        """How long after a verdict its unit's truth stays open (VerdictAppeals' appeal window)."""
+        with self._state() as state:
+            state["appeal_window"] = seconds
+
     def draw(self, unit_id: int) -> None:
         """Draw an open unit for a spot check, as the operator's requestVerification does on chain."""
         self.request_verification(unit_id)
@@ -141,21 +154,37 @@ class LedgerChain:
             raise _revert("NotAssignedProvider", unitId=unit_id, account=provider)
         return _key(provider)
 
-    def _credit_outcome(self, state: dict[str, Any], provider: str, outcome: int) -> None:
+    def _credit_outcome(self, state: dict[str, Any], provider: str, outcome: int, held: bool = False) -> None:
+        """Reputation per outcome; fraud counts at the verdict (`held`) and not again when it settles."""
         valid, fault, fraud, consecutive = state["reputation"].get(_key(provider), [0, 0, 0, 0])
         if outcome == OUTCOME_ACCEPT:
             valid, consecutive = valid + 1, consecutive + 1
         elif outcome == OUTCOME_FAULT:
             fault, consecutive = fault + 1, 0
         else:
-            fraud, consecutive = fraud + 1, 0
+            fraud, consecutive = fraud + (1 if held else 0), 0
         state["reputation"][_key(provider)] = [valid, fault, fraud, consecutive]
 
-    def _close(self, state: dict[str, Any], unit: dict[str, Any], new_state: str) -> None:
-        unit["state"] = new_state
-        for provider in unit["providers"]:
+    def _release(self, state: dict[str, Any], providers: Sequence[str]) -> None:
+        for provider in providers:
             locked = state["locked"].get(_key(provider), 0)
             state["locked"][_key(provider)] = max(0, locked - TERMS.provider_collateral)
+
+    def _close(
+        self, state: dict[str, Any], unit: dict[str, Any], new_state: str, held: Sequence[str] = ()
+    ) -> None:
+        """Settle the unit: every provider's collateral is released but the `held` ones'."""
+        unit["state"] = new_state
+        self._release(state, [p for p in unit["providers"] if p not in held])
+
+    def _require_truth(self, state: dict[str, Any], unit_id: int) -> dict[str, Any]:
+        """The verdicted unit, once its appeal window passed (VerdictAppeals.truthOf without appeals)."""
+        unit: dict[str, Any] | None = state["units"].get(str(unit_id))
+        if unit is None or unit["state"] != "verdicted":
+            raise _revert("NoVerdict", unitId=unit_id)
+        if int(state.get("time", 0)) < unit["truth_at"]:
+            raise _revert("TruthNotFixed", unitId=unit_id)
+        return unit
 
     # --- SettlementPort ---
 
@@ -306,11 +335,17 @@ class LedgerChain:
             quorum = len(assigned) // 2 + 1  # a majority of the unit's verifiers; no nonce (single-use)
             if len(verdicts) < quorum:
                 raise _revert("QuorumNotReached", unitId=unit_id, valid=len(verdicts), required=quorum)
-            self._close(state, unit, "verdicted")
+            held = [p for p, o in zip(unit["providers"], outcomes, strict=True) if int(o) == OUTCOME_FRAUD]
+            self._close(state, unit, "verdicted", held)
             unit["verdict"] = [int(o) for o in outcomes]
+            unit["held"] = held
+            unit["truth_at"] = int(state.get("time", 0)) + int(state.get("appeal_window", 0))
             unit["slashed_verifiers"] = []
             for provider, outcome in zip(unit["providers"], outcomes, strict=True):
-                self._credit_outcome(state, provider, int(outcome))
+                self._credit_outcome(state, provider, int(outcome), held=True)
+            if held:
+                mask = sum(1 << i for i, o in enumerate(outcomes) if int(o) == OUTCOME_FRAUD)
+                self._mine(state, "FraudHeld", {"unitId": unit_id, "replicaMask": mask})
             return self._mine(
                 state,
                 "VerdictRecorded",
@@ -331,17 +366,35 @@ class LedgerChain:
                     self._credit_outcome(state, provider, OUTCOME_FAULT)
             return self._mine(state, "UnitExpired", {"unitId": unit_id})
 
+    def settle_verdict(self, unit_id: int, verdict: Sequence[int]) -> str:
+        """VerdictAppeals.settleVerdict for a unit nobody appealed: `verdict` must be the unit's; once its
+        appeal window passed, the held fraud replicas are released, slashed and counted as fraud (the
+        bounty to the verdict's signers is not modelled). A no-op once nothing is held."""
+        with self._state() as state:
+            unit = state["units"].get(str(unit_id))
+            if unit is None or [int(o) for o in verdict] != unit.get("verdict"):
+                raise _revert("OutcomesMismatch", unitId=unit_id)
+            self._require_truth(state, unit_id)
+            if not unit["held"]:
+                return "0x" + keccak(text=f"no-op {len(state['blocks'])}:{unit_id}").hex()
+            held, unit["held"] = unit["held"], []
+            self._release(state, held)
+            for provider in held:
+                bonded = int(state["stake"].get(_key(provider), DEFAULT_FREE_STAKE))
+                state["stake"][_key(provider)] = bonded - SLASH_AMOUNT
+                self._credit_outcome(state, provider, OUTCOME_FRAUD)
+                args = {"unitId": unit_id, "provider": provider, "amount": SLASH_AMOUNT}
+                self._mine(state, "ReplicaSlashed", args)
+            return self._mine(state, "HeldSettled", {"unitId": unit_id, "truth": unit["verdict"]})
+
     def slash_contradicting_verifier(
         self, unit_id: int, outcomes: Sequence[int], evidence: SignedVerdict
     ) -> str:
-        """VerdictAppeals' rule (signature recovery aside) for a unit nobody appealed: an assigned verifier
-        whose outcomes differ from the unit's verdict loses the verifier slash (here the collateral), once
-        per unit; the sender gets the bounty. The double keeps no block time, so the appeal window that
-        must pass first on chain is not modelled."""
+        """VerdictAppeals' rule (signature recovery aside) for a unit nobody appealed: once its appeal
+        window passed, an assigned verifier whose outcomes differ from the unit's verdict loses the verifier
+        slash (here the collateral), once per unit; the sender gets the bounty."""
         with self._state() as state:
-            unit = state["units"].get(str(unit_id))
-            if unit is None or unit["state"] != "verdicted":
-                raise _revert("NoVerdict", unitId=unit_id)
+            unit = self._require_truth(state, unit_id)
             if _key(evidence.verifier) not in [_key(v) for v in unit["verifiers"]]:
                 raise _revert("NotAssignedVerifier", unitId=unit_id, account=evidence.verifier)
             if [int(o) for o in outcomes] == unit["verdict"]:

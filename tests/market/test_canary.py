@@ -168,10 +168,16 @@ def test_a_wrong_canary_result_is_sent_to_the_verifiers_and_slashed_as_fraud(
         market.sign_verdict(unit_id, verifier, [int(ReplicaOutcome.FRAUD)])
     market.send_outbox()
     assert client.get_unit(chain_unit).state == UnitState.VERDICTED
-    assert client.stake_of(cheater.address).bonded < bonded
-    assert client.reputation(cheater.address).fraud == 1
+    assert client.stake_of(cheater.address).bonded == bonded  # held until the verdict stands
     market.service.sync.sync_chain_events()
     assert market.replica_states(unit_id) == ["fraud"]
+    appeal_closes = (
+        client.get_unit(chain_unit).verdict_deadline + client.deployment.appeal_params.appeal_window
+    )
+    client.advance_time(appeal_closes - client.now() + 1)
+    assert market.send_outbox() == ["sent"]  # the market's settle_held: unappealed, the cheat is slashed
+    assert client.stake_of(cheater.address).bonded < bonded
+    assert client.reputation(cheater.address).fraud == 1
 
 
 @pytest.mark.chain

@@ -114,6 +114,69 @@ def test_a_unit_the_chain_draws_goes_to_verifiers_and_settles_by_verdict(market:
     assert service.orders.order_status(order_id).units[0].state == "accepted"
 
 
+def test_a_fraud_verdict_is_slashed_by_the_markets_relay_once_the_appeal_window_passed(
+    market: ChainMarket,
+) -> None:
+    """Truth before money: the verdict that calls a replica fraud pays the honest ones and holds the cheat
+    (collateral locked, stake whole, no bounty). The market's sync queues `settle_held`, its outbox waits
+    without a transaction while the unit's appeal window is open, then relays settleVerdict: the cheat is
+    slashed and the verdict's signers get the bounty; HeldSettled confirms the entry."""
+    service, client = market.service, market.client
+    market.post_order(rounds=1)
+    unit_id, chosen = market.match_and_accept()
+    market.send_outbox()  # assign
+    results = [result("honest"), result("honest"), result("cheat")]
+    for provider, res in zip(chosen, results, strict=True):
+        market.commit(unit_id, provider, res)
+    for provider, res in zip(chosen, results, strict=True):
+        service.assignments.reveal(market.reveal_submission(unit_id, provider, res))
+    market.send_outbox()  # commits and reveals land; the unit waits for its verifiers
+    chain_unit, cheat = market.chain_unit(unit_id), chosen[2]
+    order = client.get_order(market.order_chain_id(market.unit(unit_id)))
+    bonded = client.stake_of(cheat).bonded
+    assigned = client.verifiers_of(chain_unit)
+    signers = assigned[: len(assigned) // 2 + 1]
+    by_address = {v.address: v for v in market.verifiers}
+    verdict = [0, 0, 2]
+    for address in signers:
+        market.sign_verdict(unit_id, by_address[address], verdict)
+    assert market.send_outbox() == ["sent"]  # the verdict
+    held = client.stake_of(cheat)
+    assert (held.bonded, held.locked) == (bonded, client.params.provider_collateral)
+    fee_credits = {a: client.credits(a) for a in signers}
+    buyer_credit = client.credits(order.buyer)
+
+    service.sync.sync_chain_events()  # the chain's verdict: the held fraud's settlement is queued
+    assert market.outbox_states(unit_id)["settle_held"] == "pending"
+    operator = client.relayer
+    assert operator is not None
+    nonce = client.w3.eth.get_transaction_count(operator.address)
+    assert market.send_outbox() == []  # TruthNotFixed by a free read: no transaction
+    assert market.outbox_states(unit_id)["settle_held"] == "retrying"
+    assert client.w3.eth.get_transaction_count(operator.address) == nonce
+    assert market.unit(unit_id).state == "accepted"  # the unit does not wait: only the money does
+
+    appeal_closes = (
+        client.get_unit(chain_unit).verdict_deadline + client.deployment.appeal_params.appeal_window
+    )
+    client.advance_time(appeal_closes - client.now() + 1)
+    assert market.send_outbox() == ["sent"]
+    slash = client.params.slash_amount
+    settled = client.stake_of(cheat)
+    assert (settled.bonded, settled.locked) == (bonded - slash, 0)
+    assert client.reputation(cheat).fraud == 1
+    bounty_share = slash * client.params.bounty_bps // 10_000 // len(signers)
+    assert {a: client.credits(a) - fee_credits[a] for a in signers} == {a: bounty_share for a in signers}
+    refund_and_slash = order.price_per_replica + slash - bounty_share * len(signers)
+    assert client.credits(order.buyer) == buyer_credit + refund_and_slash
+    service.sync.sync_chain_events()
+    assert market.outbox_states(unit_id)["settle_held"] == "confirmed"
+    with market.store.transaction() as session:  # matching sees the slashed stake and the fraud
+        agent = market.store.get_agent(session, cheat.address)
+        assert (agent.bonded_stake, agent.free_stake, agent.rep_fraud) == (bonded - slash, bonded - slash, 1)
+    assert market.send_outbox() == []  # settled once
+
+
 # --- batched settlement (issue 9): the outbox relays a unit's commits and reveals one batch each ---------
 
 

@@ -108,7 +108,8 @@ def test_the_embedded_beat_dies_with_a_worker_killed_outright(tmp_path: Path) ->
         worker = procs.start(
             "worker", [sys.executable, "-m", "apps", "market", "worker"], env=env, cwd=tmp_path
         )
-        procs.wait_ready("worker", lambda: "market.tick" in worker.log_tail(), timeout=60)
+        # the worker's banner names market.tick before the beat is forked: wait for the beat itself
+        procs.wait_ready("worker", lambda: len(_children(worker.pid)) == 1, timeout=60)
         (beat,) = _children(worker.pid)
         os.kill(worker.pid, signal.SIGKILL)  # the worker alone, as a deaf worker's own exit 75 leaves it
         deadline = time.monotonic() + 10

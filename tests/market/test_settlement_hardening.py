@@ -194,12 +194,14 @@ def test_a_verifier_whose_signature_contradicts_the_verdict_is_slashed_once(mark
     tokens_before = market.client.token_balance(operator)
     assert market.send_outbox() == []  # TruthNotFixed: the appeal window is open, nothing was sent
     assert market.outbox_states(unit_id)[action] == "retrying"
+    assert market.outbox_states(unit_id)["settle_held"] == "retrying"  # the cheat's slash waits too
     appeal_closes = market.client.get_unit(chain_unit).verdict_deadline
     appeal_closes += market.client.deployment.appeal_params.appeal_window
     market.client.advance_time(appeal_closes - market.client.now() + 1)
-    assert market.send_outbox() == ["sent"]
+    assert market.send_outbox() == ["sent", "sent"]  # the held fraud's settlement, then the slash
     market.service.sync.sync_chain_events()
     assert market.outbox_states(unit_id)[action] == "confirmed"
+    assert market.outbox_states(unit_id)["settle_held"] == "confirmed"
 
     collateral = market.client.deployment.appeal_params.verifier_slash
     bounty = collateral * market.client.deployment.appeal_params.bounty_bps // 10_000
@@ -309,6 +311,7 @@ WRITES = frozenset(
         "submit_verdict",
         "expire_unit",
         "slash_contradicting_verifier",
+        "settle_verdict",
     }
 )
 

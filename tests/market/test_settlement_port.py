@@ -65,8 +65,8 @@ PARAMS = MarketParams(
 EXPECTED_TERMS = MarketTerms(
     600, 600, 1200, min_verifiers=1, provider_collateral=COLLATERAL, verifier_collateral=TOKEN
 )
-# The double judges a verifier at once by the verdict (it keeps no block time); the real chain fixes the
-# verdict as the truth once its appeal window passed unappealed, and slashes the double's amount.
+# The chain fixes the verdict as the unit's truth once its appeal window passed unappealed (the double
+# counts that window from the verdict on its own clock), and slashes a verifier the double's amount.
 APPEALS = AppealParams(verifier_slash=TOKEN)
 PAST_EVERY_WINDOW = 600 + 600 + 1200 + 1
 PAST_APPEAL_WINDOW = PAST_EVERY_WINDOW + APPEALS.appeal_window
@@ -231,6 +231,7 @@ def real_harness(name: str, world: RealWorld) -> Harness:
 def double_harness(path: Path) -> Harness:
     buyer, providers, verifiers, outsider, _ = _accounts()
     ledger = LedgerChain(path)
+    ledger.set_appeal_window(APPEALS.appeal_window)
     for party in [*providers, *verifiers, outsider]:
         ledger.set_free_stake(party.address, STAKE)
     order_ids = itertools.count(1)
@@ -246,8 +247,9 @@ def double_harness(path: Path) -> Harness:
         )
         return order_id
 
-    def advance_time(seconds: int) -> None:  # the double has no block time; deadlines are not modelled
+    def advance_time(seconds: int) -> None:  # the double's clock closes appeal windows; no deadlines
         clock[0] += seconds
+        ledger.advance_time(seconds)
 
     return Harness(
         name="double",
@@ -522,6 +524,37 @@ def test_a_verifier_contradicting_the_verdict_is_slashed_once(harness: Harness) 
     assert harness.count("VerifierSlashed") == 1
     assert harness.port.free_stake(contradicting.address) == STAKE - TOKEN
     assert harness.port.free_stake(agreeing.address) == STAKE
+
+
+def test_a_fraud_verdict_holds_the_replica_until_its_truth_is_fixed_then_slashes_it_once(
+    harness: Harness,
+) -> None:
+    """Truth before money: the verdict leaves a fraud replica's collateral locked and its stake whole (the
+    accusation counts at once and its streak ends); once the appeal window passed, settle_verdict by the
+    verdict slashes it, once (sent again: a no-op), and does not count the fraud twice."""
+    unit_id, _ = harness.revealed_unit([DIGEST, DIGEST, OTHER_DIGEST])
+    verdict = [0, 0, 2]
+    cheat, honest = harness.providers[2].address, harness.providers[0].address
+    harness.port.submit_verdict(
+        unit_id, verdict, [harness.verdict(v, unit_id, verdict) for v in harness.verifiers]
+    )
+    assert harness.count("FraudHeld") == 1 and harness.count("ReplicaSlashed") == 0
+    assert harness.port.free_stake(cheat) == STAKE - COLLATERAL and harness.port.bonded_stake(cheat) == STAKE
+    assert harness.port.reputation_of(cheat) == Reputation(fraud=1)
+    assert harness.port.free_stake(honest) == STAKE
+    reverts("TruthNotFixed", lambda: harness.port.settle_verdict(unit_id, verdict))
+    harness.advance_time(PAST_APPEAL_WINDOW)
+    reverts("OutcomesMismatch", lambda: harness.port.settle_verdict(unit_id, [0, 0, 0]))
+    harness.port.settle_verdict(unit_id, verdict)
+    (settled,) = [e for e in harness.port.events(0, harness.port.block_number()) if e.name == "HeldSettled"]
+    assert int(settled.args["unitId"]) == unit_id
+    assert [int(o) for o in settled.args["truth"]] == verdict
+    slashed = STAKE - PARAMS.slash_amount
+    assert harness.port.free_stake(cheat) == slashed and harness.port.bonded_stake(cheat) == slashed
+    assert harness.port.reputation_of(cheat) == Reputation(fraud=1)
+    harness.port.settle_verdict(unit_id, verdict)  # nothing held any more
+    assert harness.count("HeldSettled") == 1 and harness.count("ReplicaSlashed") == 1
+    assert harness.port.bonded_stake(cheat) == slashed
 
 
 def test_verdict_with_bad_input_reverts(harness: Harness) -> None:

@@ -127,7 +127,7 @@ NOTES = {
     "commit": "commitWithSig relayed for a gasless provider, mean of the 3 replicas",
     "reveal": "single reveal relayed, mean of the 3 replicas",
     "finalize": "separate finalize after 3 single reveals (single-message path)",
-    "verdict": "another unit of the order, digests differ, accept/accept/fraud (one slash, bounty)",
+    "verdict": "another unit of the order, digests differ, accept/accept/fraud (held, no slash yet)",
     "withdraw": "withdrawCredit of a provider's credit at the end of an order, mean of the 3",
     "stake": "first stake of a fresh account (cold storage)",
     "deploy": "VeriToken + StakeManager + JobMarket + VerdictAppeals + grantRole(MARKET_ROLE) for both",
@@ -372,7 +372,15 @@ def measure(backend: Backend) -> dict[str, Any]:
     deploy_detail = {
         name: receipt.gas_used
         for name, receipt in zip(
-            ["VeriToken", "StakeManager", "JobMarket", "VerdictAppeals", "grantRole", "grantRole(appeals)"],
+            [
+                "VeriToken",
+                "StakeManager",
+                "JobMarket",
+                "VerdictAppeals",
+                "grantRole",
+                "grantRole(appeals)",
+                "grantRole(APPEALS_ROLE)",
+            ],
             client.deploy_receipts,
             strict=True,
         )

@@ -80,16 +80,19 @@ GAS_LIMITS: dict[str, int] = {
     "finalize": 600_000,
     "submitVerdict": 1_500_000,
     # VerdictAppeals (measured: appeal 90k, drawPanel 209k with 3 seats / 283k with 5, vote 80-116k, resolve
-    # 149-165k, slashContradiction 155k, joinPool 84-101k); drawPanel's limit covers 7 seats and every
-    # rejected draw attempt; a fixed limit also skips an estimate run in the appeal's own block.
+    # 149-165k or 408k settling 5 held fraud replicas, slashContradiction 155k, joinPool 84-101k,
+    # settleVerdict 161k for 1 held replica of 3 / 355k for 5 of 5 with 5 signers); drawPanel's limit
+    # covers 7 seats and every rejected draw attempt; a fixed limit also skips an estimate run in the
+    # appeal's own block.
     "joinPool": 250_000,
     "leavePool": 150_000,
     "appeal": 250_000,
     "drawPanel": 1_200_000,
     "vote": 400_000,
-    "resolve": 800_000,
+    "resolve": 900_000,
     "lapse": 150_000,
     "slashContradiction": 400_000,
+    "settleVerdict": 750_000,
     "expireUnit": 500_000,
     "withdrawCredit": 150_000,
     "withdrawCreditWithSig": 200_000,
@@ -409,6 +412,14 @@ class ChainClient:
                 deployer, stake_manager, _calldata(client.stakes, "grantRole", role, grantee)
             )
             client.deploy_receipts += (grant,)
+        # VerdictAppeals alone settles a verdict's held fraud by the unit's truth (JobMarket.settleHeld)
+        appeals_role = client.market.functions.APPEALS_ROLE().call()
+        grant = client.transactor.send(
+            deployer,
+            job_market,
+            _calldata(client.market, "grantRole", appeals_role, deployment.verdict_appeals),
+        )
+        client.deploy_receipts += (grant,)
         if admin_delay is not None:
             client = client._hand_admin_to_timelock(deployer, admin_delay)
         if save_to is not None:
@@ -984,8 +995,9 @@ class ChainClient:
         *,
         sender: LocalAccount | None = None,
     ) -> Receipt:
-        """Move a decided appeal's stakes: the bond to the referees (confirmed) or the accepted cheats'
-        stake slashed (overturned). `verdict` and `decided` are the settled and the panel's outcomes."""
+        """Move a decided appeal's stakes: the replicas the verdict held as fraud settled by the decision
+        (`HeldSettled`), then the bond to the referees (confirmed) or the cheats the verdict missed slashed
+        (overturned). `verdict` and `decided` are the settled and the panel's outcomes."""
         return self._send(
             sender,
             self.appeals,
@@ -994,6 +1006,22 @@ class ChainClient:
             [int(o) for o in verdict],
             [int(o) for o in decided],
         )
+
+    def settle_verdict(
+        self, unit_id: int, verdict: Sequence[int], *, sender: LocalAccount | None = None
+    ) -> Receipt:
+        """Settle the replicas the verdict called fraud (JobMarket holds them: collateral locked, no slash
+        yet) by the verdict itself, once it stands (VerdictAppeals `settleVerdict`): the cheats are slashed
+        and the verdict's signers get the bounty (`ReplicaSlashed`, `HeldSettled`). `verdict` is the outcomes
+        that settled the unit (`OutcomesMismatch`). `TruthNotFixed` while the appeal window is open or an
+        appeal is pending; a no-op when nothing is held or a decided appeal's `resolve_appeal` settled them.
+        Permissionless."""
+        return self._send(sender, self.appeals, "settleVerdict", unit_id, [int(o) for o in verdict])
+
+    def check_settle_verdict(self, unit_id: int, verdict: Sequence[int]) -> None:
+        """`settle_verdict` as a free eth_call: raises the typed error sending it now would revert with
+        (`TruthNotFixed` until the unit's truth is fixed), so a relay that waits pays for no transaction."""
+        self._view(self.appeals, "settleVerdict", unit_id, [int(o) for o in verdict])
 
     def lapse_appeal(self, unit_id: int, *, sender: LocalAccount | None = None) -> Receipt:
         """Close an appeal no majority decided by its vote deadline: bond released, nobody slashed."""
