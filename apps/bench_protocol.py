@@ -291,7 +291,8 @@ def reveal_withholding(trial: Trial) -> None:
 
 def sybil_ring(trial: Trial) -> None:
     """One party runs all 3 replicas of the unit (operators are self-declared: finding 3) and reveals one
-    wrong result; only the chain's spot-check draw (5 %) sends it to verifiers. Detected: slashed."""
+    wrong result; only the chain's spot-check draw (5 %) sends it to verifiers. Detected: slashed (once the
+    fraud verdict stood unappealed)."""
     unit, chosen = start(trial)
     wrong = trial.wrong_result()
     results: dict[str, Result] = {p.address: wrong for p in chosen}
@@ -300,6 +301,7 @@ def sybil_ring(trial: Trial) -> None:
     commit_all(trial, unit, results, chosen)
     reveal(trial, unit, results, chosen)
     settle(trial, unit)
+    let_the_verdict_stand(trial.market, unit)
     trial.detected = all(slashed(trial.market, a, b) for a, b in bonded.items())
 
 
@@ -337,6 +339,7 @@ def spot_check_timing(trial: Trial) -> None:
     if simulate.call({"from": last.address}, block_identifier="pending"):  # undrawn: it would finalize
         reveal(trial, unit, results, chosen)
     settle(trial, unit)
+    let_the_verdict_stand(market, unit)
     trial.detected = all(slashed(market, a, b) for a, b in bonded.items())
 
 
@@ -358,8 +361,7 @@ def lazy_verifier(trial: Trial) -> None:
     market.tick()
     market.sign_verdict(unit, lazy, [ACCEPT] * 3)
     settle(trial, unit)
-    pass_appeal_window(market, unit)
-    market.tick()  # the outbox relays the contradicting signature sync queued at the verdict
+    let_the_verdict_stand(market, unit)
     trial.detected = slashed(market, lazy.address, bonded)
 
 
@@ -395,11 +397,12 @@ def colluding_verifier_majority(trial: Trial) -> None:
 def verifier_majority_framing(trial: Trial) -> None:
     """Two of the unit's three verifiers frame an honest replica: on a unit whose third replica cheats they
     sign fraud for it and for the first replica, whose result is correct (so the verdict still looks like a
-    catch). The verdict slashes the framed replica at once and pays the colluders the bounty of both
-    slashes; the honest minority appeals, the panel (scripted, as in `colluding_verifier_majority`)
-    overturns, and the market relays the colluders' signatures (`verifierSlash` each). The overturn slashes
-    no one more (the cheat was already slashed) and returns nothing to the framed replica. Detected: both
-    colluders were slashed."""
+    catch). The verdict holds both replicas it calls fraud (collateral locked, price in escrow, no slash,
+    no bounty: JobMarket.settleHeld); the honest minority appeals, the panel (scripted, as in
+    `colluding_verifier_majority`) overturns, and its resolution settles the held replicas by the truth:
+    the framed replica is paid and keeps its stake, the cheat is slashed with the bounty to the referees.
+    The market relays the colluders' signatures (`verifierSlash` each). Detected: both colluders were
+    slashed."""
     market = trial.market
     unit, chosen = start(trial)
     cheat = chosen[-1]
@@ -447,11 +450,16 @@ def appeal_by_referees(trial: Trial, unit: int, appellant: LocalAccount) -> None
     client.resolve_appeal(chain_unit, verdict, found)
 
 
-def pass_appeal_window(market: ChainMarket, unit: int) -> None:
-    """Move chain time past the unit's appeal window: unappealed, its verdict becomes the truth."""
+def let_the_verdict_stand(market: ChainMarket, unit: int) -> None:
+    """Move chain time past the unit's appeal window, unappealed: its verdict becomes the truth, and the
+    market relays what waited for it (the held fraud's settlement, contradicting verifiers' signatures)."""
     info = market.client.get_unit(market.chain_unit(unit))
+    if info.state != UnitState.VERDICTED:
+        return
     closes = info.verdict_deadline + market.client.deployment.appeal_params.appeal_window
     market.client.advance_time(max(1, closes - market.client.now() + 1))
+    market.tick()  # the outbox relays the entries sync queued at the verdict
+    market.tick()  # and sync applies what they did
 
 
 def buyer_expire_griefing(trial: Trial) -> None:
@@ -611,6 +619,7 @@ def verdict_replay(trial: Trial) -> None:
     else:
         raise HarnessStepFailed("another unit's verdict signatures settled this unit")
     settle(trial, second)
+    let_the_verdict_stand(market, second)
     trial.detected = trial.refused == 1 and slashed(market, cheater.address, bonded)
 
 

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 TOKEN = 10**18
 PERMIT_TTL_S = 600
 OUTCOME_NAMES = {0: "accept", 1: "fault", 2: "fraud"}
+FRAUD = 2
 _DURATION = re.compile(r"^\s*(\d+)\s*([smhd])\s*$")
 _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _AMOUNT = re.compile(r"^\s*([0-9][0-9_]*(?:\.[0-9_]+)?)\s*VERI\s*$", re.IGNORECASE)
@@ -238,6 +239,8 @@ class UnitOutcome:
     slashed_verifiers: dict[str, int] = field(default_factory=dict)
     signing_verifiers: list[str] = field(default_factory=list)
     finalized_digest: str | None = None  # the resultDigest the chain recorded on the fast path
+    # replicas the verdict called fraud, held by the chain until the unit's truth is fixed (HeldSettled)
+    held: list[int] = field(default_factory=list)
 
     @property
     def accepted(self) -> list[str]:
@@ -246,7 +249,7 @@ class UnitOutcome:
 
 def order_money(events: list[Event], order_id: int) -> tuple[OrderMoney, list[UnitOutcome]]:
     """Where one order's escrow went, from its JobMarket events alone (no market database involved)."""
-    deposit = refund = price = fee = verdict_fees = 0
+    deposit = refund = price = fee = verdict_fees = held_refunds = 0
     units: dict[int, UnitOutcome] = {}
     payouts: dict[str, int] = {}
     slashed: dict[str, int] = {}
@@ -290,14 +293,26 @@ def order_money(events: list[Event], order_id: int) -> tuple[OrderMoney, list[Un
                 unit.settlement, unit.outcomes = "verdict", [OUTCOME_NAMES[o] for o in outcomes]
                 unit.signing_verifiers = [str(v) for v in args["verifiers"]]
                 verdict_fees += fee
+                unit.held = [i for i, outcome in enumerate(outcomes) if outcome == FRAUD]
                 for provider, outcome in zip(unit.providers, outcomes, strict=True):
                     if outcome == 0:
                         payouts[provider] = payouts.get(provider, 0) + price
+            elif event.name == "HeldSettled":  # the truth settles the held replicas: paid, or refunded
+                truth = [int(o) for o in args["truth"]]
+                for i in unit.held:
+                    unit.outcomes[i] = OUTCOME_NAMES[truth[i]]
+                    if truth[i] == 0:
+                        payouts[unit.providers[i]] = payouts.get(unit.providers[i], 0) + price
+                    else:
+                        held_refunds += price
+                unit.held = []
     money = OrderMoney(
         deposit=deposit,
         payouts=payouts,
         verdict_fees=verdict_fees,
         refund=refund,
+        held_refunds=held_refunds,
+        held_replicas=sum(len(u.held) for u in units.values()),
         slashed=slashed,
         slashed_verifiers=slashed_verifiers,
         reporters=frozenset(reporters),

@@ -388,6 +388,7 @@ def run_order(
         injector.finish()
     status = buyer.status()
     buyer.close(time.monotonic() + CLOSE_TIMEOUT_S)
+    buyer.wait_truth_fixed(time.monotonic() + CLOSE_TIMEOUT_S)
     if record.outcome == "open":
         record.outcome = "refunded"
     market.withdraw_all_credits()

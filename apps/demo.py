@@ -116,6 +116,8 @@ class DemoConfig:
     commit_window_s: int = 180
     reveal_window_s: int = 120
     verdict_window_s: int = 240
+    # a verdict's fraud is held this long for an appeal before it is slashed (the default is an hour)
+    appeal_window_s: int = 15
     tolerances: Path | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
     metrics: bool = False  # serve /metrics on a free port per agent and for the worker
@@ -299,7 +301,7 @@ class Marketplace:
     def deploy_and_fund(self) -> None:
         """Deploy the contracts (short windows for a demo) and mint tokens to the buyer and the agents."""
         from veritrain.chain.client import ChainClient
-        from veritrain.chain.deployment import MarketParams
+        from veritrain.chain.deployment import AppealParams, MarketParams
 
         params = MarketParams(
             commit_window=self.config.commit_window_s,
@@ -316,6 +318,7 @@ class Marketplace:
             self.parties["deployer"].account,
             operator=self.parties["operator"].account,
             params=params,
+            appeal_params=AppealParams(appeal_window=self.config.appeal_window_s),
             save_to=self.deployments_path,
         )
         deployment = self.chain.deployment
@@ -663,6 +666,27 @@ class Buyer:
                 )
             time.sleep(POLL_S)
 
+    def wait_truth_fixed(self, deadline: float) -> None:
+        """Wait until the chain settled every replica a verdict of this order called fraud: the chain holds
+        them until nobody appealed within the appeal window, then the market relays the settlement."""
+        from apps.buyer import order_money
+
+        announced = False
+        while True:
+            money, _ = order_money(self.market.events(self.posted_block), self.chain_order_id)
+            if money.held_replicas == 0:
+                return
+            if not announced:
+                self.market.emit(
+                    f"buyer: {money.held_replicas} replica(s) a verdict called fraud are held for the "
+                    f"{self.market.config.appeal_window_s} s appeal window before the chain slashes them"
+                )
+                announced = True
+            self.market.check_children()
+            if time.monotonic() > deadline:
+                raise DemoCheckFailed(f"{money.held_replicas} replica(s) still held after the timeout")
+            time.sleep(POLL_S)
+
     def close(self, deadline: float) -> None:
         """Close the order (its leftover escrow becomes the buyer's credit); waits for settlements to land."""
         from apps.buyer import close_order
@@ -818,6 +842,7 @@ def build_report(
         "deposit": money.deposit,
         "verifier_fees": money.verdict_fees,
         "refund": money.refund,
+        "held_refunds": money.held_refunds,
         "balances": {"before": balances(before), "after": balances(after)},
         "total_supply": {"before": before.total_supply, "after": after.total_supply},
         "reputation": {party.name: vars(client.reputation(party.account)) for party in market.agents()},
@@ -865,6 +890,7 @@ def run_demo(config: DemoConfig, emit: Callable[[str], None]) -> dict[str, Any]:
         with progress_bar("rounds accepted", config.rounds) as rounds_bar:
             buyer.wait_completed(deadline, on_tick=lambda status: rounds_bar(status["rounds_accepted"]))
         buyer.close(deadline)
+        buyer.wait_truth_fixed(deadline)
         market.withdraw_all_credits()
         after = market.holdings()
         emit("buyer: order closed, every party withdrew its credit; fetching results over libp2p")
@@ -887,7 +913,8 @@ def print_summary(report: dict[str, Any], emit: Callable[[str], None]) -> None:
         emit(f"unit {unit['chain_unit_id']}: {unit['settlement']}: {replicas}")
     emit(
         f"deposit {report['deposit'] / TOKEN:.4f} = payouts {sum(report['payouts'].values()) / TOKEN:.4f} + "
-        f"verifier fees {report['verifier_fees'] / TOKEN:.4f} + refund {report['refund'] / TOKEN:.4f} VERI"
+        f"verifier fees {report['verifier_fees'] / TOKEN:.4f} + refund {report['refund'] / TOKEN:.4f} + "
+        f"fraud's prices refunded {report['held_refunds'] / TOKEN:.4f} VERI"
     )
     emit(f"slashed: {report['slashed']}")
     emit(f"loss {report['initial_loss']:.4f} -> {report['final_loss']:.4f}")

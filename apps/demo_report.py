@@ -20,6 +20,9 @@ class OrderMoney:
 
     `verdict_fees` is the verifier fee of every unit settled by verdict (split among its signing verifiers,
     rounding dust to the buyer); the fee of a fast-path unit goes back to the order and into the refund.
+    A replica a verdict called fraud is held until the unit's truth is fixed; its price is then paid (an
+    overturned verdict) or credited straight to the buyer (`held_refunds`, outside the order's refund);
+    `held_replicas` counts those still held.
     """
 
     deposit: int
@@ -31,6 +34,8 @@ class OrderMoney:
     # reporter, the rest to the buyer: it nets to zero among verifier, buyer and reporter)
     slashed_verifiers: dict[str, int] = field(default_factory=dict)
     reporters: frozenset[str] = frozenset()
+    held_refunds: int = 0
+    held_replicas: int = 0
 
     @property
     def payouts_total(self) -> int:
@@ -41,8 +46,9 @@ class OrderMoney:
         return sum(self.slashed.values())
 
     def escrow_balanced(self) -> bool:
-        """deposit = payouts + verifier fees + refund, exactly."""
-        return self.deposit == self.payouts_total + self.verdict_fees + self.refund
+        """deposit = payouts + verifier fees + refund + held prices refunded, exactly; nothing still held."""
+        spent = self.payouts_total + self.verdict_fees + self.refund + self.held_refunds
+        return self.held_replicas == 0 and self.deposit == spent
 
 
 @dataclass(frozen=True)
@@ -113,7 +119,8 @@ def conservation_checks(
         "escrow_balanced",
         money.escrow_balanced(),
         f"deposit {money.deposit} = payouts {money.payouts_total} + verifier fees {money.verdict_fees} "
-        f"+ refund {money.refund}",
+        f"+ refund {money.refund} + held prices refunded {money.held_refunds}; "
+        f"{money.held_replicas} replicas still held",
     )
     wrong = {
         p: (delta[p], money.payouts.get(p, 0) - money.slashed.get(p, 0))
@@ -121,7 +128,7 @@ def conservation_checks(
         if delta[p] != money.payouts.get(p, 0) - money.slashed.get(p, 0)
     }
     checks.check("providers_paid_exactly", not wrong, f"(actual, expected) where they differ: {wrong}")
-    buyer_extra = delta[buyer] + money.deposit - money.refund
+    buyer_extra = delta[buyer] + money.deposit - money.refund - money.held_refunds
     verifier_income = sum(delta[v] for v in verifiers)
     bounties = sum(delta[r] for r in reporters)
     checks.check(
