@@ -23,6 +23,7 @@ ACTIONS = [
     "reveal_batch_finalize",
     "finalize",
     "verdict",
+    "settle_verdict",
     "withdraw",
 ]
 TOTALS = [

@@ -53,6 +53,7 @@ FEE = 3 * TOKEN
 # One fixed deadline for the order and every signature (2100-01-01): with the fixed sequence of `fresh()`
 # values, the calldata and hence the gas figures are the same on every run and every backend.
 FAR_DEADLINE = 4_102_444_800
+VERDICT_OUTCOMES = (0, 0, 2)  # accept, accept, fraud (Outcome values): the verdict unit's outcomes
 INTRINSIC_TX_GAS = 21_000  # paid by every transaction before any calldata or execution
 
 INCLUDED: dict[str, list[str]] = {
@@ -128,6 +129,10 @@ NOTES = {
     "reveal": "single reveal relayed, mean of the 3 replicas",
     "finalize": "separate finalize after 3 single reveals (single-message path)",
     "verdict": "another unit of the order, digests differ, accept/accept/fraud (held, no slash yet)",
+    "settle_verdict": (
+        "VerdictAppeals.settleVerdict of that unit once its appeal window passed unappealed: the held fraud "
+        "replica slashed, the bounty to the verdict's signers"
+    ),
     "withdraw": "withdrawCredit of a provider's credit at the end of an order, mean of the 3",
     "stake": "first stake of a fresh account (cold storage)",
     "deploy": "VeriToken + StakeManager + JobMarket + VerdictAppeals + grantRole(MARKET_ROLE) for both",
@@ -247,19 +252,18 @@ class _Parties:
         gas["finalize"] = self.client.finalize(unit_id).gas_used
         return gas
 
-    def verdict_unit(self, order_id: int) -> int:
-        """A unit whose third replica disagrees, settled by the verifiers' verdict; returns its gas."""
-        from veritrain.chain.client import Outcome
-
+    def verdict_unit(self, order_id: int) -> tuple[int, int]:
+        """A unit whose third replica disagrees, settled by the verifiers' verdict; returns the unit and
+        the verdict's gas."""
         unit_id, _ = self.assign(order_id)
         honest = self.fresh()
         digests = [honest, honest, self.fresh()]
         self.client.commit_batch(unit_id, self.unit_commits(unit_id, digests))
         finalized, _ = self.client.reveal_batch(unit_id, self.reveals(unit_id, digests))
         _require(not finalized, f"unit {unit_id} with differing digests was finalized")
-        outcomes = [Outcome.ACCEPT, Outcome.ACCEPT, Outcome.FRAUD]
+        outcomes = VERDICT_OUTCOMES
         signed = [self.client.sign_verdict(v, unit_id, outcomes, FAR_DEADLINE) for v in self.verifiers]
-        return self.client.submit_verdict(unit_id, outcomes, signed).gas_used
+        return unit_id, self.client.submit_verdict(unit_id, outcomes, signed).gas_used
 
     def close(self, order_id: int) -> dict[str, int]:
         """The per-order transactions after the units: close, the buyer's and each provider's withdrawal."""
@@ -415,7 +419,7 @@ def measure(backend: Backend) -> dict[str, Any]:
     order_id, _ = parties.post(ORDER_UNITS)
     single_units = [parties.single_message_unit(order_id) for _ in range(STEADY_UNIT_INDEX + 1)]
     single = single_units[STEADY_UNIT_INDEX]
-    verdict_gas = parties.verdict_unit(order_id)
+    verdict_unit, verdict_gas = parties.verdict_unit(order_id)
     parties.close(order_id)
 
     ticks = parties.pipelined_order(deployer)
@@ -433,6 +437,11 @@ def measure(backend: Backend) -> dict[str, Any]:
     }
     diloco["market_path"] = diloco["k3_m8"]  # the outbox's default: the batched path, one batch per unit
     diloco["round_multicall_m8"] = parties.round_multicall_order(deployer)
+
+    # Last, as it moves the chain's clock: the verdict's held fraud replica is slashed once it stands.
+    windows = params.commit_window + params.reveal_window + params.verdict_window
+    backend.advance_time(windows + client.deployment.appeal_params.appeal_window + 1)
+    settle_verdict_gas = client.settle_verdict(verdict_unit, VERDICT_OUTCOMES).gas_used
 
     commit_single = [value for key, value in single.items() if key.startswith("commitWithSig")]
     reveal_single = [value for key, value in single.items() if key.startswith("reveal#")]
@@ -452,6 +461,7 @@ def measure(backend: Backend) -> dict[str, Any]:
             "reveal_batch_finalize": batched["revealBatch"],
             "finalize": single["finalize"],
             "verdict": verdict_gas,
+            "settle_verdict": settle_verdict_gas,
             "withdraw": round(statistics.mean(provider_withdrawals)),
         },
         "gas_per_settled_unit": per_unit,
