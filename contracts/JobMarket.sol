@@ -1462,6 +1462,7 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
                     slashed += _penalizeWithholding(unitId, provider);
                 }
             } else {
+                _accounts[provider].consecutiveValid = 0; // confirmed: a streak since the accusation ends too
                 uint256 taken = stakes.slash(provider, _slashAmount, slashTo);
                 slashed += taken;
                 emit ReplicaSlashed(unitId, provider, taken);

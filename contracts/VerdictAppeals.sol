@@ -44,9 +44,11 @@ import {StakeManager} from "./StakeManager.sol";
 /// {drawPanel} re-seeds from its own block instead of drawing.
 ///
 /// @dev Slashed tokens pass through this contract in the same transaction (it holds none). Timing:
-/// `verdictWindow + appealWindow + voteWindow < unbondingPeriod` (checked at deployment), so a verifier or
-/// provider that starts unstaking when the unit settles is still slashable when the appeal is decided;
-/// relaying the slashes must follow within the rest of the unbonding period.
+/// `commitWindow + revealWindow + verdictWindow + appealWindow + voteWindow < unbondingPeriod` (checked at
+/// deployment): a verdict can land right after assignment while the appeal window runs from the verdict
+/// deadline, fixed at assignment, so a verifier or provider that starts unstaking when the unit settles
+/// is still slashable when the appeal is decided; relaying the slashes must follow within the rest of
+/// the unbonding period.
 /// EIP-712 domain ("Veritrain VerdictAppeals", "1", chainId, this):
 /// `RefereeVote(uint256 unitId,bytes32 outcomesHash,uint256 deadline)`, outcomesHash as in JobMarket's
 /// `Verdict`. No nonce: a referee votes once per appeal and a unit has at most one appeal.
@@ -225,14 +227,16 @@ contract VerdictAppeals is EIP712, ReentrancyGuardTransient {
     event VerifierSlashed(uint256 indexed unitId, address indexed verifier, uint256 amount, address reporter);
 
     /// @param market_ The JobMarket whose verdicts are appealed.
-    /// @param params_ 0 < windows, `verdictWindow + appealWindow + voteWindow < unbondingPeriod`,
+    /// @param params_ 0 < windows, the market's windows `+ appealWindow + voteWindow < unbondingPeriod`,
     /// panelSize odd in 1..MAX_PANEL, bountyBps <= 100 %, refereeStake > 0.
     constructor(JobMarket market_, Params memory params_) EIP712("Veritrain VerdictAppeals", "1") {
         if (address(market_) == address(0)) revert InvalidParameter("market");
         StakeManager stakes_ = market_.stakes();
         if (params_.appealWindow == 0) revert InvalidParameter("appealWindow");
         if (params_.voteWindow == 0) revert InvalidParameter("voteWindow");
-        uint256 settleBy = uint256(market_.params().verdictWindow) + params_.appealWindow + params_.voteWindow;
+        JobMarket.Params memory windows = market_.params();
+        uint256 settleBy = uint256(windows.commitWindow) + windows.revealWindow + windows.verdictWindow
+            + params_.appealWindow + params_.voteWindow;
         if (settleBy >= stakes_.unbondingPeriod()) revert InvalidParameter("unbondingPeriod");
         if (params_.panelSize == 0 || params_.panelSize > MAX_PANEL || params_.panelSize % 2 == 0) {
             revert InvalidParameter("panelSize");

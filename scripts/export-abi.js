@@ -2,7 +2,10 @@
 // Copy the compiled ABI and bytecode of the Veritrain contracts into the Python package
 // (veritrain/contracts_data/<Name>.json), so Python needs no Solidity compiler.
 //
-// Usage: node_modules/.bin/hardhat compile && node scripts/export-abi.js
+// Usage: node_modules/.bin/hardhat compile --force && node scripts/export-abi.js
+// --force: an incremental compile (only the changed files) can give different bytecode from a fresh
+// one with viaIR (measured: JobMarket 24,112 vs 24,237 bytes), and tests/chain/test_compiled_data.py
+// compares the export with a fresh compile; a stale incremental export failed CI once.
 // Output per contract: {"contractName", "abi", "bytecode", "deployedBytecode", "solcVersion",
 // "sourceSha256"} with a stable key order and a trailing newline, so re-running it on unchanged
 // sources changes no byte. sourceSha256 is the sha256 of contracts/<Name>.sol as compiled.

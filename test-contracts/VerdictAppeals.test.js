@@ -421,7 +421,11 @@ describe("VerdictAppeals: referee pool and parameters", function () {
     await bad({ panelSize: 9 }, "panelSize");
     await bad({ bountyBps: 10_001 }, "bountyBps");
     await bad({ refereeStake: 0n }, "refereeStake");
-    await bad({ voteWindow: h.UNBONDING - PARAMS.verdictWindow - APPEAL_PARAMS.appealWindow }, "unbondingPeriod");
+    // A verdict can land right after assignment; its appeal window runs from the verdict deadline, which
+    // is fixed at assignment: every window counts.
+    const marketWindows = PARAMS.commitWindow + PARAMS.revealWindow + PARAMS.verdictWindow;
+    await bad({ voteWindow: h.UNBONDING - marketWindows - APPEAL_PARAMS.appealWindow }, "unbondingPeriod");
+    await factory.deploy(market, { ...APPEAL_PARAMS, voteWindow: h.UNBONDING - marketWindows - APPEAL_PARAMS.appealWindow - 1n });
     const p = await sys.appeals.params();
     expect(p.panelSize).to.equal(3n);
     expect(p.verifierSlash).to.equal(APPEAL_PARAMS.verifierSlash);
@@ -567,6 +571,19 @@ describe("VerdictAppeals: settling held fraud by the verdict (settleVerdict)", f
       await expect(sys.appeals.settleVerdict(unitId, TRUTH)).to.not.emit(sys.market, "HeldSettled");
       expect(await sys.market.credits(sys.buyer.address)).to.equal(PARAMS.slashAmount - BOUNTY + PRICE);
       expect(await bonded(sys, cheat)).to.equal(STAKE - PARAMS.slashAmount);
+    });
+
+  it("a confirmed fraud also ends the streak the accused built while its verdict was open to appeal",
+    async function () {
+      const { sys, unitId, providers } = await loadFixture(honestVerdictFixture);
+      const cheat = providers[2];
+      expect(await sys.market.reputationOf(cheat.address)).to.deep.equal([0n, 0n, 1n, 0n]); // accused: streak 0
+      const later = await h.unitAt(sys, "revealed"); // the same providers, every replica right
+      await verdict(sys, later.unitId, COLLUDED, sys.verifiers.slice(0, 2));
+      expect(await sys.market.reputationOf(cheat.address)).to.deep.equal([1n, 0n, 1n, 1n]);
+      await time.increaseTo((await heldSince(sys, unitId)) + APPEAL_PARAMS.appealWindow + 1n);
+      await expect(sys.appeals.settleVerdict(unitId, TRUTH)).to.emit(sys.market, "HeldSettled");
+      expect(await sys.market.reputationOf(cheat.address)).to.deep.equal([1n, 0n, 1n, 0n]);
     });
 
   it("pending appeal: TruthNotFixed even past the window; lapsed appeal: settles by the verdict (bounty to its signers)",

@@ -31,8 +31,9 @@ TEST_PARAMS = MarketParams(
     spot_check_ppm=0,  # no random spot checks: a test that wants one draws it (requestVerification)
     solo_spot_check_ppm=0,
 )
-UNBONDING_PERIOD = 3600
-# verdict_window + appeal_window + vote_window must stay below the unbonding period (VerdictAppeals checks).
+UNBONDING_PERIOD = 4000
+# commit + reveal + verdict + appeal + vote windows must stay below the unbonding period (VerdictAppeals
+# checks): 600 + 600 + 600 + 600 + 1200 = 3600.
 TEST_APPEALS = AppealParams(appeal_window=600, vote_window=1200)
 BUYER_FUNDS = 100_000 * TOKEN
 PARTY_FUNDS = 1_000 * TOKEN

@@ -62,7 +62,7 @@ class HarnessError(AssertionError):
 class MarketParams:
     """Small round numbers so the model's arithmetic is easy to read in a failing example."""
 
-    unbonding_period: int = 500
+    unbonding_period: int = 700  # above the 5 windows' 600 (VerdictAppeals checks)
     commit_window: int = 100
     reveal_window: int = 100
     verdict_window: int = 100
@@ -81,9 +81,10 @@ class MarketParams:
 
 @dataclass(frozen=True)
 class AppealParams:
-    """VerdictAppeals' parameters: verdict + appeal + vote windows stay below the unbonding period (its
-    constructor checks). A panel of one, drawn from a pool whose only member is a referee that is never a
-    unit's party, so the draw does not depend on block hashes (which change from run to run)."""
+    """VerdictAppeals' parameters: the market's commit, reveal and verdict windows + appeal + vote windows
+    stay below the unbonding period (its constructor checks). A panel of one, drawn from a pool whose only
+    member is a referee that is never a unit's party, so the draw does not depend on block hashes (which
+    change from run to run)."""
 
     appeal_window: int = 100
     vote_window: int = 200

@@ -664,7 +664,8 @@ class Model:
                 paid += 1
             elif truth[index] == FAULT:  # a held replica revealed: no withhold penalty
                 self._record_fault(provider)
-            else:
+            else:  # confirmed: a streak built since the accusation ends too
+                self.rep(provider).consecutive = 0
                 slashed += self.slash(provider, self.params.slash_amount, slash_to)
         refunds = (len(bits(held)) - paid) * order.price
         to_caller = bounty = 0

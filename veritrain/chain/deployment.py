@@ -47,9 +47,10 @@ class MarketParams:
 class AppealParams:
     """VerdictAppeals' `Params` struct, in Solidity field order; seconds, base units.
 
-    The windows must satisfy verdict_window + appeal_window + vote_window < unbonding period (the
-    contract checks it), so a verifier that starts unstaking at settlement is still slashable when the
-    panel decides."""
+    The windows must satisfy commit_window + reveal_window + verdict_window + appeal_window + vote_window <
+    unbonding period (the contract checks it): a verdict can land right after assignment and the appeal
+    window runs from the verdict deadline, so a verifier that starts unstaking at settlement is still
+    slashable when the panel decides."""
 
     appeal_window: int = 3600  # after the unit's verdict deadline
     vote_window: int = 7200  # after the appeal: draw, re-execute, vote
