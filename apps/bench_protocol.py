@@ -49,6 +49,7 @@ from eth_utils import to_checksum_address
 
 from apps.protocol_harness import ChainMarket, HarnessStepFailed, Result, funded_accounts, result, word
 from market.store import MarketStore
+from veritrain.chain.appeal_watch import VerdictWatch
 from veritrain.chain.backends import Backend, HardhatNode, InProcessBackend
 from veritrain.chain.client import ChainClient, Reveal, UnitState
 from veritrain.chain.deployment import MarketParams
@@ -394,19 +395,15 @@ def colluding_verifier_majority(trial: Trial) -> None:
     trial.detected = all(slashed(market, a, b) for a, b in bonded.items())
 
 
-def verifier_majority_framing(trial: Trial) -> None:
-    """Two of the unit's three verifiers frame an honest replica: on a unit whose third replica cheats they
-    sign fraud for it and for the first replica, whose result is correct (so the verdict still looks like a
-    catch). The verdict holds both replicas it calls fraud (collateral locked, price in escrow, no slash,
-    no bounty: JobMarket.settleHeld); the honest minority appeals, the panel (scripted, as in
-    `colluding_verifier_majority`) overturns, and its resolution settles the held replicas by the truth:
-    the framed replica is paid and keeps its stake, the cheat is slashed with the bounty to the referees.
-    The market relays the colluders' signatures (`verifierSlash` each). Detected: both colluders were
-    slashed."""
+def framing(
+    trial: Trial, colluders: list[LocalAccount]
+) -> tuple[int, list[LocalAccount], list[int], list[int], dict[str, int]]:
+    """A unit whose last replica reveals a wrong result and the others the true one, framed by
+    `colluders` (the cheaters; the cheating replica is a bystander). Returns the unit, its providers, the
+    truth, the framing outcomes (fraud for the first honest replica too) and the colluders' bonded stake."""
     market = trial.market
     unit, chosen = start(trial)
     cheat = chosen[-1]
-    honest_verifier, colluders = market.verifiers[0], market.verifiers[1:]
     true, wrong = result(f"true-{trial.seed}"), trial.wrong_result()
     results: dict[str, Result] = {p.address: wrong if p is cheat else true for p in chosen}
     trial.cheaters, trial.bystanders = {v.address for v in colluders}, {cheat.address}
@@ -417,6 +414,21 @@ def verifier_majority_framing(trial: Trial) -> None:
     market.tick()
     found = truth(trial, unit)
     framed = [FRAUD if i == found.index(ACCEPT) else outcome for i, outcome in enumerate(found)]
+    return unit, chosen, found, framed, bonded
+
+
+def verifier_majority_framing(trial: Trial) -> None:
+    """Two of the unit's three verifiers frame an honest replica: on a unit whose third replica cheats they
+    sign fraud for it and for the first replica, whose result is correct (so the verdict still looks like a
+    catch). The verdict holds both replicas it calls fraud (collateral locked, price in escrow, no slash,
+    no bounty: JobMarket.settleHeld); the honest minority appeals, the panel (scripted, as in
+    `colluding_verifier_majority`) overturns, and its resolution settles the held replicas by the truth:
+    the framed replica is paid and keeps its stake, the cheat is slashed with the bounty to the referees.
+    The market relays the colluders' signatures (`verifierSlash` each). Detected: both colluders were
+    slashed."""
+    market = trial.market
+    honest_verifier, colluders = market.verifiers[0], market.verifiers[1:]
+    unit, _, found, framed, bonded = framing(trial, colluders)
     market.sign_verdict(unit, honest_verifier, found)
     for colluder in colluders:
         if market.open_job(unit) is not None:
@@ -426,6 +438,39 @@ def verifier_majority_framing(trial: Trial) -> None:
     market.tick()  # sync applies AppealDecided and queues the colluders' signatures; the outbox relays them
     market.tick()
     trial.detected = all(slashed(market, a, b) for a, b in bonded.items())
+
+
+def unanimous_verifier_framing(trial: Trial) -> None:
+    """Every verifier of the unit frames an honest replica, as in `verifier_majority_framing`, so no
+    honest minority is left to appeal. The framed provider's own watch appeals (its agent's code,
+    veritrain.chain.appeal_watch: it vouches for the result it revealed), draws the panel and, once the
+    scripted panel voted the truth, resolves: the held replica is paid and keeps its stake; the market
+    relays the colluders' signatures (`verifierSlash` each; the verdict needs two, the third verifier signs
+    nothing). The provider's appeal costs it gas (ETH, apart), and its bond comes back. Detected: every
+    colluder that signed was slashed."""
+    market = trial.market
+    # every verifier is in the ring; those whose signature the verdict did not need signed nothing
+    unit, chosen, found, framed, bonded = framing(trial, market.verifiers)
+    chain_unit = market.chain_unit(unit)
+    target = framed.index(FRAUD)
+    victim = next(p for p in chosen if p.address == market.client.replica(chain_unit, target).provider)
+    watch = VerdictWatch(market.client, victim, trial.folder / "appeals.json")
+    watch.revealed(chain_unit)
+    signers = []
+    for colluder in market.verifiers:
+        if market.open_job(unit) is not None:
+            market.sign_verdict(unit, colluder, framed)
+            signers.append(colluder.address)
+    settle(trial, unit)
+    watch.tick()  # appeals
+    watch.tick()  # draws the panel
+    panel_votes(trial, unit, found)
+    watch.tick()  # resolves: the held replicas are settled by the truth
+    if watch.units:
+        raise HarnessStepFailed(f"the framed provider's appeal of unit {unit} did not end: {watch.units}")
+    market.tick()  # sync applies AppealDecided and queues the colluders' signatures; the outbox relays them
+    market.tick()
+    trial.detected = all(slashed(market, a, bonded[a]) for a in signers)
 
 
 def appeal_by_referees(trial: Trial, unit: int, appellant: LocalAccount) -> None:
@@ -438,16 +483,21 @@ def appeal_by_referees(trial: Trial, unit: int, appellant: LocalAccount) -> None
         for e in client.events()
         if e.name == "VerdictRecorded" and int(e.args["unitId"]) == chain_unit
     )
-    found = truth(trial, unit)
     client.appeal(chain_unit, appellant)
     client.draw_panel(chain_unit)
-    seated: dict[str, LocalAccount] = {r.address: r for r in market.referees}
+    client.resolve_appeal(chain_unit, verdict, panel_votes(trial, unit, truth(trial, unit)))
+
+
+def panel_votes(trial: Trial, unit: int, found: list[int]) -> list[int]:
+    """The drawn panel's seats vote `found` (what re-execution finds) until a majority decided; returns it."""
+    client, chain_unit = trial.market.client, trial.market.chain_unit(unit)
+    seated: dict[str, LocalAccount] = {r.address: r for r in trial.market.referees}
     deadline = client.now() + 3600
     for seat in client.get_appeal(chain_unit).panel:
         if client.get_appeal(chain_unit).decided != bytes(32):
             break
         client.vote(chain_unit, found, client.sign_referee_vote(seated[seat], chain_unit, found, deadline))
-    client.resolve_appeal(chain_unit, verdict, found)
+    return found
 
 
 def let_the_verdict_stand(market: ChainMarket, unit: int) -> None:
@@ -630,6 +680,7 @@ ATTACKS: dict[str, Callable[[Trial], None]] = {
     "lazy_verifier": lazy_verifier,
     "colluding_verifier_majority": colluding_verifier_majority,
     "verifier_majority_framing": verifier_majority_framing,
+    "unanimous_verifier_framing": unanimous_verifier_framing,
     "buyer_expire_griefing": buyer_expire_griefing,
     "event_sync_staller": event_sync_staller,
     "blob_flood": blob_flood,

@@ -4,8 +4,11 @@ Why it is built this way:
 - It *pulls*: a signed heartbeat is both liveness and the request for work, so it runs behind home NAT
   and holds no broker credentials (DESIGN.md §2). Heartbeats go on while a unit trains (training runs in
   a worker thread), so the market never mistakes a busy provider for a lost one.
-- It never sends a transaction: stake (ERC-2612 permit), accepts and commits are EIP-712 signatures the
-  market relays; reveals are the commitment's preimage, valid from anyone. A provider needs no gas.
+- It sends no transaction to work: stake (ERC-2612 permit), accepts and commits are EIP-712 signatures
+  the market relays; reveals are the commitment's preimage, valid from anyone. Its one transaction of its
+  own is an appeal (veritrain.chain.appeal_watch) of a verdict that calls a result it computed honestly
+  fraud: colluding verifiers could otherwise frame it, with no honest minority to appeal. That needs gas;
+  without it the appeal fails, is logged, and the verdict stands.
 - Everything it must not forget lives in its data dir: unit checkpoints (node/unit.py resumes from the
   last one) and the salt and result of a commit (written *before* the commit is sent). A crash or restart
   costs at most the steps since the last checkpoint of one unit.
@@ -54,6 +57,7 @@ from veritrain.agentkit import (
     unit_spec_of,
     unit_start_of,
 )
+from veritrain.chain.appeal_watch import VerdictWatch
 from veritrain.chain.errors import RpcUnavailable
 from veritrain.errors import AgentError, MarketError
 
@@ -65,6 +69,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("veritrain.node")
 
 HEARTBEAT_INTERVAL_S = 0.5
+APPEAL_WATCH_INTERVAL_S = 5.0  # how often the verdicts of our revealed units are checked (chain reads)
 DEFAULT_PRICE_PER_PFLOP = 10**18  # 1 VERI per PFLOP of training compute
 PROGRESS_POINTS_PER_UNIT = 200  # loss points a replica reports to the market's live curve, at most
 
@@ -87,6 +92,7 @@ class UnitRecord:
     transcript_digest: str | None = None
     committed: bool = False
     revealed: bool = False
+    forged: bool = False  # --dishonest forged this result: never vouched for in an appeal
     losses: list[float] = field(default_factory=list)
 
     def save(self, folder: Path) -> None:
@@ -129,6 +135,9 @@ class ProviderAgent(AgentPlumbing):
         self._progress_lock = threading.Lock()
         self.dishonest = load_forger(config.dishonest) if config.dishonest else None
         self._units_trained = 0  # this process's training units, for --dishonest-after
+        # the units we revealed honestly: a verdict calling our replica fraud is appealed
+        self.watch = VerdictWatch(self.chain, self.account, config.data_dir / "appeals.json")
+        self._watch_at = 0.0
         if config.dishonest:
             logger.warning(
                 "*** DISHONEST MODE: strategy %r — this agent cheats on purpose ***", config.dishonest
@@ -250,6 +259,9 @@ class ProviderAgent(AgentPlumbing):
                 self.reveal(assignment)
         self.keep_custody(self.market, reply.custody)
         self.send_progress()
+        if time.monotonic() >= self._watch_at:
+            self._watch_at = time.monotonic() + APPEAL_WATCH_INTERVAL_S
+            self.watch.tick()
 
     def send_progress(self) -> None:
         """Report the losses recorded since the last tick, signed, at most MAX_PROGRESS_POINTS per message
@@ -437,6 +449,7 @@ class ProviderAgent(AgentPlumbing):
         record.transcript_root = manifest.transcript_root
         record.salt = hex32(secrets.token_bytes(32))
         record.losses = [float(loss) for loss in transcript.losses]
+        record.forged = cheat
         record.save(folder)  # salt and result on disk before the commitment leaves this process
         elapsed = time.monotonic() - started
         self.metrics.record_unit("trained", elapsed, steps_run * spec.recipe_config().tokens_per_step)
@@ -492,6 +505,8 @@ class ProviderAgent(AgentPlumbing):
         )
         record.revealed = True
         record.save(folder)
+        if not record.forged and assignment.chain_unit_id is not None:
+            self.watch.revealed(assignment.chain_unit_id)
         logger.info("revealed unit %d: %s", assignment.unit_id, record.result_digest)
 
 

@@ -6,9 +6,10 @@ broker access), fetches each replica's PoL manifest and only the checkpoints it 
 from the replicas over libp2p (the market never handles blobs), runs the verifier core, and signs the
 contract's outcome-only EIP-712 Verdict; the market relays it once a majority of the unit's verifiers
 signed the same outcomes. Its collateral is locked per unit and slashed if its signature contradicts the
-unit's truth; so it sends transactions of its own only to appeal such a verdict (verifier.appeals) and, with
-`--referee`, to sit in the referee pool and vote on the appeal panels the chain seats it on
-(verifier.refereeing), re-executing each unit from the evidence the market serves.
+unit's truth; so it sends transactions of its own only to appeal such a verdict
+(veritrain.chain.appeal_watch) and, with `--referee`, to sit in the referee pool and vote on the appeal
+panels the chain seats it on (verifier.refereeing), re-executing each unit from the evidence the market
+serves.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from verifier.appeals import VerdictWatch
 from verifier.fetching import Blame
 from verifier.refereeing import RefereeDuty
 from veritrain.agentkit import (
@@ -49,6 +49,7 @@ from veritrain.agentkit import (
     unit_start_of,
 )
 from veritrain.api_client import MarketRefused
+from veritrain.chain.appeal_watch import VerdictWatch
 from veritrain.chain.errors import RpcUnavailable
 from veritrain.errors import AgentError, MarketError, VeritrainError
 
@@ -126,7 +127,7 @@ class VerifierAgent(AgentPlumbing):
         self._failures: dict[int, int] = {}
         self._retry_at: dict[int, float] = {}
         self.blame = Blame()
-        # the units we signed: a verdict that contradicts our signature is appealed (verifier.appeals)
+        # the units we signed: a verdict that contradicts our signature is appealed (chain.appeal_watch)
         self.watch = VerdictWatch(self.chain, self.account, config.data_dir / "appeals.json")
         self.referee = (
             RefereeDuty(self.chain, self.account, config.data_dir / "referee.json", self.judge)

@@ -1,7 +1,8 @@
 """Both sides of an appeal, on the real contracts.
 
-verifier.appeals.VerdictWatch: the verifier appeals a verdict that contradicts what it signed, and takes the
-appeal to its end (panel drawn, resolved or lapsed); a verdict it agrees with is left alone.
+veritrain.chain.appeal_watch.VerdictWatch: the verifier appeals a verdict that contradicts what it signed,
+and the provider one that calls its honest replica fraud, and each takes the appeal to its end (panel drawn,
+resolved or lapsed); a verdict it agrees with is left alone.
 verifier.refereeing.RefereeDuty: a referee in the pool finds its seats in the chain's panel draws, votes what
 its re-execution found, once, and ends the appeal when nobody else does."""
 
@@ -13,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from verifier.appeals import VerdictWatch
 from verifier.refereeing import RefereeDuty
+from veritrain.chain.appeal_watch import VerdictWatch
 from veritrain.chain.client import AppealState, Outcome
 
 pytestmark = pytest.mark.chain
@@ -117,6 +118,43 @@ def test_a_verdict_the_verifier_signed_is_not_appealed(world: Any, tmp_path: Pat
     _settle_colluded(world, unit_id)
     assert watch.tick() == []
     assert client.get_appeal(unit_id).state == AppealState.NONE and watch.units == {}
+
+
+def test_a_provider_framed_by_every_verifier_appeals_itself_and_is_paid(world: Any, tmp_path: Path) -> None:
+    """All three verifiers sign that replica 1 (honest) is fraud, so no verifier appeals; the provider's own
+    watch does, and the panel's overturn pays it with its stake intact. The other honest provider, whose
+    replica the verdict accepted, has nothing to appeal."""
+    client = world.client
+    referees = _referees(world)
+    unit_id = _colluded_unit(world)
+    framed, spared = world.providers[0], world.providers[1]
+    watch = VerdictWatch(client, framed, tmp_path / "framed.json")
+    watch.revealed(unit_id)
+    other = VerdictWatch(client, spared, tmp_path / "spared.json")
+    other.revealed(unit_id)
+    framing = [Outcome.FRAUD, Outcome.ACCEPT, Outcome.FRAUD]
+    deadline = client.now() + 3600
+    client.submit_verdict(
+        unit_id, framing, [client.sign_verdict(v, unit_id, framing, deadline) for v in world.verifiers]
+    )
+    position = client.stake_of(framed)
+    credits = client.credits(framed)
+    assert position.locked == client.params.provider_collateral  # held: collateral locked, unpaid
+    assert other.tick() == [] and other.units == {}
+    assert VerdictWatch(client, framed, tmp_path / "framed.json").tick() == [unit_id]  # after a restart too
+    appeal = client.get_appeal(unit_id)
+    assert appeal.state == AppealState.PENDING and appeal.appellant == framed.address
+    watch = VerdictWatch(client, framed, tmp_path / "framed.json")
+    watch.tick()  # draws the panel
+    seated = {r.address: r for r in referees}
+    for seat in client.get_appeal(unit_id).panel[:2]:
+        client.vote(unit_id, TRUTH, client.sign_referee_vote(seated[seat], unit_id, TRUTH, deadline))
+    watch.tick()  # resolves: the held replica is settled by the truth
+    assert client.get_appeal(unit_id).state == AppealState.OVERTURNED
+    assert client.stake_of(framed).bonded == position.bonded and client.stake_of(framed).locked == 0
+    price = client.get_order(client.get_unit(unit_id).order_id).price_per_replica
+    assert client.credits(framed) == credits + price
+    assert watch.units == {}
 
 
 class Judge:

@@ -7,7 +7,8 @@ referee panel. The open finding (finding 3: a sybil ring on one unit passes when
 it) is checked for what it is: every trial either caught or profitable, so a fix shows up here as a change
 of figures, not as silence. The framing of an honest replica by a colluding verifier majority is defended:
 a verdict's fraud is held until the unit's truth is fixed, so the appeal's overturn pays the framed replica,
-and the colluders lose their verifier slash with no bounty to show for it.
+and the colluders lose their verifier slash with no bounty to show for it; when every verifier is in the
+ring, the framed provider's own watch appeals.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ DEFENDED = [
     "verdict_replay",
     "colluding_verifier_majority",
     "verifier_majority_framing",
+    "unanimous_verifier_framing",
 ]
 GRIEFING = ["buyer_expire_griefing", "event_sync_staller"]  # no token upside: gain 0, the cost is gas
 FLOOD = ["blob_flood"]  # throwaway keys: nothing at stake, nothing gained

@@ -1,11 +1,15 @@
-"""The verifier's side of VerdictAppeals: appeal a verdict that contradicts what this verifier signed.
+"""A party's side of VerdictAppeals: appeal a verdict that contradicts what this party vouches for.
 
-Why: a verdict nobody appeals becomes the unit's truth once its appeal window has passed, and then this
-verifier's own signature over other outcomes slashes it (`verifierSlash`): an honest minority that a
-colluding majority outvoted must appeal to keep its stake. The watcher remembers every unit the agent
-signed (in a JSON file, across restarts), and on each tick moves each one step: appeal a contradicting
-verdict while the window is open, draw the panel, end the appeal (`resolve` once the panel decided,
-`lapse` when it missed its deadline, which returns the bond). Voting as a referee: verifier.refereeing.
+Why: a verdict nobody appeals becomes the unit's truth once its appeal window has passed. Then a
+verifier's own signature over other outcomes slashes it (`verifierSlash`), so an honest minority that a
+colluding majority outvoted must appeal to keep its stake; and a replica the verdict called fraud is
+slashed and unpaid (JobMarket holds it until then), so an honest provider framed by its verifiers (all of
+them, with no honest minority to appeal) must appeal for itself. The watcher remembers every unit the
+party vouches for (in a JSON file, across restarts) and on each tick moves each one step: appeal a
+contradicting verdict while the window is open, draw the panel, end the appeal (`resolve` once the panel
+decided, `lapse` when it missed its deadline, which returns the bond). The appellant's bond is lost when
+the panel confirms the verdict, so only a party sure of its claim should make one: a provider vouches
+only for a result it computed honestly. Voting as a referee: verifier.refereeing.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from pathlib import Path
 
 from eth_account.signers.local import LocalAccount
 
-from veritrain.chain.client import AppealState, ChainClient, UnitState
+from veritrain.chain.client import AppealState, ChainClient, Outcome, UnitState
 from veritrain.chain.eip712 import outcomes_hash
 from veritrain.chain.errors import ChainError, ContractReverted
 
@@ -29,24 +33,34 @@ RETRY_LATER = frozenset({"DrawTooEarly", "PanelUndrawable"})
 RETRY_AFTER_S = 60
 
 
+# A unit's claim: the outcomes a verifier signed, or OWN_REPLICA (a provider's: its replica is no fraud).
+Claim = list[int] | None
+OWN_REPLICA: Claim = None
+
+
 class VerdictWatch:
-    """Units this verifier signed outcomes for, until each is settled without contradicting them or its
-    appeal has ended."""
+    """Units this party vouches for, until each is settled without contradicting its claim or its appeal
+    has ended."""
 
     def __init__(self, chain: ChainClient, account: LocalAccount, path: Path) -> None:
         self.chain = chain
         self.account = account
         self.path = path
-        self.units: dict[int, list[int]] = (
-            {int(k): [int(o) for o in v] for k, v in json.loads(path.read_text()).items()}
-            if path.exists()
-            else {}
-        )
+        saved = json.loads(path.read_text()) if path.exists() else {}
+        self.units: dict[int, Claim] = {
+            int(k): None if v is None else [int(o) for o in v] for k, v in saved.items()
+        }
         self._retry_at: dict[int, int] = {}  # chain time before which a unit's refused step waits
 
     def signed(self, unit_id: int, outcomes: Sequence[int]) -> None:
         """Remember the outcomes this verifier signed for `unit_id`."""
         self.units[unit_id] = [int(o) for o in outcomes]
+        self._save()
+
+    def revealed(self, unit_id: int) -> None:
+        """Remember that this provider revealed a result of `unit_id` it computed honestly: a verdict
+        calling its replica fraud is appealed."""
+        self.units[unit_id] = OWN_REPLICA
         self._save()
 
     def tick(self) -> list[int]:
@@ -81,18 +95,18 @@ class VerdictWatch:
             return False
         if unit.state != UnitState.VERDICTED:
             return True  # finalized or expired: no verdict contradicts us
-        if chain.verdict_hash(unit_id) == outcomes_hash(self.units[unit_id]):
+        if not self._contradicted(unit_id, unit.replicas):
             return True
         appeal = chain.get_appeal(unit_id)
         now = chain.now()
         if appeal.state == AppealState.NONE:
             closes = unit.verdict_deadline + chain.deployment.appeal_params.appeal_window
             if now > closes:
-                logger.warning("unit %d: verdict contradicts our signature, appeal window closed", unit_id)
+                logger.warning("unit %d: the verdict contradicts our claim, appeal window closed", unit_id)
                 return True
             chain.appeal(unit_id, self.account)
             appealed.append(unit_id)
-            logger.info("unit %d: appealed a verdict that contradicts our signature", unit_id)
+            logger.info("unit %d: appealed a verdict that contradicts our claim", unit_id)
             return False
         if appeal.appellant != self.account.address or appeal.state != AppealState.PENDING:
             return True  # another's appeal decides it, or ours has ended
@@ -107,6 +121,15 @@ class VerdictWatch:
         decided = chain.unit_events("AppealDecided", unit_id)[0].args["outcomes"]
         chain.resolve_appeal(unit_id, verdict, decided, sender=self.account)
         return True
+
+    def _contradicted(self, unit_id: int, replicas: int) -> bool:
+        """Whether the verdict that settled `unit_id` contradicts our claim on it."""
+        claim = self.units[unit_id]
+        if claim is not None:
+            return self.chain.verdict_hash(unit_id) != outcomes_hash(claim)
+        verdict = self.chain.unit_events("VerdictRecorded", unit_id)[0].args["outcomes"]
+        ours = [i for i in range(replicas) if self.chain.replica(unit_id, i).provider == self.account.address]
+        return any(verdict[i] == Outcome.FRAUD for i in ours)
 
     def _save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
