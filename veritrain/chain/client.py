@@ -127,6 +127,10 @@ class Signed:
     nonce: int
     deadline: int
 
+    def as_args(self) -> tuple[int, int, bytes]:
+        """The trailing `nonce, deadline, signature` arguments of every `...WithSig` function."""
+        return self.nonce, self.deadline, self.signature
+
 
 @dataclass(frozen=True)
 class VerifierSignature:
@@ -618,9 +622,7 @@ class ChainClient:
             "requestUnstakeWithSig",
             _address(staker),
             amount,
-            signed.nonce,
-            signed.deadline,
-            signed.signature,
+            *signed.as_args(),
         )
 
     def withdraw_stake(self, staker: LocalAccount) -> Receipt:
@@ -643,9 +645,7 @@ class ChainClient:
             self.stakes,
             "withdrawWithSig",
             _address(staker),
-            signed.nonce,
-            signed.deadline,
-            signed.signature,
+            *signed.as_args(),
         )
 
     def stake_of(self, account: str | LocalAccount) -> StakePosition:
@@ -783,9 +783,7 @@ class ChainClient:
             unit_id,
             _address(provider),
             eip712.as_bytes32(commitment, "commitment"),
-            signed.nonce,
-            signed.deadline,
-            signed.signature,
+            *signed.as_args(),
         )
 
     def reveal(
@@ -868,7 +866,7 @@ class ChainClient:
             eip712.as_bytes32(unit_key, "unit_key"),
             sequence_of_addresses(providers),
             sequence_of_addresses(verifiers),
-            [(signed.nonce, signed.deadline, signed.signature) for signed in accepts],
+            [signed.as_args() for signed in accepts],
         )
 
     def market_calldata(self, function: str, *args: Any) -> bytes:
@@ -1077,9 +1075,7 @@ class ChainClient:
             self.market,
             "withdrawCreditWithSig",
             _address(account),
-            signed.nonce,
-            signed.deadline,
-            signed.signature,
+            *signed.as_args(),
         )
 
     # ------------------------------------------------------------------ JobMarket: views
