@@ -34,8 +34,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import httpx
-
 from veritrain.agentkit import (
     HTTP_TIMEOUT_S,
     SIGNATURE_TTL_S,
@@ -53,13 +51,13 @@ from veritrain.agentkit import (
     run_agent,
     setup_logging,
     stake_by_permit,
+    tick_forever,
     unhex32,
     unit_spec_of,
     unit_start_of,
 )
 from veritrain.chain.appeal_watch import VerdictWatch
-from veritrain.chain.errors import RpcUnavailable
-from veritrain.errors import AgentError, MarketError
+from veritrain.errors import AgentError
 
 if TYPE_CHECKING:
     from veritrain.datasets import Dataset
@@ -175,17 +173,7 @@ class ProviderAgent(AgentPlumbing):
 
     def run_forever(self) -> None:
         """Heartbeat loop: every reply may hand out work; market and chain outages are logged and retried."""
-        while not self._stop.is_set():
-            try:
-                self.tick()
-                self.metrics.heartbeats.labels("ok").inc()
-            except (MarketError, httpx.HTTPError) as err:  # market restarting or refusing: keep state, retry
-                self.metrics.heartbeats.labels("error").inc()
-                logger.warning("market: %s", err)
-            except RpcUnavailable as err:  # a chain read failed mid-tick; the next tick does it again
-                self.metrics.heartbeats.labels("error").inc()
-                logger.warning("chain: %s", err)
-            self._stop.wait(HEARTBEAT_INTERVAL_S)
+        tick_forever(self.tick, self._stop, self.metrics.heartbeats, HEARTBEAT_INTERVAL_S)
 
     # market messages ----------------------------------------------------------------------------------
 

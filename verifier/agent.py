@@ -44,14 +44,14 @@ from veritrain.agentkit import (
     run_agent,
     setup_logging,
     stake_by_permit,
+    tick_forever,
     unhex32,
     unit_spec_of,
     unit_start_of,
 )
 from veritrain.api_client import MarketRefused
 from veritrain.chain.appeal_watch import VerdictWatch
-from veritrain.chain.errors import RpcUnavailable
-from veritrain.errors import AgentError, MarketError, VeritrainError
+from veritrain.errors import AgentError, VeritrainError
 
 if TYPE_CHECKING:
     from verifier.core import Submission, ToleranceTable, VerifierPolicy
@@ -173,17 +173,7 @@ class VerifierAgent(AgentPlumbing):
         )
 
     def run_forever(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.tick()
-                self.metrics.heartbeats.labels("ok").inc()
-            except (MarketError, httpx.HTTPError) as err:  # market restarting or refusing: keep state, retry
-                self.metrics.heartbeats.labels("error").inc()
-                logger.warning("market: %s", err)
-            except RpcUnavailable as err:  # a chain read failed mid-tick; the next tick does it again
-                self.metrics.heartbeats.labels("error").inc()
-                logger.warning("chain: %s", err)
-            self._stop.wait(POLL_INTERVAL_S)
+        tick_forever(self.tick, self._stop, self.metrics.heartbeats, POLL_INTERVAL_S)
 
     def tick(self) -> None:
         from veritrain.messages import Heartbeat, sign_message

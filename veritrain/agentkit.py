@@ -432,6 +432,28 @@ class AgentCommonConfig:
     threads: int = 1
 
 
+def tick_forever(tick: Callable[[], None], stop: threading.Event, heartbeats: Any, interval_s: float) -> None:
+    """An agent's main loop: `tick` every `interval_s` until `stop`. A market or chain outage inside a tick
+    is logged and the next tick does the same work again (the agent keeps its state; it never exits for
+    one); `heartbeats` (the agent's counter) counts each tick ok or error."""
+    import httpx
+
+    from veritrain.chain.errors import RpcUnavailable
+    from veritrain.errors import MarketError
+
+    while not stop.is_set():
+        try:
+            tick()
+            heartbeats.labels("ok").inc()
+        except (MarketError, httpx.HTTPError) as err:  # market restarting or refusing: keep state, retry
+            heartbeats.labels("error").inc()
+            logger.warning("market: %s", err)
+        except RpcUnavailable as err:  # a chain read failed mid-tick; the next tick does it again
+            heartbeats.labels("error").inc()
+            logger.warning("chain: %s", err)
+        stop.wait(interval_s)
+
+
 class AgentPlumbing:
     """What every agent opens the same way before its role logic: its key and address, the chain, a nonce
     clock, its blob store and the libp2p data plane serving it. Role agents subclass it."""
