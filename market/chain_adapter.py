@@ -152,7 +152,7 @@ class ChainClientSettlement:
         # only revert, and so would evidence that agrees with the truth (the minority after an overturn):
         # raise the contract's own error (TruthNotFixed, AppealLapsed, VerdictNotContradicted) without
         # paying for a transaction.
-        if self.client.truth_of(unit_id) == outcomes_hash(outcomes):
+        if self.client.truth_of(unit_id, pending=True) == outcomes_hash(outcomes):
             raise VerdictNotContradicted(
                 "VerdictNotContradicted", {"unitId": unit_id, "verifier": evidence.verifier}
             )
@@ -163,7 +163,9 @@ class ChainClientSettlement:
 
     def settle_verdict(self, unit_id: int, verdict: Sequence[int]) -> str:
         # A free read first: until the unit's truth is fixed (appeal window, pending appeal) the send would
-        # only revert, at every retry of a wait that lasts the appeal window.
+        # only revert, at every retry of a wait that lasts the appeal window. Both reads are at the pending
+        # block: on a chain that mines only on transactions, the latest block's time stops when nothing is
+        # sent, and a wait that sends nothing would never see its window pass (the demo's held fraud did).
         self.client.check_settle_verdict(unit_id, list(verdict))
         return _mined("settle_held", self.client.settle_verdict(unit_id, list(verdict)))
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from veritrain.chain import errors
+from veritrain.chain.backends import RpcBackend
 from veritrain.chain.client import GAS_LIMITS, AppealState, Outcome, UnitState
 
 pytestmark = pytest.mark.chain
@@ -405,6 +406,29 @@ def test_verifier_collateral_is_locked_for_the_unit_and_released_at_settlement(w
     )
     assert all(client.stake_of(v).locked == 0 for v in world.verifiers)
     client.request_unstake(verifier, position.bonded)
+
+
+def test_relays_see_the_appeal_window_close_while_no_block_is_mined(world: Any) -> None:
+    """Regression (the demo's held fraud stayed held until its timeout): a chain that mines only on
+    transactions keeps its latest block's time while nobody sends one, so a relay whose free read waited
+    on TruthNotFixed at the latest block never saw the appeal window pass. The relays read the pending
+    block, which a transaction sent now would be in."""
+    if not isinstance(world.backend, RpcBackend):
+        pytest.skip("the in-process EVM's clock moves only with a mined block")
+    client = world.client
+    unit_id = _disputed_unit(world)
+    settled = [Outcome.ACCEPT, Outcome.ACCEPT, Outcome.FRAUD]
+    deadline = client.now() + 3600
+    client.submit_verdict(
+        unit_id, settled, [client.sign_verdict(v, unit_id, settled, deadline) for v in world.verifiers[:2]]
+    )
+    appeal_closes = client.get_unit(unit_id).verdict_deadline + client.deployment.appeal_params.appeal_window
+    world.backend._dev_call("evm_increaseTime", [appeal_closes - client.now() + 1])  # time, no block
+    with pytest.raises(errors.TruthNotFixed):
+        client.truth_of(unit_id)  # the latest block's time: still inside the window
+    assert client.truth_of(unit_id, pending=True) == client.verdict_hash(unit_id)
+    client.check_settle_verdict(unit_id, settled)  # would succeed: no TruthNotFixed
+    assert client.settle_verdict(unit_id, settled).event("HeldSettled").args["unitId"] == unit_id
 
 
 def test_a_verifier_whose_signature_contradicts_the_verdict_is_slashed(world: Any) -> None:

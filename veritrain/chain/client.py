@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import IntEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from eth_abi import encode as abi_encode
 from eth_account.signers.local import LocalAccount
@@ -527,9 +527,13 @@ class ChainClient:
             raise ChainError(f"{function}: no sender given and the client has no relayer")
         return self.transactor.send(actor, contract.address, data, gas=GAS_LIMITS.get(function))
 
-    def _view(self, contract: Contract, function: str, *args: Any) -> Any:
+    def _view(
+        self, contract: Contract, function: str, *args: Any, block: Literal["latest", "pending"] = "latest"
+    ) -> Any:
+        """An eth_call at `block`: "pending" reads the chain as a transaction sent now would (its time is
+        now, where an idle automining dev chain's latest block can be minutes old)."""
         try:
-            return contract.functions[function](*args).call()
+            return contract.functions[function](*args).call(block_identifier=block)
         except Exception as err:
             raise self.transactor._typed(err) from err
 
@@ -1017,9 +1021,10 @@ class ChainClient:
         return self._send(sender, self.appeals, "settleVerdict", unit_id, [int(o) for o in verdict])
 
     def check_settle_verdict(self, unit_id: int, verdict: Sequence[int]) -> None:
-        """`settle_verdict` as a free eth_call: raises the typed error sending it now would revert with
-        (`TruthNotFixed` until the unit's truth is fixed), so a relay that waits pays for no transaction."""
-        self._view(self.appeals, "settleVerdict", unit_id, [int(o) for o in verdict])
+        """`settle_verdict` as a free eth_call on the pending block: raises the typed error sending it now
+        would revert with (`TruthNotFixed` until the unit's truth is fixed), so a relay that waits pays for
+        no transaction."""
+        self._view(self.appeals, "settleVerdict", unit_id, [int(o) for o in verdict], block="pending")
 
     def lapse_appeal(self, unit_id: int, *, sender: LocalAccount | None = None) -> Receipt:
         """Close an appeal no majority decided by its vote deadline: bond released, nobody slashed."""
@@ -1043,9 +1048,11 @@ class ChainClient:
         """The outcomes hash of the verdict that settled `unit_id` (32 zero bytes unless verdicted)."""
         return bytes(self._view(self.market, "verdictHashOf", unit_id))
 
-    def truth_of(self, unit_id: int) -> bytes:
-        """The outcomes hash verifiers of `unit_id` are judged against (`TruthNotFixed`, `AppealLapsed`)."""
-        return bytes(self._view(self.appeals, "truthOf", unit_id))
+    def truth_of(self, unit_id: int, *, pending: bool = False) -> bytes:
+        """The outcomes hash verifiers of `unit_id` are judged against (`TruthNotFixed`, `AppealLapsed`);
+        `pending`: as a transaction sent now would find it (its window may have closed since the last
+        block)."""
+        return bytes(self._view(self.appeals, "truthOf", unit_id, block="pending" if pending else "latest"))
 
     def in_referee_pool(self, account: str | LocalAccount) -> bool:
         return bool(self._view(self.appeals, "inPool", _address(account)))
