@@ -93,7 +93,7 @@ class RefereeDuty:
             chain.resolve_appeal(unit_id, verdict, decided, sender=self.account)
             logger.info("unit %d: resolved the decided appeal", unit_id)
             return True
-        if chain.now() > appeal.vote_deadline:
+        if chain.pending_time() > appeal.vote_deadline:
             chain.lapse_appeal(unit_id, sender=self.account)
             logger.info("unit %d: the panel did not decide in time; lapsed the appeal", unit_id)
             return True

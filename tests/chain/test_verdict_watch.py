@@ -16,6 +16,7 @@ import pytest
 
 from verifier.refereeing import RefereeDuty
 from veritrain.chain.appeal_watch import VerdictWatch
+from veritrain.chain.backends import RpcBackend
 from veritrain.chain.client import AppealState, Outcome
 
 pytestmark = pytest.mark.chain
@@ -107,6 +108,24 @@ def test_an_appeal_no_panel_decides_lapses_and_the_bond_returns(world: Any, tmp_
     watch.tick()
     assert client.get_appeal(unit_id).state == AppealState.LAPSED
     assert client.stake_of(honest).locked == 0 and watch.units == {}
+
+
+def test_an_appeal_lapses_at_its_deadline_though_no_block_was_mined_since(world: Any, tmp_path: Path) -> None:
+    """On a chain that mines only on transactions the latest block's time stops when nobody sends one: the
+    watch compares deadlines with the pending block's time (what its lapse would execute at), or it would
+    wait forever for a block nobody else sends."""
+    if not isinstance(world.backend, RpcBackend):
+        pytest.skip("the in-process EVM's clock moves only with a mined block")
+    client = world.client
+    honest = world.verifiers[0]
+    unit_id = _colluded_unit(world)
+    watch = VerdictWatch(client, honest, tmp_path / "watch.json")
+    watch.signed(unit_id, TRUTH)
+    _settle_colluded(world, unit_id)
+    assert watch.tick() == [unit_id]
+    world.backend._dev_call("evm_increaseTime", [client.get_appeal(unit_id).vote_deadline - client.now() + 1])
+    watch.tick()  # no block since the appeal: only the pending block knows the deadline passed
+    assert client.get_appeal(unit_id).state == AppealState.LAPSED and watch.units == {}
 
 
 def test_a_verdict_the_verifier_signed_is_not_appealed(world: Any, tmp_path: Path) -> None:

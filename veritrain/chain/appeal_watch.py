@@ -66,7 +66,7 @@ class VerdictWatch:
     def tick(self) -> list[int]:
         """One step for every remembered unit; returns the units appealed in this tick."""
         appealed: list[int] = []
-        now = self.chain.now() if self.units else 0
+        now = self.chain.pending_time() if self.units else 0
         for unit_id in sorted(self.units):
             if self._retry_at.get(unit_id, 0) > now:
                 continue
@@ -98,7 +98,7 @@ class VerdictWatch:
         if not self._contradicted(unit_id, unit.replicas):
             return True
         appeal = chain.get_appeal(unit_id)
-        now = chain.now()
+        now = chain.pending_time()
         if appeal.state == AppealState.NONE:
             closes = unit.verdict_deadline + chain.deployment.appeal_params.appeal_window
             if now > closes:

@@ -476,6 +476,12 @@ class ChainClient:
         """Latest block timestamp (deadlines are compared with block time, not the wall clock)."""
         return self.backend.latest_timestamp()
 
+    def pending_time(self) -> int:
+        """The pending block's timestamp: the time a transaction sent now executes at. What a party deciding
+        whether to send one (a window closed, a deadline passed) must compare with: on a chain that mines
+        only on transactions the latest block stops when nobody sends any."""
+        return int(self.w3.eth.get_block("pending")["timestamp"])
+
     def advance_time(self, seconds: int) -> int:
         """Dev chains only: move block time forward."""
         return self.backend.advance_time(seconds)
