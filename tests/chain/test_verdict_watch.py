@@ -93,11 +93,7 @@ def test_an_appeal_no_panel_decides_lapses_and_the_bond_returns(world: Any, tmp_
     appellant's bond returns and nobody can be slashed for the unit (the outvoted verifier included)."""
     client = world.client
     honest = world.verifiers[0]
-    unit_id = _colluded_unit(world)
-    watch = VerdictWatch(client, honest, tmp_path / "watch.json")
-    watch.signed(unit_id, TRUTH)
-    _settle_colluded(world, unit_id)
-    assert watch.tick() == [unit_id]
+    unit_id, watch = _appeal_filed(world, tmp_path)
     assert client.stake_of(honest).locked == client.deployment.appeal_params.appeal_bond
     watch.tick()  # PanelUndrawable: tried again a minute of chain time later, not on every tick
     assert unit_id in watch.units and watch._retry_at[unit_id] > client.now()
@@ -117,12 +113,7 @@ def test_an_appeal_lapses_at_its_deadline_though_no_block_was_mined_since(world:
     if not isinstance(world.backend, RpcBackend):
         pytest.skip("the in-process EVM's clock moves only with a mined block")
     client = world.client
-    honest = world.verifiers[0]
-    unit_id = _colluded_unit(world)
-    watch = VerdictWatch(client, honest, tmp_path / "watch.json")
-    watch.signed(unit_id, TRUTH)
-    _settle_colluded(world, unit_id)
-    assert watch.tick() == [unit_id]
+    unit_id, watch = _appeal_filed(world, tmp_path)
     world.backend._dev_call("evm_increaseTime", [client.get_appeal(unit_id).vote_deadline - client.now() + 1])
     watch.tick()  # no block since the appeal: only the pending block knows the deadline passed
     assert client.get_appeal(unit_id).state == AppealState.LAPSED and watch.units == {}
@@ -188,13 +179,19 @@ class Judge:
         return self.found
 
 
-def _appealed(world: Any, tmp_path: Path) -> tuple[int, VerdictWatch]:
-    """A colluded unit, settled; the outvoted honest verifier has appealed and drawn the panel."""
+def _appeal_filed(world: Any, tmp_path: Path) -> tuple[int, VerdictWatch]:
+    """A colluded unit, settled; the outvoted honest verifier's watch has appealed."""
     unit_id = _colluded_unit(world)
     watch = VerdictWatch(world.client, world.verifiers[0], tmp_path / "watch.json")
     watch.signed(unit_id, TRUTH)
     _settle_colluded(world, unit_id)
     assert watch.tick() == [unit_id]
+    return unit_id, watch
+
+
+def _appealed(world: Any, tmp_path: Path) -> tuple[int, VerdictWatch]:
+    """`_appeal_filed`, and the watch has drawn the panel."""
+    unit_id, watch = _appeal_filed(world, tmp_path)
     watch.tick()  # draws the panel
     assert len(world.client.get_appeal(unit_id).panel) == 3
     return unit_id, watch

@@ -71,7 +71,7 @@ class VerdictWatch:
             if self._retry_at.get(unit_id, 0) > now:
                 continue
             try:
-                done = self._step(unit_id, appealed)
+                done = self._step(unit_id, now, appealed)
             except ContractReverted as err:
                 if err.name in RETRY_LATER:
                     self._retry_at[unit_id] = now + RETRY_AFTER_S
@@ -87,8 +87,9 @@ class VerdictWatch:
         self._save()
         return appealed
 
-    def _step(self, unit_id: int, appealed: list[int]) -> bool:
-        """Move one unit's appeal on by one action; True when nothing is left to do for it."""
+    def _step(self, unit_id: int, now: int, appealed: list[int]) -> bool:
+        """Move one unit's appeal on by one action (`now`: the tick's pending-block time); True when nothing
+        is left to do for it."""
         chain = self.chain
         unit = chain.get_unit(unit_id)
         if unit.state in (UnitState.COMMITTING, UnitState.REVEALING):
@@ -98,7 +99,6 @@ class VerdictWatch:
         if not self._contradicted(unit_id, unit.replicas):
             return True
         appeal = chain.get_appeal(unit_id)
-        now = chain.pending_time()
         if appeal.state == AppealState.NONE:
             closes = unit.verdict_deadline + chain.deployment.appeal_params.appeal_window
             if now > closes:
