@@ -66,6 +66,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="stake a replica loses when it commits but does not reveal in time (default: the slash amount)",
     )
     parser.add_argument(
+        "--probation-streak",
+        type=int,
+        default=None,
+        metavar="UNITS",
+        help="consecutive valid units a provider needs before its units may skip verification; until "
+        "then every unit it works is drawn for a verifier check (default 5; 0 turns probation off)",
+    )
+    parser.add_argument(
         "--admin-delay",
         type=int,
         default=ADMIN_DELAY_S,
@@ -150,6 +158,10 @@ def deploy(args: argparse.Namespace) -> dict[str, Any]:
                 f"--withhold-penalty must be within [0, {params.slash_amount}] (the slash amount)"
             )
         params = replace(params, withhold_penalty=args.withhold_penalty)
+    if args.probation_streak is not None:
+        if not 0 <= args.probation_streak <= 65_535:
+            raise ConfigError("--probation-streak must be within [0, 65535]")
+        params = replace(params, probation_streak=args.probation_streak)
     client = ChainClient.deploy(
         backend,
         deployer,

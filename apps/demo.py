@@ -103,6 +103,7 @@ class DemoConfig:
     adaptive_replication: bool = False  # `--replicas auto`: k = 1 for providers past trusted_streak
     trusted_streak: int = TRUSTED_STREAK
     solo_spot_check_ppm: int | None = None  # the chain's audit rate of one-replica units (None: default)
+    probation_streak: int | None = None  # valid units before a provider's units may skip verification
     # a funded canary account replays verified units at this rate (market/canary.py); None: no canaries
     canary_rate_ppm: int | None = None
     shards: int = 1  # M > 1: DiLoCo rounds of M shard units and one aggregate unit
@@ -311,6 +312,8 @@ class Marketplace:
         )
         if self.config.solo_spot_check_ppm is not None:
             params = replace(params, solo_spot_check_ppm=self.config.solo_spot_check_ppm)
+        if self.config.probation_streak is not None:
+            params = replace(params, probation_streak=self.config.probation_streak)
         from veritrain.chain.backends import RpcBackend
 
         self.chain = ChainClient.deploy(

@@ -29,7 +29,9 @@ import {StakeManager} from "./StakeManager.sol";
 /// as its seed block; reveals are refused until a later block, and the first reveal (or {finalize})
 /// fixes the draw `keccak256(blockhash(seedBlock), unitId) % 1e6 < spotCheckPpm` (soloSpotCheckPpm
 /// for single-replica units). So the draw is fixed before any reveal is visible and no revealer can
-/// time it. A replica that committed but did not reveal by the reveal deadline loses `withholdPenalty`
+/// time it. A unit with a provider on probation (fewer than `probationStreak` consecutive valid units,
+/// the streak a fault or fraud resets) is drawn at assignment: a ring of fresh keys holding every replica
+/// is always verified. A replica that committed but did not reveal by the reveal deadline loses `withholdPenalty`
 /// of stake when the unit settles by verdict or expiry, so withholding is no free option.
 ///
 /// @dev Time: every deadline is the last second at which its phase is open (inclusive), like an
@@ -164,6 +166,9 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
         uint32 soloSpotCheckPpm;
         /// @dev Stake lost by a replica that committed but did not reveal in time (<= slashAmount).
         uint256 withholdPenalty;
+        /// @dev Consecutive valid units a provider needs before its units may skip verification: a unit
+        /// with any provider below it is drawn at assignment (fresh sybil keys cannot pass unchecked).
+        uint16 probationStreak;
     }
 
     /// @notice An order (three storage slots).
@@ -287,6 +292,7 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
     uint32 private immutable _spotCheckPpm;
     uint32 private immutable _soloSpotCheckPpm;
     uint256 private immutable _withholdPenalty;
+    uint16 private immutable _probationStreak;
 
     uint256 private _orderCount;
     UnitCounter private _unitCounter;
@@ -493,6 +499,7 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
         _spotCheckPpm = params_.spotCheckPpm;
         _soloSpotCheckPpm = params_.soloSpotCheckPpm;
         _withholdPenalty = params_.withholdPenalty;
+        _probationStreak = params_.probationStreak;
         _grantRole(DEFAULT_ADMIN_ROLE, msg.sender);
         _grantRole(OPERATOR_ROLE, operator);
     }
@@ -569,7 +576,7 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
 
     /// @notice Assigns one unit of `orderId` to `providers` (one per replica, each accepting by signature,
     /// each locking `providerCollateral` of free stake) and `verifiers` (each locking `verifierCollateral`
-    /// of free stake until the unit settles or expires).
+    /// of free stake until the unit settles or expires). A provider on probation draws the unit.
     /// @param unitKey Off-chain identifier of the unit's work (round, shard); kept in the event only.
     /// @param accepts The providers' `Accept` signatures, in provider order.
     /// @return unitId The new unit's id.
@@ -585,14 +592,15 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
         uint8 page;
         (unitId, page) = _newUnit(replicas);
         uint256 partyIds;
+        bool probation;
         for (uint256 i; i < providers.length; ++i) {
             address provider = providers[i];
             for (uint256 j; j < i; ++j) {
                 if (providers[j] == provider) revert DuplicateParty(provider);
             }
-            if (trustedStreak != 0 && _accounts[provider].consecutiveValid < trustedStreak) {
-                revert ProviderNotTrusted(provider, trustedStreak);
-            }
+            uint32 streak = _accounts[provider].consecutiveValid;
+            if (streak < trustedStreak) revert ProviderNotTrusted(provider, trustedStreak);
+            probation = probation || streak < _probationStreak;
             _acceptProvider(orderId, unitKey, provider, accepts[i]);
             partyIds |= _partyIdOf(provider) << (i * PARTY_ID_BITS);
         }
@@ -609,11 +617,12 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
             verifierCount: uint8(verifiers.length),
             committedMask: 0,
             revealedMask: 0,
-            drawn: false,
+            drawn: probation,
             page: page,
             seedBlock: 0
         });
         emit UnitAssigned(unitId, orderId, unitKey, providers, verifiers, commitDeadline);
+        if (probation) emit VerificationRequested(unitId);
     }
 
     /// @notice Draws an open unit for a verifier spot check (an audit on top of the on-chain draw), so it
@@ -1033,7 +1042,8 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
             verifierCollateral: _verifierCollateral,
             spotCheckPpm: _spotCheckPpm,
             soloSpotCheckPpm: _soloSpotCheckPpm,
-            withholdPenalty: _withholdPenalty
+            withholdPenalty: _withholdPenalty,
+            probationStreak: _probationStreak
         });
     }
 

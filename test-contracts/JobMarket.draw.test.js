@@ -153,6 +153,64 @@ describe("JobMarket: on-chain spot-check draw", function () {
   });
 });
 
+describe("JobMarket: probation (newcomers are always verified)", function () {
+  const PROBATION = { ...PARAMS, probationStreak: 2 };
+
+  async function probationFixture() {
+    return h.fundedSystem(PROBATION);
+  }
+
+  /** A unanimous unit of `providers`, assigned, committed and revealed; returns it and its assign tx. */
+  async function unanimousUnit(sys, providers) {
+    const unit = await h.unitAt(sys, "committed", null, { units: 1, providers });
+    await network.provider.send("evm_mine", []);
+    await sys.market.revealBatch(unit.unitId, revealsOf(unit.unitId, providers, unit.digests));
+    return unit;
+  }
+
+  it("a ring of fresh keys holding every replica is drawn at assignment and settles only by verdict", async function () {
+    const sys = await loadFixture(probationFixture);
+    const ring = sys.providers.slice(0, 3);
+    const { orderId } = await h.postOrder(sys, { units: 1 });
+    const { unitId, tx } = await h.assignUnit(sys, orderId, { providers: ring });
+    await expect(tx).to.emit(sys.market, "VerificationRequested").withArgs(unitId);
+    expect((await sys.market.getUnit(unitId)).drawn).to.equal(true);
+    const digests = ring.map(() => h.digestOf("wrong but unanimous"));
+    await h.commitAll(sys, unitId, ring, digests);
+    await network.provider.send("evm_mine", []);
+    await expect(sys.market.revealBatch(unitId, revealsOf(unitId, ring, digests))).to.not.emit(sys.market, "UnitFinalized");
+    await expect(sys.market.finalize(unitId)).to.be.revertedWithCustomError(sys.market, "UnitUnderVerification");
+  });
+
+  it("past the streak a unit is not drawn; one provider still on probation draws it again", async function () {
+    const sys = await loadFixture(probationFixture);
+    const [a, b, c, newcomer] = sys.providers;
+    for (let i = 0; i < PROBATION.probationStreak; i++) {
+      const { unitId } = await unanimousUnit(sys, [a, b, c]);
+      await verdict(sys, unitId, [ACCEPT, ACCEPT, ACCEPT]);
+    }
+    const trusted = await unanimousUnit(sys, [a, b, c]);
+    await expect(trusted.tx).to.not.emit(sys.market, "VerificationRequested");
+    expect((await sys.market.getUnit(trusted.unitId)).state).to.equal(UNIT_STATE.Finalized);
+    const mixed = await unanimousUnit(sys, [a, b, newcomer]);
+    await expect(mixed.tx).to.emit(sys.market, "VerificationRequested").withArgs(mixed.unitId);
+    expect((await sys.market.getUnit(mixed.unitId)).state).to.equal(UNIT_STATE.Revealing);
+    expect((await sys.market.params()).probationStreak).to.equal(BigInt(PROBATION.probationStreak));
+  });
+
+  it("a fault puts a provider back on probation", async function () {
+    const sys = await loadFixture(probationFixture);
+    const [a, b, c] = sys.providers.slice(0, 3);
+    for (let i = 0; i < PROBATION.probationStreak; i++) {
+      const { unitId } = await unanimousUnit(sys, [a, b, c]);
+      await verdict(sys, unitId, [ACCEPT, ACCEPT, i === 1 ? FAULT : ACCEPT]);
+    }
+    expect((await sys.market.reputationOf(c.address)).consecutiveValid).to.equal(0n);
+    const { tx, unitId } = await unanimousUnit(sys, [a, b, c]);
+    await expect(tx).to.emit(sys.market, "VerificationRequested").withArgs(unitId);
+  });
+});
+
 describe("JobMarket: withholding a reveal", function () {
   it("3 replicas, one withholds: the verdict pays the two honest ones and slashes the withholder", async function () {
     const sys = await loadFixture(h.systemFixture);

@@ -205,8 +205,9 @@ describe("Gas of a settled 3-replica unit (fast path, 2 verifiers assigned)", fu
     // Measured 399,312 before verifiers locked collateral (Nov 2026, viaIR, 10,000 runs); 430,580 after (still 10,000 runs):
     // assign locks the verifiers (+12k), settlement releases them (+18k), Accept nonces are a bitmap; the
     // on-chain spot-check draw (seed block at the last commit, blockhash draw at the first reveal) adds
-    // about 1k. The bound keeps little headroom over the measured figure, not more.
-    expect(perUnit).to.be.at.most(436_000n);
+    // about 1k; probation reads each provider's streak at assignment (3 cold slots, +5.7k: 439,694 at runs 500).
+    // The bound keeps little headroom over the measured figure, not more.
+    expect(perUnit).to.be.at.most(442_000n);
   });
 
   it("pipelined path: one operator multicall per tick (reveal+finalize k, commit k+1, assign k+2)", async function () {

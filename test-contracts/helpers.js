@@ -17,6 +17,7 @@ const PARAMS = {
   spotCheckPpm: 0, // no random draws in the fixture: tests that need one set a rate
   soloSpotCheckPpm: 0,
   withholdPenalty: 20n * E18,
+  probationStreak: 0, // no unit drawn for a newcomer: tests of probation set a streak
 };
 const UNBONDING = 7n * 24n * 3600n;
 const PRICE = 5n * E18;

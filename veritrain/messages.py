@@ -33,6 +33,7 @@ UINT64_MAX = 2**64 - 1
 UINT256_MAX = 2**256 - 1
 CHECKPOINTS_PER_UNIT = 4  # PoL segments per unit when the order names no checkpoint interval
 TRUSTED_STREAK = 20  # default consecutive valid units before an adaptive order gives a provider k = 1
+PROBATION_STREAK = 5  # consecutive valid units before a provider's units may skip verification (JobMarket)
 MAX_SHARDS = 1024  # shards per round an order may ask for
 
 

@@ -30,6 +30,7 @@ TEST_PARAMS = MarketParams(
     verifier_collateral=10 * TOKEN,
     spot_check_ppm=0,  # no random spot checks: a test that wants one draws it (requestVerification)
     solo_spot_check_ppm=0,
+    probation_streak=0,  # fresh providers' units are not drawn either (probation: JobMarket.draw.test.js)
 )
 UNBONDING_PERIOD = 4000
 # commit + reveal + verdict + appeal + vote windows must stay below the unbonding period (VerdictAppeals

@@ -77,6 +77,9 @@ class MarketParams:
     spot_check_ppm: int = 0
     solo_spot_check_ppm: int = 0
     withhold_penalty: int = 400
+    # off: every provider starts new, and the scenarios need the fast path; probation is tested in
+    # JobMarket.draw.test.js
+    probation_streak: int = 0
 
 
 @dataclass(frozen=True)
@@ -333,6 +336,7 @@ class Chain:
             p.spot_check_ppm,
             p.solo_spot_check_ppm,
             p.withhold_penalty,
+            p.probation_streak,
         )
         market = self._deploy_one(
             artifacts["JobMarket"], [token.address, stakes.address, operator, market_params]

@@ -351,6 +351,7 @@ def test_a_canary_catches_a_trusted_provider_that_cheats_once_it_works_alone(tmp
         adaptive_replication=True,
         trusted_streak=1,
         solo_spot_check_ppm=0,
+        probation_streak=1,  # past it after round 0: only the canary's known answer can catch the cheat
         canary_rate_ppm=1_000_000,
     )
     deadline = time.monotonic() + config.timeout_s

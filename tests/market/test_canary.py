@@ -91,7 +91,7 @@ def test_a_reveal_differs_from_the_known_answer_whatever_its_case() -> None:
 def canary_market(tmp_path: Path) -> Iterator[tuple[ChainMarket, LocalAccount]]:
     """3 staked providers, 2 verifiers, no spot check drawn by the chain (only a canary can audit a solo
     unit), and a funded canary account replaying every verified unit."""
-    params = MarketParams(min_verifiers=1, spot_check_ppm=0, solo_spot_check_ppm=0)
+    params = MarketParams(min_verifiers=1, spot_check_ppm=0, solo_spot_check_ppm=0, probation_streak=0)
     with InProcessBackend() as backend:
         accounts = list(backend.dev_accounts(8))
         client = ChainClient.deploy(backend, accounts[0], params=params)

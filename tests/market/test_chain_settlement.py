@@ -39,7 +39,9 @@ def market(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ChainMark
     4 staked providers and 2 staked verifiers."""
     rate = int(request.param)
     with chain_market(
-        tmp_path, MarketParams(min_verifiers=1, spot_check_ppm=rate, solo_spot_check_ppm=rate), 4
+        tmp_path,
+        MarketParams(min_verifiers=1, spot_check_ppm=rate, solo_spot_check_ppm=rate, probation_streak=0),
+        4,
     ) as m:
         yield m
 
@@ -290,7 +292,9 @@ def test_a_batch_sent_again_or_refused_for_one_replica_moves_nothing_twice(marke
 def adaptive_market(tmp_path: Path) -> Iterator[ChainMarket]:
     """3 staked providers and 2 verifiers, where the chain draws every unit of one replica for a spot
     check and no unit of more."""
-    params = MarketParams(min_verifiers=1, spot_check_ppm=0, solo_spot_check_ppm=1_000_000)
+    params = MarketParams(
+        min_verifiers=1, spot_check_ppm=0, solo_spot_check_ppm=1_000_000, probation_streak=0
+    )
     with chain_market(tmp_path, params, 3) as market:
         yield market
 

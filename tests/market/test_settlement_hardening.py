@@ -29,7 +29,7 @@ from veritrain.errors import UnboundResult
 pytestmark = [pytest.mark.chain, pytest.mark.postgres]
 
 # Chain spot checks off: these tests settle unanimous units on the fast path.
-NO_SPOT_CHECKS = MarketParams(spot_check_ppm=0, solo_spot_check_ppm=0)
+NO_SPOT_CHECKS = MarketParams(spot_check_ppm=0, solo_spot_check_ppm=0, probation_streak=0)
 
 
 @pytest.fixture

@@ -61,6 +61,7 @@ PARAMS = MarketParams(
     withhold_penalty=COLLATERAL // 4,
     spot_check_ppm=0,  # deterministic fast paths; a test draws a unit with requestVerification
     solo_spot_check_ppm=0,
+    probation_streak=0,
 )
 EXPECTED_TERMS = MarketTerms(
     600, 600, 1200, min_verifiers=1, provider_collateral=COLLATERAL, verifier_collateral=TOKEN

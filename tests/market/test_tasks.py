@@ -216,6 +216,7 @@ REAL_PARAMS = MarketParams(
     withhold_penalty=TOKEN // 2,
     spot_check_ppm=0,  # the fast path, deterministically
     solo_spot_check_ppm=0,
+    probation_streak=0,
 )
 
 

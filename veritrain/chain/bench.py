@@ -370,8 +370,11 @@ def measure(backend: Backend) -> dict[str, Any]:
     accounts = backend.dev_accounts(2 + REPLICAS + VERIFIERS)
     deployer, buyer = accounts[0], accounts[1]
     # No unit may be drawn for a spot check: the bench measures the fast path. The contract computes the
-    # draw whatever the rate, so the figures are those of an undrawn unit at any rate.
-    params = MarketParams(min_verifiers=VERIFIERS, spot_check_ppm=0, solo_spot_check_ppm=0)
+    # draw whatever the rate, so the figures are those of an undrawn unit at any rate; probation off
+    # stands for providers past it (assign reads each provider's streak either way).
+    params = MarketParams(
+        min_verifiers=VERIFIERS, spot_check_ppm=0, solo_spot_check_ppm=0, probation_streak=0
+    )
     client = ChainClient.deploy(backend, deployer, params=params)
     deploy_detail = {
         name: receipt.gas_used

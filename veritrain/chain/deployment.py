@@ -15,6 +15,7 @@ from typing import Any
 from eth_utils import is_address, to_checksum_address
 
 from veritrain.chain.errors import DeploymentError
+from veritrain.messages import PROBATION_STREAK
 
 DEPLOYMENTS_FORMAT = 1
 
@@ -37,6 +38,9 @@ class MarketParams:
     solo_spot_check_ppm: int = 200_000  # single-replica units: nothing else can contradict them
     # = slash_amount: withholding a reveal is never cheaper than being caught with a wrong result
     withhold_penalty: int = 50 * 10**18
+    # a unit with a provider below this many consecutive valid units is drawn at assignment: a ring of
+    # fresh keys is always verified; past it, the spot check and the slash decide (docs/VERIFICATION.md)
+    probation_streak: int = PROBATION_STREAK
 
     def as_tuple(self) -> tuple[int, ...]:
         """The Solidity `Params` struct, field by field in declaration order."""

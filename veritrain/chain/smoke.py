@@ -39,8 +39,9 @@ def smoke(backend: Any, *, deployments: Path | None = None, out: Any = print) ->
     accounts = backend.dev_accounts(7)
     deployer, buyer = accounts[0], accounts[1]
     providers, verifiers = list(accounts[2:5]), list(accounts[5:7])
-    # spot checks off: the smoke settles its unanimous unit on the fast path, never by a random draw
-    params = MarketParams(spot_check_ppm=0, solo_spot_check_ppm=0)
+    # spot checks and probation off: the smoke settles its unanimous unit of fresh providers on the fast
+    # path, never by a draw
+    params = MarketParams(spot_check_ppm=0, solo_spot_check_ppm=0, probation_streak=0)
     client = ChainClient.deploy(backend, deployer, params=params, save_to=deployments)
     out(
         f"deployed: token {client.deployment.token}, stakes {client.deployment.stake_manager}, "
