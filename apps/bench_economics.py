@@ -2,9 +2,10 @@
 
 A Monte-Carlo simulation over the market's REAL policy code — ``replication.replication_factor`` picks k
 from the unit's first drawn provider's ``Reputation``, ``replication.audit_rate_ppm`` and
-``spot_check_drawn`` draw the audit — with reputations updated as ``JobMarket._applyOutcomes`` does them
-(accept: valid + 1, consecutive_valid + 1; fault: fault + 1, consecutive_valid = 0; fraud: fraud + 1,
-consecutive_valid = 0 and ``slash_amount`` slashed; a committed replica that never reveals also loses
+``spot_check_drawn`` draw the audit (always for a unit with a provider ``on_probation``, as the contract)
+— with reputations updated as ``JobMarket._applyOutcomes`` does them (accept: valid + 1, consecutive_valid
++ 1; fault: fault + 1, consecutive_valid = 0; fraud: fraud + 1, consecutive_valid = 0 and ``slash_amount``
+slashed; a committed replica that never reveals also loses
 ``withhold_penalty``). Replicas are drawn by stake without replacement, as ``selection.sample`` does.
 
 Inputs, each named with its source in the output's ``inputs``:
@@ -63,6 +64,7 @@ from market.domain.replication import (
     ReplicationPolicy,
     Reputation,
     audit_rate_ppm,
+    on_probation,
     replication_factor,
     spot_check_drawn,
 )
@@ -211,7 +213,9 @@ class Simulation:
         t.units_by_k[k] = t.units_by_k.get(k, 0) + 1
         canary = self.rng.randrange(PPM) < net.canary_ppm
         randomness = self.rng.getrandbits(256).to_bytes(32, "big").hex()
-        audited = spot_check_drawn(randomness, unit.to_bytes(8, "big").hex(), audit_rate_ppm(k, net.policy))
+        audited = any(on_probation(key.reputation, net.policy) for key in replicas) or spot_check_drawn(
+            randomness, unit.to_bytes(8, "big").hex(), audit_rate_ppm(k, net.policy)
+        )
         strategy = net.strategy
         theirs = [key for key in replicas if key.adversarial]
         if strategy == COPY:

@@ -4,8 +4,8 @@ A provider with a long streak of valid units and no fraud earns k = 1 with a rai
 else gets the order's most replicas (3 for a buyer's `auto`): the JobMarket assigns fewer than an adaptive
 order's most only when every provider has the order's streak of consecutive valid units, and a fault or
 fraud resets a streak to 0. On the marketplace the JobMarket contract draws spot checks itself (its
-`spotCheckPpm` / `soloSpotCheckPpm`, from the last commit's block hash); `audit_rate_ppm` and
-`spot_check_drawn` are the same rule for the network simulator."""
+`spotCheckPpm` / `soloSpotCheckPpm`, from the last commit's block hash, and every unit with a provider on
+probation); `audit_rate_ppm`, `on_probation` and `spot_check_drawn` are the same rules for the simulators."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from eth_utils import keccak
 
-from veritrain.messages import TRUSTED_STREAK
+from veritrain.messages import PROBATION_STREAK, TRUSTED_STREAK
 
 PPM = 1_000_000
 
@@ -33,6 +33,7 @@ class ReplicationPolicy:
     trusted_streak: int = TRUSTED_STREAK  # consecutive valid units for k = 1 (an order states its own)
     base_audit_ppm: int = 50_000  # 5 % of units with k > 1 go to a verifier anyway
     trusted_audit_ppm: int = 200_000  # 20 % of k = 1 units are audited
+    probation_streak: int = PROBATION_STREAK  # below it every unit of the provider is audited
 
 
 DEFAULT_POLICY = ReplicationPolicy()
@@ -53,6 +54,12 @@ def replication_factor(reputation: Reputation, max_k: int, policy: ReplicationPo
 def audit_rate_ppm(k: int, policy: ReplicationPolicy = DEFAULT_POLICY) -> int:
     """Spot-check probability in parts per million; single-replica units are audited more often."""
     return policy.trusted_audit_ppm if k == 1 else policy.base_audit_ppm
+
+
+def on_probation(reputation: Reputation, policy: ReplicationPolicy = DEFAULT_POLICY) -> bool:
+    """Too short a streak for its units to skip verification: the contract draws every unit it works
+    (a ring of fresh keys is always checked; a fault or fraud starts probation again)."""
+    return reputation.consecutive_valid < policy.probation_streak
 
 
 def spot_check_drawn(randomness: str, unit_key: str, rate_ppm: int) -> bool:

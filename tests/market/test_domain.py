@@ -17,7 +17,13 @@ from market.domain.matching import (
     match_unit,
 )
 from market.domain.pricing import FLOPS_PER_PFLOP, escrow_plan, price_for_flops, training_flops
-from market.domain.replication import ReplicationPolicy, Reputation, replication_factor, spot_check_drawn
+from market.domain.replication import (
+    ReplicationPolicy,
+    Reputation,
+    on_probation,
+    replication_factor,
+    spot_check_drawn,
+)
 from market.domain.rounds import (
     AcceptedReplica,
     RoundDecision,
@@ -252,6 +258,16 @@ def test_replication_factor_policy() -> None:
     assert replication_factor(Reputation(valid=30, fault=1, consecutive_valid=0), 4) == 4  # a fault resets
     strict = ReplicationPolicy(trusted_streak=50)  # an order's own streak
     assert replication_factor(Reputation(valid=25, consecutive_valid=25), 3, strict) == 3
+
+
+def test_probation_is_the_contracts_rule() -> None:
+    """JobMarket draws a unit with a provider below probationStreak consecutive valid units (the streak a
+    fault or fraud resets), whatever its record before: the simulators use the same rule."""
+    assert on_probation(Reputation())
+    assert on_probation(Reputation(valid=4, consecutive_valid=4))
+    assert not on_probation(Reputation(valid=5, consecutive_valid=5))
+    assert on_probation(Reputation(valid=300, fault=1, consecutive_valid=0))
+    assert not on_probation(Reputation(), ReplicationPolicy(probation_streak=0))
 
 
 def test_spot_check_draw_is_deterministic_and_near_its_rate() -> None:
