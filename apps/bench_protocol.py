@@ -5,11 +5,12 @@ from token balances, market credits and stake on chain, never asserted.
 The stack: a real :class:`market.service.MarketService` on a fresh SQLite store per trial, over the
 compiled JobMarket/StakeManager/VeriToken bytecode on a `hardhat node` this command starts and stops
 (``--in-process``: the in-process EVM, py-evm, as fast here and without Node), deployed once with the
-deployment's default parameters (``MarketParams()``: 5 % spot checks, 50 VERI slash and withhold
-penalty, 10 VERI verifier collateral); each trial starts from an EVM snapshot. The market's worker is
-:meth:`ChainMarket.tick` (heartbeats, sweep, outbox, event sync). Verifiers are
-scripted: an honest one signs the true outcomes (the verifier core's own detection rate is `veritrain
-bench verification`'s figure), a lazy or colluding one signs what the attack needs.
+deployment's default parameters (``MarketParams()``: 5 % spot checks, probation for a provider's first 5
+valid units, 50 VERI slash and withhold penalty, 10 VERI verifier collateral); each trial starts from an
+EVM snapshot (every provider new again). The market's worker is :meth:`ChainMarket.tick` (heartbeats,
+sweep, outbox, event sync). Verifiers are scripted: an honest one signs the true outcomes (the verifier
+core's own detection rate is `veritrain bench verification`'s figure), a lazy or colluding one signs what
+the attack needs.
 
 Accounting, per trial, over every party's tokens + market credit + bonded and unbonding stake (the
 buyer closes its orders at the end, so unspent escrow is back in its credit); gas is ETH and is reported
@@ -291,8 +292,10 @@ def reveal_withholding(trial: Trial) -> None:
 
 
 def sybil_ring(trial: Trial) -> None:
-    """One party runs all 3 replicas of the unit (operators are self-declared: finding 3) and reveals one
-    wrong result; only the chain's spot-check draw (5 %) sends it to verifiers. Detected: slashed (once the
+    """One party runs all 3 replicas of the unit with fresh keys (operators are self-declared: finding 3)
+    and reveals one wrong result. Its keys are on probation, so the chain drew the unit at assignment and
+    verifiers decide it. (A ring whose every key first worked its probation honestly is drawn at the 5 %
+    spot-check rate only: `veritrain bench economics` prices that career.) Detected: slashed (once the
     fraud verdict stood unappealed)."""
     unit, chosen = start(trial)
     wrong = trial.wrong_result()
@@ -309,7 +312,8 @@ def sybil_ring(trial: Trial) -> None:
 def spot_check_timing(trial: Trial) -> None:
     """The ring of `sybil_ring`, whose last committer tries to reveal in the seed block itself (commit and
     reveal in one multicall: refused, RevealTooEarly), then simulates its reveal once the draw is fixed
-    and withholds every replica when drawn. Detected: it lost stake."""
+    and withholds every replica when drawn (always, for fresh keys on probation). Detected: it lost
+    stake."""
     market = trial.market
     unit, chosen = start(trial)
     wrong = trial.wrong_result()
@@ -721,6 +725,7 @@ def run_benchmark(
         + " running the compiled contracts, default MarketParams and AppealParams",
         "params": {
             "spot_check_ppm": params.spot_check_ppm,
+            "probation_streak": params.probation_streak,
             "slash_amount": params.slash_amount,
             "withhold_penalty": params.withhold_penalty,
             "verifier_collateral": params.verifier_collateral,

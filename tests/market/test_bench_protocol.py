@@ -3,12 +3,12 @@ bench measured.
 
 Attacks the protocol defends must show a loss for the cheater, no honest loss, and detection in every
 trial; a colluding verifier majority (finding 4) is one of them since verdicts can be appealed to a
-referee panel. The open finding (finding 3: a sybil ring on one unit passes when the chain does not draw
-it) is checked for what it is: every trial either caught or profitable, so a fix shows up here as a change
-of figures, not as silence. The framing of an honest replica by a colluding verifier majority is defended:
-a verdict's fraud is held until the unit's truth is fixed, so the appeal's overturn pays the framed replica,
-and the colluders lose their verifier slash with no bounty to show for it; when every verifier is in the
-ring, the framed provider's own watch appeals.
+referee panel. A sybil ring of fresh keys on one unit (finding 3) is one too: a unit with a provider on
+probation is drawn at assignment (a ring of keys past probation is drawn at the spot-check rate only:
+`bench economics` prices that career). The framing of an honest replica by a colluding verifier majority
+is defended: a verdict's fraud is held until the unit's truth is fixed, so the appeal's overturn pays the
+framed replica, and the colluders lose their verifier slash with no bounty to show for it; when every
+verifier is in the ring, the framed provider's own watch appeals.
 """
 
 from __future__ import annotations
@@ -30,10 +30,11 @@ DEFENDED = [
     "colluding_verifier_majority",
     "verifier_majority_framing",
     "unanimous_verifier_framing",
+    "sybil_ring",
+    "spot_check_timing",
 ]
 GRIEFING = ["buyer_expire_griefing", "event_sync_staller"]  # no token upside: gain 0, the cost is gas
 FLOOD = ["blob_flood"]  # throwaway keys: nothing at stake, nothing gained
-OPEN = ["sybil_ring", "spot_check_timing"]
 KEYS = {"trials", "cheater_net_gain", "honest_loss", "detected", "worst_trial_gain", "profitable_trials"}
 
 
@@ -47,7 +48,7 @@ def figures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 def test_schema(figures: dict[str, Any]) -> None:
     attacks = figures["attacks"]
-    assert set(attacks) == {*DEFENDED, *GRIEFING, *FLOOD, *OPEN}
+    assert set(attacks) == {*DEFENDED, *GRIEFING, *FLOOD}
     for name, row in attacks.items():
         assert set(row) >= KEYS, name
         assert all(isinstance(row[key], int) for key in KEYS), name
@@ -78,10 +79,6 @@ def test_a_blob_flood_is_refused_and_verifiers_are_served(figures: dict[str, Any
     assert row["detected"] == row["trials"]
 
 
-@pytest.mark.parametrize("name", OPEN)
-def test_open_findings_are_reported_as_measured(figures: dict[str, Any], name: str) -> None:
-    row = figures["attacks"][name]
-    assert row["detected"] + row["profitable_trials"] == row["trials"]
-    assert (row["honest_loss"] > 0) == (row["profitable_trials"] > 0)
-    if name == "spot_check_timing":  # a reveal in the seed block is always refused (RevealTooEarly)
-        assert row["refused_transactions"] == row["trials"]
+def test_a_reveal_in_the_seed_block_is_always_refused(figures: dict[str, Any]) -> None:
+    row = figures["attacks"]["spot_check_timing"]
+    assert row["refused_transactions"] == row["trials"]  # RevealTooEarly: the draw cannot be timed
