@@ -416,6 +416,10 @@ class Model:
             self.stake_of(verifier).locked += self.params.verifier_collateral
         unit_id = len(self.units) + 1
         commit_deadline = now + self.params.commit_window
+        # probation: a provider below the streak (reset by any fault or fraud) draws the unit at once
+        probation = any(
+            self.reputation.get(p, Reputation()).consecutive < self.params.probation_streak for p in providers
+        )
         self.units[unit_id] = Unit(
             unit_id,
             order_id,
@@ -423,6 +427,7 @@ class Model:
             list(verifiers),
             commit_deadline,
             commit_deadline + self.params.reveal_window,
+            drawn=probation,
         )
         return None
 

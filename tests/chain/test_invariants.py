@@ -25,7 +25,12 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.stateful import get_state_machine_test
 
-from tests.chain.invariants_harness import compile_variant, compile_variants, load_package_artifacts
+from tests.chain.invariants_harness import (
+    MarketParams,
+    compile_variant,
+    compile_variants,
+    load_package_artifacts,
+)
 from tests.chain.invariants_machine import INVARIANTS, InvariantViolation, build_chain, machine_for
 from tests.chain.invariants_scenarios import SCENARIOS, run_scenario
 
@@ -53,17 +58,19 @@ def _mutants() -> list[dict[str, Any]]:
     return mutants
 
 
-def test_market_invariants_hold() -> None:
-    """Random histories on the shipped bytecode: no invariant trips, and most calls of each kind succeed."""
-    chain = build_chain(load_package_artifacts(), _layouts(compile_variant(None)))
+def _random_histories(params: MarketParams, examples: int) -> Any:
+    """Hypothesis runs `examples` random histories of STEPS calls on the shipped bytecode deployed with
+    `params`, every call checked against the model and every invariant after each; returns the machine
+    class with its call counts."""
+    chain = build_chain(load_package_artifacts(), _layouts(compile_variant(None)), params)
     machine = machine_for(chain)
     run_seed = _seed()
-    print(f"\ninvariant run: seed {run_seed} (replay: VERITRAIN_INVARIANT_SEED={run_seed})")
-    print(f"{EXAMPLES} examples x {STEPS} steps")
+    print(f"\ninvariant run: seed {run_seed} (replay: VERITRAIN_INVARIANT_SEED={run_seed}), {params}")
+    print(f"{examples} examples x {STEPS} steps")
     test = get_state_machine_test(
         machine,
         settings=settings(
-            max_examples=EXAMPLES,
+            max_examples=examples,
             stateful_step_count=STEPS,
             deadline=None,
             database=None,
@@ -83,6 +90,13 @@ def test_market_invariants_hold() -> None:
         print(f"  {fn:24s} succeeded {ok:5d}  reverted as the model predicted {bad:5d}")
     for name, count in sorted(machine.error_stats.items()):
         print(f"    {name:50s} {count:5d}")
+    return machine
+
+
+def test_market_invariants_hold() -> None:
+    """Random histories on the shipped bytecode: no invariant trips, and most calls of each kind succeed.
+    Probation off: fresh providers reach the fast path (the next test turns it on)."""
+    machine = _random_histories(MarketParams(), EXAMPLES)
     # Vacuous-pass guard (foundry #1572): every action must have succeeded, and settled units,
     # verdicts, slashes and held fraud settled by a standing and by an overturned verdict (a framed
     # provider paid) must have happened, or the invariants were checked on an idle market.
@@ -119,6 +133,15 @@ def test_market_invariants_hold() -> None:
     )
     idle = [fn for fn in required if machine.call_stats.get(fn, [0, 0])[0] == 0]
     assert not idle, f"these actions never succeeded, so the run proves little about them: {idle}"
+
+
+def test_probation_in_random_histories() -> None:
+    """Probation on (1 valid unit): a unit with a provider that has no valid unit since its last fault or
+    fraud is drawn at assignment. The model predicts every unit's drawn bit and every finalize it refuses
+    (`UnitUnderVerification`); the invariants hold. Fewer examples: the rest is the test above."""
+    machine = _random_histories(MarketParams(probation_streak=1), max(EXAMPLES // 4, 5))
+    assert machine.call_stats["assign"][0] > 0 and machine.call_stats["submitVerdict"][0] > 0
+    assert machine.error_stats.get("finalize: UnitUnderVerification", 0) > 0
 
 
 def test_every_invariant_has_a_mutant() -> None:
