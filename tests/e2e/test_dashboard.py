@@ -1,10 +1,11 @@
 """The dashboard in a real browser during a running order, and every /metrics endpoint scraped around it.
 
 One short order on the whole stack as processes (hardhat node, market API, Celery worker, three providers
-of which one cheats, one verifier): k = 2 over 2 rounds of charlm-tiny, so the cheat's unit goes to the
-verifier. The page must show the loss curve gaining points while the order runs, and a unit's verdicts
-when it is opened; a screenshot is kept as an artifact. The market, the worker and each agent must answer
-/metrics with their families, and the counters must have moved by the end.
+of which one cheats, one verifier): k = 2 over 2 rounds of charlm-tiny; every unit goes to the verifier
+(new providers are on probation). The page must show the loss curve gaining points while the order runs,
+and the verdicts of the cheat's unit when it is opened; a screenshot is kept as an artifact. The market,
+the worker and each agent must answer /metrics with their families, and the counters must have moved by
+the end.
 """
 
 from __future__ import annotations
@@ -78,14 +79,17 @@ def test_dashboard_shows_a_running_order_and_every_endpoint_exports_metrics(tmp_
         )
         assert more > first
 
-        def verified_unit() -> int | None:
+        def disputed_unit() -> int | None:
+            """A unit with a signed verdict that calls a replica fraud (every unit of these new providers
+            is verified: probation; the cheat, with 20x the stake, is in almost every unit)."""
             data = httpx.get(market.market_url + "/dashboard/data", timeout=10).json()
             for unit in data["units"].values():
-                if unit["verification"] and unit["verification"]["verdicts"]:
+                verification = unit["verification"]
+                if verification and any("fraud" in v["outcomes"] for v in verification["verdicts"]):
                     return int(unit["id"])
             return None
 
-        unit_id = wait_until(market, verified_unit, time.monotonic() + 240, "no unit got a signed verdict")
+        unit_id = wait_until(market, disputed_unit, time.monotonic() + 240, "no verdict called fraud")
         page.find_element(By.CSS_SELECTOR, f'button.unit[data-unit-id="{unit_id}"]').click()
         verdicts = wait_until(
             market,
