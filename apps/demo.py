@@ -781,10 +781,14 @@ def build_report(
         all(money.slashed.get(a, 0) > 0 for a in dishonest),
         f"slashed: { {names[a]: v for a, v in money.slashed.items()} }",
     )
+    # replicas are drawn by stake, so an honest provider may get no unit (about 1 run in 30 of the
+    # default demo): it is owed nothing; every honest provider that worked a unit must have been paid
+    worked = [a for a in honest if any(a in u.providers for u in units)]
     checks.check(
         "honest_paid",
-        all(money.payouts.get(a, 0) > 0 for a in honest),
-        f"paid: { {names[a]: v for a, v in money.payouts.items()} }",
+        bool(worked) and all(money.payouts.get(a, 0) > 0 for a in worked),
+        f"paid: { {names[a]: v for a, v in money.payouts.items()} }; "
+        f"never drawn: {[names[a] for a in honest if a not in worked]}",
     )
     checks.check("honest_never_slashed", not any(money.slashed.get(a, 0) for a in honest))
     verifier_cpu = {p.address: _describe_cpu(market.cpu_configuration(p)) for p in market.verifiers()}
