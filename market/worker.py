@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import logging
 import os
 import signal
@@ -23,16 +24,17 @@ DEAF_EXIT_CODE = 75  # EX_TEMPFAIL: a supervisor should start the worker again
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def die_with_the_worker(**_: object) -> None:
-    """In the embedded beat (a child process of the worker): have the kernel SIGTERM it when the worker
-    dies. Why: a worker killed outright (SIGKILL, the OOM killer) left its beat running for ever, sending
-    ticks beside the beat of the worker its supervisor starts again (the 200-run chaos bench found three
-    such orphans, one still ticking at a Redis gone for an hour)."""
+def die_with_the_worker(worker_pid: int, **_: object) -> None:
+    """In the embedded beat (a child process of the worker `worker_pid`): have the kernel SIGTERM it when
+    the worker dies. Why: a worker killed outright (SIGKILL, the OOM killer) left its beat running for
+    ever, sending ticks beside the beat of the worker its supervisor starts again (the 200-run chaos bench
+    found three such orphans, one still ticking at a Redis gone for an hour). The worker's pid comes from
+    the worker, not from getppid() here: a worker killed between forking the beat and this call would
+    already have left it to the reaper (found by CI: the beat outlived a worker killed that early)."""
     if not sys.platform.startswith("linux"):
         return
-    parent = os.getppid()
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != parent:  # the worker died before the request took effect
+    if os.getppid() != worker_pid:  # the worker died before the request took effect
         os.kill(os.getpid(), signal.SIGTERM)
 
 
@@ -175,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_beat:
         from celery.signals import beat_embedded_init
 
-        beat_embedded_init.connect(die_with_the_worker, weak=False)
+        beat_embedded_init.connect(functools.partial(die_with_the_worker, os.getpid()), weak=False)
         argv.append("--beat")
         argv.append(f"--schedule={load_settings().data_dir / 'celerybeat-schedule'}")
         DeafWorkerWatchdog(DEAF_AFTER_TICKS * settings.tick_s).start()  # only our own beat makes silence news
