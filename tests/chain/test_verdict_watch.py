@@ -18,6 +18,7 @@ from verifier.refereeing import RefereeDuty
 from veritrain.chain.appeal_watch import VerdictWatch
 from veritrain.chain.backends import RpcBackend
 from veritrain.chain.client import AppealState, Outcome
+from veritrain.chain.eip712 import outcomes_hash
 
 pytestmark = pytest.mark.chain
 
@@ -165,6 +166,42 @@ def test_a_provider_framed_by_every_verifier_appeals_itself_and_is_paid(world: A
     price = client.get_order(client.get_unit(unit_id).order_id).price_per_replica
     assert client.credits(framed) == credits + price
     assert watch.units == {}
+
+
+def test_a_planted_cheat_appeals_the_verdict_that_accepted_it_and_the_panel_fixes_the_truth(
+    world: Any, tmp_path: Path
+) -> None:
+    """Replica 3 is the operator's planted cheat (a verifier canary): two verifiers accept it without
+    re-executing, so its own watch appeals; the panel's truth calls it fraud, the plant pays the slash the
+    operator budgets for, and every signer of the verdict is now slashable for contradicting that truth.
+    A plant whose verdict called it fraud has nothing to appeal."""
+    client = world.client
+    referees = _referees(world)
+    unit_id = _colluded_unit(world)
+    plant = world.providers[2]
+    watch = VerdictWatch(client, plant, tmp_path / "plant.json")
+    watch.planted(unit_id)
+    _settle_colluded(world, unit_id)
+    bonded = client.stake_of(plant).bonded
+    assert VerdictWatch(client, plant, tmp_path / "plant.json").tick() == [unit_id]  # after a restart too
+    assert client.get_appeal(unit_id).appellant == plant.address
+    watch = VerdictWatch(client, plant, tmp_path / "plant.json")
+    watch.tick()  # draws the panel
+    seated = {r.address: r for r in referees}
+    deadline = client.now() + 3600
+    for seat in client.get_appeal(unit_id).panel[:2]:
+        client.vote(unit_id, TRUTH, client.sign_referee_vote(seated[seat], unit_id, TRUTH, deadline))
+    watch.tick()  # resolves
+    assert client.get_appeal(unit_id).state == AppealState.OVERTURNED
+    assert client.stake_of(plant).bonded == bonded - client.params.slash_amount
+    assert client.truth_of(unit_id) == outcomes_hash(TRUTH) and watch.units == {}
+
+    caught = _colluded_unit(world)
+    watch.planted(caught)
+    client.submit_verdict(
+        caught, TRUTH, [client.sign_verdict(v, caught, TRUTH, deadline) for v in world.verifiers[:2]]
+    )
+    assert watch.tick() == [] and client.get_appeal(caught).state == AppealState.NONE and watch.units == {}
 
 
 class Judge:

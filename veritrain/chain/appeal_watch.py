@@ -33,9 +33,11 @@ RETRY_LATER = frozenset({"DrawTooEarly", "PanelUndrawable"})
 RETRY_AFTER_S = 60
 
 
-# A unit's claim: the outcomes a verifier signed, or OWN_REPLICA (a provider's: its replica is no fraud).
-Claim = list[int] | None
+# A unit's claim: the outcomes a verifier signed, OWN_REPLICA (a provider's: its replica is no fraud), or
+# PLANTED (a planted cheat's: its replica is no accept).
+Claim = list[int] | str | None
 OWN_REPLICA: Claim = None
+PLANTED: Claim = "planted"
 
 
 class VerdictWatch:
@@ -48,7 +50,7 @@ class VerdictWatch:
         self.path = path
         saved = json.loads(path.read_text()) if path.exists() else {}
         self.units: dict[int, Claim] = {
-            int(k): None if v is None else [int(o) for o in v] for k, v in saved.items()
+            int(k): v if v is None or isinstance(v, str) else [int(o) for o in v] for k, v in saved.items()
         }
         self._retry_at: dict[int, int] = {}  # chain time before which a unit's refused step waits
 
@@ -61,6 +63,12 @@ class VerdictWatch:
         """Remember that this provider revealed a result of `unit_id` it computed honestly: a verdict
         calling its replica fraud is appealed."""
         self.units[unit_id] = OWN_REPLICA
+        self._save()
+
+    def planted(self, unit_id: int) -> None:
+        """Remember that this party revealed a result of `unit_id` it forged on purpose (the operator's
+        verifier canary): a verdict that accepts its replica is appealed."""
+        self.units[unit_id] = PLANTED
         self._save()
 
     def tick(self) -> list[int]:
@@ -125,11 +133,12 @@ class VerdictWatch:
     def _contradicted(self, unit_id: int, replicas: int) -> bool:
         """Whether the verdict that settled `unit_id` contradicts our claim on it."""
         claim = self.units[unit_id]
-        if claim is not None:
+        if isinstance(claim, list):
             return self.chain.verdict_hash(unit_id) != outcomes_hash(claim)
         verdict = self.chain.unit_events("VerdictRecorded", unit_id)[0].args["outcomes"]
         ours = [i for i in range(replicas) if self.chain.replica(unit_id, i).provider == self.account.address]
-        return any(verdict[i] == Outcome.FRAUD for i in ours)
+        refuted = Outcome.ACCEPT if claim == PLANTED else Outcome.FRAUD
+        return any(verdict[i] == refuted for i in ours)
 
     def _save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
