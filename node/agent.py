@@ -18,6 +18,9 @@ Why it is built this way:
 - `--dishonest STRATEGY` turns it into a cheater from node/dishonest.py, for demos and tests only; it
   says so loudly in its log and registration name. With `--dishonest-after N` it works its first N units
   honestly and cheats from then on: a cheater that first earns the trust that lets it work units alone.
+- `--plant` (with `--dishonest`) is the operator's own planted cheat, a verifier canary: the market routes
+  only planted canary units to it (VERITRAIN_PLANT_AGENTS), it forges each one, and it appeals a verdict
+  that *accepts* a forged result, since only verifiers who did not re-execute can have signed that.
 """
 
 from __future__ import annotations
@@ -113,6 +116,7 @@ class AgentConfig(AgentCommonConfig):
     price_step_bps: int
     dishonest: str | None
     dishonest_after: int = 0  # units trained honestly before the strategy takes over
+    plant: bool = False  # the operator's planted cheat: appeal a verdict that accepts a forged result
     device: str = "cpu"
 
 
@@ -493,8 +497,11 @@ class ProviderAgent(AgentPlumbing):
         )
         record.revealed = True
         record.save(folder)
-        if not record.forged and assignment.chain_unit_id is not None:
-            self.watch.revealed(assignment.chain_unit_id)
+        if assignment.chain_unit_id is not None:
+            if not record.forged:
+                self.watch.revealed(assignment.chain_unit_id)
+            elif self.config.plant:
+                self.watch.planted(assignment.chain_unit_id)
         logger.info("revealed unit %d: %s", assignment.unit_id, record.result_digest)
 
 
@@ -546,9 +553,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="DEMO/TEST ONLY: with --dishonest, train the first N units honestly (to earn trust) first",
     )
+    parser.add_argument(
+        "--plant",
+        action="store_true",
+        help="OPERATOR: with --dishonest, be a planted cheat (a verifier canary): forge the units the market "
+        "routes here (list this address in its VERITRAIN_PLANT_AGENTS) and appeal a verdict that accepts one",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.plant and not args.dishonest:
+        raise AgentError("--plant needs --dishonest STRATEGY: a planted cheat forges every unit it works")
     common = resolve_common(args)
     setup_logging(common["name"])
     import torch
@@ -559,6 +574,7 @@ def run(args: argparse.Namespace) -> int:
         price_step_bps=args.price_step_bps,
         dishonest=args.dishonest,
         dishonest_after=args.dishonest_after,
+        plant=args.plant,
         device=args.device,
         **common,
     )

@@ -10,6 +10,11 @@ unit's truth; so it sends transactions of its own only to appeal such a verdict
 (veritrain.chain.appeal_watch) and, with `--referee`, to sit in the referee pool and vote on the appeal
 panels the chain seats it on (verifier.refereeing), re-executing each unit from the evidence the market
 serves.
+
+`--lazy` (demos and tests only) plays the verifier's dilemma the cheap way: it signs accept for every
+replica of a job whose replicas all revealed one digest, without fetching or re-executing anything, and
+checks only disputes. It is what planted cheats (verifier canaries, `veritrain node run --plant`) exist to
+catch: its accept on a planted unanimous forgery contradicts the unit's truth, and that signature slashes it.
 """
 
 from __future__ import annotations
@@ -72,6 +77,7 @@ REFEREE_POLL_S = 5.0  # a referee scans the chain for panel seats this often, no
 class VerifierConfig(AgentCommonConfig):
     tolerances: Path | None = None
     referee: bool = False
+    lazy: bool = False  # demos and tests only: accept a unanimous job without re-executing it
 
 
 OUTCOME_CODES = {"accept": 0, "fault": 1, "fraud": 2}  # JobMarket's per-replica outcome numbering
@@ -107,6 +113,12 @@ def audit_of(job: VerificationJobView) -> tuple[bool, VerifierPolicy | None]:
     return job.reason in ("spot_check", "appeal"), None
 
 
+def unanimous(job: VerificationJobView) -> bool:
+    """Whether every replica of the job revealed, and all the same digest (what a lazy verifier trusts)."""
+    digests = {replica.result_digest for replica in job.replicas}
+    return len(digests) == 1 and None not in digests
+
+
 def load_tolerances(recipe: str, path: Path | None = None) -> ToleranceTable:
     """A recipe's calibrated tolerance table: the committed one (verifier.calibrate) or an operator's."""
     from verifier.calibrate import load_tolerances as load_calibrated
@@ -122,6 +134,8 @@ class VerifierAgent(AgentPlumbing):
 
         super().__init__(config)
         self.config = config
+        if config.lazy:
+            logger.warning("*** LAZY MODE: this verifier accepts unanimous units without re-executing ***")
         self.market = MarketClient(config.market_url, timeout=HTTP_TIMEOUT_S)
         self.done_dir = config.data_dir / "verdicts"
         self._failures: dict[int, int] = {}
@@ -246,6 +260,9 @@ class VerifierAgent(AgentPlumbing):
         """The outcome per replica and the reasons (JSON), from our own checks of the unit's evidence."""
         from veritrain.messages import UnitKind
 
+        if self.config.lazy and unanimous(job):
+            logger.warning("*** LAZY: job %d (unit %s) accepted unchecked ***", job.job_id, job.chain_unit_id)
+            return tuple(OUTCOME_CODES["accept"] for _ in job.replicas), json.dumps({"path": "lazy"})
         if job.kind == UnitKind.AGGREGATE:
             return self.decide_aggregate(job)
         return self.decide_training(job)
@@ -357,7 +374,8 @@ class VerifierAgent(AgentPlumbing):
             signature="0x" + signed.signature.hex(),
         )
         self.market.verdict(submission)
-        self.watch.signed(job.chain_unit_id, outcomes)
+        if not (self.config.lazy and unanimous(job)):  # a lazy accept vouches for nothing it checked
+            self.watch.signed(job.chain_unit_id, outcomes)
         self.mark_done(job.job_id, {"outcomes": outcomes, "reasons": json.loads(reasons)})
 
     def mark_done(self, job_id: int, record: dict[str, Any]) -> None:
@@ -380,6 +398,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="also join VerdictAppeals' referee pool (locks its referee stake) and vote on the appeal "
         "panels the chain seats this verifier on, after re-executing the unit",
     )
+    parser.add_argument(
+        "--lazy",
+        action="store_true",
+        help="DEMO/TEST ONLY: accept every unit whose replicas agree without re-executing it (a lazy "
+        "verifier, which planted cheats catch)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -388,5 +412,5 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     torch.set_num_threads(max(1, common["threads"]))
-    config = VerifierConfig(tolerances=args.tolerances, referee=args.referee, **common)
+    config = VerifierConfig(tolerances=args.tolerances, referee=args.referee, lazy=args.lazy, **common)
     return run_agent(lambda: VerifierAgent(config))
