@@ -9,14 +9,14 @@ from dataclasses import dataclass, field
 
 from sqlmodel import Session
 
-from market.canary import VERIFY, canary_answer
+from market.canary import VERIFY, canary_of
 from market.context import Lifecycle, MarketContext, require_signer, row_id
 from market.domain.binding import is_bound
 from market.domain.canary import differs_from_known
 from market.domain.states import ReplicaState, UnitState, advance, settle_to
 from market.matchmaker import Matchmaker
 from market.orders import OrderBook
-from market.store import OrderRow, ReplicaRow, UnitRow, VerificationJobRow
+from market.store import CanaryRow, OrderRow, ReplicaRow, UnitRow, VerificationJobRow
 from veritrain.errors import IllegalTransition, InvalidInput, MarketError, UnboundResult
 from veritrain.messages import (
     CANARY_REASON,
@@ -242,7 +242,7 @@ class Assignments(Lifecycle):
             replica.state_digest = submission.state_digest
             replica.transcript_root = submission.transcript_root
             session.add(replica)
-            if self._canary_missed(session, unit, [submission.result_digest]):
+            if self._missed_canary(session, unit, [submission.result_digest]) is not None:
                 # before the reveal is relayed (queued first, so the reveal waits for it): a unanimous
                 # reveal of an undrawn unit would finalize it in the same transaction
                 self.store.enqueue(session, row_id(unit), VERIFY, {"unit_id": unit.chain_unit_id}, now)
@@ -270,8 +270,8 @@ class Assignments(Lifecycle):
         The spot-check draw is the chain's, fixed by the block of the last commit before any reveal: the
         market neither draws nor could race a finalize past it."""
         revealed = [r for r in live if r.state == ReplicaState.REVEALED.value]
-        canary_missed = self._canary_missed(session, unit, [r.result_digest or "" for r in revealed])
-        if len(revealed) == len(live) and len({r.result_digest for r in revealed}) == 1 and not canary_missed:
+        missed = self._missed_canary(session, unit, [r.result_digest or "" for r in revealed])
+        if len(revealed) == len(live) and len({r.result_digest for r in revealed}) == 1 and missed is None:
             unit.state = advance(UnitState(unit.state), UnitState.FINALIZING, what=f"unit {unit.id}")
             self.store.enqueue(session, row_id(unit), "finalize", {"unit_id": unit.chain_unit_id}, now)
         else:
@@ -281,17 +281,20 @@ class Assignments(Lifecycle):
             reason = "digests_differ"
             if revealed != list(live):
                 reason = "missing"
-            elif canary_missed:
-                reason = CANARY_REASON
-            unit.spot_checked = canary_missed
+            elif missed is not None:
+                # a planted cheat is shown to its verifiers as the spot check it looks like on chain
+                reason = "spot_check" if missed.planted else CANARY_REASON
+            unit.spot_checked = missed is not None
             self._open_verification(session, unit, reason, now)
         unit.updated_at = now
         session.add(unit)
 
-    def _canary_missed(self, session: Session, unit: UnitRow, revealed: Sequence[str]) -> bool:
-        """Whether ``unit`` is a canary and a reveal is not its known answer: verifiers must decide it."""
-        known = canary_answer(self.store, session, self.store.get_order(session, unit.order_id))
-        return known is not None and any(differs_from_known(known, digest) for digest in revealed)
+    def _missed_canary(self, session: Session, unit: UnitRow, revealed: Sequence[str]) -> CanaryRow | None:
+        """The canary ``unit`` replays when a reveal is not its known answer (verifiers must decide it)."""
+        canary = canary_of(self.store, session, self.store.get_order(session, unit.order_id))
+        if canary is None or not any(differs_from_known(canary.known_result_digest, d) for d in revealed):
+            return None
+        return canary
 
     def on_drawn(self, session: Session, unit: UnitRow, now: int) -> None:
         """The chain drew this unanimous unit for a spot check (its finalize reverted with

@@ -12,6 +12,11 @@ network's compute multiplier, docs/VERIFICATION.md §3d). Once the canary order 
 closes it, so what its escrow did not spend (the replicas a solo unit did not need, an unused verifier
 fee) becomes the account's credit instead of staying locked.
 
+Planted cheats test the verifiers the same way (:mod:`market.domain.canary`): a drawn unit is replayed
+as a *planted* canary at ``MarketConfig.plant_rate_ppm`` instead (one replica, matched only to one of the
+operator's plant agents, ``MarketConfig.plant_agents``, which forges it), when the operator runs any. Its
+verification job shows the reason of the chain's draw that sent it there, never ``canary``.
+
 Posting follows the outbox's discipline: the canary's spec (deadline included, so its hash is unique) is
 written before anything is sent; a post is claimed for ``CANARY_CLAIM_S``; a retry first looks on chain
 for the order the account may have posted for that spec hash before a crash, so a canary is never bought
@@ -27,7 +32,7 @@ from collections.abc import Callable
 from sqlmodel import Session
 
 from market.context import Lifecycle, MarketContext, row_id
-from market.domain.canary import PPM, KnownAnswer, canary_spec, draws_canary, replayable
+from market.domain.canary import PPM, KnownAnswer, Replay, canary_spec, replay_of, replayable
 from market.domain.pricing import escrow_plan
 from market.domain.states import OrderState, ReplicaState, UnitState
 from market.orders import OrderBook
@@ -58,12 +63,13 @@ def _secret_roll() -> int:
     return secrets.randbelow(PPM)
 
 
-def canary_answer(store: MarketStore, session: Session, order: OrderRow) -> str | None:
-    """The known result digest when ``order`` is a canary (found by its spec hash and chain order, so a
-    canary registered just before a crash, whose row was not updated yet, is still recognised)."""
+def canary_of(store: MarketStore, session: Session, order: OrderRow) -> CanaryRow | None:
+    """The canary ``order`` replays, with its known result digest, if it is one (found by its spec hash and
+    chain order, so a canary registered just before a crash, whose row was not updated yet, is still
+    recognised)."""
     for row in store.canaries_with_spec(session, order.spec_hash):
         if row.state in LIVE_CANARY_STATES and row.chain_order_id == order.chain_order_id:
-            return row.known_result_digest
+            return row
     return None
 
 
@@ -132,22 +138,26 @@ class CanaryBook(Lifecycle):
         # a canary's own unit is never drawn: it would only replay its source again
         if order.buyer.lower() == canary_buyer.lower():
             return row
-        if not draws_canary(self.config.canary_rate_ppm, self.roll()):
+        plant_rate = self.config.plant_rate_ppm if self.config.plant_agents else 0
+        replay = replay_of(self.config.canary_rate_ppm, plant_rate, self.roll())
+        if replay == Replay.NONE:
             return row
         spec = OrderSpec.model_validate_json(order.spec_json)
         known = self._round_0_answer(session, order, spec)
         if known is None:
             return row
         row.source_unit_id, row.known_result_digest = known.source_unit_id, known.result_digest
+        planted = replay == Replay.PLANTED
         deadline = now + CANARY_DEADLINE_S
-        replay = canary_spec(spec, canary_buyer, deadline)
+        replayed = canary_spec(spec, canary_buyer, deadline, planted=planted)
         # one chain order per canary, found by its spec hash: two replays of one unit differ by their deadline
-        while self.store.canaries_with_spec(session, replay.spec_hash()):
+        while self.store.canaries_with_spec(session, replayed.spec_hash()):
             deadline += 1
-            replay = canary_spec(spec, canary_buyer, deadline)
+            replayed = canary_spec(spec, canary_buyer, deadline, planted=planted)
         row.state = "planned"
-        row.spec_json = replay.model_dump_json()
-        row.spec_hash = replay.spec_hash()
+        row.planted = planted
+        row.spec_json = replayed.model_dump_json()
+        row.spec_hash = replayed.spec_hash()
         return row
 
     def _round_0_answer(self, session: Session, order: OrderRow, spec: OrderSpec) -> KnownAnswer | None:

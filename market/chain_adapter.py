@@ -136,6 +136,8 @@ class ChainClientSettlement:
         return _mined("finalize", self.client.finalize(unit_id))
 
     def request_verification(self, unit_id: int) -> str:
+        if self.client.get_unit(unit_id).drawn:
+            return ""  # drawn already (a provider on probation): nothing to send
         return _mined("request_verification", self.client.request_verification(unit_id))
 
     def submit_verdict(self, unit_id: int, outcomes: Sequence[int], verdicts: Sequence[SignedVerdict]) -> str:

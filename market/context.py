@@ -57,6 +57,11 @@ class MarketConfig:
     # share of verified round-0 units replayed as canary units (market/canary.py), in ppm; 0: none. Off
     # here (tests, benchmarks); the deployed market's default is VERITRAIN_CANARY_RATE_PPM
     canary_rate_ppm: int = 0
+    # planted cheats for the verifiers (market/canary.py): the operator's plant agents, which only planted
+    # units are routed to (and which never run a buyer's unit), and the share of verified round-0 units
+    # replayed as one, in ppm
+    plant_agents: frozenset[str] = frozenset()
+    plant_rate_ppm: int = 0
 
 
 def unix_now() -> int:

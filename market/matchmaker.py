@@ -1,6 +1,7 @@
 """Matching: the in-memory candidate pool over the store and the matching pass that proposes providers
 and verifiers for pending units (the decision itself is :mod:`market.domain.matching`, the stake-weighted
-draw :mod:`market.domain.selection`)."""
+draw :mod:`market.domain.selection`). The operator's plant agents (planted cheats, market/canary.py) are
+kept out of the pool: they get the planted units and nothing else."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 from sqlmodel import Session
 
 from market.context import Lifecycle, MarketContext, row_id
-from market.domain.matching import CandidatePool, Match, ProviderCandidate, UnitDemand
+from market.domain.matching import CandidatePool, Match, ProviderCandidate, UnitDemand, match_plant
 from market.domain.replication import Reputation
 from market.domain.selection import NO_BLOCK_HASH, ROLE_VERIFIERS, sample, selection_seed
 from market.domain.states import OrderState, ReplicaState, UnitState, advance
@@ -56,7 +57,8 @@ class Matchmaker(Lifecycle):
             recipes = {name for agent in agents for name in agent.recipes}
             pool = CandidatePool(self._collateral(), self._recipe_memory(recipes))
             for agent in agents:
-                pool.upsert(self._candidate(agent, offers.get(agent.address), load.get(agent.address, 0)))
+                if agent.address not in self.config.plant_agents:
+                    pool.upsert(self._candidate(agent, offers.get(agent.address), load.get(agent.address, 0)))
         self.pool = pool
         self._pool_loaded_at = now
 
@@ -91,7 +93,7 @@ class Matchmaker(Lifecycle):
         )
 
     def refresh_candidate(self, agent: AgentRow, offer: OfferRow | None, load: int) -> None:
-        if agent.role == AgentRole.PROVIDER.value:
+        if agent.role == AgentRole.PROVIDER.value and agent.address not in self.config.plant_agents:
             self.pool.upsert(self._candidate(agent, offer, load))
 
     def match_pending(
@@ -124,6 +126,12 @@ class Matchmaker(Lifecycle):
                 ]
                 replicas = self.store.replicas_of_units(session, [row_id(u) for u in units])
                 orders = {o.id: o for o in self.store.orders_by_ids(session, {u.order_id for u in units})}
+                planted = (
+                    self.store.planted_orders(session, {u.order_id for u in units})
+                    if self.config.plant_agents
+                    else set()
+                )
+                plants = self._plants(session) if planted else {}
                 specs: dict[int, dict[str, Any]] = {}
                 writes = MatchWrites()
                 for unit in units:
@@ -142,6 +150,7 @@ class Matchmaker(Lifecycle):
                         block,
                         now,
                         writes,
+                        plants if unit.order_id in planted else None,
                     )
                     reserved.extend(match.selected)
                     results.append(match)
@@ -167,6 +176,16 @@ class Matchmaker(Lifecycle):
         block = self.chain.block_number()
         return block, self.chain.block_hash(block)
 
+    def _plants(self, session: Session) -> dict[str, ProviderCandidate]:
+        """The operator's registered plant agents as candidates, with their current load."""
+        offers = self.store.offers(session)
+        load = self.store.active_load(session)
+        return {
+            agent.address: self._candidate(agent, offers.get(agent.address), load.get(agent.address, 0))
+            for agent in self.store.agents(session, AgentRole.PROVIDER.value)
+            if agent.address in self.config.plant_agents
+        }
+
     def _collateral(self) -> int:
         return self.chain.terms().provider_collateral if self.chain else self.config.provider_collateral
 
@@ -188,7 +207,10 @@ class Matchmaker(Lifecycle):
         block: tuple[int, str],
         now: int,
         writes: MatchWrites,
+        plants: dict[str, ProviderCandidate] | None = None,
     ) -> Match:
+        """Match one unit: from the stake-weighted draw, or, for a planted cheat's unit (``plants`` given),
+        from the operator's plant agents (whose loads this pass updates as it picks them)."""
         kept = [r for r in replicas if r.state != ReplicaState.DROPPED.value]
         kept_operators = frozenset(self._operator_of(session, r.provider) for r in kept)
         unit_id = row_id(unit)
@@ -212,7 +234,12 @@ class Matchmaker(Lifecycle):
         )
         block_number, block_hash = block
         seed = selection_seed(block_hash, unit.unit_key)
-        match = self.pool.match(demand, block_hash, seed, policy)
+        if plants is None:
+            match = self.pool.match(demand, block_hash, seed, policy)
+        else:
+            match = match_plant(demand, plants.values())
+            for address in match.selected:
+                plants[address] = replace(plants[address], active_units=plants[address].active_units + 1)
         writes.logs.append(
             {
                 "unit_id": unit_id,

@@ -231,6 +231,13 @@ class OrderBook(Lifecycle):
             # failed one: the next round must never start from an unbound digest
             settled = {shard: self._settled(session, u) for shard, u in shards.items()}
             decision = decide_shards(spec, {shard: state for shard, (state, _) in settled.items()})
+            if decision.retry and self.store.is_canary_order(session, row_id(order)):
+                # a canary's one unit has done its job once settled: its cheat was caught (a plant's always
+                # is), or all its replicas failed; the next draw brings another, so it is not run again
+                order.state = advance(OrderState(order.state), OrderState.CANCELLED, what=f"order {order.id}")
+                round_row.state = RoundState.ABANDONED.value
+                session.add_all([order, round_row])
+                return 1
             for shard in decision.retry:  # migrate: a new attempt under a new unit key
                 unit = shards[shard]
                 retry = UnitPlan(round_row.index, shard, unit.start_step, unit.steps)

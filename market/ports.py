@@ -127,7 +127,9 @@ class SettlementPort(Protocol):
 
     def finalize(self, unit_id: int) -> str: ...
     def request_verification(self, unit_id: int) -> str:
-        """Draw an open unit for verification (operator only): it then settles by verdict or expiry only."""
+        """Draw an open unit for verification (operator only): it then settles by verdict or expiry only.
+        A unit the chain drew already is left alone (result ""): an operator's second VerificationRequested
+        would set a planted cheat's unit apart from any other unit of a provider on probation."""
         ...
 
     def submit_verdict(

@@ -16,7 +16,7 @@ from market.context import MarketConfig
 from market.ports import CanaryAccount, RegistryRecipeCatalog, SettlementPort
 from market.service import MarketService
 from market.store import MarketStore
-from veritrain.errors import MarketError
+from veritrain.errors import ConfigError, MarketError
 from veritrain.settings import Settings, load_settings
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,8 @@ def build_service(settings: Settings | None = None, *, create_schema: bool = Tru
         confirmations=settings.chain_confirmations,
         custody_wait_s=settings.custody_wait_s,
         canary_rate_ppm=settings.canary_rate_ppm,
+        plant_agents=plant_agents(settings.plant_agents),
+        plant_rate_ppm=settings.plant_rate_ppm,
     )
     if chain is not None:  # schedule by the contract's own windows and quorum
         terms = chain.terms()
@@ -82,6 +84,17 @@ def build_service(settings: Settings | None = None, *, create_schema: bool = Tru
             verifiers_per_unit=max(config.verifiers_per_unit, terms.min_verifiers),
         )
     return MarketService(store, RegistryRecipeCatalog(), chain, config, canary=load_canary(settings, chain))
+
+
+def plant_agents(listed: str) -> frozenset[str]:
+    """The operator's planted-cheat agents from ``VERITRAIN_PLANT_AGENTS`` (comma-separated addresses)."""
+    from eth_utils import is_address, to_checksum_address
+
+    addresses = [part.strip() for part in listed.split(",") if part.strip()]
+    for address in addresses:
+        if not is_address(address):
+            raise ConfigError(f"VERITRAIN_PLANT_AGENTS: {address!r} is not an address")
+    return frozenset(to_checksum_address(address) for address in addresses)
 
 
 def load_canary(settings: Settings, chain: SettlementPort | None) -> CanaryAccount | None:

@@ -266,8 +266,10 @@ class CustodyRow(SQLModel, table=True):
 
 class CanaryRow(SQLModel, table=True):
     """A verified unit drawn for a canary (market/canary.py), one row per drawn unit, so a unit is drawn
-    once; its canary replays its order's verified round-0 unit (``source_unit_id``). ``state``: passed
-    (not drawn) | planned -> posted -> registered -> closed (``claimed_until`` marks a post in flight).
+    once; its canary replays its order's verified round-0 unit (``source_unit_id``); a ``planted`` one is
+    worked by one of the operator's plant agents, which forges it (a known cheat, for the verifiers).
+    ``state``: passed (not drawn) | planned -> posted -> registered -> closed (``claimed_until`` marks a
+    post in flight).
     The spec (with its deadline) is fixed when planned, so a retried post looks for the very order it may
     have posted already (by the canary account and spec hash) before posting again."""
 
@@ -278,6 +280,7 @@ class CanaryRow(SQLModel, table=True):
     source_unit_id: int | None = Field(default=None, foreign_key="units.id")
     state: str = Field(index=True, max_length=16)
     known_result_digest: str = Field(max_length=66)
+    planted: bool = False
     spec_json: str = ""
     spec_hash: str = Field(default="", max_length=66, index=True)
     chain_order_id: int | None = Field(default=None, sa_type=Uint256Text)
@@ -624,6 +627,17 @@ class MarketStore:
 
     def canaries_with_spec(self, session: Session, spec_hash: str) -> Sequence[CanaryRow]:
         return session.exec(select(CanaryRow).where(CanaryRow.spec_hash == spec_hash)).all()
+
+    def is_canary_order(self, session: Session, order_id: int) -> bool:
+        """Whether the market bought ``order_id`` as a canary (market/canary.py)."""
+        return session.exec(select(CanaryRow.id).where(CanaryRow.order_id == order_id)).first() is not None
+
+    def planted_orders(self, session: Session, order_ids: set[int]) -> set[int]:
+        """Which of these orders are planted cheats (market/canary.py): only plant agents work their units."""
+        query = select(CanaryRow.order_id).where(
+            col(CanaryRow.planted).is_(True), col(CanaryRow.order_id).in_(sorted(order_ids))
+        )
+        return {int(order_id) for order_id in session.exec(query).all() if order_id is not None}
 
     # --- reported losses ---
 

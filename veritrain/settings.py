@@ -108,6 +108,11 @@ class Settings(BaseSettings):
     # canaries) and the share of verified round-0 units it replays, in parts per million
     canary_key: SecretStr = SecretStr("")
     canary_rate_ppm: int = Field(default=50_000, ge=0, le=1_000_000)
+    # planted cheats (verifier canaries, market/canary.py): the operator's own `veritrain node run --plant`
+    # agents (comma-separated addresses; none: no plants) and the share of verified round-0 units replayed
+    # as a planted cheat for the verifiers, in parts per million (with the canary rate at most 10^6)
+    plant_agents: str = ""
+    plant_rate_ppm: int = Field(default=10_000, ge=0, le=1_000_000)
 
     @model_validator(mode="before")
     @classmethod

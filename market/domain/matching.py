@@ -176,6 +176,23 @@ def match_unit(
     return Match(demand.unit_id, tuple(c.address for c in chosen), k, tuple(declines))
 
 
+def match_plant(demand: UnitDemand, plants: Iterable[ProviderCandidate]) -> Match:
+    """The replicas of a planted cheat's unit (market/canary.py): the operator's own plant agents, least
+    loaded first. They are judged on what running the unit needs (online, capacity, recipe, memory, speed,
+    free stake for the collateral), not on their record, offer or operator: every plant has been caught
+    before, it is paid nothing, and the draw by stake is for buyers' units, which never get a plant."""
+    declines: list[tuple[str, DeclineReason]] = []
+    chosen: list[str] = []
+    for plant in sorted(plants, key=lambda candidate: (candidate.active_units, candidate.address)):
+        judged = replace(plant, reputation=NO_REPUTATION, price_per_pflop=0)
+        reason = decline_reason(judged, demand, set())
+        if reason is not None:
+            declines.append((plant.address, reason))
+        elif len(chosen) < demand.needed:
+            chosen.append(plant.address)
+    return Match(demand.unit_id, tuple(chosen), demand.needed, tuple(declines))
+
+
 def draw(block_hash: str, seed: str, candidates: Sequence[ProviderCandidate]) -> Iterator[ProviderCandidate]:
     """``candidates`` in the replica draw order of the unit with seed ``seed``, drawn at ``block_hash``."""
     stakes = np.array([float(c.bonded_stake) for c in candidates], dtype=np.float64)

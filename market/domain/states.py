@@ -52,7 +52,8 @@ class ReplicaState(StrEnum):
 
 ORDER_TRANSITIONS: dict[OrderState, frozenset[OrderState]] = {
     OrderState.OPEN: frozenset({OrderState.RUNNING, OrderState.EXPIRED, OrderState.CANCELLED}),
-    OrderState.RUNNING: frozenset({OrderState.COMPLETED, OrderState.EXPIRED}),
+    # cancelled while running: a canary order whose one unit failed is not retried (market/canary.py)
+    OrderState.RUNNING: frozenset({OrderState.COMPLETED, OrderState.EXPIRED, OrderState.CANCELLED}),
     OrderState.COMPLETED: frozenset(),
     OrderState.EXPIRED: frozenset(),
     OrderState.CANCELLED: frozenset(),

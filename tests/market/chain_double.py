@@ -124,7 +124,10 @@ class LedgerChain:
 
     def request_verification(self, unit_id: int) -> str:
         with self._state() as state:
-            self._open_unit(state, unit_id)["drawn"] = True
+            unit = self._open_unit(state, unit_id)
+            if unit["drawn"]:
+                return ""  # as the real port: a unit drawn already is left alone
+            unit["drawn"] = True
             return self._mine(state, "VerificationRequested", {"unitId": unit_id})
 
     def effects(self, name: str) -> list[dict[str, Any]]:

@@ -4,6 +4,7 @@ contracts (in-process EVM), where a wrong answer is sent to the verifiers and a 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from sqlmodel import select
 from apps.protocol_harness import ChainMarket, Result, funded_accounts, result
 from market.canary import CANARY_CLAIM_S
 from market.chain_adapter import ChainCanaryAccount
-from market.domain.canary import canary_spec, differs_from_known, draws_canary, replayable
+from market.domain.canary import Replay, canary_spec, differs_from_known, replay_of, replayable
 from market.domain.pricing import EscrowPlan
 from market.store import CanaryRow, MarketStore
 from veritrain.chain.backends import InProcessBackend
@@ -70,13 +71,13 @@ def test_a_canary_spec_asks_for_the_source_units_work_under_the_canary_buyer() -
 
 
 def test_the_canary_draw_follows_the_rate_and_refuses_rates_out_of_range() -> None:
-    assert not draws_canary(0, 0)
-    assert draws_canary(1_000_000, 999_999)
-    assert draws_canary(50_000, 49_999) and not draws_canary(50_000, 50_000)
+    assert replay_of(0, 0, 0) == Replay.NONE
+    assert replay_of(1_000_000, 0, 999_999) == Replay.CANARY
+    assert replay_of(50_000, 0, 49_999) == Replay.CANARY and replay_of(50_000, 0, 50_000) == Replay.NONE
     with pytest.raises(InvalidInput):
-        draws_canary(1_000_001, 0)
+        replay_of(1_000_001, 0, 0)
     with pytest.raises(InvalidInput):
-        draws_canary(50_000, 1_000_000)
+        replay_of(50_000, 0, 1_000_000)
 
 
 def test_a_reveal_differs_from_the_known_answer_whatever_its_case() -> None:
@@ -87,27 +88,39 @@ def test_a_reveal_differs_from_the_known_answer_whatever_its_case() -> None:
 # --- the market on the contracts ----------------------------------------------------------------------------
 
 
-@pytest.fixture
-def canary_market(tmp_path: Path) -> Iterator[tuple[ChainMarket, LocalAccount]]:
-    """3 staked providers, 2 verifiers, no spot check drawn by the chain (only a canary can audit a solo
-    unit), and a funded canary account replaying every verified unit."""
+@contextmanager
+def canary_chain(
+    tmp_path: Path, accounts: int
+) -> Iterator[tuple[ChainClient, list[LocalAccount], MarketStore]]:
+    """A deployment where the chain draws no spot check (only the market's known answer can audit a solo
+    unit), ``accounts`` dev accounts: the deployer, the buyer, staked parties, and last the canary account
+    (funded, unstaked); and a fresh market store."""
     params = MarketParams(min_verifiers=1, spot_check_ppm=0, solo_spot_check_ppm=0, probation_streak=0)
     with InProcessBackend() as backend:
-        accounts = list(backend.dev_accounts(8))
-        client = ChainClient.deploy(backend, accounts[0], params=params)
-        funded_accounts(client, accounts[:7])
-        canary = accounts[7]
-        client.mint(canary, 1_000 * 10**18)
+        parties = list(backend.dev_accounts(accounts))
+        client = ChainClient.deploy(backend, parties[0], params=params)
+        funded_accounts(client, parties[:-1])
+        client.mint(parties[-1], 1_000 * 10**18)
         store = MarketStore(f"sqlite:///{tmp_path / 'market.sqlite3'}")
         store.create_schema()
+        try:
+            yield client, parties, store
+        finally:
+            store.dispose()
+
+
+@pytest.fixture
+def canary_market(tmp_path: Path) -> Iterator[tuple[ChainMarket, LocalAccount]]:
+    """3 staked providers, 2 verifiers and a funded canary account replaying every verified unit."""
+    with canary_chain(tmp_path, 8) as (client, accounts, store):
+        canary = accounts[7]
         market = ChainMarket(client, store, accounts[1], accounts[2:5], accounts[5:7])
         market.service.config = replace(market.service.config, canary_rate_ppm=1_000_000)
         market.service.canaries.account = ChainCanaryAccount(client, canary)
         yield market, canary
-        store.dispose()
 
 
-def _verified_round_0(market: ChainMarket, rounds: int = 1) -> Result:
+def verified_round_0(market: ChainMarket, rounds: int = 1) -> Result:
     """A buyer's `auto` order whose round-0 unit three newcomers finalize unanimously; its result."""
     market.post_order(rounds=rounds, adaptive_replication=True, trusted_streak=1)
     unit_id, chosen = market.match_and_accept()
@@ -146,7 +159,7 @@ def test_a_wrong_canary_result_is_sent_to_the_verifiers_and_slashed_as_fraud(
 ) -> None:
     market, canary = canary_market
     client = market.client
-    _verified_round_0(market)
+    verified_round_0(market)
     unit_id, cheater = _solo_canary_unit(market, canary)
     forged = result("forged")
     market.commit(unit_id, cheater, forged)
@@ -185,7 +198,7 @@ def test_a_right_canary_result_settles_on_the_fast_path_without_verifiers(
     canary_market: tuple[ChainMarket, LocalAccount],
 ) -> None:
     market, canary = canary_market
-    answer = _verified_round_0(market)
+    answer = verified_round_0(market)
     unit_id, honest = _solo_canary_unit(market, canary)
     market.commit(unit_id, honest, answer)
     market.service.assignments.reveal(market.reveal_submission(unit_id, honest, answer))
@@ -232,7 +245,7 @@ def test_a_canary_post_that_crashed_after_landing_is_found_on_chain_not_posted_a
     canary_market: tuple[ChainMarket, LocalAccount],
 ) -> None:
     market, canary = canary_market
-    _verified_round_0(market)
+    verified_round_0(market)
     account = CrashAfterPost(ChainCanaryAccount(market.client, canary))
     market.service.canaries.account = account
     assert market.service.canaries.run() == 0 and account.crashed
@@ -259,7 +272,7 @@ def test_every_verified_unit_is_drawn_once_and_replays_its_orders_round_0_unit(
     its canary replays round 0, whose answer is known (a second order of its own, so a distinct spec)."""
     market, _ = canary_market
     service = market.service
-    answer = _verified_round_0(market, rounds=2)
+    answer = verified_round_0(market, rounds=2)
     unit_id, (solo,) = market.match_and_accept()
     market.send_outbox()
     market.commit(unit_id, solo, result("round-1"))
