@@ -25,6 +25,9 @@ from veritrain.messages import ReplicaOutcome
 # by settlement or by its expiry, and a short RPC outage must not strand one in ASSIGNING or FINALIZING.
 OUTBOX_BACKOFF_BASE_S = 1
 OUTBOX_BACKOFF_MAX_S = 300
+# A relay that waits for a unit's truth (TRUTH_RELAYS) asks again at least this often: each try is a free
+# read (no transaction), and a slash or a held settlement should land soon after the appeal window closes.
+TRUTH_WAIT_MAX_S = 15
 OUTBOX_LEASE_S = 60
 # Unit states on chain (SettlementPort.unit_state) after which nothing more can be sent for the unit.
 CHAIN_SETTLED_STATES = frozenset({"finalized", "verdicted", "expired"})
@@ -92,9 +95,9 @@ def _joins_batch(entry: OutboxRow, now: int) -> bool:
     return entry.state == "pending" or (entry.state == "retrying" and entry.next_attempt_at <= now)
 
 
-def backoff_s(attempts: int) -> int:
+def backoff_s(attempts: int, cap: int = OUTBOX_BACKOFF_MAX_S) -> int:
     """Seconds to wait after the ``attempts``-th failed send: doubling from the base, capped."""
-    return int(backoff_delay(attempts, base=OUTBOX_BACKOFF_BASE_S, cap=OUTBOX_BACKOFF_MAX_S))
+    return int(backoff_delay(attempts, base=OUTBOX_BACKOFF_BASE_S, cap=cap))
 
 
 class SettlementOutbox(Lifecycle):
@@ -242,7 +245,7 @@ class SettlementOutbox(Lifecycle):
             return self._record_send(entry_id, "retrying", None, error)
         name, kind = getattr(exc, "name", ""), action.split(":", 1)[0]
         if kind in TRUTH_RELAYS and name in TRUTH_WAIT_ERRORS:
-            return self._record_send(entry_id, "retrying", None, error)
+            return self._record_send(entry_id, "retrying", None, error, wait_cap=TRUTH_WAIT_MAX_S)
         if kind in TRUTH_RELAYS:
             # judged against the fixed truth, a refusal now is final and the unit unchanged. A held
             # settlement someone else made never reverts ours (it is a no-op then): the sync's HeldSettled
@@ -326,7 +329,13 @@ class SettlementOutbox(Lifecycle):
         raise MarketError(f"unknown settlement action {action!r}")
 
     def _record_send(
-        self, entry_id: int, outcome: str, result: str | None, error: str, chain_state: str = ""
+        self,
+        entry_id: int,
+        outcome: str,
+        result: str | None,
+        error: str,
+        chain_state: str = "",
+        wait_cap: int = OUTBOX_BACKOFF_MAX_S,
     ) -> OutboxResult:
         """Record a send: ``sent`` applies the intent; ``confirmed``/``reverted`` apply ``chain_state``, what
         the chain settled; ``failed`` (no answer) and ``retrying`` (the contract refused it for now) wait
@@ -342,7 +351,7 @@ class SettlementOutbox(Lifecycle):
             entry.last_error = error or None
             if outcome in ("failed", "retrying"):
                 entry.state = "pending" if outcome == "failed" else "retrying"
-                entry.next_attempt_at = now + backoff_s(entry.attempts)
+                entry.next_attempt_at = now + backoff_s(entry.attempts, wait_cap)
             else:
                 entry.state = "confirmed" if entry.state == "confirmed" else outcome
                 entry.tx_hash = result if result and result.startswith("0x") else entry.tx_hash

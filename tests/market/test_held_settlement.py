@@ -16,7 +16,7 @@ from market_flow import drain_outbox, post_order, register_market, run_unit, ver
 from market.api import create_app
 from market.context import MarketConfig
 from market.domain.replication import ReplicationPolicy
-from market.outbox import OUTBOX_BACKOFF_MAX_S, SETTLE_HELD
+from market.outbox import OUTBOX_BACKOFF_MAX_S, SETTLE_HELD, TRUTH_WAIT_MAX_S
 from market.service import MarketService
 from market.store import OutboxRow
 
@@ -102,11 +102,18 @@ def test_a_fraud_verdict_queues_the_held_settlement_which_waits_for_the_truth_th
     assert ledger.effects("HeldSettled") == []
     assert ledger.free_stake(unit.cheat) == ledger.bonded_stake(unit.cheat) - 10**18  # collateral held
 
+    for _ in range(12):  # however long the window, the wait between free reads stays short
+        clock.now = entry.next_attempt_at
+        drain_outbox(service)
+        entry = held_entry(service, unit.unit_id)
+        assert entry is not None and entry.state == "retrying"
+        assert entry.next_attempt_at - clock.now <= TRUTH_WAIT_MAX_S
+
     ledger.advance_time(APPEAL_WINDOW_S)  # unappealed: the verdict is the unit's truth
-    clock.now += OUTBOX_BACKOFF_MAX_S
+    clock.now += TRUTH_WAIT_MAX_S
     drain_outbox(service)
     entry = held_entry(service, unit.unit_id)
-    assert entry is not None and entry.state == "sent" and entry.attempts == 2
+    assert entry is not None and entry.state == "sent" and entry.attempts == 14
     (slashed,) = ledger.effects("ReplicaSlashed")
     assert slashed["provider"] == unit.cheat and len(ledger.effects("HeldSettled")) == 1
     # the relay re-read the cheat at once: matching sees its slashed, released stake and its fraud
