@@ -106,6 +106,12 @@ class DemoConfig:
     probation_streak: int | None = None  # valid units before a provider's units may skip verification
     # a funded canary account replays verified units at this rate (market/canary.py); None: no canaries
     canary_rate_ppm: int | None = None
+    # the operator's planted cheats (verifier canaries): plant agents (`node run --plant`, forging with
+    # plant_strategy) and the rate at which verified units are replayed for them (needs the canary account)
+    plants: int = 0
+    plant_strategy: str = "start-state"
+    plant_rate_ppm: int = 0
+    lazy_verifiers: int = 0  # the first N verifiers accept unanimous units unchecked (`verifier run --lazy`)
     shards: int = 1  # M > 1: DiLoCo rounds of M shard units and one aggregate unit
     provider_env: tuple[dict[str, str], ...] = ()  # extra environment of provider i (CPU configurations)
     verifier_env: tuple[dict[str, str], ...] = VERIFIER_CPU_CONFIGURATIONS  # of verifier i, cycled
@@ -171,6 +177,8 @@ class Party:
     name: str
     account: LocalAccount
     dishonest_strategy: str | None = None
+    plant: bool = False  # the operator's planted cheat (`node run --plant`), never a buyer's provider
+    lazy: bool = False  # a verifier that accepts unanimous units without re-executing them
     p2p_port: int = 0
     peer_addr: str = ""
     metrics_port: int = 0
@@ -252,7 +260,8 @@ class Marketplace:
         """Give each role a funded dev account: deployer, operator (market relayer), buyer, agents."""
         from veritrain.chain.backends import dev_accounts
 
-        needed = len(DEV_ACCOUNT_ROLES) + self.config.providers + self.config.verifiers + 1
+        config = self.config
+        needed = len(DEV_ACCOUNT_ROLES) + config.providers + config.verifiers + 1 + config.plants
         accounts = dev_accounts(max(needed, 20))
         for index, role in enumerate(DEV_ACCOUNT_ROLES):
             self.parties[role] = Party(role=role, name=role, account=accounts[index])
@@ -264,10 +273,15 @@ class Marketplace:
             self.parties[name] = Party("provider", name, accounts[offset + i], dishonest_strategy=strategy)
         offset += self.config.providers
         for i in range(self.config.verifiers):
-            self.parties[f"verifier-{i}"] = Party("verifier", f"verifier-{i}", accounts[offset + i])
+            lazy = i < self.config.lazy_verifiers
+            name = f"verifier-{i}" + ("-LAZY" if lazy else "")
+            self.parties[name] = Party("verifier", name, accounts[offset + i], lazy=lazy)
+        offset += self.config.verifiers
         if self.config.canary_rate_ppm is not None:  # the market's canary buyer, an account of its own
-            offset += self.config.verifiers
             self.parties["canary"] = Party("canary", "canary", accounts[offset])
+        for i in range(self.config.plants):  # after the canary's account, which plants need to be bought
+            name, account = f"plant-{i}", accounts[offset + 1 + i]
+            self.parties[name] = Party("provider", name, account, config.plant_strategy, plant=True)
 
     def providers(self) -> list[Party]:
         return [p for p in self.parties.values() if p.role == "provider"]
@@ -390,6 +404,10 @@ class Marketplace:
         if self.config.canary_rate_ppm is not None:
             env["VERITRAIN_CANARY_KEY"] = self.parties["canary"].account.key.hex()
             env["VERITRAIN_CANARY_RATE_PPM"] = str(self.config.canary_rate_ppm)
+        plants = [p.address for p in self.providers() if p.plant]
+        if plants:
+            env["VERITRAIN_PLANT_AGENTS"] = ",".join(plants)
+            env["VERITRAIN_PLANT_RATE_PPM"] = str(self.config.plant_rate_ppm)
         self._market_launch = (env, market_dir)
         self.start_market_process("market")
         self.start_market_process("worker")
@@ -447,6 +465,8 @@ class Marketplace:
             argv += ["--tolerances", str(self.config.tolerances)]
         if party.role == "verifier" and self.config.referees:
             argv.append("--referee")
+        if party.lazy:
+            argv.append("--lazy")
         if party.role == "provider":
             price = DISHONEST_PRICE_PER_PFLOP if party.dishonest_strategy else HONEST_PRICE_PER_PFLOP
             index = self.providers().index(party)
@@ -458,7 +478,8 @@ class Marketplace:
             ]
             if party.dishonest_strategy:
                 argv += ["--dishonest", party.dishonest_strategy]
-                argv += ["--dishonest-after", str(self.config.dishonest_after)]
+                after = ["--dishonest-after", str(self.config.dishonest_after)]
+                argv += ["--plant"] if party.plant else after
         return argv
 
     def start_agent(self, party: Party) -> None:
@@ -774,7 +795,7 @@ def build_report(
         verifiers=verifiers,
         checks=checks,
     )
-    dishonest = [p.address for p in market.providers() if p.dishonest_strategy]
+    dishonest = [p.address for p in market.providers() if p.dishonest_strategy and not p.plant]
     honest = [p.address for p in market.providers() if not p.dishonest_strategy]
     checks.check(
         "dishonest_slashed",

@@ -324,14 +324,66 @@ def test_referee_agents_re_execute_an_appealed_verdict_and_confirm_it(tmp_path: 
 
 def _canary_unit(market: Marketplace, from_block: int) -> UnitOutcome | None:
     """The canary order's unit as the chain settled it, once it settled and the fraud its verdict held was
-    settled too (the canary account's order)."""
+    settled too (the canary account's order), with every contract's events (VerifierSlashed is
+    VerdictAppeals')."""
     canary = market.parties["canary"].address
-    events = market.events(from_block)
+    events = market.client.events(from_block)
     posted = [e for e in events if e.name == "OrderPosted" and str(e.args["buyer"]) == canary]
     if not posted:
         return None
     _, units = order_money(events, int(posted[0].args["orderId"]))
     return units[0] if units and units[0].settlement != "open" and not units[0].held else None
+
+
+def _planted_unit(market: Marketplace, from_block: int, lazy: str) -> UnitOutcome | None:
+    """The planted cheat's unit (the canary account's order) once it settled and its held fraud did, and
+    the verifier that accepted it was slashed."""
+    unit = _canary_unit(market, from_block)
+    return unit if unit is not None and lazy in unit.slashed_verifiers else None
+
+
+def test_a_planted_cheat_slashes_the_verifier_that_accepted_it_without_re_executing(tmp_path: Path) -> None:
+    """Issue 9's verifier canary: the operator runs a plant agent (`node run --plant`); a verified unit is
+    replayed as a planted cheat, which the market routes to the plant alone, which forges it. Its verifiers
+    see an ordinary drawn unit (the plant is on probation). The lazy verifier accepts the unanimous forgery
+    at once; the two that re-execute sign fraud and settle it; once the verdict stands the plant is slashed
+    and the lazy verifier's own signature slashes it, read back from the chain. The buyer's order never
+    had the plant among its providers."""
+    config = DemoConfig(
+        out_dir=tmp_path,
+        providers=3,
+        dishonest=0,
+        verifiers=3,
+        lazy_verifiers=1,
+        rounds=1,
+        unit_steps=16,
+        canary_rate_ppm=0,
+        plants=1,
+        plant_rate_ppm=1_000_000,
+        # the truth that slashes is fixed once the appeal window after the verdict deadline has passed
+        commit_window_s=40,
+        reveal_window_s=10,
+        verdict_window_s=30,
+    )
+    deadline = time.monotonic() + config.timeout_s
+    with marketplace(config, progress_printer()) as market:
+        start_stack(market)
+        lazy = market.parties["verifier-0-LAZY"].address
+        plant = market.parties["plant-0"].address
+        buyer = Buyer(market)
+        buyer.post_order()
+        buyer.wait_completed(deadline)
+        assert all(plant not in unit["providers"] for unit in buyer.status()["units"])
+        planted = wait_until(
+            market,
+            lambda: _planted_unit(market, buyer.posted_block, lazy),
+            deadline,
+            "the planted unit did not settle, or its lazy verifier was not slashed, in time",
+        )
+    assert planted.providers == [plant] and planted.outcomes == ["fraud"], planted
+    assert planted.slashed[plant] > 0
+    assert set(planted.slashed_verifiers) == {lazy}  # the two that re-executed keep their stake
+    assert lazy not in planted.signing_verifiers and len(planted.signing_verifiers) == 2
 
 
 def test_a_canary_catches_a_trusted_provider_that_cheats_once_it_works_alone(tmp_path: Path) -> None:
