@@ -37,6 +37,13 @@ it is the source unit's verified result.
 Honest providers fault (crash, drop) at ``fault_ppm``
 (ASSUMPTION), which resets their streak as the contract does.
 
+The verifier's dilemma (``lazy_verifier``): a verifier that accepts every unanimous job without
+re-executing it (`veritrain verifier run --lazy`) saves the audit's re-execution on each job, and loses
+``verifier_slash`` on each planted cheat among its jobs (market/canary.py: the operator's plant works a
+replayed unit alone and forges it, so the job is unanimous and its truth is fraud). Its jobs are the
+audits of the mature honest network plus one job per plant, at the market's default plant rate per
+verified unit; saved compute is priced at the unit's price, like the cheaters' savings.
+
 Figures: ``compute_multiplier`` = (provider + verifier + canary FLOPs) ÷ FLOPs of accepted honest training,
 mature honest network; ``cheat_caught_within_10_units`` = share of cheating careers caught within their first
 10 cheating units (worst strategy); ``cheater_expected_value`` = base units (10⁻¹⁸ token) per cheating unit,
@@ -68,7 +75,7 @@ from market.domain.replication import (
     replication_factor,
     spot_check_drawn,
 )
-from veritrain.chain.deployment import MarketParams
+from veritrain.chain.deployment import AppealParams, MarketParams
 from veritrain.recipes import get_recipe
 from veritrain.settings import Settings
 
@@ -98,6 +105,7 @@ CANARY_PPM = 370_000  # the canary share of units that alone gives 1-(1-c)^10 >=
 # the market's default canary rate per verified unit, as a share of all units worked: r / (1 + r)
 DEFAULT_CANARY_RATE_PPM = Settings.model_fields["canary_rate_ppm"].default
 IMPLEMENTED_CANARY_PPM = PPM * DEFAULT_CANARY_RATE_PPM // (PPM + DEFAULT_CANARY_RATE_PPM)
+DEFAULT_PLANT_RATE_PPM = Settings.model_fields["plant_rate_ppm"].default  # planted cheats per verified unit
 WINDOW = 10  # cheating units in `cheat_caught_within_10_units`
 TARGETS = {"compute_multiplier_max": 1.3, "cheat_caught_within_10_units_min": 0.99}
 
@@ -462,6 +470,31 @@ def headline(scenarios: dict[str, Any], strategies: list[str]) -> dict[str, Any]
     }
 
 
+def lazy_verifier(
+    honest: dict[str, Any], audit: AuditMeasurement, price: int, verifiers_per_audit: int
+) -> dict[str, Any]:
+    """What accepting unanimous jobs unchecked is worth to a verifier, per job, vs re-executing them: the
+    re-execution saved, at the unit's price, minus the verifier slash times the share of its jobs that
+    are planted cheats (each plant: one more unanimous job, whose truth is fraud)."""
+    slash = AppealParams().verifier_slash
+    plants = honest["units"] * DEFAULT_PLANT_RATE_PPM / PPM
+    planted_share = plants / (honest["audits"] + plants)
+    saved = audit.honest_cost * price
+    return {
+        "plant_rate_ppm": DEFAULT_PLANT_RATE_PPM,
+        "planted_share_of_jobs": round(planted_share, 5),
+        "saved_per_job": round(saved),
+        "verifier_slash": slash,
+        "expected_value_per_job": round(saved - planted_share * slash),
+        "break_even_planted_share": round(saved / slash, 7),
+        # what plants add to the network's compute: each is re-executed by its verifiers like an audit
+        "compute_multiplier_added": round(
+            plants * verifiers_per_audit * audit.honest_cost / honest["useful_flops"], 5
+        ),
+        "unit": "base units (1e-18 token)",
+    }
+
+
 def meets(figures: dict[str, Any]) -> bool:
     return bool(
         figures["compute_multiplier"] <= TARGETS["compute_multiplier_max"]
@@ -596,8 +629,10 @@ def economics(audits: list[AuditMeasurement], trials: int, units: int, seed: int
         }
 
     implemented = {"canary_rate_ppm": DEFAULT_CANARY_RATE_PPM, **with_canaries(IMPLEMENTED_CANARY_PPM)}
+    lazy = lazy_verifier(scenarios["honest_mature"], today, unit_price(), base.verifiers_per_audit)
     return {
         **figures,
+        "lazy_verifier": lazy,
         "meets_targets": meets(figures),
         "canary_alternative": with_canaries(CANARY_PPM),
         "canaries_default_rate": implemented,

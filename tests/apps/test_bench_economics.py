@@ -14,6 +14,7 @@ from apps.bench_economics import (
     SAVED_FRACTION,
     AuditMeasurement,
     Network,
+    lazy_verifier,
     measure_audits,
     run_network,
 )
@@ -57,6 +58,8 @@ def test_schema_and_honest_network(tmp_path: Path) -> None:
     }
     honest = report["scenarios"]["honest_mature"]
     assert honest["cheating_units"] == 0 and honest["honest_slashed"] == 0 and honest["audits"] > 0
+    lazy = report["lazy_verifier"]
+    assert lazy["expected_value_per_job"] < 0 < lazy["saved_per_job"]  # plants make laziness a loss
     # a mature network trusts most providers: most units run with one replica
     assert honest["units_by_k"]["1"] > 0.9 * 2 * 1000
     assert report["parameters"]["seed"] == 0 and report["parameters"]["trials"] == 2
@@ -139,3 +142,16 @@ def test_audit_measurement_runs_the_verifier_core() -> None:
     assert measured.honest_false_fraud == 0 and measured.honest_cost == 0.25
     assert set(measured.detection) == set(STRATEGIES)
     assert measured.detection["start-state"] == 1.0 and measured.detection["random-weights"] == 1.0
+
+
+def test_a_lazy_verifier_saves_each_audit_and_loses_the_slash_on_each_plant_among_its_jobs() -> None:
+    """100 plants among 1,000 units with 900 audits: a tenth of the jobs; 0.25 of a unit saved per job."""
+    honest = {"units": 10_000, "audits": 900, "useful_flops": 10_000.0}
+    lazy = lazy_verifier(honest, AUDITS[0], price=4 * 10**18, verifiers_per_audit=2)
+    plants = 10_000 * lazy["plant_rate_ppm"] / 1_000_000
+    share = plants / (900 + plants)
+    assert lazy["planted_share_of_jobs"] == round(share, 5)
+    assert lazy["saved_per_job"] == 10**18
+    assert lazy["expected_value_per_job"] == round(10**18 - share * lazy["verifier_slash"])
+    assert lazy["break_even_planted_share"] == round(10**18 / lazy["verifier_slash"], 7)
+    assert lazy["compute_multiplier_added"] == round(plants * 2 * 0.25 / 10_000, 5)
