@@ -129,6 +129,13 @@ class Settings(BaseSettings):
             values["result_backend_url"] = f"file://{(data_dir / 'results').resolve().as_posix()}"
         return values
 
+    @model_validator(mode="after")
+    def _one_roll_draws_canaries_and_plants(self) -> Settings:
+        """Canaries and plants share one roll per verified unit (market/domain/canary.py)."""
+        if self.canary_rate_ppm + self.plant_rate_ppm > 1_000_000:
+            raise ValueError("canary_rate_ppm + plant_rate_ppm exceed 1,000,000 (one roll draws both)")
+        return self
+
     @property
     def broker_folder(self) -> Path:
         """Folder the `filesystem://` broker exchanges messages through (ignored for other brokers)."""

@@ -45,6 +45,7 @@ def test_file_then_environment_then_flags(tmp_path: Path, monkeypatch: pytest.Mo
         ('data_dirr = "x"\n', "unknown setting"),
         ("market_port = \n", "not valid TOML"),
         ('market_port = "eighty"\n', "market_port"),
+        ("canary_rate_ppm = 600000\nplant_rate_ppm = 500000\n", "one roll draws both"),
     ],
 )
 def test_bad_configuration_is_refused_by_name(
