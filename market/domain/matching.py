@@ -177,13 +177,14 @@ def match_unit(
 
 
 def match_plant(demand: UnitDemand, plants: Iterable[ProviderCandidate]) -> Match:
-    """The replicas of a planted cheat's unit (market/canary.py): the operator's own plant agents, least
-    loaded first. They are judged on what running the unit needs (online, capacity, recipe, memory, speed,
-    free stake for the collateral), not on their record, offer or operator: every plant has been caught
-    before, it is paid nothing, and the draw by stake is for buyers' units, which never get a plant."""
+    """The replicas of a planted cheat's unit (market/canary.py): the operator's own plant agents, the one
+    caught least often first (a key with no fraud on record looks like any newcomer to a verifier), then
+    the least loaded. They are judged on what running the unit needs (online, capacity, recipe, memory,
+    speed, free stake for the collateral), not on their record, offer or operator: a plant is caught every
+    time, it is paid nothing, and the draw by stake is for buyers' units, which never get a plant."""
     declines: list[tuple[str, DeclineReason]] = []
     chosen: list[str] = []
-    for plant in sorted(plants, key=lambda candidate: (candidate.active_units, candidate.address)):
+    for plant in sorted(plants, key=lambda c: (c.reputation.fraud, c.active_units, c.address)):
         judged = replace(plant, reputation=NO_REPUTATION, price_per_pflop=0)
         reason = decline_reason(judged, demand, set())
         if reason is not None:

@@ -68,7 +68,7 @@ def _plant(address: str, **fields: object) -> ProviderCandidate:
     return replace(base, **fields)  # type: ignore[arg-type]
 
 
-def test_a_planted_unit_takes_the_least_loaded_plant_that_can_run_it_whatever_its_record() -> None:
+def test_a_planted_unit_takes_the_least_caught_then_least_loaded_plant_that_can_run_it() -> None:
     demand = unit_demand(unit_id=9, collateral=10**19, needed=1)
     plants = [
         _plant("0xB", active_units=1, capacity=2),
@@ -83,6 +83,9 @@ def test_a_planted_unit_takes_the_least_loaded_plant_that_can_run_it_whatever_it
         "0xC": DeclineReason.INSUFFICIENT_FREE_STAKE,
     }
     assert not match_plant(replace(demand, excluded=frozenset({"0xB", "0xD"})), plants).complete
+    # a plant never caught yet goes first, whatever its load: its key looks like any newcomer's
+    fresh = _plant("0xE", active_units=3, capacity=4, reputation=Reputation())
+    assert match_plant(demand, [*plants, fresh]).selected == ("0xE",)
 
 
 def test_plant_agents_are_read_as_checksummed_addresses_and_a_bad_one_is_refused() -> None:
