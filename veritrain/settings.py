@@ -131,8 +131,9 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _one_roll_draws_canaries_and_plants(self) -> Settings:
-        """Canaries and plants share one roll per verified unit (market/domain/canary.py)."""
-        if self.canary_rate_ppm + self.plant_rate_ppm > 1_000_000:
+        """Canaries and plants share one roll per verified unit (market/domain/canary.py); the plant rate
+        counts only when the operator runs plant agents."""
+        if self.plant_agents.strip() and self.canary_rate_ppm + self.plant_rate_ppm > 1_000_000:
             raise ValueError("canary_rate_ppm + plant_rate_ppm exceed 1,000,000 (one roll draws both)")
         return self
 

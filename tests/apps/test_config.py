@@ -20,6 +20,9 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name)
 
 
+PLANT = "0x" + "ab" * 20  # a plant agent's address
+
+
 def write(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
@@ -45,7 +48,10 @@ def test_file_then_environment_then_flags(tmp_path: Path, monkeypatch: pytest.Mo
         ('data_dirr = "x"\n', "unknown setting"),
         ("market_port = \n", "not valid TOML"),
         ('market_port = "eighty"\n', "market_port"),
-        ("canary_rate_ppm = 600000\nplant_rate_ppm = 500000\n", "one roll draws both"),
+        (
+            f'canary_rate_ppm = 600000\nplant_rate_ppm = 500000\nplant_agents = "{PLANT}"\n',
+            "one roll draws both",
+        ),
     ],
 )
 def test_bad_configuration_is_refused_by_name(
@@ -54,6 +60,15 @@ def test_bad_configuration_is_refused_by_name(
     monkeypatch.setenv("VERITRAIN_CONFIG", str(write(tmp_path / "v.toml", text)))
     with pytest.raises(ConfigError, match=message):
         load_settings()
+
+
+def test_the_plant_rate_counts_only_with_plant_agents(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default plant rate beside a canary rate of 100 % is fine while no plant agent is listed (the
+    canary e2e test's market failed to start on that before)."""
+    monkeypatch.setenv("VERITRAIN_CONFIG", str(write(tmp_path / "v.toml", "canary_rate_ppm = 1000000\n")))
+    assert load_settings().canary_rate_ppm == 1_000_000
 
 
 def test_missing_file_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
