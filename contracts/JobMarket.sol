@@ -9,101 +9,12 @@ import {ReentrancyGuardTransient} from "@openzeppelin/contracts/utils/Reentrancy
 import {TypedSignatures} from "./TypedSignatures.sol";
 import {StakeManager} from "./StakeManager.sol";
 
-/// @title JobMarket
-/// @notice Escrow and settlement of Veritrain training orders. A buyer posts an order and escrows
-/// `units × (replicas × pricePerReplica + verifierFeePerUnit)`. The operator (the market service's
-/// relayer) assigns a unit to `replicas` distinct staked providers, each of whom accepted by EIP-712
-/// signature, and to a few staked verifiers. Providers commit to their result, then reveal it. Unanimous
-/// reveals are finalized by anyone (fast path); otherwise, or when the unit was drawn for a spot check,
-/// a majority of the unit's assigned verifiers signs a verdict per replica: accept (paid), fault (unpaid;
-/// slashed only the withhold penalty when it committed and never revealed) or fraud (held until the unit's
-/// truth is fixed on {VerdictAppeals}, then slashed, with a bounty to the signing verifiers and the rest to
-/// the buyer, or paid if a referee panel overturned the verdict: {settleHeld}). Each
-/// verifier locks `verifierCollateral` of stake for the unit. A verdict can be appealed to a referee
-/// panel ({VerdictAppeals}, which reads {verdictHashOf}); only that contract slashes a verifier whose
-/// signed outcomes contradict the unit's refereed truth. A unit nobody settles expires after its verdict deadline and its
-/// budget returns to the order (its verifiers earn nothing). All payouts are pull credits; tokens leave
-/// only through {withdrawCredit}.
-///
-/// Spot checks are drawn by the contract: when the last replica commits, the unit records that block
-/// as its seed block; reveals are refused until a later block, and the first reveal (or {finalize})
-/// fixes the draw `keccak256(blockhash(seedBlock), unitId) % 1e6 < spotCheckPpm` (soloSpotCheckPpm
-/// for single-replica units). So the draw is fixed before any reveal is visible and no revealer can
-/// time it. A unit with a provider on probation (fewer than `probationStreak` consecutive valid units,
-/// the streak a fault or fraud resets) is drawn at assignment: a ring of fresh keys holding every replica
-/// is always verified. A replica that committed but did not reveal by the reveal deadline loses `withholdPenalty`
-/// of stake when the unit settles by verdict or expiry, so withholding is no free option.
-///
-/// @dev Time: every deadline is the last second at which its phase is open (inclusive), like an
-/// ERC-2612 deadline, and all are fixed at assignment: revealDeadline = commitDeadline + revealWindow.
-/// Commit phase: now <= commitDeadline. Reveal phase: after all replicas committed (from the block after
-/// the last commit) or now > commitDeadline, until revealDeadline. Verdict: after all revealed or now > revealDeadline, until
-/// verdictDeadline = revealDeadline + verdictWindow. Expiry: now > verdictDeadline.
-///
-/// EIP-712 domain ("Veritrain JobMarket", "1", chainId, this). Typed messages:
-/// - `Accept(uint256 orderId,bytes32 unitKey,address provider,uint256 nonce,uint256 deadline)` with an
-///   UNORDERED nonce: any unused value works (a per-account bitmap, as Permit2), so a provider can sign
-///   several acceptances before any is relayed and they land in any order ({AcceptNonceUsed} on reuse)
-/// - `Commit(uint256 unitId,address provider,bytes32 commitment,uint256 nonce,uint256 deadline)`
-/// - `Verdict(uint256 unitId,bytes32 outcomesHash,uint256 deadline)` with
-///   `outcomesHash = keccak256(abi.encodePacked(uint8[] outcomes))`; packed encoding pads array
-///   elements, so this is keccak256 of one 32-byte big-endian word per outcome. Outcome-only: reasons
-///   carry measurements each verifier makes on its own hardware, so they stay off chain and honest
-///   verifiers agree byte for byte. No nonce: a unit settles once, so the unit's state machine makes the
-///   signature single-use (as `UnitCommit`); after settlement it serves only as evidence.
-/// - `WithdrawCredit(address account,uint256 nonce,uint256 deadline)`
-/// - `UnitCommit(uint256 unitId,address provider,bytes32 commitment,uint256 deadline)` ({commitBatch}):
-///   no nonce, because the unit's state machine makes it single-use (a provider commits once per unit,
-///   unit ids never repeat, the domain binds chain and contract), so it needs no ordering either
-/// Commitment: `keccak256(abi.encode(bytes32 resultDigest, bytes32 salt, address provider, uint256 unitId))`
-/// (see {commitmentOf}).
-///
-/// Deviations from the agreed interface (contract_spec.md), and why:
-/// 1. Every `...WithSig` function and every signature struct passes the signed `nonce` explicitly
-///    (before `deadline`), so a replay reverts with {InvalidNonce}(account, expected, given) instead of a
-///    wrong-signer error: `commitWithSig(unitId, provider, commitment, nonce, deadline, sig)`,
-///    `withdrawCreditWithSig(account, nonce, deadline, sig)`.
-/// 2. `assign(orderId, unitKey, providers, verifiers, SignedApproval[] accepts)` with
-///    `SignedApproval{nonce, deadline, signature}` per provider, in provider order.
-/// 3. `submitVerdict(unitId, outcomes, VerifierSignature[] signatures)` with
-///    `VerifierSignature{verifier, deadline, signature}`; the quorum is a majority of the unit's assigned
-///    verifiers (`verifierCount / 2 + 1`); the `minVerifiers` parameter bounds how few a unit may have.
-/// 4. Order and unit ids start at 1 (0 means "none").
-/// 5. An order keeps a token `balance` (escrow not committed to an open unit) and a `delivered` count:
-///    {assign} needs `delivered + openUnits < units` and `balance >= unitCost`. Finalize returns the unit's
-///    verifier fee to the balance; a verdict returns unpaid replica prices; an expired unit returns its
-///    whole cost. So a unit whose replicas all failed can be re-assigned under a new unitKey while the
-///    balance covers it. {closeOrder} credits the balance to the buyer.
-/// 6. `specHash` and `unitKey` are kept only in the {OrderPosted}/{UnitAssigned} events (gas).
-/// 7. Spot checks are drawn on chain (see above); the operator's {requestVerification} can only add
-///    draws (audits). A drawn unit can only settle by verdict or expiry. A verdict may mark `accept` or `fraud` only for replicas that revealed.
-/// 8. StakeManager's signed forms pass the nonce too: `requestUnstakeWithSig(staker, amount, nonce,
-///    deadline, sig)`, `withdrawWithSig(staker, nonce, deadline, sig)`; it adds the view `bondedOf`.
-/// 9. Fee-on-transfer tokens are refused ({TransferAmountMismatch}) instead of under-funding escrow.
-/// 10. Batch entry points (additions; every single-message function above still works unchanged):
-///    {commitBatch}(unitId, SignedCommit[]) relays several `UnitCommit` signatures; {revealBatch}(unitId,
-///    Reveal[]) reveals several replicas and finalizes in the same transaction when that completes a
-///    unanimous unit not drawn for verification; {multicall}(bytes[]) lets the operator put several
-///    units' actions in one transaction. StakeManager adds `lockBatch`/`unlockBatch`.
-/// 11. {postAdaptiveOrder} adds adaptive replication: {assign} takes minReplicas..replicas providers, fewer
-///    than `replicas` only when each has `trustedStreak` consecutive valid units ({ProviderNotTrusted}); a
-///    unit costs its own replica count. {getOrder} returns `minReplicas` and `trustedStreak` (fixed orders:
-///    minReplicas = replicas, trustedStreak = 0).
-/// Sequential nonces ({nonces}) remain only for `Commit` and `WithdrawCredit`, shared per account: a
-/// relayer must submit those in nonce order. Accept uses unordered nonces, Verdict and UnitCommit none.
-///
-/// Gas (3 replicas, 2 verifiers, steady state, test-contracts/gas.test.js): a unit of a multi-unit order
-/// settles in about 431k over three transactions (assign 182k, commitBatch 103k, revealBatch with
-/// finalize 145k, which includes the spot-check draw, about 1k). Before verifiers locked collateral it was 399k (assign 170k, finalize 127k): locking
-/// the verifiers at assign costs about 12k and releasing them at settlement 18k; the Accept nonce bitmap
-/// costs as much as the sequential nonce when a provider draws consecutive nonces (one word per 256).
-/// The 399k then broke down as: 63k transaction base, 66k three fresh slots (unit header, packed party ids, replica 0's
-/// commitment), 86k 41 cold reads and 64k 22 rewrites of existing slots (both including StakeManager),
-/// 21k six signature checks, 16k events, about 17k calldata. Replicas 1.. commit into recycled pages
-/// (5k instead of 22k a slot), parties are stored as 24-bit registry ids (one slot for up to ten), and
-/// an account's nonce and party id share a slot. Pipelined by {multicall} (reveal unit k, commit unit
-/// k+1 and assign unit k+2 in one transaction): about 329k a unit (313k before verifier collateral).
-contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
+/// @title JobMarketBase
+/// @notice What {JobMarket} and {JobMarketVerdicts} share: parameters, storage layout, errors, events and
+/// the internals both run. The verdict path lives in a contract of its own that {JobMarket} calls by
+/// delegatecall (so it runs in JobMarket's storage, with its roles, balances and address), because
+/// JobMarket with it was within a few hundred bytes of the 24,576-byte code limit (EIP-170).
+abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, TypedSignatures {
     using SafeERC20 for IERC20;
 
     /// @notice Role of the market service's relayer key, which proposes assignments and spot checks.
@@ -121,23 +32,23 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
     uint8 public constant OUTCOME_FAULT = 1;
     uint8 public constant OUTCOME_FRAUD = 2;
 
-    bytes32 private constant ACCEPT_TYPEHASH =
+    bytes32 internal constant ACCEPT_TYPEHASH =
         keccak256("Accept(uint256 orderId,bytes32 unitKey,address provider,uint256 nonce,uint256 deadline)");
-    bytes32 private constant COMMIT_TYPEHASH =
+    bytes32 internal constant COMMIT_TYPEHASH =
         keccak256("Commit(uint256 unitId,address provider,bytes32 commitment,uint256 nonce,uint256 deadline)");
-    bytes32 private constant VERDICT_TYPEHASH = keccak256("Verdict(uint256 unitId,bytes32 outcomesHash,uint256 deadline)");
-    bytes32 private constant WITHDRAW_CREDIT_TYPEHASH =
+    bytes32 internal constant VERDICT_TYPEHASH = keccak256("Verdict(uint256 unitId,bytes32 outcomesHash,uint256 deadline)");
+    bytes32 internal constant WITHDRAW_CREDIT_TYPEHASH =
         keccak256("WithdrawCredit(address account,uint256 nonce,uint256 deadline)");
-    bytes32 private constant UNIT_COMMIT_TYPEHASH =
+    bytes32 internal constant UNIT_COMMIT_TYPEHASH =
         keccak256("UnitCommit(uint256 unitId,address provider,bytes32 commitment,uint256 deadline)");
-    uint256 private constant BPS = 10_000;
-    uint256 private constant PPM = 1_000_000;
+    uint256 internal constant BPS = 10_000;
+    uint256 internal constant PPM = 1_000_000;
     /// @dev A unit's parties are stored as 24-bit party ids, ten of which fill one slot.
-    uint256 private constant PARTY_ID_BITS = 24;
-    uint256 private constant PARTY_ID_MASK = (1 << PARTY_ID_BITS) - 1;
+    uint256 internal constant PARTY_ID_BITS = 24;
+    uint256 internal constant PARTY_ID_MASK = (1 << PARTY_ID_BITS) - 1;
     /// @dev Number of recycled commitment pages (see {_pages}): more units open at once simply store
     /// their commitments per unit.
-    uint256 private constant COMMIT_PAGES = 128;
+    uint256 internal constant COMMIT_PAGES = 128;
 
     /// @notice Life cycle of a unit. `Committing` stays stored until every replica committed; after the
     /// commit deadline such a unit is in its reveal phase all the same (see the time rules above).
@@ -281,51 +192,51 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
     /// @notice The stake registry that holds provider collateral and verifier stake.
     StakeManager public immutable stakes;
 
-    uint64 private immutable _commitWindow;
-    uint64 private immutable _revealWindow;
-    uint64 private immutable _verdictWindow;
-    uint8 private immutable _minVerifiers;
-    uint16 private immutable _bountyBps;
-    uint256 private immutable _providerCollateral;
-    uint256 private immutable _slashAmount;
-    uint256 private immutable _verifierCollateral;
-    uint32 private immutable _spotCheckPpm;
-    uint32 private immutable _soloSpotCheckPpm;
-    uint256 private immutable _withholdPenalty;
-    uint16 private immutable _probationStreak;
+    uint64 internal immutable _commitWindow;
+    uint64 internal immutable _revealWindow;
+    uint64 internal immutable _verdictWindow;
+    uint8 internal immutable _minVerifiers;
+    uint16 internal immutable _bountyBps;
+    uint256 internal immutable _providerCollateral;
+    uint256 internal immutable _slashAmount;
+    uint256 internal immutable _verifierCollateral;
+    uint32 internal immutable _spotCheckPpm;
+    uint32 internal immutable _soloSpotCheckPpm;
+    uint256 internal immutable _withholdPenalty;
+    uint16 internal immutable _probationStreak;
 
-    uint256 private _orderCount;
-    UnitCounter private _unitCounter;
-    Totals private _totals;
-    mapping(uint256 orderId => Order) private _orders;
-    mapping(uint256 unitId => Unit) private _units;
+    uint256 internal _orderCount;
+    UnitCounter internal _unitCounter;
+    Totals internal _totals;
+    mapping(uint256 orderId => Order) internal _orders;
+    mapping(uint256 unitId => Unit) internal _units;
     /// @dev A unit's providers then verifiers as 24-bit party ids, party `i` in bits [24i, 24i+24): one
     /// fresh slot per unit instead of one per 1.6 addresses (see {_partyAt}).
-    mapping(uint256 unitId => uint256) private _unitParties;
+    mapping(uint256 unitId => uint256) internal _unitParties;
     /// @dev Holds a replica's commitment until it reveals, then its result digest. Replica 0 always
     /// lives here; replicas 1.. of a unit that holds a commitment page live in the page while the unit
     /// is open and are copied here when a verdict or expiry settles it. A finalized unit keeps only its
     /// unanimous digest, in entry 0 (see {replicaOf}).
-    mapping(uint256 unitId => bytes32[MAX_REPLICAS]) private _digests;
+    mapping(uint256 unitId => bytes32[MAX_REPLICAS]) internal _digests;
     /// @dev Recycled storage for the commitments of replicas 1.. of open units: a page is taken at
     /// assignment and released at settlement, so in steady state a commitment overwrites a stale value
     /// (5,000 gas) instead of filling a fresh slot (22,100 gas).
-    mapping(uint256 page => bytes32[MAX_REPLICAS - 1]) private _pages;
-    mapping(address account => Account) private _accounts;
+    mapping(uint256 page => bytes32[MAX_REPLICAS - 1]) internal _pages;
+    mapping(address account => Account) internal _accounts;
     /// @dev Nonces and the party registry: every address gets a permanent id (from 1) when first
     /// assigned to a unit.
-    mapping(address account => Party) private _parties;
-    mapping(uint256 partyId => address) private _partyAddresses;
-    uint256 private _partyCount;
+    mapping(address account => Party) internal _parties;
+    mapping(uint256 partyId => address) internal _partyAddresses;
+    uint256 internal _partyCount;
     /// @dev Unordered `Accept` nonces: bit `nonce & 255` of word `nonce >> 8` is set once used.
-    mapping(address account => mapping(uint256 word => uint256)) private _acceptNonces;
+    mapping(address account => mapping(uint256 word => uint256)) internal _acceptNonces;
     /// @dev The outcomesHash of the verdict that settled a unit, for appeals ({verdictHashOf}). Written only
     /// on the dispute path.
-    mapping(uint256 unitId => bytes32) private _verdictHashes;
+    mapping(uint256 unitId => bytes32) internal _verdictHashes;
     /// @dev A verdicted unit's replicas judged fraud, held until its truth is fixed ({settleHeld}): bits 0..7
     /// the replicas, bits 8..15 the verdict's signers among its verifiers, bits 16.. the verdict's time.
     /// 0: nothing held.
-    mapping(uint256 unitId => uint256) private _held;
+    mapping(uint256 unitId => uint256) internal _held;
 
     /// @notice A constructor argument is unusable.
     error InvalidParameter(string name);
@@ -461,18 +372,16 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
     event CreditWithdrawn(address indexed account, uint256 amount);
 
     /// @param token_ Payment token (must equal the stake manager's token).
-    /// @param stakes_ Stake registry; grant this contract its MARKET_ROLE after deployment.
-    /// @param operator Holder of OPERATOR_ROLE (the deployer becomes admin).
+    /// @param stakes_ Stake registry (it grants {JobMarket} its MARKET_ROLE after deployment).
     /// @param params_ Market parameters (0 < windows <= MAX_WINDOW, 1 <= minVerifiers <= MAX_VERIFIERS,
     /// slash <= collateral, bounty <= 100 %, verifierCollateral > 0,
     /// spot-check rates <= 1e6 ppm, withholdPenalty <= slashAmount).
-    constructor(IERC20 token_, StakeManager stakes_, address operator, Params memory params_)
+    constructor(IERC20 token_, StakeManager stakes_, Params memory params_)
         TypedSignatures("Veritrain JobMarket", "1")
     {
         if (address(token_) == address(0) || address(stakes_.token()) != address(token_)) {
             revert InvalidParameter("token");
         }
-        if (operator == address(0)) revert InvalidParameter("operator");
         if (params_.commitWindow == 0 || params_.commitWindow > MAX_WINDOW) revert InvalidParameter("commitWindow");
         if (params_.revealWindow == 0 || params_.revealWindow > MAX_WINDOW) revert InvalidParameter("revealWindow");
         if (params_.verdictWindow == 0 || params_.verdictWindow > MAX_WINDOW) {
@@ -500,6 +409,777 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
         _soloSpotCheckPpm = params_.soloSpotCheckPpm;
         _withholdPenalty = params_.withholdPenalty;
         _probationStreak = params_.probationStreak;
+    }
+
+    /// @notice The commitment a provider must submit for `resultDigest` with secret `salt` on `unitId`.
+    function commitmentOf(bytes32 resultDigest, bytes32 salt, address provider, uint256 unitId)
+        public
+        pure
+        returns (bytes32)
+    {
+        return keccak256(abi.encode(resultDigest, salt, provider, unitId));
+    }
+
+    /// @inheritdoc TypedSignatures
+    function nonces(address account) public view override returns (uint256) {
+        return _parties[account].nonce;
+    }
+
+    // ----------------------------------------------------------------------------------------------
+    // Internals
+    // ----------------------------------------------------------------------------------------------
+
+    /// @dev Records an order (escrow for `replicas` per unit) and pulls its escrow from the caller.
+    function _postOrder(
+        bytes32 specHash,
+        uint32 units,
+        uint8 minReplicas,
+        uint8 replicas,
+        uint16 trustedStreak,
+        uint256 pricePerReplica,
+        uint256 verifierFeePerUnit,
+        uint64 deadline
+    ) internal returns (uint256 orderId) {
+        if (units == 0) revert ZeroUnits();
+        if (replicas == 0 || replicas > MAX_REPLICAS) revert InvalidReplicaCount(replicas);
+        if (deadline <= block.timestamp) revert InvalidDeadline(deadline, block.timestamp);
+        uint256 escrow = uint256(units) * (uint256(replicas) * pricePerReplica + verifierFeePerUnit);
+        uint128 escrow128 = SafeCast.toUint128(escrow);
+        orderId = ++_orderCount;
+        _orders[orderId] = Order({
+            buyer: msg.sender,
+            deadline: deadline,
+            units: units,
+            pricePerReplica: uint128(pricePerReplica), // <= escrow
+            verifierFeePerUnit: uint128(verifierFeePerUnit), // <= escrow
+            balance: escrow128,
+            delivered: 0,
+            openUnits: 0,
+            replicas: replicas,
+            closed: false,
+            minReplicas: minReplicas,
+            trustedStreak: trustedStreak
+        });
+        _totals.escrow += escrow128;
+        emit OrderPosted(
+            orderId, msg.sender, specHash, units, replicas, pricePerReplica, verifierFeePerUnit, deadline, escrow
+        );
+        uint256 balanceBefore = token.balanceOf(address(this));
+        token.safeTransferFrom(msg.sender, address(this), escrow);
+        uint256 received = token.balanceOf(address(this)) - balanceBefore;
+        if (received != escrow) revert TransferAmountMismatch(escrow, received);
+    }
+
+    /// @dev Checks the order can take one more unit with these party counts and moves one unit's cost
+    /// (its own replica count's) from the order's balance into the open unit. Returns the streak each
+    /// provider needs: the order's `trustedStreak` for a unit below its most replicas, else 0.
+    function _reserveUnitBudget(uint256 orderId, uint256 providerCount, uint256 acceptCount, uint256 verifierCount)
+        internal
+        returns (uint8 replicas, uint16 trustedStreak)
+    {
+        Order storage order = _orders[orderId];
+        if (order.buyer == address(0)) revert UnknownOrder(orderId);
+        if (order.closed) revert OrderNotOpen(orderId);
+        if (block.timestamp > order.deadline) revert OrderExpired(orderId, order.deadline);
+        uint8 maxReplicas = order.replicas;
+        if (providerCount < order.minReplicas || providerCount > maxReplicas) {
+            revert ProviderCountMismatch(maxReplicas, providerCount);
+        }
+        if (acceptCount != providerCount) revert ProviderCountMismatch(providerCount, acceptCount);
+        replicas = uint8(providerCount);
+        trustedStreak = providerCount < maxReplicas ? order.trustedStreak : 0;
+        if (verifierCount < _minVerifiers || verifierCount > MAX_VERIFIERS) {
+            revert InvalidVerifierCount(verifierCount, _minVerifiers, MAX_VERIFIERS);
+        }
+        uint32 openUnits = order.openUnits;
+        if (order.delivered + openUnits >= order.units) revert NoUnitBudget(orderId);
+        uint128 unitCost = order.pricePerReplica * replicas + order.verifierFeePerUnit;
+        uint128 balance = order.balance;
+        if (unitCost > balance) revert NoUnitBudget(orderId);
+        order.balance = balance - unitCost;
+        order.openUnits = openUnits + 1;
+    }
+
+    /// @dev Checks `provider`'s `Accept` signature (consuming its unordered nonce).
+    function _acceptProvider(uint256 orderId, bytes32 unitKey, address provider, SignedApproval calldata accept)
+        internal
+    {
+        uint256 nonce = accept.nonce;
+        mapping(uint256 => uint256) storage words = _acceptNonces[provider];
+        uint256 word = words[nonce >> 8];
+        uint256 bit = 1 << (nonce & 0xff);
+        if (word & bit != 0) revert AcceptNonceUsed(provider, nonce);
+        words[nonce >> 8] = word | bit;
+        _checkSignature(
+            provider,
+            keccak256(abi.encode(ACCEPT_TYPEHASH, orderId, unitKey, provider, accept.nonce, accept.deadline)),
+            accept.deadline,
+            accept.signature
+        );
+    }
+
+    /// @dev Checks the unit's verifiers are distinct from each other and from the providers (their stake is
+    /// checked by locking it). Returns their party ids at their positions after the providers'.
+    function _checkVerifiers(address[] calldata providers, address[] calldata verifiers)
+        internal
+        returns (uint256 partyIds)
+    {
+        for (uint256 i; i < verifiers.length; ++i) {
+            address verifier = verifiers[i];
+            for (uint256 j; j < providers.length; ++j) {
+                if (providers[j] == verifier) revert DuplicateParty(verifier);
+            }
+            for (uint256 j; j < i; ++j) {
+                if (verifiers[j] == verifier) revert DuplicateParty(verifier);
+            }
+            partyIds |= _partyIdOf(verifier) << ((providers.length + i) * PARTY_ID_BITS);
+        }
+    }
+
+    /// @dev Counts a new unit and, if it has replicas beyond the first and a page is free, gives it the
+    /// lowest free commitment page (as 1 + index; 0 when none).
+    function _newUnit(uint8 replicas) internal returns (uint256 unitId, uint8 page) {
+        UnitCounter memory counter = _unitCounter;
+        unitId = counter.count + 1;
+        counter.count = uint128(unitId);
+        uint256 busy = counter.busyPages;
+        if (replicas > 1 && busy != (1 << COMMIT_PAGES) - 1) {
+            uint256 index;
+            while (busy & (1 << index) != 0) ++index;
+            counter.busyPages = uint128(busy | (1 << index));
+            page = uint8(index + 1);
+        }
+        _unitCounter = counter;
+    }
+
+    function _releasePage(uint8 page) internal {
+        if (page != 0) _unitCounter.busyPages &= ~uint128(1 << (page - 1));
+    }
+
+    /// @dev Copies a settling unit's paged commitments and digests into its own storage, where
+    /// {replicaOf} reads them from now on, and releases the page.
+    function _unpage(uint256 unitId, Unit memory u) internal {
+        if (u.page == 0) return;
+        bytes32[MAX_REPLICAS - 1] storage paged = _pages[u.page - 1];
+        for (uint256 i = 1; i < u.replicas; ++i) {
+            if (u.committedMask & (1 << i) != 0) _digests[unitId][i] = paged[i - 1];
+        }
+        _releasePage(u.page);
+    }
+
+    /// @dev Replica `index`'s commitment or digest of an open unit.
+    function _loadReplica(uint256 unitId, uint8 page, uint256 index) internal view returns (bytes32) {
+        return index == 0 || page == 0 ? _digests[unitId][index] : _pages[page - 1][index - 1];
+    }
+
+    function _storeReplica(uint256 unitId, uint8 page, uint256 index, bytes32 value) internal {
+        if (index == 0 || page == 0) _digests[unitId][index] = value;
+        else _pages[page - 1][index - 1] = value;
+    }
+
+    /// @dev The party id of `account`, registering it on first use (ids start at 1, so 0 means none).
+    function _partyIdOf(address account) internal returns (uint256 id) {
+        Party storage party = _parties[account];
+        id = party.id;
+        if (id == 0) {
+            id = ++_partyCount;
+            if (id > PARTY_ID_MASK) revert PartyRegistryFull();
+            party.id = uint24(id);
+            _partyAddresses[id] = account;
+        }
+    }
+
+    /// @dev The party id at position `index` of a unit's packed party ids.
+    function _idAt(uint256 partyIds, uint256 index) internal pure returns (uint256) {
+        return (partyIds >> (index * PARTY_ID_BITS)) & PARTY_ID_MASK;
+    }
+
+    /// @dev Party `index` of the unit: providers are 0..replicas-1, verifiers follow.
+    function _partyAt(uint256 unitId, uint256 index) internal view returns (address) {
+        return _partyAddresses[_idAt(_unitParties[unitId], index)];
+    }
+
+    /// @dev Position of `account` among the unit's parties `from` .. `from + count - 1` (the providers
+    /// when `from` is 0, else the verifiers).
+    function _indexOf(uint256 unitId, uint256 from, uint256 count, address account) internal view returns (uint256) {
+        uint256 id = _parties[account].id;
+        if (id != 0) {
+            uint256 partyIds = _unitParties[unitId];
+            for (uint256 i; i < count; ++i) {
+                if (_idAt(partyIds, from + i) == id) return i;
+            }
+        }
+        if (from == 0) revert NotAssignedProvider(unitId, account);
+        revert NotAssignedVerifier(unitId, account);
+    }
+
+    function _commit(uint256 unitId, address provider, bytes32 commitment) internal {
+        Unit storage unit = _units[unitId];
+        Unit memory u = unit;
+        _requireOpen(unitId, u.state);
+        if (block.timestamp > u.commitDeadline) revert CommitWindowClosed(unitId, u.commitDeadline);
+        uint256 index = _indexOf(unitId, 0, u.replicas, provider);
+        uint8 bit = uint8(1 << index);
+        if (u.committedMask & bit != 0) revert AlreadyCommitted(unitId, provider);
+        _storeReplica(unitId, u.page, index, commitment);
+        uint8 committedMask = u.committedMask | bit;
+        unit.committedMask = committedMask;
+        if (committedMask == _fullMask(u.replicas)) {
+            unit.state = UnitState.Revealing;
+            unit.seedBlock = uint48(block.number);
+        }
+        emit ReplicaCommitted(unitId, provider, commitment);
+    }
+
+    /// @dev Reveals open once every replica committed or after the commit deadline, and close at the
+    /// reveal deadline.
+    function _checkRevealWindow(uint256 unitId, Unit memory u) internal view {
+        _requireOpen(unitId, u.state);
+        if (u.state == UnitState.Committing && block.timestamp <= u.commitDeadline) {
+            revert RevealWindowNotOpen(unitId, u.commitDeadline);
+        }
+        if (block.timestamp > u.revealDeadline) revert RevealWindowClosed(unitId, u.revealDeadline);
+    }
+
+    /// @dev Fixes the spot-check draw of a fully committed unit at its first reveal (no-op afterwards, or
+    /// for a unit that never fully committed: it cannot be finalized anyway). Reverts in the seed block itself, whose hash
+    /// no transaction inside it can read: so the draw is unknown to the last committer and fixed before any
+    /// reveal is visible. When the seed block is more than 256 blocks old its hash is gone and the unit
+    /// counts as drawn: otherwise a revealer could wait for the hash to expire to escape the check.
+    function _decideDraw(uint256 unitId, Unit storage unit, Unit memory u) internal {
+        uint256 seedBlock = u.seedBlock;
+        if (seedBlock == 0 || u.revealedMask != 0) return;
+        if (block.number <= seedBlock) revert RevealTooEarly(unitId, seedBlock);
+        if (!u.drawn && _drawnBy(unitId, u.replicas, blockhash(seedBlock))) {
+            u.drawn = true;
+            unit.drawn = true;
+            emit VerificationRequested(unitId);
+        }
+    }
+
+    /// @dev The spot-check draw for seed hash `seed` (zero when it is no longer available: drawn).
+    function _drawnBy(uint256 unitId, uint8 replicas, bytes32 seed) internal view returns (bool) {
+        uint256 rate = replicas == 1 ? _soloSpotCheckPpm : _spotCheckPpm;
+        uint256 draw;
+        assembly ("memory-safe") {
+            // keccak256(abi.encode(seed, unitId)) in scratch space, without allocating memory
+            mstore(0x00, seed)
+            mstore(0x20, unitId)
+            draw := keccak256(0x00, 0x40)
+        }
+        return seed == 0 || draw % PPM < rate;
+    }
+
+    /// @dev Checks `provider` committed to `resultDigest` and `salt` and has not revealed yet (per
+    /// `u.revealedMask`), emits {ReplicaRevealed} and returns the provider's replica index. Stores
+    /// nothing: the caller records the digest and the revealed bit.
+    function _checkReveal(uint256 unitId, Unit memory u, address provider, bytes32 resultDigest, bytes32 salt)
+        internal
+        returns (uint256 index)
+    {
+        index = _indexOf(unitId, 0, u.replicas, provider);
+        uint8 bit = uint8(1 << index);
+        if (u.committedMask & bit == 0) revert NotCommitted(unitId, provider);
+        if (u.revealedMask & bit != 0) revert AlreadyRevealed(unitId, provider);
+        if (commitmentOf(resultDigest, salt, provider, unitId) != _loadReplica(unitId, u.page, index)) {
+            revert RevealMismatch(unitId, provider);
+        }
+        emit ReplicaRevealed(unitId, provider, resultDigest);
+    }
+
+    /// @dev Settles a unanimous unit: pays every replica, releases collateral, returns the verifier fee
+    /// to the order. `providers[i]` is replica i's provider when the caller already knows it, else zero.
+    function _finalize(
+        uint256 unitId,
+        Unit storage unit,
+        Unit memory u,
+        bytes32 digest,
+        address[MAX_REPLICAS] memory providers
+    ) internal {
+        unit.state = UnitState.Finalized;
+        _releasePage(u.page);
+        uint8 replicas = u.replicas;
+        Order storage order = _orders[u.orderId];
+        uint128 price = order.pricePerReplica;
+        address[] memory paid = new address[](replicas);
+        for (uint256 i; i < replicas; ++i) {
+            address provider = providers[i] == address(0) ? _partyAt(unitId, i) : providers[i];
+            _payAccepted(provider, price);
+            paid[i] = provider;
+        }
+        stakes.unlockBatch(paid, _providerCollateral);
+        _releaseVerifiers(unitId, u);
+        order.balance += order.verifierFeePerUnit;
+        order.delivered += 1;
+        order.openUnits -= 1;
+        uint128 payout = price * replicas;
+        Totals memory totals = _totals;
+        totals.escrow -= payout;
+        totals.credits += payout;
+        _totals = totals;
+        emit UnitFinalized(unitId, digest);
+    }
+
+    /// @dev Verdicts open once all replicas revealed or after the reveal deadline, and close at the
+    /// verdict deadline.
+    function _checkVerdictWindow(uint256 unitId, Unit memory u) internal view {
+        if (u.revealedMask != _fullMask(u.replicas) && block.timestamp <= u.revealDeadline) {
+            revert VerdictWindowNotOpen(unitId, u.revealDeadline);
+        }
+        uint64 verdictDeadline = uint64(u.revealDeadline) + _verdictWindow;
+        if (block.timestamp > verdictDeadline) revert VerdictWindowClosed(unitId, verdictDeadline);
+    }
+
+    /// @dev Checks one known outcome per replica (accept and fraud only for revealed replicas) and returns
+    /// the signed `outcomesHash` = keccak256(abi.encodePacked(outcomes)) (one 32-byte word per outcome)
+    /// and the replicas judged fraud, as a bit mask.
+    function _checkOutcomes(Unit memory u, uint8[] calldata outcomes)
+        internal
+        pure
+        returns (bytes32 outcomesHash, uint256 fraudMask)
+    {
+        if (outcomes.length != u.replicas) revert OutcomeCountMismatch(u.replicas, outcomes.length);
+        for (uint256 i; i < outcomes.length; ++i) {
+            uint8 outcome = outcomes[i];
+            bool revealed = u.revealedMask & (1 << i) != 0;
+            if (outcome > OUTCOME_FRAUD || (outcome != OUTCOME_FAULT && !revealed)) {
+                revert InvalidOutcome(i, outcome);
+            }
+            if (outcome == OUTCOME_FRAUD) fraudMask |= 1 << i;
+        }
+        outcomesHash = keccak256(abi.encodePacked(outcomes));
+    }
+
+    /// @dev Checks every signature is a distinct assigned verifier's valid `Verdict` signature and that
+    /// they are a majority of the unit's verifiers. Returns the signers and their positions as a bit mask.
+    function _checkVerdictSignatures(
+        uint256 unitId,
+        uint8 replicas,
+        uint8 verifierCount,
+        bytes32 outcomesHash,
+        VerifierSignature[] calldata signatures
+    ) internal view returns (address[] memory signers, uint256 seen) {
+        signers = new address[](signatures.length);
+        for (uint256 s; s < signatures.length; ++s) {
+            VerifierSignature calldata sig = signatures[s];
+            uint256 bit = 1 << _indexOf(unitId, replicas, verifierCount, sig.verifier);
+            if (seen & bit != 0) revert DuplicateParty(sig.verifier);
+            seen |= bit;
+            _checkSignature(
+                sig.verifier,
+                keccak256(abi.encode(VERDICT_TYPEHASH, unitId, outcomesHash, sig.deadline)),
+                sig.deadline,
+                sig.signature
+            );
+            signers[s] = sig.verifier;
+        }
+        uint256 quorum = uint256(verifierCount) / 2 + 1;
+        if (signatures.length < quorum) revert QuorumNotReached(unitId, signatures.length, quorum);
+    }
+
+    /// @dev Releases the collateral of every verifier assigned to the settling unit.
+    function _releaseVerifiers(uint256 unitId, Unit memory u) internal {
+        stakes.unlockBatch(_verifiersAt(unitId, u, type(uint256).max), _verifierCollateral);
+    }
+
+    /// @dev Moves a verdicted unit's money: replica payouts and withhold penalties, the verifiers' fee and
+    /// the penalties' bounty, the buyer's share of penalties, and unpaid prices back to the order. Replicas
+    /// judged fraud are held (price in escrow, collateral locked) for {settleHeld}.
+    function _settleVerdict(
+        uint256 unitId,
+        Unit memory u,
+        uint8[] calldata outcomes,
+        address[] memory signers,
+        uint256 held
+    ) internal {
+        Order storage order = _orders[u.orderId];
+        uint128 price = order.pricePerReplica;
+        uint128 fee = order.verifierFeePerUnit;
+        (uint256 paidCount, uint256 penalties) = _applyOutcomes(unitId, u, outcomes, type(uint256).max, address(0));
+        if (held != 0) {
+            _held[unitId] = held;
+            emit FraudHeld(unitId, uint8(held));
+        }
+        uint256 verifierPay = _payEach(signers, fee + (penalties * _bountyBps) / BPS);
+        uint256 toBuyer = penalties + fee - verifierPay;
+        if (toBuyer != 0) _accounts[order.buyer].credit += SafeCast.toUint128(toBuyer);
+
+        uint256 paid = paidCount * price;
+        order.balance += uint128((u.replicas - paidCount - _countBits(held & 0xff)) * price);
+        if (paidCount != 0) order.delivered += 1;
+        order.openUnits -= 1;
+        Totals memory totals = _totals;
+        totals.escrow -= uint128(paid + fee);
+        totals.credits += SafeCast.toUint128(paid + fee + penalties);
+        _totals = totals;
+    }
+
+    /// @dev Applies `outcomes` to the replicas in `mask`: accept is paid and released, fault released (a
+    /// replica that committed and never revealed also loses the withhold penalty, shared like
+    /// a slash: the verdict window opens for it only after the reveal deadline), fraud released and slashed
+    /// to `slashTo`, or, when `slashTo` is zero (at the verdict), held: its collateral stays locked, its
+    /// fraud is counted and its streak ends at once (so matching and reduced units see the accusation
+    /// meanwhile); settling a held replica (`slashTo` set) that the truth acquits takes the count back.
+    /// Returns how many were paid and the stake received.
+    function _applyOutcomes(
+        uint256 unitId,
+        Unit memory u,
+        uint8[] calldata outcomes,
+        uint256 mask,
+        address slashTo
+    ) internal returns (uint256 paidCount, uint256 slashed) {
+        uint128 price = _orders[u.orderId].pricePerReplica;
+        for (uint256 i; i < outcomes.length; ++i) {
+            if (mask & (1 << i) == 0) continue;
+            address provider = _partyAt(unitId, i);
+            uint8 outcome = outcomes[i];
+            if (outcome == OUTCOME_FRAUD && slashTo == address(0)) {
+                Account storage accused = _accounts[provider];
+                accused.fraud += 1;
+                accused.consecutiveValid = 0;
+                continue;
+            }
+            stakes.unlock(provider, _providerCollateral);
+            if (slashTo != address(0) && outcome != OUTCOME_FRAUD) _accounts[provider].fraud -= 1; // acquitted
+            if (outcome == OUTCOME_ACCEPT) {
+                _payAccepted(provider, price);
+                ++paidCount;
+            } else if (outcome == OUTCOME_FAULT) {
+                _recordFault(provider);
+                if ((u.committedMask & ~u.revealedMask) & (1 << i) != 0) {
+                    slashed += _penalizeWithholding(unitId, provider);
+                }
+            } else {
+                _accounts[provider].consecutiveValid = 0; // confirmed: a streak since the accusation ends too
+                uint256 taken = stakes.slash(provider, _slashAmount, slashTo);
+                slashed += taken;
+                emit ReplicaSlashed(unitId, provider, taken);
+            }
+        }
+    }
+
+    /// @dev Credits `amount` split evenly among `accounts`; returns what was credited (the rounding dust
+    /// is the caller's to place).
+    function _payEach(address[] memory accounts, uint256 amount) internal returns (uint256 credited) {
+        uint256 share = amount / accounts.length;
+        for (uint256 i; i < accounts.length; ++i) {
+            _accounts[accounts[i]].credit += SafeCast.toUint128(share);
+        }
+        return share * accounts.length;
+    }
+
+    /// @dev The unit's verifiers at the positions set in `mask`, in assignment order.
+    function _verifiersAt(uint256 unitId, Unit memory u, uint256 mask) internal view returns (address[] memory found) {
+        found = new address[](u.verifierCount);
+        uint256 partyIds = _unitParties[unitId];
+        uint256 count;
+        for (uint256 i; i < u.verifierCount; ++i) {
+            if (mask & (1 << i) != 0) found[count++] = _partyAddresses[_idAt(partyIds, u.replicas + i)];
+        }
+        assembly ("memory-safe") {
+            mstore(found, count)
+        }
+    }
+
+    /// @dev Slashes the withhold penalty from `provider` into this contract; returns the amount received.
+    function _penalizeWithholding(uint256 unitId, address provider) internal returns (uint256 slashed) {
+        slashed = stakes.slash(provider, _withholdPenalty, address(this));
+        emit RevealWithheld(unitId, provider, slashed);
+    }
+
+    function _payAccepted(address provider, uint128 price) internal {
+        Account memory acc = _accounts[provider];
+        acc.credit += price;
+        acc.valid += 1;
+        acc.consecutiveValid += 1;
+        _accounts[provider] = acc;
+    }
+
+    function _recordFault(address provider) internal {
+        Account storage acc = _accounts[provider];
+        acc.fault += 1;
+        acc.consecutiveValid = 0;
+    }
+
+    function _useNonce(address account, uint256 given) internal override {
+        Party storage party = _parties[account];
+        uint256 expected = party.nonce;
+        if (given != expected) revert InvalidNonce(account, expected, given);
+        party.nonce += 1;
+    }
+
+    function _withdrawCredit(address account) internal {
+        Account storage acc = _accounts[account];
+        uint128 amount = acc.credit;
+        if (amount == 0) revert NothingToWithdraw(account);
+        acc.credit = 0;
+        _totals.credits -= amount;
+        emit CreditWithdrawn(account, amount);
+        token.safeTransfer(account, amount);
+    }
+
+    /// @dev Reverts unless the unit exists and is not yet settled.
+    function _requireOpen(uint256 unitId, UnitState state) internal pure {
+        if (state == UnitState.None) revert InvalidUnitState(unitId, uint8(state));
+        if (state > UnitState.Revealing) revert UnitAlreadySettled(unitId);
+    }
+
+    function _countBits(uint256 mask) internal pure returns (uint256 count) {
+        for (; mask != 0; mask &= mask - 1) ++count;
+    }
+
+    function _fullMask(uint8 replicas) internal pure returns (uint8) {
+        return uint8((1 << replicas) - 1);
+    }
+}
+
+/// @title JobMarketVerdicts
+/// @notice {JobMarket}'s verdict path: {submitVerdict}, {settleHeld} and {expireUnit}. Deployed by
+/// JobMarket's constructor and reached only by its delegatecall, so every read and write is JobMarket's
+/// (its storage, its roles, its token balance; events come from its address); called on its own address it
+/// reverts ({NotDelegated}).
+contract JobMarketVerdicts is JobMarketBase {
+    /// @dev This contract's own address: code that runs here is running outside JobMarket's storage.
+    address private immutable _self = address(this);
+
+    /// @notice Called on this contract's own address instead of through {JobMarket}.
+    error NotDelegated();
+
+    modifier onlyDelegated() {
+        if (address(this) == _self) revert NotDelegated();
+        _;
+    }
+
+    constructor(IERC20 token_, StakeManager stakes_, Params memory params_) JobMarketBase(token_, stakes_, params_) {}
+
+    /// @notice Settles a unit by the signatures of a majority of its assigned verifiers
+    /// (`verifierCount / 2 + 1`), one outcome per replica in assignment order: 0 accept (paid), 1 fault
+    /// (unpaid; slashed the withhold penalty only when the replica committed and never revealed), 2 fraud
+    /// (held: see {settleHeld}). The verifier fee and the withhold penalties' bounty are split evenly among
+    /// the signing verifiers (rounding dust and the rest of the penalties are credited to the buyer); unpaid
+    /// prices return to the order; every verifier's collateral is released. The verdict's outcomesHash is
+    /// kept for appeals ({verdictHashOf}). Anyone may relay.
+    function submitVerdict(uint256 unitId, uint8[] calldata outcomes, VerifierSignature[] calldata signatures)
+        external
+        onlyDelegated
+        nonReentrant
+    {
+        Unit storage unit = _units[unitId];
+        Unit memory u = unit;
+        _requireOpen(unitId, u.state);
+        _checkVerdictWindow(unitId, u);
+        (bytes32 outcomesHash, uint256 fraudMask) = _checkOutcomes(u, outcomes);
+        (address[] memory signers, uint256 signerMask) =
+            _checkVerdictSignatures(unitId, u.replicas, u.verifierCount, outcomesHash, signatures);
+        unit.state = UnitState.Verdicted;
+        _verdictHashes[unitId] = outcomesHash;
+        _unpage(unitId, u);
+        _releaseVerifiers(unitId, u);
+        _settleVerdict(
+            unitId, u, outcomes, signers, fraudMask == 0 ? 0 : fraudMask | (signerMask << 8) | (block.timestamp << 16)
+        );
+        emit VerdictRecorded(unitId, outcomes, outcomesHash, signers);
+    }
+
+    /// @notice Settles the replicas a verdict called fraud by the unit's truth, once {VerdictAppeals} fixed
+    /// it (the verdict unappealed past its appeal window or appealed and lapsed, or a panel's decision).
+    /// Why held: a colluding verifier majority could otherwise slash an honest replica and take the bounty
+    /// before the honest minority's appeal is decided. Until then such a replica keeps its collateral locked,
+    /// its price in escrow, its streak reset and one fraud counted (taken back if the truth acquits it). By `truth`: fraud is slashed `slashAmount` (the bounty to
+    /// the verdict's signers when `truth` is the verdict, all of it to the caller, which pays the deciding
+    /// referees, when a panel overturned it), accept is paid its price, fault is unpaid; every held
+    /// replica's collateral is released and unpaid prices are credited to the buyer. A no-op when nothing
+    /// is held. Returns what was slashed to the caller.
+    function settleHeld(uint256 unitId, uint8[] calldata truth)
+        external
+        onlyDelegated
+        onlyRole(APPEALS_ROLE)
+        nonReentrant
+        returns (uint256 toCaller)
+    {
+        uint256 held = _held[unitId];
+        if (held == 0) return 0;
+        delete _held[unitId];
+        bool verdictStands = keccak256(abi.encodePacked(truth)) == _verdictHashes[unitId];
+        toCaller = _settleHeld(unitId, truth, held, verdictStands ? address(this) : msg.sender);
+        emit HeldSettled(unitId, truth);
+    }
+
+    /// @dev {settleHeld}'s replicas; the stake slashed goes to `slashTo`. Returns what the caller received.
+    function _settleHeld(uint256 unitId, uint8[] calldata truth, uint256 held, address slashTo)
+        private
+        returns (uint256)
+    {
+        Unit memory u = _units[unitId];
+        (uint256 paidCount, uint256 slashed) = _applyOutcomes(unitId, u, truth, held, slashTo);
+        return _creditHeld(unitId, u, held, paidCount, slashed, slashTo == address(this));
+    }
+
+    /// @dev {settleHeld}'s money: prices to the accepted, refunds to the buyer and, when the verdict stands,
+    /// the slash's bounty to the verdict's signers and the rest to the buyer. Returns what was slashed to
+    /// the caller (only when the verdict fell: the caller pays the referees who overturned it).
+    function _creditHeld(uint256 unitId, Unit memory u, uint256 held, uint256 paidCount, uint256 slashed, bool verdictStands)
+        private
+        returns (uint256 toCaller)
+    {
+        Order storage order = _orders[u.orderId];
+        uint256 price = order.pricePerReplica;
+        uint256 paid = paidCount * price;
+        uint256 refunds = (_countBits(held & 0xff) - paidCount) * price;
+        uint256 bounty;
+        if (verdictStands) {
+            bounty = _payEach(_verifiersAt(unitId, u, (held >> 8) & 0xff), (slashed * _bountyBps) / BPS);
+        } else {
+            toCaller = slashed;
+            slashed = 0;
+        }
+        _accounts[order.buyer].credit += SafeCast.toUint128(refunds + slashed - bounty);
+        Totals memory totals = _totals;
+        totals.escrow -= uint128(paid + refunds);
+        totals.credits += SafeCast.toUint128(paid + refunds + slashed);
+        _totals = totals;
+    }
+
+    /// @notice Expires a unit nobody settled by its verdict deadline: releases all collateral, counts a
+    /// fault for every replica that never revealed, and returns the unit's whole cost to the order, the
+    /// verifier fee included: assigned verifiers that let a unit expire earn nothing. Permissionless.
+    function expireUnit(uint256 unitId) external onlyDelegated {
+        Unit storage unit = _units[unitId];
+        Unit memory u = unit;
+        _requireOpen(unitId, u.state);
+        uint64 verdictDeadline = uint64(u.revealDeadline) + _verdictWindow;
+        if (block.timestamp <= verdictDeadline) revert UnitNotExpired(unitId, verdictDeadline);
+        unit.state = UnitState.Expired;
+        _unpage(unitId, u);
+        uint256 penalties;
+        for (uint256 i; i < u.replicas; ++i) {
+            address provider = _partyAt(unitId, i);
+            stakes.unlock(provider, _providerCollateral);
+            if (u.revealedMask & (1 << i) != 0) continue;
+            _recordFault(provider);
+            if (u.committedMask & (1 << i) != 0) penalties += _penalizeWithholding(unitId, provider);
+        }
+        _releaseVerifiers(unitId, u);
+        Order storage order = _orders[u.orderId];
+        order.balance += order.pricePerReplica * u.replicas + order.verifierFeePerUnit;
+        order.openUnits -= 1;
+        if (penalties != 0) {
+            _accounts[order.buyer].credit += SafeCast.toUint128(penalties);
+            _totals.credits += SafeCast.toUint128(penalties);
+        }
+        emit UnitExpired(unitId);
+    }
+}
+
+/// @title JobMarket
+/// @notice Escrow and settlement of Veritrain training orders. A buyer posts an order and escrows
+/// `units × (replicas × pricePerReplica + verifierFeePerUnit)`. The operator (the market service's
+/// relayer) assigns a unit to `replicas` distinct staked providers, each of whom accepted by EIP-712
+/// signature, and to a few staked verifiers. Providers commit to their result, then reveal it. Unanimous
+/// reveals are finalized by anyone (fast path); otherwise, or when the unit was drawn for a spot check,
+/// a majority of the unit's assigned verifiers signs a verdict per replica: accept (paid), fault (unpaid;
+/// slashed only the withhold penalty when it committed and never revealed) or fraud (held until the unit's
+/// truth is fixed on {VerdictAppeals}, then slashed, with a bounty to the signing verifiers and the rest to
+/// the buyer, or paid if a referee panel overturned the verdict: {settleHeld}). Each
+/// verifier locks `verifierCollateral` of stake for the unit. A verdict can be appealed to a referee
+/// panel ({VerdictAppeals}, which reads {verdictHashOf}); only that contract slashes a verifier whose
+/// signed outcomes contradict the unit's refereed truth. A unit nobody settles expires after its verdict deadline and its
+/// budget returns to the order (its verifiers earn nothing). All payouts are pull credits; tokens leave
+/// only through {withdrawCredit}.
+///
+/// Spot checks are drawn by the contract: when the last replica commits, the unit records that block
+/// as its seed block; reveals are refused until a later block, and the first reveal (or {finalize})
+/// fixes the draw `keccak256(blockhash(seedBlock), unitId) % 1e6 < spotCheckPpm` (soloSpotCheckPpm
+/// for single-replica units). So the draw is fixed before any reveal is visible and no revealer can
+/// time it. A unit with a provider on probation (fewer than `probationStreak` consecutive valid units,
+/// the streak a fault or fraud resets) is drawn at assignment: a ring of fresh keys holding every replica
+/// is always verified. A replica that committed but did not reveal by the reveal deadline loses `withholdPenalty`
+/// of stake when the unit settles by verdict or expiry, so withholding is no free option.
+///
+/// @dev Time: every deadline is the last second at which its phase is open (inclusive), like an
+/// ERC-2612 deadline, and all are fixed at assignment: revealDeadline = commitDeadline + revealWindow.
+/// Commit phase: now <= commitDeadline. Reveal phase: after all replicas committed (from the block after
+/// the last commit) or now > commitDeadline, until revealDeadline. Verdict: after all revealed or now > revealDeadline, until
+/// verdictDeadline = revealDeadline + verdictWindow. Expiry: now > verdictDeadline.
+///
+/// EIP-712 domain ("Veritrain JobMarket", "1", chainId, this). Typed messages:
+/// - `Accept(uint256 orderId,bytes32 unitKey,address provider,uint256 nonce,uint256 deadline)` with an
+///   UNORDERED nonce: any unused value works (a per-account bitmap, as Permit2), so a provider can sign
+///   several acceptances before any is relayed and they land in any order ({AcceptNonceUsed} on reuse)
+/// - `Commit(uint256 unitId,address provider,bytes32 commitment,uint256 nonce,uint256 deadline)`
+/// - `Verdict(uint256 unitId,bytes32 outcomesHash,uint256 deadline)` with
+///   `outcomesHash = keccak256(abi.encodePacked(uint8[] outcomes))`; packed encoding pads array
+///   elements, so this is keccak256 of one 32-byte big-endian word per outcome. Outcome-only: reasons
+///   carry measurements each verifier makes on its own hardware, so they stay off chain and honest
+///   verifiers agree byte for byte. No nonce: a unit settles once, so the unit's state machine makes the
+///   signature single-use (as `UnitCommit`); after settlement it serves only as evidence.
+/// - `WithdrawCredit(address account,uint256 nonce,uint256 deadline)`
+/// - `UnitCommit(uint256 unitId,address provider,bytes32 commitment,uint256 deadline)` ({commitBatch}):
+///   no nonce, because the unit's state machine makes it single-use (a provider commits once per unit,
+///   unit ids never repeat, the domain binds chain and contract), so it needs no ordering either
+/// Commitment: `keccak256(abi.encode(bytes32 resultDigest, bytes32 salt, address provider, uint256 unitId))`
+/// (see {commitmentOf}).
+///
+/// Deviations from the agreed interface (contract_spec.md), and why:
+/// 1. Every `...WithSig` function and every signature struct passes the signed `nonce` explicitly
+///    (before `deadline`), so a replay reverts with {InvalidNonce}(account, expected, given) instead of a
+///    wrong-signer error: `commitWithSig(unitId, provider, commitment, nonce, deadline, sig)`,
+///    `withdrawCreditWithSig(account, nonce, deadline, sig)`.
+/// 2. `assign(orderId, unitKey, providers, verifiers, SignedApproval[] accepts)` with
+///    `SignedApproval{nonce, deadline, signature}` per provider, in provider order.
+/// 3. `submitVerdict(unitId, outcomes, VerifierSignature[] signatures)` with
+///    `VerifierSignature{verifier, deadline, signature}`; the quorum is a majority of the unit's assigned
+///    verifiers (`verifierCount / 2 + 1`); the `minVerifiers` parameter bounds how few a unit may have.
+/// 4. Order and unit ids start at 1 (0 means "none").
+/// 5. An order keeps a token `balance` (escrow not committed to an open unit) and a `delivered` count:
+///    {assign} needs `delivered + openUnits < units` and `balance >= unitCost`. Finalize returns the unit's
+///    verifier fee to the balance; a verdict returns unpaid replica prices; an expired unit returns its
+///    whole cost. So a unit whose replicas all failed can be re-assigned under a new unitKey while the
+///    balance covers it. {closeOrder} credits the balance to the buyer.
+/// 6. `specHash` and `unitKey` are kept only in the {OrderPosted}/{UnitAssigned} events (gas).
+/// 7. Spot checks are drawn on chain (see above); the operator's {requestVerification} can only add
+///    draws (audits). A drawn unit can only settle by verdict or expiry. A verdict may mark `accept` or `fraud` only for replicas that revealed.
+/// 8. StakeManager's signed forms pass the nonce too: `requestUnstakeWithSig(staker, amount, nonce,
+///    deadline, sig)`, `withdrawWithSig(staker, nonce, deadline, sig)`; it adds the view `bondedOf`.
+/// 9. Fee-on-transfer tokens are refused ({TransferAmountMismatch}) instead of under-funding escrow.
+/// 10. Batch entry points (additions; every single-message function above still works unchanged):
+///    {commitBatch}(unitId, SignedCommit[]) relays several `UnitCommit` signatures; {revealBatch}(unitId,
+///    Reveal[]) reveals several replicas and finalizes in the same transaction when that completes a
+///    unanimous unit not drawn for verification; {multicall}(bytes[]) lets the operator put several
+///    units' actions in one transaction. StakeManager adds `lockBatch`/`unlockBatch`.
+/// 11. {postAdaptiveOrder} adds adaptive replication: {assign} takes minReplicas..replicas providers, fewer
+///    than `replicas` only when each has `trustedStreak` consecutive valid units ({ProviderNotTrusted}); a
+///    unit costs its own replica count. {getOrder} returns `minReplicas` and `trustedStreak` (fixed orders:
+///    minReplicas = replicas, trustedStreak = 0).
+/// Sequential nonces ({nonces}) remain only for `Commit` and `WithdrawCredit`, shared per account: a
+/// relayer must submit those in nonce order. Accept uses unordered nonces, Verdict and UnitCommit none.
+///
+/// Gas (3 replicas, 2 verifiers, steady state, test-contracts/gas.test.js): a unit of a multi-unit order
+/// settles in about 431k over three transactions (assign 182k, commitBatch 103k, revealBatch with
+/// finalize 145k, which includes the spot-check draw, about 1k). Before verifiers locked collateral it was 399k (assign 170k, finalize 127k): locking
+/// the verifiers at assign costs about 12k and releasing them at settlement 18k; the Accept nonce bitmap
+/// costs as much as the sequential nonce when a provider draws consecutive nonces (one word per 256).
+/// The 399k then broke down as: 63k transaction base, 66k three fresh slots (unit header, packed party ids, replica 0's
+/// commitment), 86k 41 cold reads and 64k 22 rewrites of existing slots (both including StakeManager),
+/// 21k six signature checks, 16k events, about 17k calldata. Replicas 1.. commit into recycled pages
+/// (5k instead of 22k a slot), parties are stored as 24-bit registry ids (one slot for up to ten), and
+/// an account's nonce and party id share a slot. Pipelined by {multicall} (reveal unit k, commit unit
+/// k+1 and assign unit k+2 in one transaction): about 329k a unit (313k before verifier collateral).
+contract JobMarket is JobMarketBase {
+    /// @notice The contract holding the verdict path, which this one runs by delegatecall.
+    address public immutable verdicts;
+
+    /// @param token_ Payment token (must equal the stake manager's token).
+    /// @param stakes_ Stake registry; grant this contract its MARKET_ROLE after deployment.
+    /// @param operator Holder of OPERATOR_ROLE (the deployer becomes admin).
+    /// @param params_ Market parameters (0 < windows <= MAX_WINDOW, 1 <= minVerifiers <= MAX_VERIFIERS,
+    /// slash <= collateral, bounty <= 100 %, verifierCollateral > 0,
+    /// spot-check rates <= 1e6 ppm, withholdPenalty <= slashAmount).
+    constructor(IERC20 token_, StakeManager stakes_, address operator, Params memory params_)
+        JobMarketBase(token_, stakes_, params_)
+    {
+        if (operator == address(0)) revert InvalidParameter("operator");
+        verdicts = address(new JobMarketVerdicts(token_, stakes_, params_));
         _grantRole(DEFAULT_ADMIN_ROLE, msg.sender);
         _grantRole(OPERATOR_ROLE, operator);
     }
@@ -759,120 +1439,33 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
         _finalize(unitId, unit, u, digest, unknown);
     }
 
-    /// @notice Settles a unit by the signatures of a majority of its assigned verifiers
-    /// (`verifierCount / 2 + 1`), one outcome per replica in assignment order: 0 accept (paid), 1 fault
-    /// (unpaid; slashed the withhold penalty only when the replica committed and never revealed), 2 fraud
-    /// (held: see {settleHeld}). The verifier fee and the withhold penalties' bounty are split evenly among
-    /// the signing verifiers (rounding dust and the rest of the penalties are credited to the buyer); unpaid
-    /// prices return to the order; every verifier's collateral is released. The verdict's outcomesHash is
-    /// kept for appeals ({verdictHashOf}). Anyone may relay.
-    function submitVerdict(uint256 unitId, uint8[] calldata outcomes, VerifierSignature[] calldata signatures)
-        external
-        nonReentrant
-    {
-        Unit storage unit = _units[unitId];
-        Unit memory u = unit;
-        _requireOpen(unitId, u.state);
-        _checkVerdictWindow(unitId, u);
-        (bytes32 outcomesHash, uint256 fraudMask) = _checkOutcomes(u, outcomes);
-        (address[] memory signers, uint256 signerMask) =
-            _checkVerdictSignatures(unitId, u.replicas, u.verifierCount, outcomesHash, signatures);
-        unit.state = UnitState.Verdicted;
-        _verdictHashes[unitId] = outcomesHash;
-        _unpage(unitId, u);
-        _releaseVerifiers(unitId, u);
-        _settleVerdict(
-            unitId, u, outcomes, signers, fraudMask == 0 ? 0 : fraudMask | (signerMask << 8) | (block.timestamp << 16)
-        );
-        emit VerdictRecorded(unitId, outcomes, outcomesHash, signers);
+    /// @notice Settles a unit by a majority of its verifiers' signatures; see {JobMarketVerdicts-submitVerdict}.
+    function submitVerdict(uint256, uint8[] calldata, VerifierSignature[] calldata) external {
+        _delegateToVerdicts();
     }
 
-    /// @notice Settles the replicas a verdict called fraud by the unit's truth, once {VerdictAppeals} fixed
-    /// it (the verdict unappealed past its appeal window or appealed and lapsed, or a panel's decision).
-    /// Why held: a colluding verifier majority could otherwise slash an honest replica and take the bounty
-    /// before the honest minority's appeal is decided. Until then such a replica keeps its collateral locked,
-    /// its price in escrow, its streak reset and one fraud counted (taken back if the truth acquits it). By `truth`: fraud is slashed `slashAmount` (the bounty to
-    /// the verdict's signers when `truth` is the verdict, all of it to the caller, which pays the deciding
-    /// referees, when a panel overturned it), accept is paid its price, fault is unpaid; every held
-    /// replica's collateral is released and unpaid prices are credited to the buyer. A no-op when nothing
-    /// is held. Returns what was slashed to the caller.
-    function settleHeld(uint256 unitId, uint8[] calldata truth)
-        external
-        onlyRole(APPEALS_ROLE)
-        nonReentrant
-        returns (uint256 toCaller)
-    {
-        uint256 held = _held[unitId];
-        if (held == 0) return 0;
-        delete _held[unitId];
-        bool verdictStands = keccak256(abi.encodePacked(truth)) == _verdictHashes[unitId];
-        toCaller = _settleHeld(unitId, truth, held, verdictStands ? address(this) : msg.sender);
-        emit HeldSettled(unitId, truth);
+    /// @notice Settles a verdict's held fraud by the unit's truth (VerdictAppeals only); see
+    /// {JobMarketVerdicts-settleHeld}.
+    function settleHeld(uint256, uint8[] calldata) external returns (uint256) {
+        _delegateToVerdicts();
     }
 
-    /// @dev {settleHeld}'s replicas; the stake slashed goes to `slashTo`. Returns what the caller received.
-    function _settleHeld(uint256 unitId, uint8[] calldata truth, uint256 held, address slashTo)
-        private
-        returns (uint256)
-    {
-        Unit memory u = _units[unitId];
-        (uint256 paidCount, uint256 slashed) = _applyOutcomes(unitId, u, truth, held, slashTo);
-        return _creditHeld(unitId, u, held, paidCount, slashed, slashTo == address(this));
+    /// @notice Expires a unit nobody settled by its verdict deadline; see {JobMarketVerdicts-expireUnit}.
+    function expireUnit(uint256) external {
+        _delegateToVerdicts();
     }
 
-    /// @dev {settleHeld}'s money: prices to the accepted, refunds to the buyer and, when the verdict stands,
-    /// the slash's bounty to the verdict's signers and the rest to the buyer. Returns what was slashed to
-    /// the caller (only when the verdict fell: the caller pays the referees who overturned it).
-    function _creditHeld(uint256 unitId, Unit memory u, uint256 held, uint256 paidCount, uint256 slashed, bool verdictStands)
-        private
-        returns (uint256 toCaller)
-    {
-        Order storage order = _orders[u.orderId];
-        uint256 price = order.pricePerReplica;
-        uint256 paid = paidCount * price;
-        uint256 refunds = (_countBits(held & 0xff) - paidCount) * price;
-        uint256 bounty;
-        if (verdictStands) {
-            bounty = _payEach(_verifiersAt(unitId, u, (held >> 8) & 0xff), (slashed * _bountyBps) / BPS);
-        } else {
-            toCaller = slashed;
-            slashed = 0;
+    /// @dev Runs this call's calldata in {verdicts} within this contract's storage and returns or reverts
+    /// with its result (the stubs above name no parameters: the calldata is passed on as it came).
+    function _delegateToVerdicts() private {
+        address target = verdicts;
+        assembly ("memory-safe") {
+            calldatacopy(0, 0, calldatasize())
+            let ok := delegatecall(gas(), target, 0, calldatasize(), 0, 0)
+            returndatacopy(0, 0, returndatasize())
+            if iszero(ok) { revert(0, returndatasize()) }
+            return(0, returndatasize())
         }
-        _accounts[order.buyer].credit += SafeCast.toUint128(refunds + slashed - bounty);
-        Totals memory totals = _totals;
-        totals.escrow -= uint128(paid + refunds);
-        totals.credits += SafeCast.toUint128(paid + refunds + slashed);
-        _totals = totals;
-    }
-
-    /// @notice Expires a unit nobody settled by its verdict deadline: releases all collateral, counts a
-    /// fault for every replica that never revealed, and returns the unit's whole cost to the order, the
-    /// verifier fee included: assigned verifiers that let a unit expire earn nothing. Permissionless.
-    function expireUnit(uint256 unitId) external {
-        Unit storage unit = _units[unitId];
-        Unit memory u = unit;
-        _requireOpen(unitId, u.state);
-        uint64 verdictDeadline = uint64(u.revealDeadline) + _verdictWindow;
-        if (block.timestamp <= verdictDeadline) revert UnitNotExpired(unitId, verdictDeadline);
-        unit.state = UnitState.Expired;
-        _unpage(unitId, u);
-        uint256 penalties;
-        for (uint256 i; i < u.replicas; ++i) {
-            address provider = _partyAt(unitId, i);
-            stakes.unlock(provider, _providerCollateral);
-            if (u.revealedMask & (1 << i) != 0) continue;
-            _recordFault(provider);
-            if (u.committedMask & (1 << i) != 0) penalties += _penalizeWithholding(unitId, provider);
-        }
-        _releaseVerifiers(unitId, u);
-        Order storage order = _orders[u.orderId];
-        order.balance += order.pricePerReplica * u.replicas + order.verifierFeePerUnit;
-        order.openUnits -= 1;
-        if (penalties != 0) {
-            _accounts[order.buyer].credit += SafeCast.toUint128(penalties);
-            _totals.credits += SafeCast.toUint128(penalties);
-        }
-        emit UnitExpired(unitId);
     }
 
     // ----------------------------------------------------------------------------------------------
@@ -921,20 +1514,6 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
     // ----------------------------------------------------------------------------------------------
     // Views
     // ----------------------------------------------------------------------------------------------
-
-    /// @notice The commitment a provider must submit for `resultDigest` with secret `salt` on `unitId`.
-    function commitmentOf(bytes32 resultDigest, bytes32 salt, address provider, uint256 unitId)
-        public
-        pure
-        returns (bytes32)
-    {
-        return keccak256(abi.encode(resultDigest, salt, provider, unitId));
-    }
-
-    /// @inheritdoc TypedSignatures
-    function nonces(address account) public view override returns (uint256) {
-        return _parties[account].nonce;
-    }
 
     /// @notice Withdrawable credit of `account`.
     function credits(address account) external view returns (uint256) {
@@ -1047,510 +1626,4 @@ contract JobMarket is AccessControl, ReentrancyGuardTransient, TypedSignatures {
         });
     }
 
-    // ----------------------------------------------------------------------------------------------
-    // Internals
-    // ----------------------------------------------------------------------------------------------
-
-    /// @dev Records an order (escrow for `replicas` per unit) and pulls its escrow from the caller.
-    function _postOrder(
-        bytes32 specHash,
-        uint32 units,
-        uint8 minReplicas,
-        uint8 replicas,
-        uint16 trustedStreak,
-        uint256 pricePerReplica,
-        uint256 verifierFeePerUnit,
-        uint64 deadline
-    ) private returns (uint256 orderId) {
-        if (units == 0) revert ZeroUnits();
-        if (replicas == 0 || replicas > MAX_REPLICAS) revert InvalidReplicaCount(replicas);
-        if (deadline <= block.timestamp) revert InvalidDeadline(deadline, block.timestamp);
-        uint256 escrow = uint256(units) * (uint256(replicas) * pricePerReplica + verifierFeePerUnit);
-        uint128 escrow128 = SafeCast.toUint128(escrow);
-        orderId = ++_orderCount;
-        _orders[orderId] = Order({
-            buyer: msg.sender,
-            deadline: deadline,
-            units: units,
-            pricePerReplica: uint128(pricePerReplica), // <= escrow
-            verifierFeePerUnit: uint128(verifierFeePerUnit), // <= escrow
-            balance: escrow128,
-            delivered: 0,
-            openUnits: 0,
-            replicas: replicas,
-            closed: false,
-            minReplicas: minReplicas,
-            trustedStreak: trustedStreak
-        });
-        _totals.escrow += escrow128;
-        emit OrderPosted(
-            orderId, msg.sender, specHash, units, replicas, pricePerReplica, verifierFeePerUnit, deadline, escrow
-        );
-        uint256 balanceBefore = token.balanceOf(address(this));
-        token.safeTransferFrom(msg.sender, address(this), escrow);
-        uint256 received = token.balanceOf(address(this)) - balanceBefore;
-        if (received != escrow) revert TransferAmountMismatch(escrow, received);
-    }
-
-    /// @dev Checks the order can take one more unit with these party counts and moves one unit's cost
-    /// (its own replica count's) from the order's balance into the open unit. Returns the streak each
-    /// provider needs: the order's `trustedStreak` for a unit below its most replicas, else 0.
-    function _reserveUnitBudget(uint256 orderId, uint256 providerCount, uint256 acceptCount, uint256 verifierCount)
-        private
-        returns (uint8 replicas, uint16 trustedStreak)
-    {
-        Order storage order = _orders[orderId];
-        if (order.buyer == address(0)) revert UnknownOrder(orderId);
-        if (order.closed) revert OrderNotOpen(orderId);
-        if (block.timestamp > order.deadline) revert OrderExpired(orderId, order.deadline);
-        uint8 maxReplicas = order.replicas;
-        if (providerCount < order.minReplicas || providerCount > maxReplicas) {
-            revert ProviderCountMismatch(maxReplicas, providerCount);
-        }
-        if (acceptCount != providerCount) revert ProviderCountMismatch(providerCount, acceptCount);
-        replicas = uint8(providerCount);
-        trustedStreak = providerCount < maxReplicas ? order.trustedStreak : 0;
-        if (verifierCount < _minVerifiers || verifierCount > MAX_VERIFIERS) {
-            revert InvalidVerifierCount(verifierCount, _minVerifiers, MAX_VERIFIERS);
-        }
-        uint32 openUnits = order.openUnits;
-        if (order.delivered + openUnits >= order.units) revert NoUnitBudget(orderId);
-        uint128 unitCost = order.pricePerReplica * replicas + order.verifierFeePerUnit;
-        uint128 balance = order.balance;
-        if (unitCost > balance) revert NoUnitBudget(orderId);
-        order.balance = balance - unitCost;
-        order.openUnits = openUnits + 1;
-    }
-
-    /// @dev Checks `provider`'s `Accept` signature (consuming its unordered nonce).
-    function _acceptProvider(uint256 orderId, bytes32 unitKey, address provider, SignedApproval calldata accept)
-        private
-    {
-        uint256 nonce = accept.nonce;
-        mapping(uint256 => uint256) storage words = _acceptNonces[provider];
-        uint256 word = words[nonce >> 8];
-        uint256 bit = 1 << (nonce & 0xff);
-        if (word & bit != 0) revert AcceptNonceUsed(provider, nonce);
-        words[nonce >> 8] = word | bit;
-        _checkSignature(
-            provider,
-            keccak256(abi.encode(ACCEPT_TYPEHASH, orderId, unitKey, provider, accept.nonce, accept.deadline)),
-            accept.deadline,
-            accept.signature
-        );
-    }
-
-    /// @dev Checks the unit's verifiers are distinct from each other and from the providers (their stake is
-    /// checked by locking it). Returns their party ids at their positions after the providers'.
-    function _checkVerifiers(address[] calldata providers, address[] calldata verifiers)
-        private
-        returns (uint256 partyIds)
-    {
-        for (uint256 i; i < verifiers.length; ++i) {
-            address verifier = verifiers[i];
-            for (uint256 j; j < providers.length; ++j) {
-                if (providers[j] == verifier) revert DuplicateParty(verifier);
-            }
-            for (uint256 j; j < i; ++j) {
-                if (verifiers[j] == verifier) revert DuplicateParty(verifier);
-            }
-            partyIds |= _partyIdOf(verifier) << ((providers.length + i) * PARTY_ID_BITS);
-        }
-    }
-
-    /// @dev Counts a new unit and, if it has replicas beyond the first and a page is free, gives it the
-    /// lowest free commitment page (as 1 + index; 0 when none).
-    function _newUnit(uint8 replicas) private returns (uint256 unitId, uint8 page) {
-        UnitCounter memory counter = _unitCounter;
-        unitId = counter.count + 1;
-        counter.count = uint128(unitId);
-        uint256 busy = counter.busyPages;
-        if (replicas > 1 && busy != (1 << COMMIT_PAGES) - 1) {
-            uint256 index;
-            while (busy & (1 << index) != 0) ++index;
-            counter.busyPages = uint128(busy | (1 << index));
-            page = uint8(index + 1);
-        }
-        _unitCounter = counter;
-    }
-
-    function _releasePage(uint8 page) private {
-        if (page != 0) _unitCounter.busyPages &= ~uint128(1 << (page - 1));
-    }
-
-    /// @dev Copies a settling unit's paged commitments and digests into its own storage, where
-    /// {replicaOf} reads them from now on, and releases the page.
-    function _unpage(uint256 unitId, Unit memory u) private {
-        if (u.page == 0) return;
-        bytes32[MAX_REPLICAS - 1] storage paged = _pages[u.page - 1];
-        for (uint256 i = 1; i < u.replicas; ++i) {
-            if (u.committedMask & (1 << i) != 0) _digests[unitId][i] = paged[i - 1];
-        }
-        _releasePage(u.page);
-    }
-
-    /// @dev Replica `index`'s commitment or digest of an open unit.
-    function _loadReplica(uint256 unitId, uint8 page, uint256 index) private view returns (bytes32) {
-        return index == 0 || page == 0 ? _digests[unitId][index] : _pages[page - 1][index - 1];
-    }
-
-    function _storeReplica(uint256 unitId, uint8 page, uint256 index, bytes32 value) private {
-        if (index == 0 || page == 0) _digests[unitId][index] = value;
-        else _pages[page - 1][index - 1] = value;
-    }
-
-    /// @dev The party id of `account`, registering it on first use (ids start at 1, so 0 means none).
-    function _partyIdOf(address account) private returns (uint256 id) {
-        Party storage party = _parties[account];
-        id = party.id;
-        if (id == 0) {
-            id = ++_partyCount;
-            if (id > PARTY_ID_MASK) revert PartyRegistryFull();
-            party.id = uint24(id);
-            _partyAddresses[id] = account;
-        }
-    }
-
-    /// @dev The party id at position `index` of a unit's packed party ids.
-    function _idAt(uint256 partyIds, uint256 index) private pure returns (uint256) {
-        return (partyIds >> (index * PARTY_ID_BITS)) & PARTY_ID_MASK;
-    }
-
-    /// @dev Party `index` of the unit: providers are 0..replicas-1, verifiers follow.
-    function _partyAt(uint256 unitId, uint256 index) private view returns (address) {
-        return _partyAddresses[_idAt(_unitParties[unitId], index)];
-    }
-
-    /// @dev Position of `account` among the unit's parties `from` .. `from + count - 1` (the providers
-    /// when `from` is 0, else the verifiers).
-    function _indexOf(uint256 unitId, uint256 from, uint256 count, address account) private view returns (uint256) {
-        uint256 id = _parties[account].id;
-        if (id != 0) {
-            uint256 partyIds = _unitParties[unitId];
-            for (uint256 i; i < count; ++i) {
-                if (_idAt(partyIds, from + i) == id) return i;
-            }
-        }
-        if (from == 0) revert NotAssignedProvider(unitId, account);
-        revert NotAssignedVerifier(unitId, account);
-    }
-
-    function _commit(uint256 unitId, address provider, bytes32 commitment) private {
-        Unit storage unit = _units[unitId];
-        Unit memory u = unit;
-        _requireOpen(unitId, u.state);
-        if (block.timestamp > u.commitDeadline) revert CommitWindowClosed(unitId, u.commitDeadline);
-        uint256 index = _indexOf(unitId, 0, u.replicas, provider);
-        uint8 bit = uint8(1 << index);
-        if (u.committedMask & bit != 0) revert AlreadyCommitted(unitId, provider);
-        _storeReplica(unitId, u.page, index, commitment);
-        uint8 committedMask = u.committedMask | bit;
-        unit.committedMask = committedMask;
-        if (committedMask == _fullMask(u.replicas)) {
-            unit.state = UnitState.Revealing;
-            unit.seedBlock = uint48(block.number);
-        }
-        emit ReplicaCommitted(unitId, provider, commitment);
-    }
-
-    /// @dev Reveals open once every replica committed or after the commit deadline, and close at the
-    /// reveal deadline.
-    function _checkRevealWindow(uint256 unitId, Unit memory u) private view {
-        _requireOpen(unitId, u.state);
-        if (u.state == UnitState.Committing && block.timestamp <= u.commitDeadline) {
-            revert RevealWindowNotOpen(unitId, u.commitDeadline);
-        }
-        if (block.timestamp > u.revealDeadline) revert RevealWindowClosed(unitId, u.revealDeadline);
-    }
-
-    /// @dev Fixes the spot-check draw of a fully committed unit at its first reveal (no-op afterwards, or
-    /// for a unit that never fully committed: it cannot be finalized anyway). Reverts in the seed block itself, whose hash
-    /// no transaction inside it can read: so the draw is unknown to the last committer and fixed before any
-    /// reveal is visible. When the seed block is more than 256 blocks old its hash is gone and the unit
-    /// counts as drawn: otherwise a revealer could wait for the hash to expire to escape the check.
-    function _decideDraw(uint256 unitId, Unit storage unit, Unit memory u) private {
-        uint256 seedBlock = u.seedBlock;
-        if (seedBlock == 0 || u.revealedMask != 0) return;
-        if (block.number <= seedBlock) revert RevealTooEarly(unitId, seedBlock);
-        if (!u.drawn && _drawnBy(unitId, u.replicas, blockhash(seedBlock))) {
-            u.drawn = true;
-            unit.drawn = true;
-            emit VerificationRequested(unitId);
-        }
-    }
-
-    /// @dev The spot-check draw for seed hash `seed` (zero when it is no longer available: drawn).
-    function _drawnBy(uint256 unitId, uint8 replicas, bytes32 seed) private view returns (bool) {
-        uint256 rate = replicas == 1 ? _soloSpotCheckPpm : _spotCheckPpm;
-        uint256 draw;
-        assembly ("memory-safe") {
-            // keccak256(abi.encode(seed, unitId)) in scratch space, without allocating memory
-            mstore(0x00, seed)
-            mstore(0x20, unitId)
-            draw := keccak256(0x00, 0x40)
-        }
-        return seed == 0 || draw % PPM < rate;
-    }
-
-    /// @dev Checks `provider` committed to `resultDigest` and `salt` and has not revealed yet (per
-    /// `u.revealedMask`), emits {ReplicaRevealed} and returns the provider's replica index. Stores
-    /// nothing: the caller records the digest and the revealed bit.
-    function _checkReveal(uint256 unitId, Unit memory u, address provider, bytes32 resultDigest, bytes32 salt)
-        private
-        returns (uint256 index)
-    {
-        index = _indexOf(unitId, 0, u.replicas, provider);
-        uint8 bit = uint8(1 << index);
-        if (u.committedMask & bit == 0) revert NotCommitted(unitId, provider);
-        if (u.revealedMask & bit != 0) revert AlreadyRevealed(unitId, provider);
-        if (commitmentOf(resultDigest, salt, provider, unitId) != _loadReplica(unitId, u.page, index)) {
-            revert RevealMismatch(unitId, provider);
-        }
-        emit ReplicaRevealed(unitId, provider, resultDigest);
-    }
-
-    /// @dev Settles a unanimous unit: pays every replica, releases collateral, returns the verifier fee
-    /// to the order. `providers[i]` is replica i's provider when the caller already knows it, else zero.
-    function _finalize(
-        uint256 unitId,
-        Unit storage unit,
-        Unit memory u,
-        bytes32 digest,
-        address[MAX_REPLICAS] memory providers
-    ) private {
-        unit.state = UnitState.Finalized;
-        _releasePage(u.page);
-        uint8 replicas = u.replicas;
-        Order storage order = _orders[u.orderId];
-        uint128 price = order.pricePerReplica;
-        address[] memory paid = new address[](replicas);
-        for (uint256 i; i < replicas; ++i) {
-            address provider = providers[i] == address(0) ? _partyAt(unitId, i) : providers[i];
-            _payAccepted(provider, price);
-            paid[i] = provider;
-        }
-        stakes.unlockBatch(paid, _providerCollateral);
-        _releaseVerifiers(unitId, u);
-        order.balance += order.verifierFeePerUnit;
-        order.delivered += 1;
-        order.openUnits -= 1;
-        uint128 payout = price * replicas;
-        Totals memory totals = _totals;
-        totals.escrow -= payout;
-        totals.credits += payout;
-        _totals = totals;
-        emit UnitFinalized(unitId, digest);
-    }
-
-    /// @dev Verdicts open once all replicas revealed or after the reveal deadline, and close at the
-    /// verdict deadline.
-    function _checkVerdictWindow(uint256 unitId, Unit memory u) private view {
-        if (u.revealedMask != _fullMask(u.replicas) && block.timestamp <= u.revealDeadline) {
-            revert VerdictWindowNotOpen(unitId, u.revealDeadline);
-        }
-        uint64 verdictDeadline = uint64(u.revealDeadline) + _verdictWindow;
-        if (block.timestamp > verdictDeadline) revert VerdictWindowClosed(unitId, verdictDeadline);
-    }
-
-    /// @dev Checks one known outcome per replica (accept and fraud only for revealed replicas) and returns
-    /// the signed `outcomesHash` = keccak256(abi.encodePacked(outcomes)) (one 32-byte word per outcome)
-    /// and the replicas judged fraud, as a bit mask.
-    function _checkOutcomes(Unit memory u, uint8[] calldata outcomes)
-        private
-        pure
-        returns (bytes32 outcomesHash, uint256 fraudMask)
-    {
-        if (outcomes.length != u.replicas) revert OutcomeCountMismatch(u.replicas, outcomes.length);
-        for (uint256 i; i < outcomes.length; ++i) {
-            uint8 outcome = outcomes[i];
-            bool revealed = u.revealedMask & (1 << i) != 0;
-            if (outcome > OUTCOME_FRAUD || (outcome != OUTCOME_FAULT && !revealed)) {
-                revert InvalidOutcome(i, outcome);
-            }
-            if (outcome == OUTCOME_FRAUD) fraudMask |= 1 << i;
-        }
-        outcomesHash = keccak256(abi.encodePacked(outcomes));
-    }
-
-    /// @dev Checks every signature is a distinct assigned verifier's valid `Verdict` signature and that
-    /// they are a majority of the unit's verifiers. Returns the signers and their positions as a bit mask.
-    function _checkVerdictSignatures(
-        uint256 unitId,
-        uint8 replicas,
-        uint8 verifierCount,
-        bytes32 outcomesHash,
-        VerifierSignature[] calldata signatures
-    ) private view returns (address[] memory signers, uint256 seen) {
-        signers = new address[](signatures.length);
-        for (uint256 s; s < signatures.length; ++s) {
-            VerifierSignature calldata sig = signatures[s];
-            uint256 bit = 1 << _indexOf(unitId, replicas, verifierCount, sig.verifier);
-            if (seen & bit != 0) revert DuplicateParty(sig.verifier);
-            seen |= bit;
-            _checkSignature(
-                sig.verifier,
-                keccak256(abi.encode(VERDICT_TYPEHASH, unitId, outcomesHash, sig.deadline)),
-                sig.deadline,
-                sig.signature
-            );
-            signers[s] = sig.verifier;
-        }
-        uint256 quorum = uint256(verifierCount) / 2 + 1;
-        if (signatures.length < quorum) revert QuorumNotReached(unitId, signatures.length, quorum);
-    }
-
-    /// @dev Releases the collateral of every verifier assigned to the settling unit.
-    function _releaseVerifiers(uint256 unitId, Unit memory u) private {
-        stakes.unlockBatch(_verifiersAt(unitId, u, type(uint256).max), _verifierCollateral);
-    }
-
-    /// @dev Moves a verdicted unit's money: replica payouts and withhold penalties, the verifiers' fee and
-    /// the penalties' bounty, the buyer's share of penalties, and unpaid prices back to the order. Replicas
-    /// judged fraud are held (price in escrow, collateral locked) for {settleHeld}.
-    function _settleVerdict(
-        uint256 unitId,
-        Unit memory u,
-        uint8[] calldata outcomes,
-        address[] memory signers,
-        uint256 held
-    ) private {
-        Order storage order = _orders[u.orderId];
-        uint128 price = order.pricePerReplica;
-        uint128 fee = order.verifierFeePerUnit;
-        (uint256 paidCount, uint256 penalties) = _applyOutcomes(unitId, u, outcomes, type(uint256).max, address(0));
-        if (held != 0) {
-            _held[unitId] = held;
-            emit FraudHeld(unitId, uint8(held));
-        }
-        uint256 verifierPay = _payEach(signers, fee + (penalties * _bountyBps) / BPS);
-        uint256 toBuyer = penalties + fee - verifierPay;
-        if (toBuyer != 0) _accounts[order.buyer].credit += SafeCast.toUint128(toBuyer);
-
-        uint256 paid = paidCount * price;
-        order.balance += uint128((u.replicas - paidCount - _countBits(held & 0xff)) * price);
-        if (paidCount != 0) order.delivered += 1;
-        order.openUnits -= 1;
-        Totals memory totals = _totals;
-        totals.escrow -= uint128(paid + fee);
-        totals.credits += SafeCast.toUint128(paid + fee + penalties);
-        _totals = totals;
-    }
-
-    /// @dev Applies `outcomes` to the replicas in `mask`: accept is paid and released, fault released (a
-    /// replica that committed and never revealed also loses the withhold penalty, shared like
-    /// a slash: the verdict window opens for it only after the reveal deadline), fraud released and slashed
-    /// to `slashTo`, or, when `slashTo` is zero (at the verdict), held: its collateral stays locked, its
-    /// fraud is counted and its streak ends at once (so matching and reduced units see the accusation
-    /// meanwhile); settling a held replica (`slashTo` set) that the truth acquits takes the count back.
-    /// Returns how many were paid and the stake received.
-    function _applyOutcomes(
-        uint256 unitId,
-        Unit memory u,
-        uint8[] calldata outcomes,
-        uint256 mask,
-        address slashTo
-    ) private returns (uint256 paidCount, uint256 slashed) {
-        uint128 price = _orders[u.orderId].pricePerReplica;
-        for (uint256 i; i < outcomes.length; ++i) {
-            if (mask & (1 << i) == 0) continue;
-            address provider = _partyAt(unitId, i);
-            uint8 outcome = outcomes[i];
-            if (outcome == OUTCOME_FRAUD && slashTo == address(0)) {
-                Account storage accused = _accounts[provider];
-                accused.fraud += 1;
-                accused.consecutiveValid = 0;
-                continue;
-            }
-            stakes.unlock(provider, _providerCollateral);
-            if (slashTo != address(0) && outcome != OUTCOME_FRAUD) _accounts[provider].fraud -= 1; // acquitted
-            if (outcome == OUTCOME_ACCEPT) {
-                _payAccepted(provider, price);
-                ++paidCount;
-            } else if (outcome == OUTCOME_FAULT) {
-                _recordFault(provider);
-                if ((u.committedMask & ~u.revealedMask) & (1 << i) != 0) {
-                    slashed += _penalizeWithholding(unitId, provider);
-                }
-            } else {
-                _accounts[provider].consecutiveValid = 0; // confirmed: a streak since the accusation ends too
-                uint256 taken = stakes.slash(provider, _slashAmount, slashTo);
-                slashed += taken;
-                emit ReplicaSlashed(unitId, provider, taken);
-            }
-        }
-    }
-
-    /// @dev Credits `amount` split evenly among `accounts`; returns what was credited (the rounding dust
-    /// is the caller's to place).
-    function _payEach(address[] memory accounts, uint256 amount) private returns (uint256 credited) {
-        uint256 share = amount / accounts.length;
-        for (uint256 i; i < accounts.length; ++i) {
-            _accounts[accounts[i]].credit += SafeCast.toUint128(share);
-        }
-        return share * accounts.length;
-    }
-
-    /// @dev The unit's verifiers at the positions set in `mask`, in assignment order.
-    function _verifiersAt(uint256 unitId, Unit memory u, uint256 mask) private view returns (address[] memory found) {
-        found = new address[](u.verifierCount);
-        uint256 partyIds = _unitParties[unitId];
-        uint256 count;
-        for (uint256 i; i < u.verifierCount; ++i) {
-            if (mask & (1 << i) != 0) found[count++] = _partyAddresses[_idAt(partyIds, u.replicas + i)];
-        }
-        assembly ("memory-safe") {
-            mstore(found, count)
-        }
-    }
-
-    /// @dev Slashes the withhold penalty from `provider` into this contract; returns the amount received.
-    function _penalizeWithholding(uint256 unitId, address provider) private returns (uint256 slashed) {
-        slashed = stakes.slash(provider, _withholdPenalty, address(this));
-        emit RevealWithheld(unitId, provider, slashed);
-    }
-
-    function _payAccepted(address provider, uint128 price) private {
-        Account memory acc = _accounts[provider];
-        acc.credit += price;
-        acc.valid += 1;
-        acc.consecutiveValid += 1;
-        _accounts[provider] = acc;
-    }
-
-    function _recordFault(address provider) private {
-        Account storage acc = _accounts[provider];
-        acc.fault += 1;
-        acc.consecutiveValid = 0;
-    }
-
-    function _useNonce(address account, uint256 given) internal override {
-        Party storage party = _parties[account];
-        uint256 expected = party.nonce;
-        if (given != expected) revert InvalidNonce(account, expected, given);
-        party.nonce += 1;
-    }
-
-    function _withdrawCredit(address account) private {
-        Account storage acc = _accounts[account];
-        uint128 amount = acc.credit;
-        if (amount == 0) revert NothingToWithdraw(account);
-        acc.credit = 0;
-        _totals.credits -= amount;
-        emit CreditWithdrawn(account, amount);
-        token.safeTransfer(account, amount);
-    }
-
-    /// @dev Reverts unless the unit exists and is not yet settled.
-    function _requireOpen(uint256 unitId, UnitState state) private pure {
-        if (state == UnitState.None) revert InvalidUnitState(unitId, uint8(state));
-        if (state > UnitState.Revealing) revert UnitAlreadySettled(unitId);
-    }
-
-    function _countBits(uint256 mask) private pure returns (uint256 count) {
-        for (; mask != 0; mask &= mask - 1) ++count;
-    }
-
-    function _fullMask(uint8 replicas) private pure returns (uint8) {
-        return uint8((1 << replicas) - 1);
-    }
 }

@@ -7,7 +7,7 @@ import {EIP712} from "@openzeppelin/contracts/utils/cryptography/EIP712.sol";
 import {ECDSA} from "@openzeppelin/contracts/utils/cryptography/ECDSA.sol";
 import {MessageHashUtils} from "@openzeppelin/contracts/utils/cryptography/MessageHashUtils.sol";
 import {ReentrancyGuardTransient} from "@openzeppelin/contracts/utils/ReentrancyGuardTransient.sol";
-import {JobMarket} from "./JobMarket.sol";
+import {JobMarket, JobMarketBase} from "./JobMarket.sol";
 import {StakeManager} from "./StakeManager.sol";
 
 /// @title VerdictAppeals
@@ -234,7 +234,7 @@ contract VerdictAppeals is EIP712, ReentrancyGuardTransient {
         StakeManager stakes_ = market_.stakes();
         if (params_.appealWindow == 0) revert InvalidParameter("appealWindow");
         if (params_.voteWindow == 0) revert InvalidParameter("voteWindow");
-        JobMarket.Params memory windows = market_.params();
+        JobMarketBase.Params memory windows = market_.params();
         uint256 settleBy = uint256(windows.commitWindow) + windows.revealWindow + windows.verdictWindow
             + params_.appealWindow + params_.voteWindow;
         if (settleBy >= stakes_.unbondingPeriod()) revert InvalidParameter("unbondingPeriod");
@@ -290,8 +290,8 @@ contract VerdictAppeals is EIP712, ReentrancyGuardTransient {
     /// @notice Appeals the verdict that settled `unitId`, locking `appealBond` of the caller's free stake
     /// until the appeal is decided or lapses. Open until `appealWindow` after the unit's verdict deadline.
     function appeal(uint256 unitId) external nonReentrant {
-        JobMarket.UnitView memory u = market.getUnit(unitId);
-        if (u.state != JobMarket.UnitState.Verdicted) revert NoVerdict(unitId);
+        JobMarketBase.UnitView memory u = market.getUnit(unitId);
+        if (u.state != JobMarketBase.UnitState.Verdicted) revert NoVerdict(unitId);
         uint256 closes = u.verdictDeadline + _appealWindow;
         if (block.timestamp > closes) revert AppealWindowClosed(unitId, closes);
         Appeal storage a = _appeals[unitId];
@@ -439,7 +439,7 @@ contract VerdictAppeals is EIP712, ReentrancyGuardTransient {
     function slashContradiction(
         uint256 unitId,
         uint8[] calldata outcomes,
-        JobMarket.VerifierSignature calldata signature
+        JobMarketBase.VerifierSignature calldata signature
     ) external nonReentrant returns (uint256 slashed) {
         bytes32 truth = truthOf(unitId);
         address verifier = signature.verifier;
@@ -475,8 +475,8 @@ contract VerdictAppeals is EIP712, ReentrancyGuardTransient {
         if (state == AppealState.Confirmed || state == AppealState.Overturned) return a.decided;
         if (state == AppealState.Lapsed) revert AppealLapsed(unitId);
         if (state == AppealState.Pending) revert TruthNotFixed(unitId);
-        JobMarket.UnitView memory u = market.getUnit(unitId);
-        if (u.state != JobMarket.UnitState.Verdicted) revert NoVerdict(unitId);
+        JobMarketBase.UnitView memory u = market.getUnit(unitId);
+        if (u.state != JobMarketBase.UnitState.Verdicted) revert NoVerdict(unitId);
         if (block.timestamp <= u.verdictDeadline + _appealWindow) revert TruthNotFixed(unitId);
         return market.verdictHashOf(unitId);
     }
@@ -539,7 +539,7 @@ contract VerdictAppeals is EIP712, ReentrancyGuardTransient {
     }
 
     /// @dev One known outcome per replica, accept and fraud only for revealed replicas (as JobMarket).
-    function _checkOutcomes(JobMarket.UnitView memory u, uint8[] calldata outcomes) private pure returns (bytes32) {
+    function _checkOutcomes(JobMarketBase.UnitView memory u, uint8[] calldata outcomes) private pure returns (bytes32) {
         if (outcomes.length != u.replicas) revert OutcomeCountMismatch(u.replicas, outcomes.length);
         for (uint256 i; i < outcomes.length; ++i) {
             uint8 outcome = outcomes[i];

@@ -518,3 +518,22 @@ describe("JobMarket: expireUnit", function () {
       await h.expectSolvent(sys);
     });
 });
+
+describe("JobMarket: the verdict path's own contract", function () {
+  it("runs only inside JobMarket: called on its own address, each of its actions reverts NotDelegated",
+    async function () {
+      const sys = await loadFixture(h.systemFixture);
+      const verdicts = await ethers.getContractAt("JobMarketVerdicts", await sys.market.verdicts());
+      expect(await ethers.provider.getCode(await verdicts.getAddress())).to.not.equal("0x");
+      const unit = await h.unitAt(sys, "revealed");
+      for (const call of [
+        verdicts.submitVerdict(unit.unitId, [ACCEPT, ACCEPT, ACCEPT], []),
+        verdicts.settleHeld(unit.unitId, [ACCEPT, ACCEPT, ACCEPT]),
+        verdicts.expireUnit(unit.unitId),
+      ]) {
+        await expect(call).to.be.revertedWithCustomError(verdicts, "NotDelegated");
+      }
+      // through JobMarket the same calls reach the unit (here refused by its own rules)
+      await expect(sys.market.expireUnit(unit.unitId)).to.be.revertedWithCustomError(sys.market, "UnitNotExpired");
+    });
+});
