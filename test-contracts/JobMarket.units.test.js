@@ -526,12 +526,13 @@ describe("JobMarket: the verdict path's own contract", function () {
       const verdicts = await ethers.getContractAt("JobMarketVerdicts", await sys.market.verdicts());
       expect(await ethers.provider.getCode(await verdicts.getAddress())).to.not.equal("0x");
       const unit = await h.unitAt(sys, "revealed");
+      // one at a time: a call is sent when its thunk runs, so no rejection is left unawaited
       for (const call of [
-        verdicts.submitVerdict(unit.unitId, [ACCEPT, ACCEPT, ACCEPT], []),
-        verdicts.settleHeld(unit.unitId, [ACCEPT, ACCEPT, ACCEPT]),
-        verdicts.expireUnit(unit.unitId),
+        () => verdicts.submitVerdict(unit.unitId, [ACCEPT, ACCEPT, ACCEPT], []),
+        () => verdicts.settleHeld(unit.unitId, [ACCEPT, ACCEPT, ACCEPT]),
+        () => verdicts.expireUnit(unit.unitId),
       ]) {
-        await expect(call).to.be.revertedWithCustomError(verdicts, "NotDelegated");
+        await expect(call()).to.be.revertedWithCustomError(verdicts, "NotDelegated");
       }
       // through JobMarket the same calls reach the unit (here refused by its own rules)
       await expect(sys.market.expireUnit(unit.unitId)).to.be.revertedWithCustomError(sys.market, "UnitNotExpired");
