@@ -7,6 +7,10 @@
 // process (loading the wasm compiler and Hardhat's config once is most of the cost of a small compile).
 // The storage layout lets the Python invariant machine read contract state straight from EVM storage.
 //
+// Only what a patch can change is compiled again: a contract is compiled for a mutant when its file or a
+// file it imports (./ imports, transitively) is patched, and the others are the original's (their sources,
+// and so their bytecode, are unchanged). viaIR optimisation of JobMarket is most of the time.
+//
 // Why a separate compile: Hardhat compiles from disk into artifacts/, which other engineers share;
 // a mutant must never touch contracts/ or artifacts/. The compiler settings (evmVersion, optimizer,
 // viaIR) are read from hardhat.config.js through Hardhat's own config loader, so a mutant differs from
@@ -84,20 +88,23 @@ function findImport(importPath) {
   return { error: `import not found: ${importPath}` };
 }
 
-function compile(sources, settings, label) {
+// `names` (of CONTRACTS) compiled from `sources`; the output selection leaves every other contract out.
+function compile(sources, settings, label, names) {
   const input = {
     language: "Solidity",
     sources: Object.fromEntries(Object.entries(sources).map(([k, v]) => [k, { content: v }])),
     settings: {
       ...settings,
-      outputSelection: { "*": { "*": ["abi", "evm.bytecode.object", "storageLayout"] } },
+      outputSelection: Object.fromEntries(
+        names.map((name) => [`contracts/${name}.sol`, { [name]: ["abi", "evm.bytecode.object", "storageLayout"] }]),
+      ),
     },
   };
   const output = JSON.parse(solc.compile(JSON.stringify(input), { import: findImport }));
   const errors = (output.errors || []).filter((e) => e.severity === "error");
   if (errors.length) fail(`${label}:\n${errors.map((e) => e.formattedMessage).join("\n")}`);
   const result = {};
-  for (const name of CONTRACTS) {
+  for (const name of names) {
     const compiled = output.contracts[`contracts/${name}.sol`][name];
     result[name] = {
       abi: compiled.abi,
@@ -108,21 +115,42 @@ function compile(sources, settings, label) {
   return result;
 }
 
+// Whether contracts/`file` or a file it imports with "./" (transitively) is in `patched`.
+function touchedBy(sources, file, patched, seen = new Set()) {
+  if (patched.has(file)) return true;
+  if (seen.has(file)) return false;
+  seen.add(file);
+  const imports = [...sources[`contracts/${file}`].matchAll(/^import\s[^;]*"\.\/([^"]+)";/gm)].map((m) => m[1]);
+  return imports.some((imported) => touchedBy(sources, imported, patched, seen));
+}
+
 function main() {
   const args = parseArgs(process.argv.slice(2));
   const settings = hardhatCompilerSettings();
   const mutants = args.ids.some((id) => id !== ORIGINAL)
     ? JSON.parse(fs.readFileSync(args.mutantsFile, "utf8")).mutants
     : [];
+  const original = {}; // contract name -> the unmutated compile, filled on first need
+  const originalOf = (names) => {
+    const missing = names.filter((name) => !(name in original));
+    if (missing.length) Object.assign(original, compile(readSources(), settings, ORIGINAL, missing));
+    return Object.fromEntries(names.map((name) => [name, original[name]]));
+  };
   const result = {};
   for (const id of args.ids) {
-    const sources = readSources();
-    if (id !== ORIGINAL) {
-      const mutant = mutants.find((m) => m.id === id);
-      if (!mutant) fail(`no mutant with id ${id} in ${args.mutantsFile}`);
-      applyPatches(sources, mutant);
+    if (id === ORIGINAL) {
+      result[id] = originalOf(CONTRACTS);
+      continue;
     }
-    result[id] = compile(sources, settings, id);
+    const mutant = mutants.find((m) => m.id === id);
+    if (!mutant) fail(`no mutant with id ${id} in ${args.mutantsFile}`);
+    const sources = readSources();
+    applyPatches(sources, mutant);
+    const patched = new Set(mutant.patches.map((patch) => patch.file));
+    const changed = CONTRACTS.filter((name) => touchedBy(sources, `${name}.sol`, patched));
+    const kept = CONTRACTS.filter((name) => !changed.includes(name));
+    const compiled = { ...originalOf(kept), ...compile(sources, settings, id, changed) };
+    result[id] = Object.fromEntries(CONTRACTS.map((name) => [name, compiled[name]]));
   }
   process.stdout.write(JSON.stringify(result));
 }
