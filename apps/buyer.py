@@ -185,7 +185,7 @@ def post_order(
     posted_block = int(client.w3.eth.block_number)
     market = client.deployment.job_market
     if client.allowance(account, market) < plan.total:
-        permit = client.sign_permit(account, market, plan.total, client.now() + PERMIT_TTL_S)
+        permit = client.sign_permit(account, market, plan.total, client.deadline(PERMIT_TTL_S))
         client.relay_permit(account.address, market, plan.total, permit, relayer=account)
     chain_order_id, _ = client.post_order(
         account,

@@ -588,7 +588,7 @@ class Marketplace:
         relayer = self.parties["deployer"].account
         for party in self.parties.values():
             if client.credits(party.account) > 0:
-                signed = client.sign_withdraw_credit(party.account, client.now() + 600)
+                signed = client.sign_withdraw_credit(party.account, client.deadline(600))
                 client.withdraw_credit_with_sig(party.account, signed, relayer=relayer)
 
 
@@ -634,7 +634,7 @@ class Buyer:
             seed=config.seed,
             max_price_per_pflop=MAX_PRICE_PER_PFLOP,
             verifier_fee_per_unit=VERIFIER_FEE_PER_UNIT,
-            deadline=client.now() + 3600,
+            deadline=client.pending_time() + 3600,
         )
         plan = escrow_for(spec)
         try:

@@ -124,7 +124,7 @@ def run_post(args: argparse.Namespace) -> int:
     table = load_spec_file(args.spec)  # a malformed file is refused before any connection is made
     client = session.chain()
     buyer = keystore_address(session.keystore())
-    spec = spec_from_table(table, buyer=buyer, now=client.now())
+    spec = spec_from_table(table, buyer=buyer, now=client.pending_time())
     plan = escrow_for(spec)
     check_funds(client, buyer, plan)
     with session.market() as api:

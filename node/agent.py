@@ -462,7 +462,7 @@ class ProviderAgent(AgentPlumbing):
         value = hex32(
             self.chain.commitment(record.result_digest, record.salt, self.address, assignment.chain_unit_id)
         )
-        deadline = self.chain.now() + SIGNATURE_TTL_S  # the contract's commit window bounds it anyway
+        deadline = self.chain.deadline(SIGNATURE_TTL_S)  # the contract's commit window bounds it anyway
         signed = self.chain.sign_unit_commit(self.account, assignment.chain_unit_id, value, deadline)
         self.market.commit(
             CommitSubmission(

@@ -363,7 +363,7 @@ class VerifierAgent(AgentPlumbing):
             raise AgentError(f"job {job.job_id} has no on-chain unit yet")
         reasons_hash = "0x" + keccak(text=reasons).hex()
         signed = self.chain.sign_verdict(
-            self.account, job.chain_unit_id, outcomes, self.chain.now() + VERDICT_TTL_S
+            self.account, job.chain_unit_id, outcomes, self.chain.deadline(VERDICT_TTL_S)
         )
         submission = VerdictSubmission(
             job_id=job.job_id,

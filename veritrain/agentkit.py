@@ -640,7 +640,8 @@ def stake_by_permit(chain: ChainClient, account: LocalAccount, amount: int) -> N
     """
     from veritrain.chain.errors import ContractReverted
 
-    permit = chain.sign_permit(account, chain.deployment.stake_manager, amount, chain.now() + SIGNATURE_TTL_S)
+    deadline = chain.deadline(SIGNATURE_TTL_S)
+    permit = chain.sign_permit(account, chain.deployment.stake_manager, amount, deadline)
     try:
         chain.stake_with_permit(account.address, amount, permit, relayer=account)
     except ContractReverted:

@@ -482,6 +482,11 @@ class ChainClient:
         only on transactions the latest block stops when nobody sends any."""
         return int(self.w3.eth.get_block("pending")["timestamp"])
 
+    def deadline(self, ttl_s: int) -> int:
+        """A signature deadline ``ttl_s`` after the pending block's time, not the latest block's: on a chain
+        idle for longer than ``ttl_s`` a deadline counted from its last block has passed before it is sent."""
+        return self.pending_time() + ttl_s
+
     def advance_time(self, seconds: int) -> int:
         """Dev chains only: move block time forward."""
         return self.backend.advance_time(seconds)
