@@ -14,7 +14,8 @@ fee) becomes the account's credit instead of staying locked.
 
 Planted cheats test the verifiers the same way (:mod:`market.domain.canary`): a drawn unit is replayed
 as a *planted* canary at ``MarketConfig.plant_rate_ppm`` instead (one replica, matched only to one of the
-operator's plant agents, ``MarketConfig.plant_agents``, which forges it), when the operator runs any. Its
+operator's plant agents, ``MarketConfig.plant_agents``, which forges it), when the operator runs one never
+caught (a caught plant's fraud record would give its next unit away). Its
 verification job shows the reason of the chain's draw that sent it there, never ``canary``.
 
 Posting follows the outbox's discipline: the canary's spec (deadline included, so its hash is unique) is
@@ -39,7 +40,7 @@ from market.orders import OrderBook
 from market.ports import CanaryAccount
 from market.store import CanaryRow, MarketStore, OrderRow, UnitRow
 from veritrain.errors import InvalidInput, MarketError
-from veritrain.messages import OrderRequest, OrderSpec, UnitKind
+from veritrain.messages import AgentRole, OrderRequest, OrderSpec, UnitKind
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +141,13 @@ class CanaryBook(Lifecycle):
             return row
         plant_rate = self.config.plant_rate_ppm if self.config.plant_agents else 0
         replay = replay_of(self.config.canary_rate_ppm, plant_rate, self.roll())
+        if replay == Replay.PLANTED and not self._uncaught_plant(session):
+            log.warning(
+                "no plant agent without a fraud record is registered: unit %d is not replayed as a planted "
+                "cheat (a caught plant is a tell to verifiers); start plant agents with fresh keys",
+                row_id(unit),
+            )
+            return row
         if replay == Replay.NONE:
             return row
         spec = OrderSpec.model_validate_json(order.spec_json)
@@ -159,6 +167,14 @@ class CanaryBook(Lifecycle):
         row.spec_json = replayed.model_dump_json()
         row.spec_hash = replayed.spec_hash()
         return row
+
+    def _uncaught_plant(self, session: Session) -> bool:
+        """Whether one of the operator's plant agents is registered and has no fraud on record (the only
+        kind :func:`market.domain.matching.match_plant` gives a planted unit to)."""
+        return any(
+            agent.address in self.config.plant_agents and agent.rep_fraud == 0
+            for agent in self.store.agents(session, AgentRole.PROVIDER.value)
+        )
 
     def _round_0_answer(self, session: Session, order: OrderRow, spec: OrderSpec) -> KnownAnswer | None:
         """The known answer of the order's accepted round-0 unit, if it has one a canary may replay."""

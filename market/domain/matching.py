@@ -177,16 +177,16 @@ def match_unit(
 
 
 def match_plant(demand: UnitDemand, plants: Iterable[ProviderCandidate]) -> Match:
-    """The replicas of a planted cheat's unit (market/canary.py): the operator's own plant agents, the one
-    caught least often first (a key with no fraud on record looks like any newcomer to a verifier), then
-    the least loaded. They are judged on what running the unit needs (online, capacity, recipe, memory,
-    speed, free stake for the collateral), not on their record, offer or operator: a plant is caught every
-    time, it is paid nothing, and the draw by stake is for buyers' units, which never get a plant."""
+    """The replicas of a planted cheat's unit (market/canary.py): the operator's own plant agents, the least
+    loaded first, judged like any provider but for the offer and the operator (a plant is paid nothing, and
+    the draw by stake is for buyers' units, which never get a plant). So a caught plant is declined
+    (``FRAUD_RECORD``) like any cheat: no buyer's unit goes to a provider with fraud on record, so a
+    verifier reading that record on chain would know the plant's next unit for a plant and re-execute that
+    one only; a key never caught looks like any newcomer. Each plant key is caught once."""
     declines: list[tuple[str, DeclineReason]] = []
     chosen: list[str] = []
-    for plant in sorted(plants, key=lambda c: (c.reputation.fraud, c.active_units, c.address)):
-        judged = replace(plant, reputation=NO_REPUTATION, price_per_pflop=0)
-        reason = decline_reason(judged, demand, set())
+    for plant in sorted(plants, key=lambda c: (c.active_units, c.address)):
+        reason = decline_reason(replace(plant, price_per_pflop=0), demand, set())  # a plant needs no offer
         if reason is not None:
             declines.append((plant.address, reason))
         elif len(chosen) < demand.needed:

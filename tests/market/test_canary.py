@@ -120,9 +120,13 @@ def canary_market(tmp_path: Path) -> Iterator[tuple[ChainMarket, LocalAccount]]:
         yield market, canary
 
 
-def verified_round_0(market: ChainMarket, rounds: int = 1) -> Result:
-    """A buyer's `auto` order whose round-0 unit three newcomers finalize unanimously; its result."""
-    market.post_order(rounds=rounds, adaptive_replication=True, trusted_streak=1)
+def verified_round_0(market: ChainMarket, rounds: int = 1, *, adaptive: bool = True) -> Result:
+    """A buyer's order (`auto`, or k = 3 fixed) whose round-0 unit three providers (newcomers, for `auto`)
+    finalize unanimously; its result."""
+    if adaptive:
+        market.post_order(rounds=rounds, adaptive_replication=True, trusted_streak=1)
+    else:
+        market.post_order(rounds=rounds)
     unit_id, chosen = market.match_and_accept()
     assert len(chosen) == 3
     market.send_outbox()

@@ -63,29 +63,31 @@ def _plant(address: str, **fields: object) -> ProviderCandidate:
         recipes=frozenset({"digits-mlp"}),
         free_stake=10**20,
         price_per_pflop=None,  # a plant needs no offer
-        reputation=Reputation(valid=0, fault=0, fraud=3, consecutive_valid=0),  # and has been caught
+        reputation=Reputation(valid=0, fault=2, fraud=0, consecutive_valid=0),  # never caught yet
     )
     return replace(base, **fields)  # type: ignore[arg-type]
 
 
-def test_a_planted_unit_takes_the_least_caught_then_least_loaded_plant_that_can_run_it() -> None:
+def test_a_planted_unit_takes_the_least_loaded_plant_never_caught_that_can_run_it() -> None:
     demand = unit_demand(unit_id=9, collateral=10**19, needed=1)
     plants = [
         _plant("0xB", active_units=1, capacity=2),
         _plant("0xA", online=False),
         _plant("0xC", free_stake=10**18),
         _plant("0xD", active_units=1, capacity=4),
+        # caught once: its fraud record would tell its next unit's verifiers that it is a plant
+        _plant("0xE", reputation=Reputation(valid=0, fault=0, fraud=1, consecutive_valid=0)),
     ]
     match = match_plant(demand, plants)
     assert match.complete and match.selected == ("0xB",)  # 0xB and 0xD tie on load: the lower address
     assert dict(match.declines) == {
         "0xA": DeclineReason.OFFLINE,
         "0xC": DeclineReason.INSUFFICIENT_FREE_STAKE,
+        "0xE": DeclineReason.FRAUD_RECORD,
     }
     assert not match_plant(replace(demand, excluded=frozenset({"0xB", "0xD"})), plants).complete
-    # a plant never caught yet goes first, whatever its load: its key looks like any newcomer's
-    fresh = _plant("0xE", active_units=3, capacity=4, reputation=Reputation())
-    assert match_plant(demand, [*plants, fresh]).selected == ("0xE",)
+    idle = _plant("0xF", active_units=0, capacity=4)
+    assert match_plant(demand, [*plants, idle]).selected == ("0xF",)
 
 
 def test_plant_agents_are_read_as_checksummed_addresses_and_a_bad_one_is_refused() -> None:
@@ -170,6 +172,14 @@ def test_a_planted_cheat_goes_to_the_plant_alone_and_slashes_the_verifier_that_a
         assert not market.store.units_in(session, ["pending"], 10)
     market.service.canaries.run()
     assert client.get_order(market.order_chain_id(market.unit(unit_id))).closed
+    # a caught plant is a tell (its fraud record is on chain, and no buyer's unit goes to a provider with
+    # one): the next unit drawn for a plant is not replayed while no plant without a record is registered
+    with market.store.transaction() as session:
+        assert market.store.get_agent(session, plant.address).rep_fraud == 1
+    verified_round_0(market, adaptive=False)
+    assert market.service.canaries.run() == 0
+    with market.store.transaction() as session:
+        assert [row.state for row in market.store.canaries_in(session, ["planned", "passed"])] == ["passed"]
 
 
 @pytest.mark.chain
