@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from needs import require
+
+T = TypeVar("T")
 
 HEADLESS_FLAGS = (
     "--headless=new",
@@ -43,6 +45,17 @@ def chromium(profile_dir: Path) -> Iterator[Any]:
         yield session
     finally:
         session.quit()
+
+
+def unless_stale(read: Callable[[], T]) -> T | None:
+    """`read()`, or None when the page re-rendered an element under it (the dashboard redraws its lists on
+    every poll, so an element found a moment ago may be gone): a polling caller just tries again."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    try:
+        return read()
+    except StaleElementReferenceException:
+        return None
 
 
 def save_artifact(source: Path) -> Path:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from browser import chromium, save_artifact
+from browser import chromium, save_artifact, unless_stale
 from orders import wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -62,18 +62,16 @@ def test_dashboard_shows_a_running_order_and_every_endpoint_exports_metrics(tmp_
         buyer.post_order()
 
         page.get(market.market_url + "/")
-        curve = page.find_element(By.ID, "loss-curve")
-        first = wait_until(
-            market,
-            lambda: int(curve.get_attribute("data-points")),
-            time.monotonic() + 240,
-            "the loss curve never showed a point",
-        )
+
+        def points() -> int | None:
+            """Points the page's loss curve shows (the curve's element is redrawn as they arrive)."""
+            curve = lambda: page.find_element(By.ID, "loss-curve").get_attribute("data-points")  # noqa: E731
+            return unless_stale(lambda: int(curve()))
+
+        first = wait_until(market, points, time.monotonic() + 240, "the loss curve never showed a point")
         more = wait_until(
             market,
-            lambda: (
-                int(curve.get_attribute("data-points")) > first and int(curve.get_attribute("data-points"))
-            ),
+            lambda: (points() or 0) > first and points(),
             time.monotonic() + 240,
             "the loss curve gained no points",
         )
@@ -90,15 +88,35 @@ def test_dashboard_shows_a_running_order_and_every_endpoint_exports_metrics(tmp_
             return None
 
         unit_id = wait_until(market, disputed_unit, time.monotonic() + 240, "no verdict called fraud")
-        page.find_element(By.CSS_SELECTOR, f'button.unit[data-unit-id="{unit_id}"]').click()
-        verdicts = wait_until(
+
+        def open_unit() -> bool | None:
+            """Click the unit's button; None when the list was redrawn under the click (try again)."""
+
+            def click() -> bool:
+                page.find_element(By.CSS_SELECTOR, f'button.unit[data-unit-id="{unit_id}"]').click()
+                return True
+
+            return unless_stale(click)
+
+        wait_until(market, open_unit, time.monotonic() + 10, "the unit's button could not be clicked")
+
+        def shown() -> tuple[str, list[str]] | None:
+            """(title, verdict lines) of the opened unit, once its verdicts are on the page."""
+            return unless_stale(
+                lambda: (
+                    page.find_element(By.ID, "unit-title").text,
+                    [e.text for e in page.find_elements(By.CSS_SELECTOR, "#unit-verdicts .verdict")],
+                )
+            )
+
+        title, verdicts = wait_until(
             market,
-            lambda: [e.text for e in page.find_elements(By.CSS_SELECTOR, "#unit-verdicts .verdict")],
+            lambda: (view := shown()) and view[1] and view,
             time.monotonic() + 10,
             "the opened unit's verdicts never showed on the page",
         )
         assert any("fraud" in line for line in verdicts) and any("accept" in line for line in verdicts)
-        assert page.find_element(By.ID, "unit-title").text.startswith(str(unit_id))
+        assert title.startswith(str(unit_id))
         screenshot = tmp_path / "dashboard.png"
         page.save_screenshot(str(screenshot))
         save_artifact(screenshot)
