@@ -296,6 +296,11 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
     error NotUnanimous(uint256 unitId);
     /// @notice The unit was drawn for a spot check: it settles by verdict (or expiry) only.
     error UnitUnderVerification(uint256 unitId);
+    /// @notice Until the verdict deadline only the operator finalizes: it first checks the reveals against
+    /// known answers (canaries) and asks for verification when one misses.
+    error FinalizeReserved(uint256 unitId, uint64 verdictDeadline);
+    /// @notice Every replica revealed one digest and the unit was not drawn: it is finalized, not expired.
+    error UnitFinalizable(uint256 unitId);
     /// @notice Verdicts open once every replica revealed or after `revealDeadline`.
     error VerdictWindowNotOpen(uint256 unitId, uint64 revealDeadline);
     /// @notice The verdict phase ended at `deadline`.
@@ -931,6 +936,15 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
     function _fullMask(uint8 replicas) internal pure returns (uint8) {
         return uint8((1 << replicas) - 1);
     }
+
+    /// @dev Whether every replica of a fully revealed unit revealed the digest of replica 0.
+    function _unanimous(uint256 unitId, Unit memory u) internal view returns (bool) {
+        bytes32 digest = _digests[unitId][0];
+        for (uint256 i = 1; i < u.replicas; ++i) {
+            if (_loadReplica(unitId, u.page, i) != digest) return false;
+        }
+        return true;
+    }
 }
 
 /// @title JobMarketVerdicts
@@ -1042,13 +1056,18 @@ contract JobMarketVerdicts is JobMarketBase {
 
     /// @notice Expires a unit nobody settled by its verdict deadline: releases all collateral, counts a
     /// fault for every replica that never revealed, and returns the unit's whole cost to the order, the
-    /// verifier fee included: assigned verifiers that let a unit expire earn nothing. Permissionless.
+    /// verifier fee included: assigned verifiers that let a unit expire earn nothing. Permissionless. A
+    /// unanimous unit not drawn is refused ({UnitFinalizable}): its providers finalize it themselves, so an
+    /// operator that withholds the fast path cannot hand their pay back to the buyer.
     function expireUnit(uint256 unitId) external onlyDelegated {
         Unit storage unit = _units[unitId];
         Unit memory u = unit;
         _requireOpen(unitId, u.state);
         uint64 verdictDeadline = uint64(u.revealDeadline) + _verdictWindow;
         if (block.timestamp <= verdictDeadline) revert UnitNotExpired(unitId, verdictDeadline);
+        if (!u.drawn && u.revealedMask == _fullMask(u.replicas) && _unanimous(unitId, u)) {
+            revert UnitFinalizable(unitId);
+        }
         unit.state = UnitState.Expired;
         _unpage(unitId, u);
         uint256 penalties;
@@ -1076,7 +1095,7 @@ contract JobMarketVerdicts is JobMarketBase {
 /// `units × (replicas × pricePerReplica + verifierFeePerUnit)`. The operator (the market service's
 /// relayer) assigns a unit to `replicas` distinct staked providers, each of whom accepted by EIP-712
 /// signature, and to a few staked verifiers. Providers commit to their result, then reveal it. Unanimous
-/// reveals are finalized by anyone (fast path); otherwise, or when the unit was drawn for a spot check,
+/// reveals are finalized by the operator (fast path; anyone's after the verdict deadline); otherwise, or when the unit was drawn for a spot check,
 /// a majority of the unit's assigned verifiers signs a verdict per replica: accept (paid), fault (unpaid;
 /// slashed only the withhold penalty when it committed and never revealed) or fraud (held until the unit's
 /// truth is fixed on {VerdictAppeals}, then slashed, with a bounty to the signing verifiers and the rest to
@@ -1375,9 +1394,9 @@ contract JobMarket is JobMarketBase {
         unit.revealedMask = u.revealedMask | uint8(1 << index);
     }
 
-    /// @notice Reveals several replicas of one unit (permissionless, like {reveal}) and, when that
-    /// completes the reveals with one unanimous digest on a unit not drawn for verification, finalizes
-    /// it in the same transaction (as {finalize}). Differing digests do not revert: the unit then waits
+    /// @notice Reveals several replicas of one unit (permissionless, like {reveal}) and, when the operator
+    /// sends it and it completes the reveals with one unanimous digest on a unit not drawn for
+    /// verification, finalizes it in the same transaction (as {finalize}). Differing digests do not revert: the unit then waits
     /// for a verdict. Any bad entry reverts the whole batch.
     /// @return finalized Whether the unit was finalized.
     function revealBatch(uint256 unitId, Reveal[] calldata reveals) external returns (bool finalized) {
@@ -1398,7 +1417,9 @@ contract JobMarket is JobMarketBase {
             revealed[index] = r.resultDigest;
         }
         uint8 replicas = u.replicas;
-        finalized = !u.drawn && u.revealedMask == _fullMask(replicas);
+        // only the operator's relay finalizes here: a reveal sent by anyone else waits for the operator's
+        // known-answer check (see {finalize})
+        finalized = !u.drawn && u.revealedMask == _fullMask(replicas) && hasRole(OPERATOR_ROLE, msg.sender);
         bytes32 digest = batchMask & 1 != 0 ? revealed[0] : _digests[unitId][0];
         for (uint256 i = 1; finalized && i < replicas; ++i) {
             if ((batchMask & (1 << i) != 0 ? revealed[i] : _loadReplica(unitId, u.page, i)) != digest) {
@@ -1423,20 +1444,23 @@ contract JobMarket is JobMarketBase {
 
     /// @notice Settles a unit whose replicas all revealed the same digest and that was not drawn for a
     /// spot check: pays every replica, releases collateral, returns the verifier fee to the order.
-    /// Permissionless.
+    /// The operator's until the verdict deadline, then anyone's ({FinalizeReserved}): a provider that
+    /// reveals straight on chain cannot settle its unit before the operator has checked its digest
+    /// against a canary's known answer, and an operator that never finalizes cannot keep honest providers
+    /// from their pay ({expireUnit} refuses such a unit).
     function finalize(uint256 unitId) external {
         Unit storage unit = _units[unitId];
         Unit memory u = unit;
         _requireOpen(unitId, u.state);
         if (u.drawn) revert UnitUnderVerification(unitId);
-        uint8 replicas = u.replicas;
-        if (u.revealedMask != _fullMask(replicas)) revert RevealsIncomplete(unitId);
-        bytes32 digest = _digests[unitId][0];
-        for (uint256 i = 1; i < replicas; ++i) {
-            if (_loadReplica(unitId, u.page, i) != digest) revert NotUnanimous(unitId);
+        if (u.revealedMask != _fullMask(u.replicas)) revert RevealsIncomplete(unitId);
+        if (!_unanimous(unitId, u)) revert NotUnanimous(unitId);
+        uint64 verdictDeadline = uint64(u.revealDeadline) + _verdictWindow;
+        if (block.timestamp <= verdictDeadline && !hasRole(OPERATOR_ROLE, msg.sender)) {
+            revert FinalizeReserved(unitId, verdictDeadline);
         }
         address[MAX_REPLICAS] memory unknown;
-        _finalize(unitId, unit, u, digest, unknown);
+        _finalize(unitId, unit, u, _digests[unitId][0], unknown);
     }
 
     /// @notice Settles a unit by a majority of its verifiers' signatures; see {JobMarketVerdicts-submitVerdict}.

@@ -26,7 +26,7 @@ async function settleUnit(sys, orderId, providers, outcomes = null) {
   await h.commitAll(sys, unitId, providers, digests);
   await h.revealAll(sys, unitId, providers, digests);
   if (outcomes === null) {
-    await sys.market.finalize(unitId);
+    await sys.market.connect(sys.operator).finalize(unitId);
   } else {
     const sigs = [];
     for (const v of sys.verifiers.slice(0, 2)) sigs.push(await h.signVerdict(sys.market, v, unitId, outcomes));
@@ -78,7 +78,7 @@ describe("JobMarket: adaptive replication", function () {
     expect((await sys.market.getUnit(unitId)).replicas).to.equal(1n);
     await h.commitAll(sys, unitId, [three[0]], [h.digestOf("same")]);
     await h.revealAll(sys, unitId, [three[0]], [h.digestOf("same")]);
-    await sys.market.finalize(unitId);
+    await sys.market.connect(sys.operator).finalize(unitId);
     const order = await sys.market.getOrder(orderId);
     expect(order.delivered).to.equal(3n);
     // Delivered units cost 2 x (3 PRICE + FEE) + PRICE (finalize returned every fee): one unit is left.
@@ -141,7 +141,7 @@ describe("JobMarket: adaptive replication", function () {
     await h.commitAll(sys, unitId, [a], [h.digestOf("same")]);
     await expect(sys.market.connect(sys.other).reveal(unitId, a.address, h.digestOf("same"), h.saltOf(`${unitId}:0`)))
       .to.emit(sys.market, "VerificationRequested").withArgs(unitId);
-    await expect(sys.market.finalize(unitId)).to.be.revertedWithCustomError(sys.market, "UnitUnderVerification");
+    await expect(sys.market.connect(sys.operator).finalize(unitId)).to.be.revertedWithCustomError(sys.market, "UnitUnderVerification");
     const sigs = [];
     for (const v of sys.verifiers.slice(0, 2)) sigs.push(await h.signVerdict(sys.market, v, unitId, [ACCEPT]));
     await sys.market.connect(sys.other).submitVerdict(unitId, [ACCEPT], sigs);

@@ -112,12 +112,29 @@ describe("JobMarket: commitBatch", function () {
 });
 
 describe("JobMarket: revealBatch", function () {
+  it("sent by anyone but the operator, completes a unanimous unit's reveals without finalizing it", async function () {
+    // A provider revealing straight on chain must not settle before the operator checked its digest
+    // against a canary's known answer; the operator's finalize (or requestVerification) follows.
+    const { sys, unitId, providers, digests } = await loadFixture(h.committedFixture);
+    const reveals = revealsOf(unitId, providers, digests);
+    expect(await sys.market.connect(providers[0]).revealBatch.staticCall(unitId, reveals)).to.equal(false);
+    const tx = sys.market.connect(providers[0]).revealBatch(unitId, reveals);
+    await expect(tx).to.not.emit(sys.market, "UnitFinalized");
+    const u = await sys.market.getUnit(unitId);
+    expect([u.state, u.revealedMask]).to.deep.equal([UNIT_STATE.Revealing, 7n]);
+    await expect(sys.market.connect(providers[0]).finalize(unitId))
+      .to.be.revertedWithCustomError(sys.market, "FinalizeReserved").withArgs(unitId, u.verdictDeadline);
+    await expect(sys.market.connect(sys.operator).finalize(unitId))
+      .to.emit(sys.market, "UnitFinalized").withArgs(unitId, digests[0]);
+    await h.expectSolvent(sys);
+  });
+
   it("reveals all replicas and finalizes a unanimous unit in the same transaction", async function () {
     const { sys, unitId, providers, digests, orderId } = await loadFixture(h.committedFixture);
     const reveals = revealsOf(unitId, providers, digests);
-    expect(await sys.market.connect(sys.other).revealBatch.staticCall(unitId, reveals)).to.equal(true);
+    expect(await sys.market.connect(sys.operator).revealBatch.staticCall(unitId, reveals)).to.equal(true);
     const orderBefore = await sys.market.getOrder(orderId);
-    const tx = sys.market.connect(sys.other).revealBatch(unitId, reveals);
+    const tx = sys.market.connect(sys.operator).revealBatch(unitId, reveals);
     await expect(tx).to.emit(sys.market, "UnitFinalized").withArgs(unitId, digests[0]);
     for (const p of providers) await expect(tx).to.emit(sys.market, "ReplicaRevealed").withArgs(unitId, p.address, digests[0]);
     const u = await sys.market.getUnit(unitId);
@@ -130,17 +147,17 @@ describe("JobMarket: revealBatch", function () {
     }
     const order = await sys.market.getOrder(orderId);
     expect([order.delivered, order.openUnits, order.balance]).to.deep.equal([1n, 0n, orderBefore.balance + FEE]);
-    await expect(sys.market.finalize(unitId)).to.be.revertedWithCustomError(sys.market, "UnitAlreadySettled");
+    await expect(sys.market.connect(sys.operator).finalize(unitId)).to.be.revertedWithCustomError(sys.market, "UnitAlreadySettled");
     await h.expectSolvent(sys);
   });
 
   it("completes reveals started one by one, and finalizes only once the last one comes in", async function () {
     const { sys, unitId, providers, digests } = await loadFixture(h.committedFixture);
     await sys.market.reveal(unitId, providers[1].address, digests[1], h.saltOf(`${unitId}:1`));
-    await expect(sys.market.revealBatch(unitId, revealsOf(unitId, providers, digests, [2])))
+    await expect(sys.market.connect(sys.operator).revealBatch(unitId, revealsOf(unitId, providers, digests, [2])))
       .to.not.emit(sys.market, "UnitFinalized");
     expect((await sys.market.getUnit(unitId)).revealedMask).to.equal(6n);
-    await expect(sys.market.revealBatch(unitId, revealsOf(unitId, providers, digests, [0])))
+    await expect(sys.market.connect(sys.operator).revealBatch(unitId, revealsOf(unitId, providers, digests, [0])))
       .to.emit(sys.market, "UnitFinalized").withArgs(unitId, digests[0]);
   });
 
@@ -148,10 +165,10 @@ describe("JobMarket: revealBatch", function () {
     const digests = [h.digestOf("good"), h.digestOf("good"), h.digestOf("bad")];
     const sys = await loadFixture(h.systemFixture);
     const { unitId, providers } = await h.unitAt(sys, "committed", digests);
-    const tx = sys.market.revealBatch(unitId, revealsOf(unitId, providers, digests));
+    const tx = sys.market.connect(sys.operator).revealBatch(unitId, revealsOf(unitId, providers, digests));
     await expect(tx).to.not.emit(sys.market, "UnitFinalized");
     expect((await sys.market.getUnit(unitId)).state).to.equal(UNIT_STATE.Revealing);
-    await expect(sys.market.finalize(unitId)).to.be.revertedWithCustomError(sys.market, "NotUnanimous");
+    await expect(sys.market.connect(sys.operator).finalize(unitId)).to.be.revertedWithCustomError(sys.market, "NotUnanimous");
     const outcomes = [ACCEPT, ACCEPT, FAULT];
     const sigs = [];
     for (const v of sys.verifiers.slice(0, 2)) sigs.push(await h.signVerdict(sys.market, v, unitId, outcomes));
@@ -166,7 +183,7 @@ describe("JobMarket: revealBatch", function () {
     const { sys, unitId, providers, digests } = await loadFixture(h.committedFixture);
     await sys.market.connect(sys.operator).requestVerification(unitId);
     expect(await sys.market.revealBatch.staticCall(unitId, revealsOf(unitId, providers, digests))).to.equal(false);
-    await sys.market.revealBatch(unitId, revealsOf(unitId, providers, digests));
+    await sys.market.connect(sys.operator).revealBatch(unitId, revealsOf(unitId, providers, digests));
     const u = await sys.market.getUnit(unitId);
     expect([u.state, u.revealedMask]).to.deep.equal([UNIT_STATE.Revealing, 7n]);
   });
@@ -178,22 +195,22 @@ describe("JobMarket: revealBatch", function () {
     await h.commitAll(sys, unitId, providers.slice(0, 2), digests);
     const { commitDeadline } = await sys.market.getUnit(unitId);
     const [r0, r1, r2] = revealsOf(unitId, providers, digests);
-    await expect(sys.market.revealBatch(unitId, [r0])).to.be.revertedWithCustomError(sys.market, "RevealWindowNotOpen")
+    await expect(sys.market.connect(sys.operator).revealBatch(unitId, [r0])).to.be.revertedWithCustomError(sys.market, "RevealWindowNotOpen")
       .withArgs(unitId, commitDeadline);
     await time.increaseTo(commitDeadline + 1n);
-    await expect(sys.market.revealBatch(unitId, [])).to.be.revertedWithCustomError(sys.market, "EmptyBatch");
-    await expect(sys.market.revealBatch(unitId, [{ ...r0, salt: h.saltOf("wrong") }]))
+    await expect(sys.market.connect(sys.operator).revealBatch(unitId, [])).to.be.revertedWithCustomError(sys.market, "EmptyBatch");
+    await expect(sys.market.connect(sys.operator).revealBatch(unitId, [{ ...r0, salt: h.saltOf("wrong") }]))
       .to.be.revertedWithCustomError(sys.market, "RevealMismatch").withArgs(unitId, providers[0].address);
-    await expect(sys.market.revealBatch(unitId, [{ ...r1, provider: providers[0].address }]))
+    await expect(sys.market.connect(sys.operator).revealBatch(unitId, [{ ...r1, provider: providers[0].address }]))
       .to.be.revertedWithCustomError(sys.market, "RevealMismatch").withArgs(unitId, providers[0].address);
-    await expect(sys.market.revealBatch(unitId, [{ ...r0, provider: sys.other.address }]))
+    await expect(sys.market.connect(sys.operator).revealBatch(unitId, [{ ...r0, provider: sys.other.address }]))
       .to.be.revertedWithCustomError(sys.market, "NotAssignedProvider").withArgs(unitId, sys.other.address);
-    await expect(sys.market.revealBatch(unitId, [r0, r0]))
+    await expect(sys.market.connect(sys.operator).revealBatch(unitId, [r0, r0]))
       .to.be.revertedWithCustomError(sys.market, "AlreadyRevealed").withArgs(unitId, providers[0].address);
-    await expect(sys.market.revealBatch(unitId, [r2]))
+    await expect(sys.market.connect(sys.operator).revealBatch(unitId, [r2]))
       .to.be.revertedWithCustomError(sys.market, "NotCommitted").withArgs(unitId, providers[2].address);
-    await sys.market.revealBatch(unitId, [r0]);
-    await expect(sys.market.revealBatch(unitId, [r1, r0]))
+    await sys.market.connect(sys.operator).revealBatch(unitId, [r0]);
+    await expect(sys.market.connect(sys.operator).revealBatch(unitId, [r1, r0]))
       .to.be.revertedWithCustomError(sys.market, "AlreadyRevealed").withArgs(unitId, providers[0].address);
   });
 
@@ -201,9 +218,9 @@ describe("JobMarket: revealBatch", function () {
     const { sys, unitId, providers, digests } = await loadFixture(h.committedFixture);
     const { revealDeadline } = await sys.market.getUnit(unitId);
     await time.setNextBlockTimestamp(revealDeadline);
-    await sys.market.revealBatch(unitId, revealsOf(unitId, providers, digests, [0]));
+    await sys.market.connect(sys.operator).revealBatch(unitId, revealsOf(unitId, providers, digests, [0]));
     await time.setNextBlockTimestamp(revealDeadline + 1n);
-    await expect(sys.market.revealBatch(unitId, revealsOf(unitId, providers, digests, [1])))
+    await expect(sys.market.connect(sys.operator).revealBatch(unitId, revealsOf(unitId, providers, digests, [1])))
       .to.be.revertedWithCustomError(sys.market, "RevealWindowClosed").withArgs(unitId, revealDeadline);
   });
 });
@@ -227,9 +244,9 @@ describe("JobMarket: multicall", function () {
       market.interface.encodeFunctionData("revealBatch", [unitId, [bad]]),
     ])).to.be.revertedWithCustomError(market, "RevealMismatch");
     expect((await market.getUnit(unitId)).revealedMask).to.equal(0n);
-    await expect(market.multicall([
+    await expect(market.connect(sys.operator).multicall([
       market.interface.encodeFunctionData("revealBatch", [unitId, revealsOf(unitId, providers, digests)]),
-    ])).to.emit(market, "UnitFinalized").withArgs(unitId, digests[0]);
+    ])).to.emit(market, "UnitFinalized").withArgs(unitId, digests[0]); // the operator's relay finalizes
     const accepts = [];
     const unitKey = ethers.id("via-multicall");
     for (const p of providers) accepts.push(await h.signAccept(market, p, orderId, unitKey));
@@ -246,7 +263,7 @@ describe("JobMarket: recycled commitment pages", function () {
     const sys = await loadFixture(h.systemFixture);
     const same = [h.digestOf("a"), h.digestOf("a"), h.digestOf("a")];
     const first = await h.unitAt(sys, "revealed", same); // page released by finalize
-    await sys.market.finalize(first.unitId);
+    await sys.market.connect(sys.operator).finalize(first.unitId);
     // Second unit takes the same page; it expires with one replica committed and none revealed.
     const second = await h.unitAt(sys, "assigned");
     await h.commitAll(sys, second.unitId, second.providers.slice(0, 2), [h.digestOf("b"), h.digestOf("b")]);
@@ -256,7 +273,7 @@ describe("JobMarket: recycled commitment pages", function () {
     await sys.market.expireUnit(second.unitId);
     // Third unit reuses the page and overwrites it.
     const third = await h.unitAt(sys, "revealed", [h.digestOf("c"), h.digestOf("c"), h.digestOf("c")]);
-    await sys.market.finalize(third.unitId);
+    await sys.market.connect(sys.operator).finalize(third.unitId);
     for (let i = 0; i < 3; i++) expect((await sys.market.replicaOf(first.unitId, i))[1]).to.equal(same[0]);
     expect(await sys.market.replicaOf(second.unitId, 1)).to.deep.equal(committed);
     expect((await sys.market.replicaOf(second.unitId, 2))[1]).to.equal(ethers.ZeroHash);
@@ -298,7 +315,7 @@ describe("JobMarket: party ids at the limits", function () {
     expect(await sys.market.verifiersOf(unitId)).to.deep.equal(verifiers.map((v) => v.address));
     const digests = [...providers.slice(0, 4).map(() => h.digestOf("good")), h.digestOf("bad")];
     await sys.market.commitBatch(unitId, await signedCommits(sys, unitId, providers, digests));
-    await sys.market.revealBatch(unitId, revealsOf(unitId, providers, digests));
+    await sys.market.connect(sys.operator).revealBatch(unitId, revealsOf(unitId, providers, digests));
     for (let i = 0; i < 5; i++) {
       expect(await sys.market.replicaOf(unitId, i)).to.deep.equal([providers[i].address, digests[i], true, true]);
     }
@@ -320,7 +337,7 @@ describe("JobMarket: party ids at the limits", function () {
     const { unitId } = await h.assignUnit(sys, orderId, { providers });
     const digests = [h.digestOf("solo")];
     await sys.market.commitBatch(unitId, await signedCommits(sys, unitId, providers, digests));
-    await expect(sys.market.revealBatch(unitId, revealsOf(unitId, providers, digests)))
+    await expect(sys.market.connect(sys.operator).revealBatch(unitId, revealsOf(unitId, providers, digests)))
       .to.emit(sys.market, "UnitFinalized").withArgs(unitId, digests[0]);
     expect(await sys.market.replicaOf(unitId, 0)).to.deep.equal([providers[0].address, digests[0], true, true]);
     await h.expectSolvent(sys);

@@ -11,7 +11,7 @@ const UNIT_COST = 3n * PRICE + FEE;
 
 async function finalizedFixture() {
   const f = await h.revealedFixture();
-  await f.sys.market.finalize(f.unitId);
+  await f.sys.market.connect(f.sys.operator).finalize(f.unitId);
   return f;
 }
 
@@ -181,7 +181,7 @@ describe("JobMarket: every fund can exit after its deadlines", function () {
     const digests = [h.digestOf("a"), h.digestOf("a"), h.digestOf("a")];
     await h.commitAll(sys, a.unitId, a.providers, digests);
     await h.revealAll(sys, a.unitId, a.providers, digests);
-    await sys.market.finalize(a.unitId);
+    await sys.market.connect(sys.operator).finalize(a.unitId);
     const b = await h.assignUnit(sys, orderId);
     const bad = [h.digestOf("a"), h.digestOf("a"), h.digestOf("z")];
     await h.commitAll(sys, b.unitId, b.providers, bad);

@@ -23,7 +23,7 @@ async function expectedDraw(unitId, seedBlock, ppm) {
 
 /** Reveals a unanimous unit and settles it (by verdict when drawn), freeing its providers' collateral. */
 async function settle(sys, { unitId, providers, digests }) {
-  await sys.market.revealBatch(unitId, revealsOf(unitId, providers, digests));
+  await sys.market.connect(sys.operator).revealBatch(unitId, revealsOf(unitId, providers, digests));
   if ((await sys.market.getUnit(unitId)).drawn) await verdict(sys, unitId, providers.map(() => ACCEPT));
 }
 
@@ -59,7 +59,7 @@ describe("JobMarket: on-chain spot-check draw", function () {
     await network.provider.send("evm_setAutomine", [false]);
     try {
       const commitTx = await sys.market.connect(providers[2]).commit(unitId, c3);
-      const revealTx = await sys.market.connect(sys.other).revealBatch(unitId, revealsOf(unitId, providers, digests),
+      const revealTx = await sys.market.connect(sys.operator).revealBatch(unitId, revealsOf(unitId, providers, digests),
         { gasLimit: 1_000_000 });
       await network.provider.send("evm_mine", []);
       const seedBlock = (await commitTx.wait()).blockNumber;
@@ -70,7 +70,7 @@ describe("JobMarket: on-chain spot-check draw", function () {
       await network.provider.send("evm_setAutomine", [true]);
     }
     expect((await sys.market.getUnit(unitId)).revealedMask).to.equal(0n);
-    await expect(sys.market.revealBatch(unitId, revealsOf(unitId, providers, digests))).to.emit(sys.market, "ReplicaRevealed");
+    await expect(sys.market.connect(sys.operator).revealBatch(unitId, revealsOf(unitId, providers, digests))).to.emit(sys.market, "ReplicaRevealed");
   });
 
   it("the last revealer cannot time a drawn unit out of its draw, and finalize refuses it", async function () {
@@ -86,8 +86,8 @@ describe("JobMarket: on-chain spot-check draw", function () {
     }
     const last = [{ provider: providers[2].address, resultDigest: digests[2], salt: h.saltOf(`${unitId}:2`) }];
     expect(await sys.market.revealBatch.staticCall(unitId, last)).to.equal(false);
-    await expect(sys.market.revealBatch(unitId, last)).to.not.emit(sys.market, "UnitFinalized");
-    await expect(sys.market.finalize(unitId)).to.be.revertedWithCustomError(sys.market, "UnitUnderVerification")
+    await expect(sys.market.connect(sys.operator).revealBatch(unitId, last)).to.not.emit(sys.market, "UnitFinalized");
+    await expect(sys.market.connect(sys.operator).finalize(unitId)).to.be.revertedWithCustomError(sys.market, "UnitUnderVerification")
       .withArgs(unitId);
     // earlier tries (units whose draw was not the wanted one) may already have paid these providers
     const before = await Promise.all(providers.map((p) => sys.market.credits(p.address)));
@@ -101,7 +101,7 @@ describe("JobMarket: on-chain spot-check draw", function () {
     const sys = await loadFixture(halfFixture);
     const { unitId, providers, digests } = await committedUnitDrawn(sys, false);
     await network.provider.send("hardhat_mine", ["0x7"]);
-    await expect(sys.market.revealBatch(unitId, revealsOf(unitId, providers, digests)))
+    await expect(sys.market.connect(sys.operator).revealBatch(unitId, revealsOf(unitId, providers, digests)))
       .to.emit(sys.market, "UnitFinalized").and.not.emit(sys.market, "VerificationRequested");
   });
 
@@ -110,9 +110,9 @@ describe("JobMarket: on-chain spot-check draw", function () {
       const sys = await loadFixture(halfFixture);
       const { unitId, providers, digests } = await committedUnitDrawn(sys, false);
       await network.provider.send("hardhat_mine", ["0x101"]);
-      await expect(sys.market.revealBatch(unitId, revealsOf(unitId, providers, digests)))
+      await expect(sys.market.connect(sys.operator).revealBatch(unitId, revealsOf(unitId, providers, digests)))
         .to.emit(sys.market, "VerificationRequested").withArgs(unitId).and.not.emit(sys.market, "UnitFinalized");
-      await expect(sys.market.finalize(unitId)).to.be.revertedWithCustomError(sys.market, "UnitUnderVerification");
+      await expect(sys.market.connect(sys.operator).finalize(unitId)).to.be.revertedWithCustomError(sys.market, "UnitUnderVerification");
     });
 
   it("draws about the configured share of units (rate 50 %, 40 units)", async function () {
@@ -122,7 +122,7 @@ describe("JobMarket: on-chain spot-check draw", function () {
       const { unitId, providers, digests } = await h.unitAt(sys, "committed", null, { units: 1 });
       const seedBlock = await ethers.provider.getBlockNumber();
       const expected = await expectedDraw(unitId, seedBlock, HALF.spotCheckPpm);
-      await sys.market.revealBatch(unitId, revealsOf(unitId, providers, digests));
+      await sys.market.connect(sys.operator).revealBatch(unitId, revealsOf(unitId, providers, digests));
       const u = await sys.market.getUnit(unitId);
       expect(u.drawn).to.equal(expected);
       expect(u.state).to.equal(expected ? UNIT_STATE.Revealing : UNIT_STATE.Finalized);
@@ -164,7 +164,7 @@ describe("JobMarket: probation (newcomers are always verified)", function () {
   async function unanimousUnit(sys, providers) {
     const unit = await h.unitAt(sys, "committed", null, { units: 1, providers });
     await network.provider.send("evm_mine", []);
-    await sys.market.revealBatch(unit.unitId, revealsOf(unit.unitId, providers, unit.digests));
+    await sys.market.connect(sys.operator).revealBatch(unit.unitId, revealsOf(unit.unitId, providers, unit.digests));
     return unit;
   }
 
@@ -178,8 +178,8 @@ describe("JobMarket: probation (newcomers are always verified)", function () {
     const digests = ring.map(() => h.digestOf("wrong but unanimous"));
     await h.commitAll(sys, unitId, ring, digests);
     await network.provider.send("evm_mine", []);
-    await expect(sys.market.revealBatch(unitId, revealsOf(unitId, ring, digests))).to.not.emit(sys.market, "UnitFinalized");
-    await expect(sys.market.finalize(unitId)).to.be.revertedWithCustomError(sys.market, "UnitUnderVerification");
+    await expect(sys.market.connect(sys.operator).revealBatch(unitId, revealsOf(unitId, ring, digests))).to.not.emit(sys.market, "UnitFinalized");
+    await expect(sys.market.connect(sys.operator).finalize(unitId)).to.be.revertedWithCustomError(sys.market, "UnitUnderVerification");
   });
 
   it("past the streak a unit is not drawn; one provider still on probation draws it again", async function () {

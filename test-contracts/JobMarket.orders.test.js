@@ -310,7 +310,7 @@ describe("JobMarket: requestVerification", function () {
     expect((await sys.market.getUnit(unitId)).drawn).to.equal(true);
     await expect(op.requestVerification(77n)).to.be.revertedWithCustomError(op, "InvalidUnitState").withArgs(77n, 0);
     const { sys: sys2, unitId: u2 } = await loadFixture(h.revealedFixture);
-    await sys2.market.finalize(u2);
+    await sys2.market.connect(sys2.operator).finalize(u2);
     await expect(sys2.market.connect(sys2.operator).requestVerification(u2))
       .to.be.revertedWithCustomError(sys2.market, "UnitAlreadySettled").withArgs(u2);
   });

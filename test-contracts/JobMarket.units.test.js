@@ -87,7 +87,7 @@ describe("JobMarket: commit", function () {
 
   it("refuses commits on a settled unit", async function () {
     const { sys, unitId, providers } = await loadFixture(h.revealedFixture);
-    await sys.market.finalize(unitId);
+    await sys.market.connect(sys.operator).finalize(unitId);
     await expect(sys.market.connect(providers[0]).commit(unitId, ethers.id("x")))
       .to.be.revertedWithCustomError(sys.market, "UnitAlreadySettled").withArgs(unitId);
   });
@@ -157,7 +157,7 @@ describe("JobMarket: reveal", function () {
     const { sys, unitId, providers, digests } = await loadFixture(h.revealedFixture);
     await expect(sys.market.reveal(88n, providers[0].address, digests[0], h.saltOf("x")))
       .to.be.revertedWithCustomError(sys.market, "InvalidUnitState").withArgs(88n, 0);
-    await sys.market.finalize(unitId);
+    await sys.market.connect(sys.operator).finalize(unitId);
     await expect(sys.market.reveal(unitId, providers[0].address, digests[0], h.saltOf(`${unitId}:0`)))
       .to.be.revertedWithCustomError(sys.market, "UnitAlreadySettled").withArgs(unitId);
   });
@@ -176,7 +176,7 @@ describe("JobMarket: reveal", function () {
 describe("JobMarket: finalize", function () {
   it("pays every replica, releases collateral, returns the verifier fee and counts reputation", async function () {
     const { sys, unitId, orderId, providers, digests } = await loadFixture(h.revealedFixture);
-    await expect(sys.market.connect(sys.other).finalize(unitId))
+    await expect(sys.market.connect(sys.operator).finalize(unitId))
       .to.emit(sys.market, "UnitFinalized").withArgs(unitId, digests[0]);
     for (const p of providers) {
       expect(await sys.market.credits(p.address)).to.equal(PRICE);
@@ -191,10 +191,38 @@ describe("JobMarket: finalize", function () {
     await h.expectSolvent(sys);
   });
 
+  it("is the operator's until the verdict deadline, then anyone's; such a unit cannot be expired instead",
+    async function () {
+      // Before: the operator checks reveals against canaries' known answers first. After: an operator that
+      // never finalizes cannot keep the providers from their pay, nor let the buyer expire the unit.
+      const { sys, unitId, providers, digests } = await loadFixture(h.revealedFixture);
+      const { verdictDeadline } = await sys.market.getUnit(unitId);
+      await expect(sys.market.connect(providers[0]).finalize(unitId))
+        .to.be.revertedWithCustomError(sys.market, "FinalizeReserved").withArgs(unitId, verdictDeadline);
+      await time.setNextBlockTimestamp(verdictDeadline);
+      await expect(sys.market.connect(sys.other).finalize(unitId))
+        .to.be.revertedWithCustomError(sys.market, "FinalizeReserved").withArgs(unitId, verdictDeadline);
+      await time.setNextBlockTimestamp(verdictDeadline + 1n);
+      await expect(sys.market.connect(sys.buyer).expireUnit(unitId))
+        .to.be.revertedWithCustomError(sys.market, "UnitFinalizable").withArgs(unitId);
+      await expect(sys.market.connect(providers[0]).finalize(unitId))
+        .to.emit(sys.market, "UnitFinalized").withArgs(unitId, digests[0]);
+      for (const p of providers) expect(await sys.market.credits(p.address)).to.equal(PRICE);
+      await h.expectSolvent(sys);
+    });
+
+  it("lets a unanimous unit drawn for verification expire when no verdict came", async function () {
+    const { sys, unitId } = await loadFixture(h.revealedFixture);
+    await sys.market.connect(sys.operator).requestVerification(unitId);
+    const { verdictDeadline } = await sys.market.getUnit(unitId);
+    await time.setNextBlockTimestamp(verdictDeadline + 1n);
+    await expect(sys.market.connect(sys.buyer).expireUnit(unitId)).to.emit(sys.market, "UnitExpired").withArgs(unitId);
+  });
+
   it("settles only once: a second finalize, a verdict or an expiry revert", async function () {
     const { sys, unitId } = await loadFixture(h.revealedFixture);
-    await sys.market.finalize(unitId);
-    await expect(sys.market.finalize(unitId)).to.be.revertedWithCustomError(sys.market, "UnitAlreadySettled").withArgs(unitId);
+    await sys.market.connect(sys.operator).finalize(unitId);
+    await expect(sys.market.connect(sys.operator).finalize(unitId)).to.be.revertedWithCustomError(sys.market, "UnitAlreadySettled").withArgs(unitId);
     await expect(verdict(sys, unitId, [ACCEPT, ACCEPT, ACCEPT]))
       .to.be.revertedWithCustomError(sys.market, "UnitAlreadySettled").withArgs(unitId);
     await time.increase(10_000n);
@@ -203,13 +231,13 @@ describe("JobMarket: finalize", function () {
 
   it("refuses differing digests, missing reveals, drawn units and unknown units", async function () {
     const { sys, unitId } = await loadFixture(h.disputedFixture);
-    await expect(sys.market.finalize(unitId)).to.be.revertedWithCustomError(sys.market, "NotUnanimous").withArgs(unitId);
+    await expect(sys.market.connect(sys.operator).finalize(unitId)).to.be.revertedWithCustomError(sys.market, "NotUnanimous").withArgs(unitId);
     const { sys: s2, unitId: u2 } = await loadFixture(h.committedFixture);
-    await expect(s2.market.finalize(u2)).to.be.revertedWithCustomError(s2.market, "RevealsIncomplete").withArgs(u2);
-    await expect(s2.market.finalize(55n)).to.be.revertedWithCustomError(s2.market, "InvalidUnitState").withArgs(55n, 0);
+    await expect(s2.market.connect(s2.operator).finalize(u2)).to.be.revertedWithCustomError(s2.market, "RevealsIncomplete").withArgs(u2);
+    await expect(s2.market.connect(s2.operator).finalize(55n)).to.be.revertedWithCustomError(s2.market, "InvalidUnitState").withArgs(55n, 0);
     const { sys: s3, unitId: u3 } = await loadFixture(h.revealedFixture);
     await s3.market.connect(s3.operator).requestVerification(u3);
-    await expect(s3.market.finalize(u3)).to.be.revertedWithCustomError(s3.market, "UnitUnderVerification").withArgs(u3);
+    await expect(s3.market.connect(s3.operator).finalize(u3)).to.be.revertedWithCustomError(s3.market, "UnitUnderVerification").withArgs(u3);
   });
 });
 
@@ -246,7 +274,7 @@ describe("JobMarket: submitVerdict", function () {
       await h.expectSolvent(sys);
       await expect(verdict(sys, unitId, [ACCEPT, ACCEPT, FRAUD]))
         .to.be.revertedWithCustomError(sys.market, "UnitAlreadySettled").withArgs(unitId);
-      await expect(sys.market.finalize(unitId)).to.be.revertedWithCustomError(sys.market, "UnitAlreadySettled");
+      await expect(sys.market.connect(sys.operator).finalize(unitId)).to.be.revertedWithCustomError(sys.market, "UnitAlreadySettled");
     });
 
   it("settleHeld by the verdict slashes held fraud: bounty to the verdict's signers, the rest and the price to the buyer",
@@ -318,7 +346,7 @@ describe("JobMarket: submitVerdict", function () {
     await sys.market.connect(sys.admin).grantRole(role, sys.admin.address);
     const { sys: s2, unitId: u2 } = await loadFixture(h.revealedFixture);
     await s2.market.connect(s2.admin).grantRole(role, s2.admin.address);
-    await s2.market.finalize(u2);
+    await s2.market.connect(s2.operator).finalize(u2);
     expect(await s2.market.connect(s2.admin).settleHeld.staticCall(u2, [ACCEPT, ACCEPT, ACCEPT])).to.equal(0n);
     await expect(s2.market.connect(s2.admin).settleHeld(u2, [ACCEPT, ACCEPT, ACCEPT])).to.not.emit(s2.market, "HeldSettled");
   });
@@ -468,7 +496,7 @@ describe("JobMarket: verdict quorum and verifier collateral", function () {
       // The fast path releases them too.
       const { sys: s2, unitId: u2 } = await loadFixture(h.revealedFixture);
       expect((await s2.stakes.stakeOf(v1.address))[1]).to.equal(PARAMS.verifierCollateral);
-      await s2.market.finalize(u2);
+      await s2.market.connect(s2.operator).finalize(u2);
       for (const v of s2.verifiers) expect((await s2.stakes.stakeOf(v.address))[1]).to.equal(0n);
       await h.expectSolvent(s2);
     });
@@ -483,7 +511,7 @@ describe("JobMarket: verdict quorum and verifier collateral", function () {
     // a contradicting verifier is slashed only through VerdictAppeals, once a referee fixed the truth
     expect(sys.market.interface.getFunction("slashContradictingVerifier")).to.equal(null);
     const { sys: s2, unitId: u2 } = await loadFixture(h.revealedFixture);
-    await s2.market.finalize(u2);
+    await s2.market.connect(s2.operator).finalize(u2);
     expect(await s2.market.verdictHashOf(u2)).to.equal(ethers.ZeroHash);
   });
 });
@@ -493,7 +521,7 @@ describe("JobMarket: expireUnit", function () {
     async function () {
       const sys = await loadFixture(h.systemFixture);
       const first = await h.unitAt(sys, "revealed");
-      await sys.market.finalize(first.unitId); // p1..p3 now have one valid unit each
+      await sys.market.connect(sys.operator).finalize(first.unitId); // p1..p3 now have one valid unit each
       const { unitId, providers } = await h.assignUnit(sys, first.orderId);
       await h.commitAll(sys, unitId, providers, providers.map(() => h.digestOf("x")));
       await sys.market.reveal(unitId, providers[0].address, h.digestOf("x"), h.saltOf(`${unitId}:0`));

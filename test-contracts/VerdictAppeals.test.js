@@ -202,7 +202,7 @@ describe("VerdictAppeals: no appeal", function () {
     const sys = await appealsSystem();
     const { unitId } = await h.unitAt(sys, "revealed");
     await expect(sys.appeals.appeal(unitId)).to.be.revertedWithCustomError(sys.appeals, "NoVerdict").withArgs(unitId);
-    await sys.market.finalize(unitId);
+    await sys.market.connect(sys.operator).finalize(unitId);
     await expect(sys.appeals.appeal(unitId)).to.be.revertedWithCustomError(sys.appeals, "NoVerdict").withArgs(unitId);
     await expect(sys.appeals.truthOf(unitId)).to.be.revertedWithCustomError(sys.appeals, "NoVerdict");
   });

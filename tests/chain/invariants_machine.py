@@ -762,23 +762,26 @@ class MarketMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.model.units))
     @rule(data=st.data())
     def finalize(self, data: st.DataObject) -> None:
-        self.do_finalize(
-            self._draw_unit(
-                data,
-                lambda unit: (
-                    unit.all_revealed and not unit.drawn and len({r.digest for r in unit.replicas}) == 1
-                ),
-            )
+        """Mostly by the operator (the fast path); else by one of the unit's providers, which the chain
+        refuses until the verdict deadline."""
+        unit_id = self._draw_unit(
+            data,
+            lambda unit: unit.all_revealed and not unit.drawn and len({r.digest for r in unit.replicas}) == 1,
         )
+        self.do_finalize(unit_id, by_operator=_mostly(data, 3, "finalize by the operator"))
 
-    def do_finalize(self, unit_id: int) -> None:
+    def do_finalize(self, unit_id: int, by_operator: bool = True) -> None:
+        unit = self.model.units.get(unit_id)
+        by_provider = not by_operator and unit is not None
+        sender = self.actors[self.label_of[unit.replicas[0].provider] if by_provider else "operator"]
+        now = self._now()
         self._settle(
-            f"finalize(unit {unit_id})",
+            f"finalize(unit {unit_id}, by {'a provider' if by_provider else 'the operator'})",
             unit_id,
-            self.actors["operator"],
+            sender,
             "finalize",
             [unit_id],
-            lambda: self.model.finalize(unit_id),
+            lambda: self.model.finalize(unit_id, not by_provider, now),
         )
 
     @precondition(lambda self: bool(self.model.units))
@@ -1694,6 +1697,8 @@ class MarketMachine(RuleBasedStateMachine):
         for unit_id in self.model.units:
             if storage.unit(unit_id)["state"] in (UnitState.COMMITTING, UnitState.REVEALING):
                 self.do_expire(unit_id)
+            if storage.unit(unit_id)["state"] == UnitState.REVEALING:  # unanimous, undrawn: UnitFinalizable
+                self.do_finalize(unit_id, by_operator=False)  # anyone's, past the verdict deadline
         for unit_id, appeal in self.model.appeals.items():
             if (
                 self.chain.view_struct(self.chain.appeals, "getAppeal", unit_id)["state"]

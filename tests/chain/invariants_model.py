@@ -525,7 +525,7 @@ class Model:
         rep.fault += 1
         rep.consecutive = 0
 
-    def finalize(self, unit_id: int) -> Expected | None:
+    def finalize(self, unit_id: int, by_operator: bool, now: int) -> Expected | None:
         error = self._open_error(unit_id)
         if error:
             return error
@@ -536,6 +536,9 @@ class Model:
             return Expected("RevealsIncomplete", (unit_id,))
         if len({r.digest for r in unit.replicas}) != 1:
             return Expected("NotUnanimous", (unit_id,))
+        verdict_deadline = unit.reveal_deadline + self.params.verdict_window
+        if not by_operator and now <= verdict_deadline:  # the operator checks canaries' answers first
+            return Expected("FinalizeReserved", (unit_id, verdict_deadline))
         unit.state = UnitState.FINALIZED
         order = self.orders[unit.order_id]
         for replica in unit.replicas:
@@ -628,6 +631,8 @@ class Model:
         verdict_deadline = unit.reveal_deadline + self.params.verdict_window
         if now <= verdict_deadline:
             return Expected("UnitNotExpired", (unit_id, verdict_deadline))
+        if not unit.drawn and unit.all_revealed and len({r.digest for r in unit.replicas}) == 1:
+            return Expected("UnitFinalizable", (unit_id,))  # its providers finalize it themselves
         unit.state = UnitState.EXPIRED
         order = self.orders[unit.order_id]
         for replica in unit.replicas:

@@ -91,19 +91,33 @@ def finalize_twice(m: MarketMachine) -> None:
 
 
 def expire_after_finalize(m: MarketMachine) -> None:
-    """A finalized unit, past its verdict deadline, must not expire (a settled state is final)."""
-    _stake_everyone(m)
-    m.do_post_order("buyer0", 2, 2, 100, 50, 3_000)
+    """A unit settled by verdict and a finalized one, past their verdict deadlines, must not expire (a
+    settled state is final). The verdicted one goes first: expiring a finalized unit meets the chain's
+    `UnitFinalizable` check too, which would mask a missing settled-state check. A third unit of the same
+    providers stays open, so the order's open-unit count and their locked collateral have room for a wrong
+    expiry to take (else it would revert on an underflow, not show the bad transition)."""
+    _stake_everyone(m, provider_stake=3_500)  # provider0 and the verifiers work three units at once
+    for verifier in VERIFIERS:
+        m.do_stake(verifier, 500)
+        m.check_step()
+    m.do_post_order("buyer0", 3, 2, 100, 50, 3_000)
     m.check_step()
     m.do_assign(1, ["provider0", "provider1"], list(VERIFIERS))
+    m.check_step()
+    m.do_assign(1, ["provider2", "provider0"], list(VERIFIERS))
     m.check_step()
     m.do_assign(1, ["provider2", "provider0"], list(VERIFIERS))
     m.check_step()
     _work_unit(m, 1, (False, False))
     m.do_finalize(1)
     m.check_step()
-    unit = m.model.units[1]
+    _work_unit(m, 2, (False, True))
+    m.do_submit_verdict(2, [ACCEPT, FAULT], list(VERIFIERS))
+    m.check_step()
+    unit = m.model.units[2]
     m.chain.advance(unit.reveal_deadline + m.chain.params.verdict_window - m.chain.now() + 1)
+    m.do_expire(2)
+    m.check_step()
     m.do_expire(1)
     m.check_step()
 
@@ -215,6 +229,20 @@ def drawn_unit(m: MarketMachine) -> None:
     m.check_step()
 
 
+def provider_finalizes(m: MarketMachine) -> None:
+    """A unanimous unit its provider tries to finalize itself: refused until the verdict deadline (the
+    operator checks canaries' answers first), then allowed; an expiry is refused in its place."""
+    _one_unit(m, ["provider0", "provider1"])
+    _work_unit(m, 1, (False, False))
+    m.do_finalize(1, by_operator=False)
+    m.check_step()
+    m.chain.advance(m.model.units[1].reveal_deadline + m.chain.params.verdict_window - m.chain.now() + 1)
+    m.do_expire(1)
+    m.check_step()
+    m.do_finalize(1, by_operator=False)
+    m.check_step()
+
+
 def withheld_reveal(m: MarketMachine) -> None:
     """Both replicas commit, one never reveals: the verdict after the reveal deadline costs it stake."""
     _one_unit(m, ["provider0", "provider1"])
@@ -256,6 +284,7 @@ SCENARIOS: dict[str, Scenario] = {
     "commit_at_deadline": commit_at_deadline,
     "drawn_unit": drawn_unit,
     "withheld_reveal": withheld_reveal,
+    "provider_finalizes": provider_finalizes,
     "reduced_unit": reduced_unit,
     "fraud_held": fraud_held,
     "framed_overturned": framed_overturned,

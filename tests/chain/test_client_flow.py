@@ -194,6 +194,9 @@ def test_signed_forms_relayed_by_someone_else(world: Any) -> None:
     unit_id = world.assign(order_id)
     digests = [b"\x07" * 32] * 3
     world.reveal_all(unit_id, digests, world.commit_all(unit_id, digests))
+    with pytest.raises(errors.FinalizeReserved):  # the operator's, until the verdict deadline
+        client.finalize(unit_id, sender=world.outsider)
+    client.advance_time(client.get_unit(unit_id).verdict_deadline - client.now() + 1)
     client.finalize(unit_id, sender=world.outsider)
     provider = world.providers[0]
     tokens = client.token_balance(provider)
@@ -268,8 +271,8 @@ def test_batched_flow_commits_any_subset_in_any_order_and_reveal_batch_finalizes
     finalized, receipt = client.reveal_batch(unit_id, [reveals[1]])
     assert not finalized and receipt.events_named("UnitFinalized") == []
     assert client.get_unit(unit_id).revealed_mask == 0b010
-    finalized, receipt = client.reveal_batch(unit_id, [reveals[2], reveals[0]], sender=world.outsider)
-    assert finalized
+    finalized, receipt = client.reveal_batch(unit_id, [reveals[2], reveals[0]], sender=world.deployer)
+    assert finalized  # the deployer is the operator here: only its batch finalizes
     assert receipt.event("UnitFinalized").args == {"unitId": unit_id, "resultDigest": digest}
     unit = client.get_unit(unit_id)
     assert (unit.state, unit.revealed_mask) == (UnitState.FINALIZED, 0b111)

@@ -380,6 +380,18 @@ class UnitUnderVerification(ContractReverted):
     error_name = "UnitUnderVerification"
 
 
+class FinalizeReserved(ContractReverted):
+    """Until the verdict deadline only the operator finalizes (it checks canaries' known answers first)."""
+
+    error_name = "FinalizeReserved"
+
+
+class UnitFinalizable(ContractReverted):
+    """A unanimous unit nobody drew is finalized, never expired (its providers' pay is not the buyer's)."""
+
+    error_name = "UnitFinalizable"
+
+
 class VerdictWindowNotOpen(ContractReverted):
     """Verdicts open once every replica revealed or the reveal deadline passed."""
 
