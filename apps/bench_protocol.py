@@ -54,6 +54,7 @@ from veritrain.chain.appeal_watch import VerdictWatch
 from veritrain.chain.backends import Backend, HardhatNode, InProcessBackend
 from veritrain.chain.client import ChainClient, Reveal, UnitState
 from veritrain.chain.deployment import MarketParams
+from veritrain.chain.errors import FinalizeReserved
 
 ACCEPT, FAULT, FRAUD = 0, 1, 2
 SETTLED = (UnitState.FINALIZED, UnitState.VERDICTED, UnitState.EXPIRED)
@@ -552,9 +553,9 @@ def buyer_expire_griefing(trial: Trial) -> None:
 
 
 def event_sync_staller(trial: Trial) -> None:
-    """A provider reveals its own replica straight on chain (around the market), so `UnitFinalized` (by the
-    market's batch of the others' reveals, or by the provider) arrives while the market still holds it as
-    committed (finding 5). The
+    """A provider reveals its own replica straight on chain (around the market), so its reveal and
+    `UnitFinalized` (by the market's batch of the others' reveals; the provider's own finalize is refused
+    until the verdict deadline) arrive while the market still holds it as committed (finding 5). The
     market must reconcile and keep syncing; a stake made afterwards must reach the market. Detected: the
     market ended where the chain is, with its event cursor at the head."""
     market = trial.market
@@ -570,7 +571,10 @@ def event_sync_staller(trial: Trial) -> None:
     reveal(trial, unit, results, others)
     on_chain = market.client.get_unit(chain_unit)
     if on_chain.state == UnitState.REVEALING and not on_chain.drawn:  # else the market's reveal batch did
-        market.client.finalize(chain_unit, sender=staller)
+        try:  # the fast path is the operator's until the verdict deadline
+            market.client.finalize(chain_unit, sender=staller)
+        except FinalizeReserved:
+            trial.refused += 1
     late = market.providers[-1]
     market.client.approve(late, market.client.deployment.stake_manager, 10**18)
     market.client.stake(late, 10**18)

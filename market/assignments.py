@@ -242,10 +242,9 @@ class Assignments(Lifecycle):
             replica.state_digest = submission.state_digest
             replica.transcript_root = submission.transcript_root
             session.add(replica)
-            if self._missed_canary(session, unit, [submission.result_digest]) is not None:
-                # before the reveal is relayed (queued first, so the reveal waits for it): a unanimous
-                # reveal of an undrawn unit would finalize it in the same transaction
-                self.store.enqueue(session, row_id(unit), VERIFY, {"unit_id": unit.chain_unit_id}, now)
+            # before the reveal is relayed (queued first, so the reveal waits for it): the operator's
+            # unanimous reveal batch of an undrawn unit finalizes it in the same transaction
+            self._check_known_answer(session, unit, submission.result_digest, now)
             payload = {
                 "unit_id": unit.chain_unit_id,
                 "provider": submission.provider,
@@ -256,13 +255,39 @@ class Assignments(Lifecycle):
             reveal_deadline = unit.commit_deadline + self.config.reveal_window_s
             entry.next_attempt_at = batch_send_by(reveal_deadline, self.config.reveal_window_s)
             session.flush()
-            live = self.ctx.live_replicas(session, unit)
-            # every committed replica revealed (one that never committed has nothing to reveal): send now
-            if not any(r.state == ReplicaState.COMMITTED.value for r in live):
-                self._release_batch(session, unit, "reveal", now)
-            if all(r.state == ReplicaState.REVEALED.value for r in live):
-                self._decide(session, unit, live, now)
+            self._after_reveal(session, unit, now)
             return unit
+
+    def on_revealed_on_chain(self, session: Session, unit: UnitRow, digest: str, now: int) -> None:
+        """A replica's reveal landed on chain without the market's relay (its provider, or anyone with its
+        salt, sent it): check it against a canary's known answer, as a relayed reveal is, and decide the
+        unit once every replica is in. The chain leaves such a unit to the operator's finalize until its
+        verdict deadline, so this check always comes first."""
+        if unit.state not in (UnitState.COMMITTING.value, UnitState.REVEALING.value):
+            return
+        live = self.ctx.live_replicas(session, unit)
+        if unit.state == UnitState.COMMITTING.value:
+            if any(r.state == ReplicaState.SIGNED.value for r in live):
+                return  # a replica never committed: the commit deadline will move the unit on
+            unit.state = advance(UnitState(unit.state), UnitState.REVEALING, what=f"unit {unit.id}")
+            unit.updated_at = now
+            session.add(unit)
+        self._check_known_answer(session, unit, digest, now)
+        self._after_reveal(session, unit, now)
+
+    def _check_known_answer(self, session: Session, unit: UnitRow, digest: str, now: int) -> None:
+        """A reveal that is not the known answer of the canary ``unit`` replays: draw the unit on chain."""
+        if self._missed_canary(session, unit, [digest]) is not None:
+            self.store.enqueue(session, row_id(unit), VERIFY, {"unit_id": unit.chain_unit_id}, now)
+
+    def _after_reveal(self, session: Session, unit: UnitRow, now: int) -> None:
+        """Every committed replica revealed (one that never committed has nothing to reveal): send the
+        waiting reveals now; every replica revealed: decide the unit."""
+        live = self.ctx.live_replicas(session, unit)
+        if not any(r.state == ReplicaState.COMMITTED.value for r in live):
+            self._release_batch(session, unit, "reveal", now)
+        if all(r.state == ReplicaState.REVEALED.value for r in live):
+            self._decide(session, unit, live, now)
 
     def _decide(self, session: Session, unit: UnitRow, live: Sequence[ReplicaRow], now: int) -> None:
         """Unanimous → finalize (unless the chain drew it: see {on_drawn}); otherwise a verification job.

@@ -103,7 +103,8 @@ class ChainSync(Lifecycle):
             provider = to_checksum_address(args["provider"])
             kind = "commit" if name == "ReplicaCommitted" else "reveal"
             self._confirm(session, row_id(unit), f"{kind}:{provider}", now)
-            self._record_replica_event(session, unit, provider, name, args)
+            if self._record_replica_event(session, unit, provider, name, args):
+                self.assignments.on_revealed_on_chain(session, unit, _hex32(args["resultDigest"]), now)
             return
         if name == "UnitFinalized":
             self._confirm(session, row_id(unit), "finalize", now)
@@ -172,8 +173,10 @@ class ChainSync(Lifecycle):
 
     def _record_replica_event(
         self, session: Session, unit: UnitRow, provider: str, name: str, args: dict[str, Any]
-    ) -> None:
-        """The replica's commitment or revealed digest as the chain holds it (the market may not have it)."""
+    ) -> bool:
+        """The replica's commitment or revealed digest as the chain holds it (the market may not have it).
+        True when this is a reveal the market had not taken itself."""
+        unrelayed_reveal = False
         replica = self.store.replica(session, row_id(unit), provider)
         if name == "ReplicaCommitted":
             replica.commitment = _hex32(args["commitment"])
@@ -186,7 +189,9 @@ class ChainSync(Lifecycle):
             replica.result_digest = digest
             if replica.state == ReplicaState.COMMITTED.value:
                 replica.state = ReplicaState.REVEALED.value
+                unrelayed_reveal = True
         session.add(replica)
+        return unrelayed_reveal
 
     def _confirm(self, session: Session, unit_id: int, action: str, now: int) -> None:
         entry = self.store.outbox_entry(session, unit_id, action)

@@ -21,6 +21,7 @@ from market.store import CanaryRow, MarketStore
 from veritrain.chain.backends import InProcessBackend
 from veritrain.chain.client import ChainClient, UnitState
 from veritrain.chain.deployment import MarketParams
+from veritrain.chain.errors import FinalizeReserved, UnitUnderVerification
 from veritrain.errors import InvalidInput
 from veritrain.messages import CANARY_REASON, OrderSpec, ReplicaOutcome, UnitKind
 
@@ -157,16 +158,30 @@ def _solo_canary_unit(market: ChainMarket, canary: LocalAccount) -> tuple[int, L
     return unit_id, solo
 
 
+def _forged_canary_commit(market: ChainMarket, canary: LocalAccount) -> tuple[int, LocalAccount, Result]:
+    """A solo canary unit after a verified round 0, whose provider committed a forged result (unrevealed)."""
+    verified_round_0(market)
+    unit_id, cheater = _solo_canary_unit(market, canary)
+    forged = result("forged")
+    market.commit(unit_id, cheater, forged)
+    return unit_id, cheater, forged
+
+
+def _majority_signs_fraud(market: ChainMarket, unit_id: int) -> None:
+    """A majority of the unit's assigned verifiers sign fraud for its one replica."""
+    assigned = market.client.verifiers_of(market.chain_unit(unit_id))
+    for address in assigned[: len(assigned) // 2 + 1]:
+        verifier = next(v for v in market.verifiers if v.address == address)
+        market.sign_verdict(unit_id, verifier, [int(ReplicaOutcome.FRAUD)])
+
+
 @pytest.mark.chain
 def test_a_wrong_canary_result_is_sent_to_the_verifiers_and_slashed_as_fraud(
     canary_market: tuple[ChainMarket, LocalAccount],
 ) -> None:
     market, canary = canary_market
     client = market.client
-    verified_round_0(market)
-    unit_id, cheater = _solo_canary_unit(market, canary)
-    forged = result("forged")
-    market.commit(unit_id, cheater, forged)
+    unit_id, cheater, forged = _forged_canary_commit(market, canary)
     market.service.assignments.reveal(market.reveal_submission(unit_id, cheater, forged))
     assert list(market.outbox_states(unit_id)).index("verify") < list(market.outbox_states(unit_id)).index(
         f"reveal:{cheater.address}"
@@ -179,10 +194,7 @@ def test_a_wrong_canary_result_is_sent_to_the_verifiers_and_slashed_as_fraud(
     with market.store.transaction() as session:  # the verifiers re-execute a missed canary in full
         assert market.store.get_job(session, market.open_job(unit_id) or 0).reason == CANARY_REASON
     bonded = client.stake_of(cheater.address).bonded
-    assigned = client.verifiers_of(chain_unit)
-    for address in assigned[: len(assigned) // 2 + 1]:
-        verifier = next(v for v in market.verifiers if v.address == address)
-        market.sign_verdict(unit_id, verifier, [int(ReplicaOutcome.FRAUD)])
+    _majority_signs_fraud(market, unit_id)
     market.send_outbox()
     assert client.get_unit(chain_unit).state == UnitState.VERDICTED
     assert client.stake_of(cheater.address).bonded == bonded  # held until the verdict stands
@@ -195,6 +207,38 @@ def test_a_wrong_canary_result_is_sent_to_the_verifiers_and_slashed_as_fraud(
     assert market.send_outbox() == ["sent"]  # the market's settle_held: unappealed, the cheat is slashed
     assert client.stake_of(cheater.address).bonded < bonded
     assert client.reputation(cheater.address).fraud == 1
+
+
+@pytest.mark.chain
+def test_a_wrong_canary_result_revealed_around_the_market_is_checked_and_sent_to_the_verifiers(
+    canary_market: tuple[ChainMarket, LocalAccount],
+) -> None:
+    """The canary's provider reveals its forged result straight on chain, around the market's known-answer
+    check. Its reveal cannot finalize the unit (only the operator's relay does, until the verdict deadline),
+    nor can its own finalize; the market's sync sees the reveal, finds it is not the known answer and draws
+    the unit for its verifiers, whose verdict settles it."""
+    market, canary = canary_market
+    client = market.client
+    unit_id, cheater, forged = _forged_canary_commit(market, canary)
+    market.send_outbox()  # the commit lands
+    chain_unit = market.chain_unit(unit_id)
+    assert not market.reveal_on_chain(unit_id, {cheater.address: forged}, sender=cheater)
+    with pytest.raises(FinalizeReserved):
+        client.finalize(chain_unit, sender=cheater)
+    assert client.get_unit(chain_unit).state == UnitState.REVEALING
+    market.service.sync.sync_chain_events()
+    assert market.unit(unit_id).state == "verifying" and market.open_job(unit_id) is not None
+    with market.store.transaction() as session:
+        assert market.store.get_job(session, market.open_job(unit_id) or 0).reason == CANARY_REASON
+    assert market.send_outbox() == ["sent"]  # requestVerification
+    assert client.get_unit(chain_unit).drawn
+    with pytest.raises(UnitUnderVerification):  # drawn: no finalize, even past the verdict deadline
+        client.finalize(chain_unit, sender=cheater)
+    _majority_signs_fraud(market, unit_id)
+    market.send_outbox()
+    assert client.get_unit(chain_unit).state == UnitState.VERDICTED
+    market.service.sync.sync_chain_events()
+    assert market.replica_states(unit_id) == ["fraud"]
 
 
 @pytest.mark.chain

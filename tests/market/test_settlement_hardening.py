@@ -56,8 +56,10 @@ def market(request: pytest.FixtureRequest, fresh_postgres_url: str) -> Iterator[
 
 
 def test_sync_applies_a_finalize_revealed_around_the_market_and_keeps_going(market: ChainMarket) -> None:
-    """Finding 5: the providers reveal straight on chain, so `UnitFinalized` arrives while the market still
-    has every replica as committed. Sync applies it as the chain says and later events still apply."""
+    """Finding 5: the providers reveal straight on chain while the market still has every replica as
+    committed. Their reveal cannot finalize (the fast path is the operator's until the verdict deadline):
+    sync takes the reveals as the chain says, decides the unit, the market's finalize settles it, and later
+    events still apply."""
     market.post_order()
     unit_id, chosen = market.match_and_accept()
     market.send_outbox()  # assign
@@ -66,13 +68,16 @@ def test_sync_applies_a_finalize_revealed_around_the_market_and_keeps_going(mark
         market.commit(unit_id, provider, honest)
     market.send_outbox()  # commits
     assert market.unit(unit_id).state == "revealing"
-    assert market.reveal_on_chain(unit_id, {p.address: honest for p in chosen}, sender=chosen[0])
+    assert not market.reveal_on_chain(unit_id, {p.address: honest for p in chosen}, sender=chosen[0])
 
     # a later event of another kind: a provider stakes more (matching must see it)
     late = market.providers[-1] if market.providers[-1] not in chosen else chosen[0]
     market.client.approve(late, market.client.deployment.stake_manager, 10**18)
     market.client.stake(late, 10**18)
 
+    market.service.sync.sync_chain_events()
+    assert market.unit(unit_id).state == "finalizing"
+    assert market.send_outbox() == ["sent"]  # the market's finalize
     market.service.sync.sync_chain_events()
     assert market.unit(unit_id).state == "accepted"
     assert market.replica_states(unit_id) == ["accepted"] * 3
@@ -146,7 +151,9 @@ def test_the_next_round_never_starts_from_a_state_nobody_bound(market: ChainMark
     for provider in chosen:
         market.commit(unit_id, provider, honest)
     market.send_outbox()
-    assert market.reveal_on_chain(unit_id, {p.address: honest for p in chosen}, sender=chosen[0])
+    assert not market.reveal_on_chain(unit_id, {p.address: honest for p in chosen}, sender=chosen[0])
+    market.service.sync.sync_chain_events()
+    market.send_outbox()  # the market's finalize
     market.service.sync.sync_chain_events()
     assert market.service.orders.advance_orders() == 1
     status = market.service.orders.order_status(order_id)
