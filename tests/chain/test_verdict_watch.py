@@ -17,7 +17,7 @@ import pytest
 from verifier.refereeing import RefereeDuty
 from veritrain.chain.appeal_watch import VerdictWatch
 from veritrain.chain.backends import RpcBackend
-from veritrain.chain.client import AppealState, Outcome
+from veritrain.chain.client import AppealState, Outcome, UnitState
 from veritrain.chain.eip712 import outcomes_hash
 
 pytestmark = pytest.mark.chain
@@ -166,6 +166,38 @@ def test_a_provider_framed_by_every_verifier_appeals_itself_and_is_paid(world: A
     price = client.get_order(client.get_unit(unit_id).order_id).price_per_replica
     assert client.credits(framed) == credits + price
     assert watch.units == {}
+
+
+def test_a_provider_finalizes_its_unanimous_unit_itself_when_nobody_did_by_the_verdict_deadline(
+    world: Any, tmp_path: Path
+) -> None:
+    """The operator never finalizes (it may, alone, until the verdict deadline): past it the provider's
+    watch finalizes the unit and the provider is paid; a unit drawn for verification is left alone."""
+    client = world.client
+    order_id = world.post_order(units=2)
+    provider = world.providers[0]
+    units = []
+    for _ in range(2):
+        key, deadline = os.urandom(32), client.now() + 3600
+        providers = world.providers[:3]
+        accepts = [client.sign_accept(p, order_id, key, deadline) for p in providers]
+        unit_id, _ = client.assign(order_id, key, providers, world.verifiers, accepts)
+        digests = [b"\x05" * 32] * 3
+        world.reveal_all(unit_id, digests, world.commit_all(unit_id, digests))
+        units.append(int(unit_id))
+    unanimous, drawn = units
+    client.request_verification(drawn)
+    watch = VerdictWatch(client, provider, tmp_path / "watch.json")
+    for unit_id in units:
+        watch.revealed(unit_id)
+    watch.tick()
+    assert client.get_unit(unanimous).state == UnitState.REVEALING  # the operator's, until the deadline
+    client.advance_time(client.get_unit(unanimous).verdict_deadline - client.now() + 1)
+    credit = client.credits(provider)
+    watch.tick()
+    assert client.get_unit(unanimous).state == UnitState.FINALIZED and unanimous not in watch.units
+    assert client.credits(provider) > credit
+    assert client.get_unit(drawn).state == UnitState.REVEALING and drawn in watch.units
 
 
 def test_a_planted_cheat_appeals_the_verdict_that_accepted_it_and_the_panel_fixes_the_truth(

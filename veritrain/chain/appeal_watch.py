@@ -10,6 +10,10 @@ contradicting verdict while the window is open, draw the panel, end the appeal (
 decided, `lapse` when it missed its deadline, which returns the bond). The appellant's bond is lost when
 the panel confirms the verdict, so only a party sure of its claim should make one: a provider vouches
 only for a result it computed honestly. Voting as a referee: verifier.refereeing.
+
+A provider's unit may also be left unsettled: until its verdict deadline only the operator finalizes a
+unanimous unit nobody drew (JobMarket), and an operator that never does would keep the provider's pay. From
+the verdict deadline the watcher finalizes such a unit itself (the chain refuses to expire it).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from pathlib import Path
 
 from eth_account.signers.local import LocalAccount
 
-from veritrain.chain.client import AppealState, ChainClient, Outcome, UnitState
+from veritrain.chain.client import AppealState, ChainClient, Outcome, UnitInfo, UnitState
 from veritrain.chain.eip712 import outcomes_hash
 from veritrain.chain.errors import ChainError, ContractReverted
 
@@ -101,6 +105,10 @@ class VerdictWatch:
         chain = self.chain
         unit = chain.get_unit(unit_id)
         if unit.state in (UnitState.COMMITTING, UnitState.REVEALING):
+            if self.units[unit_id] is OWN_REPLICA and self._left_unfinalized(unit, now):
+                chain.finalize(unit_id, sender=self.account)
+                logger.info("unit %d: finalized it ourselves, nobody did by its verdict deadline", unit_id)
+                return True
             return False
         if unit.state != UnitState.VERDICTED:
             return True  # finalized or expired: no verdict contradicts us
@@ -129,6 +137,14 @@ class VerdictWatch:
         decided = chain.unit_events("AppealDecided", unit_id)[0].args["outcomes"]
         chain.resolve_appeal(unit_id, verdict, decided, sender=self.account)
         return True
+
+    def _left_unfinalized(self, unit: UnitInfo, now: int) -> bool:
+        """Whether `unit` is unanimous, not drawn and past its verdict deadline: anyone may finalize it."""
+        full = (1 << unit.replicas) - 1
+        if unit.drawn or unit.revealed_mask != full or now <= unit.verdict_deadline:
+            return False
+        digests = {self.chain.replica(unit.unit_id, i).commitment_or_digest for i in range(unit.replicas)}
+        return len(digests) == 1
 
     def _contradicted(self, unit_id: int, replicas: int) -> bool:
         """Whether the verdict that settled `unit_id` contradicts our claim on it."""
