@@ -40,7 +40,7 @@ from market.orders import OrderBook
 from market.ports import CanaryAccount
 from market.store import CanaryRow, MarketStore, OrderRow, UnitRow
 from veritrain.errors import InvalidInput, MarketError
-from veritrain.messages import AgentRole, OrderRequest, OrderSpec, UnitKind
+from veritrain.messages import OrderRequest, OrderSpec, UnitKind
 
 log = logging.getLogger(__name__)
 
@@ -171,10 +171,7 @@ class CanaryBook(Lifecycle):
     def _uncaught_plant(self, session: Session) -> bool:
         """Whether one of the operator's plant agents is registered and has no fraud on record (the only
         kind :func:`market.domain.matching.match_plant` gives a planted unit to)."""
-        return any(
-            agent.address in self.config.plant_agents and agent.rep_fraud == 0
-            for agent in self.store.agents(session, AgentRole.PROVIDER.value)
-        )
+        return any(agent.rep_fraud == 0 for agent in self.ctx.plant_agents(session))
 
     def _round_0_answer(self, session: Session, order: OrderRow, spec: OrderSpec) -> KnownAnswer | None:
         """The known answer of the order's accepted round-0 unit, if it has one a canary may replay."""

@@ -24,9 +24,9 @@ from sqlmodel import Session
 from market.domain.replication import DEFAULT_POLICY, ReplicationPolicy
 from market.domain.states import ReplicaState
 from market.ports import RecipeCatalog, SettlementPort
-from market.store import HeartbeatRow, MarketStore, ReplicaRow, UnitRow
+from market.store import AgentRow, HeartbeatRow, MarketStore, ReplicaRow, UnitRow
 from veritrain.errors import InvalidSignature, MarketError, NotFound
-from veritrain.messages import AgentMessage, require_fresh
+from veritrain.messages import AgentMessage, AgentRole, require_fresh
 
 
 @dataclass(frozen=True)
@@ -128,6 +128,14 @@ class MarketContext:
     def live_replicas(self, session: Session, unit: UnitRow) -> list[ReplicaRow]:
         return [
             r for r in self.store.replicas_of(session, row_id(unit)) if r.state != ReplicaState.DROPPED.value
+        ]
+
+    def plant_agents(self, session: Session) -> list[AgentRow]:
+        """The operator's plant agents (`plant_agents` in the config) that registered as providers."""
+        return [
+            agent
+            for agent in self.store.agents(session, AgentRole.PROVIDER.value)
+            if agent.address in self.config.plant_agents
         ]
 
 

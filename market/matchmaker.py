@@ -182,8 +182,7 @@ class Matchmaker(Lifecycle):
         load = self.store.active_load(session)
         return {
             agent.address: self._candidate(agent, offers.get(agent.address), load.get(agent.address, 0))
-            for agent in self.store.agents(session, AgentRole.PROVIDER.value)
-            if agent.address in self.config.plant_agents
+            for agent in self.ctx.plant_agents(session)
         }
 
     def _collateral(self) -> int:
