@@ -90,6 +90,38 @@ def test_sync_applies_a_finalize_revealed_around_the_market_and_keeps_going(mark
     assert chain_unit is not None and market.client.get_unit(chain_unit).state == UnitState.FINALIZED
 
 
+def test_a_copied_reveal_batch_landing_first_cannot_finalize_and_the_market_still_settles(
+    market: ChainMarket,
+) -> None:
+    """The market's pending `revealBatch` carries every salt, so anyone can copy it and land it first. The
+    copy reveals but cannot finalize (the fast path is the operator's until the verdict deadline); the
+    market's own batch then reverts, sync confirms the reveals from the chain's events, and the market's
+    finalize settles the unit: every provider is paid."""
+    market.post_order()
+    unit_id, chosen = market.match_and_accept()
+    market.send_outbox()  # assign
+    honest = result("honest")
+    for provider in chosen:
+        market.commit(unit_id, provider, honest)
+    market.send_outbox()  # commits
+    for provider in chosen:
+        market.service.assignments.reveal(market.reveal_submission(unit_id, provider, honest))
+    assert market.unit(unit_id).state == "finalizing"
+    copier = next(p for p in market.providers if p not in chosen)
+    assert not market.reveal_on_chain(unit_id, {p.address: honest for p in chosen}, sender=copier)
+    chain_unit = market.chain_unit(unit_id)
+    assert market.client.get_unit(chain_unit).state == UnitState.REVEALING
+    market.send_outbox()  # the market's batch: AlreadyRevealed, retried later
+    market.service.sync.sync_chain_events()  # the copy's events confirm the market's reveals
+    market.send_outbox()  # the finalize
+    market.service.sync.sync_chain_events()
+    assert market.client.get_unit(chain_unit).state == UnitState.FINALIZED
+    assert market.unit(unit_id).state == "accepted"
+    price = market.client.get_order(market.client.get_unit(chain_unit).order_id).price_per_replica
+    assert all(market.client.credits(p) == price for p in chosen)
+    assert market.client.credits(copier) == 0
+
+
 def test_a_settlement_that_reverts_applies_what_the_chain_did(market: ChainMarket) -> None:
     """Finding 6: the buyer calls `expireUnit` the moment the verdict deadline passes, before the market's
     reveals (whose batch would finalize the unit) land. They revert, and so does the finalize; the market
