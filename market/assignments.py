@@ -265,6 +265,7 @@ class Assignments(Lifecycle):
         verdict deadline, so this check always comes first."""
         if unit.state not in (UnitState.COMMITTING.value, UnitState.REVEALING.value):
             return
+        self._check_known_answer(session, unit, digest, now)
         live = self.ctx.live_replicas(session, unit)
         if unit.state == UnitState.COMMITTING.value:
             if any(r.state == ReplicaState.SIGNED.value for r in live):
@@ -272,7 +273,6 @@ class Assignments(Lifecycle):
             unit.state = advance(UnitState(unit.state), UnitState.REVEALING, what=f"unit {unit.id}")
             unit.updated_at = now
             session.add(unit)
-        self._check_known_answer(session, unit, digest, now)
         self._after_reveal(session, unit, now)
 
     def _check_known_answer(self, session: Session, unit: UnitRow, digest: str, now: int) -> None:
