@@ -764,10 +764,7 @@ class MarketMachine(RuleBasedStateMachine):
     def finalize(self, data: st.DataObject) -> None:
         """Mostly by the operator (the fast path); else by one of the unit's providers, which the chain
         refuses until the verdict deadline."""
-        unit_id = self._draw_unit(
-            data,
-            lambda unit: unit.all_revealed and not unit.drawn and len({r.digest for r in unit.replicas}) == 1,
-        )
+        unit_id = self._draw_unit(data, lambda unit: unit.finalizable)
         self.do_finalize(unit_id, by_operator=_mostly(data, 3, "finalize by the operator"))
 
     def do_finalize(self, unit_id: int, by_operator: bool = True) -> None:
@@ -1340,8 +1337,7 @@ class MarketMachine(RuleBasedStateMachine):
         unit = self.model.units[unit_id]
         if not unit.drawn and not _mostly(data, 6, "spot check"):
             self.do_request_verification(unit_id)
-        unanimous = unit.all_revealed and len({r.digest for r in unit.replicas}) == 1
-        if unanimous and not unit.drawn and _mostly(data, 4, "fast path"):
+        if unit.finalizable and _mostly(data, 4, "fast path"):
             self.do_finalize(unit_id)
             return
         honest = keccak(text=f"honest-{unit_id}")

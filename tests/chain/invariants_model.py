@@ -145,6 +145,16 @@ class Unit:
         return all(r.digest is not None for r in self.replicas)
 
     @property
+    def unanimous(self) -> bool:
+        """Every replica revealed, all the same digest."""
+        return self.all_revealed and len({r.digest for r in self.replicas}) == 1
+
+    @property
+    def finalizable(self) -> bool:
+        """Unanimous and not drawn: settled by `finalize` (never expired)."""
+        return self.unanimous and not self.drawn
+
+    @property
     def any_revealed(self) -> bool:
         return any(r.digest is not None for r in self.replicas)
 
@@ -534,7 +544,7 @@ class Model:
             return Expected("UnitUnderVerification", (unit_id,))
         if not unit.all_revealed:
             return Expected("RevealsIncomplete", (unit_id,))
-        if len({r.digest for r in unit.replicas}) != 1:
+        if not unit.unanimous:
             return Expected("NotUnanimous", (unit_id,))
         verdict_deadline = unit.reveal_deadline + self.params.verdict_window
         if not by_operator and now <= verdict_deadline:  # the operator checks canaries' answers first
@@ -631,7 +641,7 @@ class Model:
         verdict_deadline = unit.reveal_deadline + self.params.verdict_window
         if now <= verdict_deadline:
             return Expected("UnitNotExpired", (unit_id, verdict_deadline))
-        if not unit.drawn and unit.all_revealed and len({r.digest for r in unit.replicas}) == 1:
+        if unit.finalizable:
             return Expected("UnitFinalizable", (unit_id,))  # its providers finalize it themselves
         unit.state = UnitState.EXPIRED
         order = self.orders[unit.order_id]

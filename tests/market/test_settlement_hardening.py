@@ -12,11 +12,12 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from eth_account.signers.local import LocalAccount
 from fastapi.testclient import TestClient
 from market_flow import snapshot
 
 from apps.order import order_view, status_lines
-from apps.protocol_harness import STAKE, ChainMarket, funded_accounts, result
+from apps.protocol_harness import STAKE, ChainMarket, Result, funded_accounts, result
 from market.api import create_app
 from market.ports import SettlementPort
 from market.store import MarketStore
@@ -55,18 +56,28 @@ def market(request: pytest.FixtureRequest, fresh_postgres_url: str) -> Iterator[
             store.dispose()
 
 
-def test_sync_applies_a_finalize_revealed_around_the_market_and_keeps_going(market: ChainMarket) -> None:
-    """Finding 5: the providers reveal straight on chain while the market still has every replica as
-    committed. Their reveal cannot finalize (the fast path is the operator's until the verdict deadline):
-    sync takes the reveals as the chain says, decides the unit, the market's finalize settles it, and later
-    events still apply."""
-    market.post_order()
+def _assigned_and_committed(
+    market: ChainMarket, *, send_commits: bool = True
+) -> tuple[int, int, list[LocalAccount], Result]:
+    """An order whose one unit is assigned on chain and every replica committed to the honest result (the
+    commits sent when `send_commits`): (order id, unit id, its providers, that result)."""
+    order_id = market.post_order()
     unit_id, chosen = market.match_and_accept()
     market.send_outbox()  # assign
     honest = result("honest")
     for provider in chosen:
         market.commit(unit_id, provider, honest)
-    market.send_outbox()  # commits
+    if send_commits:
+        market.send_outbox()  # commits
+    return order_id, unit_id, chosen, honest
+
+
+def test_sync_applies_a_finalize_revealed_around_the_market_and_keeps_going(market: ChainMarket) -> None:
+    """Finding 5: the providers reveal straight on chain while the market still has every replica as
+    committed. Their reveal cannot finalize (the fast path is the operator's until the verdict deadline):
+    sync takes the reveals as the chain says, decides the unit, the market's finalize settles it, and later
+    events still apply."""
+    _, unit_id, chosen, honest = _assigned_and_committed(market)
     assert market.unit(unit_id).state == "revealing"
     assert not market.reveal_on_chain(unit_id, {p.address: honest for p in chosen}, sender=chosen[0])
 
@@ -97,13 +108,7 @@ def test_a_copied_reveal_batch_landing_first_cannot_finalize_and_the_market_stil
     copy reveals but cannot finalize (the fast path is the operator's until the verdict deadline); the
     market's own batch then reverts, sync confirms the reveals from the chain's events, and the market's
     finalize settles the unit: every provider is paid."""
-    market.post_order()
-    unit_id, chosen = market.match_and_accept()
-    market.send_outbox()  # assign
-    honest = result("honest")
-    for provider in chosen:
-        market.commit(unit_id, provider, honest)
-    market.send_outbox()  # commits
+    _, unit_id, chosen, honest = _assigned_and_committed(market)
     for provider in chosen:
         market.service.assignments.reveal(market.reveal_submission(unit_id, provider, honest))
     assert market.unit(unit_id).state == "finalizing"
@@ -127,12 +132,7 @@ def test_a_settlement_that_reverts_applies_what_the_chain_did(market: ChainMarke
     reveals (whose batch would finalize the unit) land. They revert, and so does the finalize; the market
     re-reads the chain and fails the unit, so the round does not advance on a unit that paid nobody (it
     retries the unit under a new key)."""
-    order_id = market.post_order()
-    unit_id, chosen = market.match_and_accept()
-    market.send_outbox()  # assign
-    honest = result("honest")
-    for provider in chosen:
-        market.commit(unit_id, provider, honest)
+    order_id, unit_id, chosen, honest = _assigned_and_committed(market, send_commits=False)
     for provider in chosen:
         market.service.assignments.reveal(market.reveal_submission(unit_id, provider, honest))
     assert market.unit(unit_id).state == "finalizing"
@@ -158,12 +158,7 @@ def test_a_settlement_that_reverts_applies_what_the_chain_did(market: ChainMarke
 def test_a_reported_state_must_be_bound_to_the_revealed_result(market: ChainMarket) -> None:
     """Finding 8: a replica reveals its committed result digest but reports another state digest (to steer
     the next round). The market refuses it with a typed error and stores nothing."""
-    market.post_order()
-    unit_id, chosen = market.match_and_accept()
-    market.send_outbox()
-    honest = result("honest")
-    for provider in chosen:
-        market.commit(unit_id, provider, honest)
+    _, unit_id, chosen, honest = _assigned_and_committed(market, send_commits=False)
     steering = market.reveal_submission(unit_id, chosen[0], honest).model_copy(
         update={"state_digest": result("steered").state_digest}
     )
@@ -176,13 +171,7 @@ def test_a_reported_state_must_be_bound_to_the_revealed_result(market: ChainMark
 def test_the_next_round_never_starts_from_a_state_nobody_bound(market: ChainMarket) -> None:
     """Finding 8: every replica revealed straight on chain, so the market holds no reported state bound to
     the accepted digest: the round retries the unit instead of starting round 1 from an unbound digest."""
-    order_id = market.post_order()
-    unit_id, chosen = market.match_and_accept()
-    market.send_outbox()
-    honest = result("honest")
-    for provider in chosen:
-        market.commit(unit_id, provider, honest)
-    market.send_outbox()
+    order_id, unit_id, chosen, honest = _assigned_and_committed(market)
     assert not market.reveal_on_chain(unit_id, {p.address: honest for p in chosen}, sender=chosen[0])
     market.service.sync.sync_chain_events()
     market.send_outbox()  # the market's finalize
