@@ -725,13 +725,19 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
         emit UnitFinalized(unitId, digest);
     }
 
+    /// @dev The end of a unit's verdict window: its reveal deadline (fixed at assignment) plus the
+    /// deployment's verdict window. Finalize by anyone but the operator, expiry and verdicts all turn on it.
+    function _verdictDeadline(Unit memory u) internal view returns (uint64) {
+        return uint64(u.revealDeadline) + _verdictWindow;
+    }
+
     /// @dev Verdicts open once all replicas revealed or after the reveal deadline, and close at the
     /// verdict deadline.
     function _checkVerdictWindow(uint256 unitId, Unit memory u) internal view {
         if (u.revealedMask != _fullMask(u.replicas) && block.timestamp <= u.revealDeadline) {
             revert VerdictWindowNotOpen(unitId, u.revealDeadline);
         }
-        uint64 verdictDeadline = uint64(u.revealDeadline) + _verdictWindow;
+        uint64 verdictDeadline = _verdictDeadline(u);
         if (block.timestamp > verdictDeadline) revert VerdictWindowClosed(unitId, verdictDeadline);
     }
 
@@ -1063,7 +1069,7 @@ contract JobMarketVerdicts is JobMarketBase {
         Unit storage unit = _units[unitId];
         Unit memory u = unit;
         _requireOpen(unitId, u.state);
-        uint64 verdictDeadline = uint64(u.revealDeadline) + _verdictWindow;
+        uint64 verdictDeadline = _verdictDeadline(u);
         if (block.timestamp <= verdictDeadline) revert UnitNotExpired(unitId, verdictDeadline);
         if (!u.drawn && u.revealedMask == _fullMask(u.replicas) && _unanimous(unitId, u)) {
             revert UnitFinalizable(unitId);
@@ -1455,7 +1461,7 @@ contract JobMarket is JobMarketBase {
         if (u.drawn) revert UnitUnderVerification(unitId);
         if (u.revealedMask != _fullMask(u.replicas)) revert RevealsIncomplete(unitId);
         if (!_unanimous(unitId, u)) revert NotUnanimous(unitId);
-        uint64 verdictDeadline = uint64(u.revealDeadline) + _verdictWindow;
+        uint64 verdictDeadline = _verdictDeadline(u);
         if (block.timestamp <= verdictDeadline && !hasRole(OPERATOR_ROLE, msg.sender)) {
             revert FinalizeReserved(unitId, verdictDeadline);
         }
@@ -1572,7 +1578,7 @@ contract JobMarket is JobMarketBase {
             drawn: u.drawn,
             commitDeadline: u.commitDeadline,
             revealDeadline: u.revealDeadline,
-            verdictDeadline: u.state == UnitState.None ? 0 : uint64(u.revealDeadline) + _verdictWindow
+            verdictDeadline: u.state == UnitState.None ? 0 : _verdictDeadline(u)
         });
     }
 
