@@ -35,7 +35,7 @@ from apps.demo_report import (
     write_report,
 )
 from apps.procs import ProcessGroup, free_port, http_ok, signals_ignored, terminate_as_interrupt
-from veritrain.errors import DemoCheckFailed, VeritrainError
+from veritrain.errors import ConfigError, DemoCheckFailed, VeritrainError
 from veritrain.messages import TRUSTED_STREAK
 from veritrain.progress import progress_bar
 
@@ -49,6 +49,7 @@ TOKEN = 10**18
 DEFAULT_RECIPE = "charlm-tiny"
 DEFAULT_DISHONEST_STRATEGY = "skip-50pct"
 DEV_ACCOUNT_ROLES = ("deployer", "operator", "buyer")  # dev accounts 0..2; providers and verifiers follow
+PLANT_KEYS = 2  # keys the demo's plant agent may spend (a caught key is spent)
 PROVIDER_FUNDS = 1_000 * TOKEN
 # A dishonest demo provider holds 20x an honest one's stake. Replicas are drawn by stake, so it is in
 # almost every unit: P(left out of a k = 3 unit among the default 4 honest + 1) = 4/24·3/23·2/22 ≈ 2e-3,
@@ -106,9 +107,10 @@ class DemoConfig:
     probation_streak: int | None = None  # valid units before a provider's units may skip verification
     # a funded canary account replays verified units at this rate (market/canary.py); None: no canaries
     canary_rate_ppm: int | None = None
-    # the operator's planted cheats (verifier canaries): plant agents (`node run --plant`, forging with
-    # plant_strategy) and the rate at which verified units are replayed for them (needs the canary account)
-    plants: int = 0
+    # the operator's planted cheats (verifier canaries): its plant agent (`node run --plant --plant-keys`,
+    # forging with plant_strategy under PLANT_KEYS funded keys, each enrolled by the canary account, the
+    # next once one is caught) and the rate at which verified units are replayed for it (needs the canary)
+    plant: bool = False
     plant_strategy: str = "start-state"
     plant_rate_ppm: int = 0
     lazy_verifiers: int = 0  # the first N verifiers accept unanimous units unchecked (`verifier run --lazy`)
@@ -214,6 +216,7 @@ class Marketplace:
         self.emit = emit
         self.procs = ProcessGroup(config.log_dir)
         self.parties: dict[str, Party] = {}
+        self.plant_keys: list[LocalAccount] = []  # the plant agent's keys, in the order it spends them
         self.market_port = free_port()
         self.node: Any = None
         self.rpc_url = ""
@@ -261,7 +264,7 @@ class Marketplace:
         from veritrain.chain.backends import dev_accounts
 
         config = self.config
-        needed = len(DEV_ACCOUNT_ROLES) + config.providers + config.verifiers + 1 + config.plants
+        needed = len(DEV_ACCOUNT_ROLES) + config.providers + config.verifiers + 1 + PLANT_KEYS
         accounts = dev_accounts(max(needed, 20))
         for index, role in enumerate(DEV_ACCOUNT_ROLES):
             self.parties[role] = Party(role=role, name=role, account=accounts[index])
@@ -279,9 +282,14 @@ class Marketplace:
         offset += self.config.verifiers
         if self.config.canary_rate_ppm is not None:  # the market's canary buyer, an account of its own
             self.parties["canary"] = Party("canary", "canary", accounts[offset])
-        for i in range(self.config.plants):  # after the canary's account, which plants need to be bought
-            name, account = f"plant-{i}", accounts[offset + 1 + i]
-            self.parties[name] = Party("provider", name, account, config.plant_strategy, plant=True)
+        if self.config.plant:  # its keys are enrolled by the canary account, whose key the agent holds
+            if "canary" not in self.parties:
+                raise ConfigError(
+                    "a plant agent's keys are enrolled by the canary account: set canary_rate_ppm"
+                )
+            canary = self.parties["canary"].account
+            self.parties["plant"] = Party("provider", "plant", canary, config.plant_strategy, plant=True)
+            self.plant_keys = list(accounts[offset + 1 : offset + 1 + PLANT_KEYS])
 
     def providers(self) -> list[Party]:
         return [p for p in self.parties.values() if p.role == "provider"]
@@ -345,11 +353,15 @@ class Marketplace:
         )
         self.chain.mint(self.parties["buyer"].account, BUYER_FUNDS)
         for party in self.providers():
-            self.chain.mint(party.account, DISHONEST_FUNDS if party.dishonest_strategy else PROVIDER_FUNDS)
+            funds = DISHONEST_FUNDS if party.dishonest_strategy else PROVIDER_FUNDS
+            if not party.plant:  # the plant works under keys of its own, funded below
+                self.chain.mint(party.account, funds)
         for party in self.verifiers():
             self.chain.mint(party.account, VERIFIER_FUNDS)
         if "canary" in self.parties:
             self.chain.mint(self.parties["canary"].account, BUYER_FUNDS)
+        for key in self.plant_keys:  # funded on their own, like any provider: nothing links them on chain
+            self.chain.mint(key, PROVIDER_FUNDS)
         self.emit(
             f"chain: minted {BUYER_FUNDS // TOKEN} VERI to the buyer, {PROVIDER_FUNDS // TOKEN} to each "
             f"honest provider, {DISHONEST_FUNDS // TOKEN} to each dishonest one, "
@@ -391,6 +403,17 @@ class Marketplace:
             write_keystore(self.keystore_folder, party.name, keystore)
         return path
 
+    def write_plant_keys(self) -> Path:
+        """The plant agent's keys, one keystore each, named so that they are spent in order."""
+        from veritrain.keys import encrypt_key, write_keystore
+
+        folder = self.config.work_dir / "plant-keys"
+        for index, key in enumerate(self.plant_keys):
+            if not (folder / f"plant-{index}.json").exists():
+                keystore = encrypt_key(bytes(key.key), self.keystore_passphrase, light=True)
+                write_keystore(folder, f"plant-{index}", keystore)
+        return folder
+
     def cli(self, *words: str) -> list[str]:
         """A `veritrain` subcommand run by this interpreter (needs no installed console script)."""
         return [sys.executable, "-m", "apps", *words]
@@ -404,9 +427,7 @@ class Marketplace:
         if self.config.canary_rate_ppm is not None:
             env["VERITRAIN_CANARY_KEY"] = self.parties["canary"].account.key.hex()
             env["VERITRAIN_CANARY_RATE_PPM"] = str(self.config.canary_rate_ppm)
-        plants = [p.address for p in self.providers() if p.plant]
-        if plants:
-            env["VERITRAIN_PLANT_AGENTS"] = ",".join(plants)
+        if self.config.plant:  # its keys are enrolled by the canary account, not listed
             env["VERITRAIN_PLANT_RATE_PPM"] = str(self.config.plant_rate_ppm)
         self._market_launch = (env, market_dir)
         self.start_market_process("market")
@@ -479,7 +500,7 @@ class Marketplace:
             if party.dishonest_strategy:
                 argv += ["--dishonest", party.dishonest_strategy]
                 after = ["--dishonest-after", str(self.config.dishonest_after)]
-                argv += ["--plant"] if party.plant else after
+                argv += ["--plant", "--plant-keys", str(self.write_plant_keys())] if party.plant else after
         return argv
 
     def start_agent(self, party: Party) -> None:
@@ -537,6 +558,13 @@ class Marketplace:
         self.killed.add(name)
         self.procs.kill(name)
 
+    def staker(self, party: Party) -> str:
+        """The address an agent stakes and works under: its own, or for the plant its current key."""
+        from node.plant import current_plant
+
+        plant = current_plant(self.client, self.plant_keys) if party.plant else None
+        return party.address if plant is None else str(plant.address)
+
     def wait_agents_staked(self, timeout: float = 120.0) -> None:
         """Return once every agent has bonded its stake on chain (they register before they stake)."""
         deadline = time.monotonic() + timeout
@@ -544,12 +572,10 @@ class Marketplace:
         while pending:
             self.check_children()
             for party in self.agents():
-                if party.name in pending and self.client.stake_of(party.account).bonded > 0:
+                bonded = self.client.stake_of(self.staker(party)).bonded
+                if party.name in pending and bonded > 0:
                     pending.discard(party.name)
-                    self.emit(
-                        f"{party.name}: registered and staked "
-                        f"{self.client.stake_of(party.account).bonded // TOKEN} VERI"
-                    )
+                    self.emit(f"{party.name}: registered and staked {bonded // TOKEN} VERI")
             if pending and time.monotonic() > deadline:
                 raise DemoCheckFailed(f"agents not staked after {timeout:.0f} s: {sorted(pending)}")
             time.sleep(POLL_S)
@@ -783,7 +809,7 @@ def build_report(
     client = market.client
     money, units = order_money(market.events(buyer.posted_block), buyer.chain_order_id)
     names = {party.address: party.name for party in market.parties.values()}
-    providers = [p.address for p in market.providers()]
+    providers = [p.address for p in market.providers() if not p.plant]
     verifiers = [p.address for p in market.verifiers()]
     checks = Checks()
     conservation_ok = conservation_checks(

@@ -25,6 +25,7 @@ from veritrain.errors import (
     InvalidInput,
     InvalidSignature,
     MarketError,
+    NotAuthorized,
     NotFound,
     RateLimited,
     ReplayedMessage,
@@ -45,6 +46,7 @@ from veritrain.messages import (
     OrderPeers,
     OrderRequest,
     OrderStatus,
+    PlantEnrollment,
     Progress,
     Registration,
     RevealSubmission,
@@ -64,6 +66,7 @@ class ErrorBody(BaseModel):
 # Most specific first: the first matching class decides the status.
 ERROR_STATUS: tuple[tuple[type[VeritrainError], int], ...] = (
     (InvalidSignature, status.HTTP_401_UNAUTHORIZED),
+    (NotAuthorized, status.HTTP_403_FORBIDDEN),
     (RateLimited, status.HTTP_429_TOO_MANY_REQUESTS),
     (ReplayedMessage, status.HTTP_409_CONFLICT),
     (UnderfundedOrder, status.HTTP_402_PAYMENT_REQUIRED),
@@ -73,7 +76,9 @@ ERROR_STATUS: tuple[tuple[type[VeritrainError], int], ...] = (
     (MarketError, status.HTTP_503_SERVICE_UNAVAILABLE),
 )
 
-_ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorBody} for code in (400, 401, 402, 404, 409)}
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody} for code in (400, 401, 402, 403, 404, 409)
+}
 # A registration reads the agent's stake and reputation from the chain: rationed per client address.
 REGISTER_RATE_PER_S = 2.0
 REGISTER_BURST = 20
@@ -142,6 +147,12 @@ def create_app(service: MarketService) -> FastAPI:
         return AgentInfo(
             address=row.address, role=AgentRole(row.role), operator=row.operator, online=row.online
         )
+
+    @app.post("/agents/plants", responses=_ERRORS)
+    def enroll_plant(signed: Signed[PlantEnrollment]) -> Ack:
+        """The canary account enrolls a fresh key of the operator's plant agent (market/canary.py)."""
+        plant = service.agents.enroll_plant(signed)
+        return Ack(detail=f"{plant} is enrolled as a plant")
 
     @app.post("/agents/heartbeat", responses=_ERRORS)
     def heartbeat(signed: Signed[Heartbeat]) -> HeartbeatReply:

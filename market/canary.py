@@ -14,8 +14,11 @@ fee) becomes the account's credit instead of staying locked.
 
 Planted cheats test the verifiers the same way (:mod:`market.domain.canary`): a drawn unit is replayed
 as a *planted* canary at ``MarketConfig.plant_rate_ppm`` instead (one replica, matched only to one of the
-operator's plant agents, ``MarketConfig.plant_agents``, which forges it), when the operator runs one never
-caught (a caught plant's fraud record would give its next unit away). Its
+operator's plant agents, which forges it), when the operator runs one never caught (a caught plant's fraud
+record would give its next unit away). The plant agents are those named in ``MarketConfig.plant_agents``
+and the keys the canary account enrolls (``POST /agents/plants``): a plant agent run with
+``--plant-authority`` holds that account's key and, once caught, moves to a fresh key it funds, stakes and
+enrolls, so planting goes on at the stated rate without a restart. Its
 verification job shows the reason of the chain's draw that sent it there, never ``canary``.
 
 Posting follows the outbox's discipline: the canary's spec (deadline included, so its hash is unique) is
@@ -139,7 +142,7 @@ class CanaryBook(Lifecycle):
         # a canary's own unit is never drawn: it would only replay its source again
         if order.buyer.lower() == canary_buyer.lower():
             return row
-        plant_rate = self.config.plant_rate_ppm if self.config.plant_agents else 0
+        plant_rate = self.config.plant_rate_ppm if self.config.runs_plants else 0
         replay = replay_of(self.config.canary_rate_ppm, plant_rate, self.roll())
         if replay == Replay.PLANTED and not self._uncaught_plant(session):
             log.warning(

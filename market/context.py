@@ -59,9 +59,16 @@ class MarketConfig:
     canary_rate_ppm: int = 0
     # planted cheats for the verifiers (market/canary.py): the operator's plant agents, which only planted
     # units are routed to (and which never run a buyer's unit), and the share of verified round-0 units
-    # replayed as one, in ppm
+    # replayed as one, in ppm; besides those named here, the keys `plant_authority` (the canary account)
+    # enrolls at run time (POST /agents/plants), as its plant agent moves to a fresh key once caught
     plant_agents: frozenset[str] = frozenset()
+    plant_authority: str | None = None
     plant_rate_ppm: int = 0
+
+    @property
+    def runs_plants(self) -> bool:
+        """Whether the operator can have plants: named ones, or an authority that enrolls them."""
+        return bool(self.plant_agents) or self.plant_authority is not None
 
 
 def unix_now() -> int:
@@ -130,13 +137,17 @@ class MarketContext:
             r for r in self.store.replicas_of(session, row_id(unit)) if r.state != ReplicaState.DROPPED.value
         ]
 
+    def plant_addresses(self, session: Session) -> frozenset[str]:
+        """The operator's plant keys: named in the config, or enrolled by its plant authority."""
+        if self.config.plant_authority is None:
+            return self.config.plant_agents
+        return self.config.plant_agents | self.store.enrolled_plants(session)
+
     def plant_agents(self, session: Session) -> list[AgentRow]:
-        """The operator's plant agents (`plant_agents` in the config) that registered as providers."""
-        return [
-            agent
-            for agent in self.store.agents(session, AgentRole.PROVIDER.value)
-            if agent.address in self.config.plant_agents
-        ]
+        """The operator's plant agents that registered as providers."""
+        plants = self.plant_addresses(session)
+        providers = self.store.agents(session, AgentRole.PROVIDER.value)
+        return [agent for agent in providers if agent.address in plants]
 
 
 class Lifecycle:

@@ -56,8 +56,9 @@ class Matchmaker(Lifecycle):
             agents = self.store.agents(session, AgentRole.PROVIDER.value)
             recipes = {name for agent in agents for name in agent.recipes}
             pool = CandidatePool(self._collateral(), self._recipe_memory(recipes))
+            plants = self.ctx.plant_addresses(session)
             for agent in agents:
-                if agent.address not in self.config.plant_agents:
+                if agent.address not in plants:
                     pool.upsert(self._candidate(agent, offers.get(agent.address), load.get(agent.address, 0)))
         self.pool = pool
         self._pool_loaded_at = now
@@ -93,7 +94,13 @@ class Matchmaker(Lifecycle):
         )
 
     def refresh_candidate(self, agent: AgentRow, offer: OfferRow | None, load: int) -> None:
-        if agent.role == AgentRole.PROVIDER.value and agent.address not in self.config.plant_agents:
+        if agent.role != AgentRole.PROVIDER.value:
+            return
+        plants = self.config.plant_agents
+        if self.config.plant_authority is not None:  # enrolled plants live in the store
+            with self.store.transaction() as session:
+                plants = self.ctx.plant_addresses(session)
+        if agent.address not in plants:
             self.pool.upsert(self._candidate(agent, offer, load))
 
     def match_pending(
@@ -128,7 +135,7 @@ class Matchmaker(Lifecycle):
                 orders = {o.id: o for o in self.store.orders_by_ids(session, {u.order_id for u in units})}
                 planted = (
                     self.store.planted_orders(session, {u.order_id for u in units})
-                    if self.config.plant_agents
+                    if self.config.runs_plants
                     else set()
                 )
                 plants = self._plants(session) if planted else {}

@@ -12,12 +12,13 @@ from market.domain.replication import Reputation
 from market.domain.states import ReplicaState, UnitState
 from market.matchmaker import Matchmaker
 from market.store import AgentRow, OfferRow
-from veritrain.errors import InvalidInput
+from veritrain.errors import InvalidInput, NotAuthorized
 from veritrain.messages import (
     AgentRole,
     Heartbeat,
     HeartbeatReply,
     Offer,
+    PlantEnrollment,
     Registration,
     Signed,
     verify_signed,
@@ -67,6 +68,26 @@ class AgentRegistry(Lifecycle):
         if row.role == AgentRole.PROVIDER.value:
             self.triggers.match(True)
         return row
+
+    def enroll_plant(self, signed: Signed[PlantEnrollment]) -> str:
+        """Enroll a key of the operator's plant agent, vouched for by the plant authority (the canary
+        account): from now on it is kept out of the draw and planted units may be routed to it."""
+        message = verify_signed(signed, self.config.chain_id)
+        authority = self.config.plant_authority
+        if authority is None:
+            raise NotAuthorized("this market enrolls no plants (it runs no canary account)")
+        if message.agent != authority:
+            raise NotAuthorized(f"plants are enrolled by the canary account {authority}, not {message.agent}")
+        now = self.clock()
+        with self.store.transaction() as session:
+            agent = self.store.find_agent(session, message.plant)
+            if agent is not None and agent.role != AgentRole.PROVIDER.value:
+                raise InvalidInput(f"{message.plant} is registered as {agent.role}; a plant is a provider")
+            self.ctx.accept_agent_message(session, message, now)
+            self.store.enroll_plant(session, message.plant, authority, now)
+        self.matching.pool.remove(message.plant)  # out of the draw here; the worker's pool on its refresh
+        self.triggers.match(True)
+        return message.plant
 
     def _chain_facts(self, account: str) -> tuple[int, int, Reputation]:
         """Free stake (gates collateral), bonded stake (the selection weight) and reputation."""

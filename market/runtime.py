@@ -62,6 +62,7 @@ def build_service(settings: Settings | None = None, *, create_schema: bool = Tru
     chain = load_chain(settings)
     if chain is None:
         log.warning("no chain configured (VERITRAIN_CHAIN_FACTORY); orders will be refused")
+    canary = load_canary(settings, chain)
     config = MarketConfig(
         chain_id=chain.chain_id if chain else settings.chain_id,
         heartbeat_timeout_s=settings.heartbeat_timeout_s,
@@ -71,6 +72,7 @@ def build_service(settings: Settings | None = None, *, create_schema: bool = Tru
         custody_wait_s=settings.custody_wait_s,
         canary_rate_ppm=settings.canary_rate_ppm,
         plant_agents=plant_agents(settings.plant_agents),
+        plant_authority=canary.address if canary is not None else None,  # it enrolls fresh plant keys
         plant_rate_ppm=settings.plant_rate_ppm,
     )
     if chain is not None:  # schedule by the contract's own windows and quorum
@@ -83,7 +85,7 @@ def build_service(settings: Settings | None = None, *, create_schema: bool = Tru
             min_verifiers=terms.min_verifiers,
             verifiers_per_unit=max(config.verifiers_per_unit, terms.min_verifiers),
         )
-    return MarketService(store, RegistryRecipeCatalog(), chain, config, canary=load_canary(settings, chain))
+    return MarketService(store, RegistryRecipeCatalog(), chain, config, canary=canary)
 
 
 def plant_agents(listed: str) -> frozenset[str]:

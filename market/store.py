@@ -70,6 +70,17 @@ class AgentRow(SQLModel, table=True):
         return tuple(json.loads(self.recipes_json))
 
 
+class PlantRow(SQLModel, table=True):
+    """A key of the operator's plant agent, enrolled at run time by the canary account's signature
+    (market/canary.py); plants named in the configuration (``VERITRAIN_PLANT_AGENTS``) have no row."""
+
+    __tablename__ = "plants"
+
+    address: str = Field(primary_key=True, max_length=42)
+    enrolled_by: str = Field(max_length=42)
+    enrolled_at: int
+
+
 class HeartbeatRow(SQLModel, table=True):
     """Latest accepted signed message per agent: the replay guard and the liveness clock."""
 
@@ -638,6 +649,14 @@ class MarketStore:
             col(CanaryRow.planted).is_(True), col(CanaryRow.order_id).in_(sorted(order_ids))
         )
         return {int(order_id) for order_id in session.exec(query).all() if order_id is not None}
+
+    def enroll_plant(self, session: Session, address: str, enrolled_by: str, now: int) -> None:
+        """Record a plant key once; enrolling it again changes nothing."""
+        if session.get(PlantRow, address) is None:
+            session.add(PlantRow(address=address, enrolled_by=enrolled_by, enrolled_at=now))
+
+    def enrolled_plants(self, session: Session) -> set[str]:
+        return set(session.exec(select(PlantRow.address)).all())
 
     # --- reported losses ---
 

@@ -20,7 +20,10 @@ Why it is built this way:
   honestly and cheats from then on: a cheater that first earns the trust that lets it work units alone.
 - `--plant` (with `--dishonest`) is the operator's own planted cheat, a verifier canary: the market routes
   only planted canary units to it (VERITRAIN_PLANT_AGENTS), it forges each one, and it appeals a verdict
-  that *accepts* a forged result, since only verifiers who did not re-execute can have signed that.
+  that *accepts* a forged result, since only verifiers who did not re-execute can have signed that. A
+  caught plant is spent (its fraud record would give its next unit away): with `--plant-keys DIR` the
+  keystore is the market's canary account, which enrolls each key of DIR with the market, and the agent
+  moves to the next key once the current one is caught (node/plant.py).
 """
 
 from __future__ import annotations
@@ -63,6 +66,8 @@ from veritrain.chain.appeal_watch import VerdictWatch
 from veritrain.errors import AgentError
 
 if TYPE_CHECKING:
+    from eth_account.signers.local import LocalAccount
+
     from veritrain.datasets import Dataset
     from veritrain.messages import Assignment
     from veritrain.pol import State, Transcript, UnitSpec
@@ -123,10 +128,10 @@ class AgentConfig(AgentCommonConfig):
 class ProviderAgent(AgentPlumbing):
     """One provider: register, stake, heartbeat, accept, train, commit, reveal, serve blobs."""
 
-    def __init__(self, config: AgentConfig) -> None:
+    def __init__(self, config: AgentConfig, account: LocalAccount | None = None) -> None:
         from veritrain.api_client import MarketClient
 
-        super().__init__(config)
+        super().__init__(config, account)
         self.config = config
         self.market = MarketClient(config.market_url, timeout=HTTP_TIMEOUT_S)
         self.units_dir = config.data_dir / "units"
@@ -140,6 +145,7 @@ class ProviderAgent(AgentPlumbing):
         # the units we revealed honestly: a verdict calling our replica fraud is appealed
         self.watch = VerdictWatch(self.chain, self.account, config.data_dir / "appeals.json")
         self._watch_at = 0.0
+        self.caught = False  # a plant whose fraud is on record, stopped once its open work is done
         if config.dishonest:
             logger.warning(
                 "*** DISHONEST MODE: strategy %r — this agent cheats on purpose ***", config.dishonest
@@ -254,6 +260,16 @@ class ProviderAgent(AgentPlumbing):
         if time.monotonic() >= self._watch_at:
             self._watch_at = time.monotonic() + APPEAL_WATCH_INTERVAL_S
             self.watch.tick()
+            if self.config.plant and not reply.assignments:
+                self._retire_if_caught()
+
+    def _retire_if_caught(self) -> None:
+        """A plant with fraud on record gets no more planted units (the market routes them only to plants
+        never caught): once it has no work left, not even an appeal to follow, it stops."""
+        if self._worker is None and not self.watch.units and self.chain.reputation(self.address).fraud:
+            logger.info("plant %s is caught and has nothing left to do: stopping", self.address)
+            self.caught = True
+            self._stop.set()
 
     def send_progress(self) -> None:
         """Report the losses recorded since the last tick, signed, at most MAX_PROGRESS_POINTS per message
@@ -559,11 +575,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="OPERATOR: with --dishonest, be a planted cheat (a verifier canary): forge the units the market "
         "routes here (list this address in its VERITRAIN_PLANT_AGENTS) and appeal a verdict that accepts one",
     )
+    parser.add_argument(
+        "--plant-keys",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="OPERATOR: with --plant, work under the keys in DIR (funded by you, unlinked on chain) one "
+        "after the other, the next once the current one is caught; the --keystore is then the market's "
+        "canary account (VERITRAIN_CANARY_KEY), which enrolls each key with the market by its signature",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     if args.plant and not args.dishonest:
         raise AgentError("--plant needs --dishonest STRATEGY: a planted cheat forges every unit it works")
+    if args.plant_keys is not None and not args.plant:
+        raise AgentError("--plant-keys needs --plant: it runs the operator's plant under those keys")
+    if args.plant_keys is not None and not args.plant_keys.is_dir():
+        raise AgentError(f"--plant-keys {args.plant_keys} is not a folder of keys")
     common = resolve_common(args)
     setup_logging(common["name"])
     import torch
@@ -578,4 +607,8 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
         **common,
     )
+    if args.plant_keys is not None:
+        from node.plant import run_plants
+
+        return run_plants(config, args.plant_keys)
     return run_agent(lambda: ProviderAgent(config))

@@ -458,12 +458,13 @@ class AgentPlumbing:
     """What every agent opens the same way before its role logic: its key and address, the chain, a nonce
     clock, its blob store and the libp2p data plane serving it. Role agents subclass it."""
 
-    def __init__(self, settings: AgentCommonConfig) -> None:
+    def __init__(self, settings: AgentCommonConfig, account: LocalAccount | None = None) -> None:
+        """``account``: the key to work under instead of the keystore's (a plant's derived key)."""
         from veritrain.blobstore import BlobStore
         from veritrain.keys import load_signer
         from veritrain.p2p.access import PartyAccess
 
-        self.account = load_signer(settings.keystore, password_env=settings.password_env)
+        self.account = account or load_signer(settings.keystore, password_env=settings.password_env)
         self.address = str(self.account.address)
         self.chain = chain_patiently(lambda: connect_chain(settings.rpc_url, settings.deployments))
         self.deployment = self.chain.deployment
@@ -727,11 +728,12 @@ def setup_logging(name: str) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per heartbeat drowns the story
 
 
-def run_agent(factory: Callable[[], Any]) -> int:
-    """Start an agent and run it until SIGTERM/SIGINT; exit code 0 on a clean stop, 1 on a fatal error."""
+def run_agent(factory: Callable[[], Any], stop: threading.Event | None = None) -> int:
+    """Start an agent and run it until SIGTERM/SIGINT (which set ``stop``) or until it stops itself; exit
+    code 0 on a clean stop, 1 on a fatal error."""
     import signal
 
-    stop = threading.Event()
+    stop = stop or threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         agent = factory()

@@ -28,6 +28,7 @@ from veritrain.messages import (
     OrderPeers,
     OrderRequest,
     OrderStatus,
+    PlantEnrollment,
     Progress,
     Registration,
     RevealSubmission,
@@ -88,6 +89,9 @@ class MarketClient:
 
     def register(self, signed: Signed[Registration]) -> AgentInfo:
         return self._call("POST", "/agents/register", AgentInfo, signed)
+
+    def enroll_plant(self, signed: Signed[PlantEnrollment]) -> Ack:
+        return self._call("POST", "/agents/plants", Ack, signed)
 
     def heartbeat(self, signed: Signed[Heartbeat]) -> HeartbeatReply:
         return self._call("POST", "/agents/heartbeat", HeartbeatReply, signed)

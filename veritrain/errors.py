@@ -60,6 +60,10 @@ class InvalidSignature(InvalidInput):
     """A signed message does not recover to the address it claims to come from."""
 
 
+class NotAuthorized(InvalidInput):
+    """A correctly signed message from a signer the market does not accept it from."""
+
+
 class RateLimited(VeritrainError):
     """Too many requests from one client: an endpoint that costs the server RPC calls is rationed."""
 

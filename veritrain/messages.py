@@ -204,6 +204,17 @@ class CustodyReport(AgentMessage):
     state_digest: Bytes32Hex
 
 
+class PlantEnrollment(AgentMessage):
+    """The market's canary account (``agent``, the signer) vouches for ``plant`` as one of the operator's
+    planted cheats (market/canary.py): a fresh key its plant agent moved to after the last one was caught.
+    The market keeps it out of the stake-weighted draw and routes planted units to it."""
+
+    PRIMARY_TYPE: ClassVar[str] = "PlantEnrollment"
+    EXTRA_FIELDS: ClassVar[tuple[tuple[str, str, str], ...]] = (("plant", "address", "plant"),)
+
+    plant: Address
+
+
 class EvidenceRequest(AgentMessage):
     """A verifier asks for the evidence of a unit whose verdict is in (a referee re-executes it when seated
     on the unit's appeal panel): the replicas' reported digests, their peers, the unit's work."""
@@ -623,6 +634,7 @@ __all__ = [
     "OrderSpec",
     "OrderStatus",
     "OuterFields",
+    "PlantEnrollment",
     "Progress",
     "Registration",
     "ReplicaOutcome",

@@ -109,8 +109,9 @@ class Settings(BaseSettings):
     canary_key: SecretStr = SecretStr("")
     canary_rate_ppm: int = Field(default=50_000, ge=0, le=1_000_000)
     # planted cheats (verifier canaries, market/canary.py): the operator's own `veritrain node run --plant`
-    # agents (comma-separated addresses; none: no plants) and the share of verified round-0 units replayed
-    # as a planted cheat for the verifiers, in parts per million (with the canary rate at most 10^6)
+    # agents (comma-separated addresses) besides the keys the canary account enrolls at run time (a plant
+    # agent run with --plant-authority), and the share of verified round-0 units replayed as a planted
+    # cheat for the verifiers, in parts per million (with the canary rate at most 10^6)
     plant_agents: str = ""
     plant_rate_ppm: int = Field(default=10_000, ge=0, le=1_000_000)
 
@@ -132,8 +133,9 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _one_roll_draws_canaries_and_plants(self) -> Settings:
         """Canaries and plants share one roll per verified unit (market/domain/canary.py); the plant rate
-        counts only when the operator runs plant agents."""
-        if self.plant_agents.strip() and self.canary_rate_ppm + self.plant_rate_ppm > 1_000_000:
+        counts only when the operator can run plant agents (named, or enrolled by the canary account)."""
+        runs_plants = bool(self.plant_agents.strip() or self.canary_key.get_secret_value())
+        if runs_plants and self.canary_rate_ppm + self.plant_rate_ppm > 1_000_000:
             raise ValueError("canary_rate_ppm + plant_rate_ppm exceed 1,000,000 (one roll draws both)")
         return self
 

@@ -343,12 +343,14 @@ def _planted_unit(market: Marketplace, from_block: int, lazy: str) -> UnitOutcom
 
 
 def test_a_planted_cheat_slashes_the_verifier_that_accepted_it_without_re_executing(tmp_path: Path) -> None:
-    """Issue 9's verifier canary: the operator runs a plant agent (`node run --plant`); a verified unit is
-    replayed as a planted cheat, which the market routes to the plant alone, which forges it. Its verifiers
-    see an ordinary drawn unit (the plant is on probation). The lazy verifier accepts the unanimous forgery
-    at once; the two that re-execute sign fraud and settle it; once the verdict stands the plant is slashed
-    and the lazy verifier's own signature slashes it, read back from the chain. The buyer's order never
-    had the plant among its providers."""
+    """Issue 9's verifier canary: the operator runs a plant agent (`node run --plant --plant-keys DIR`,
+    working under the first key of DIR, which the canary account enrolls with the market); a verified unit
+    is replayed as a planted cheat, which the market routes to the plant alone, which forges
+    it. Its verifiers see an ordinary drawn unit (the plant is on probation). The lazy verifier accepts the
+    unanimous forgery at once; the two that re-execute sign fraud and settle it; once the verdict stands the
+    plant is slashed and the lazy verifier's own signature slashes it, read back from the chain. The buyer's
+    order never had the plant among its providers. The caught key is spent, so the agent moves to the next
+    key of DIR by itself: enrolled, staked, registered."""
     config = DemoConfig(
         out_dir=tmp_path,
         providers=3,
@@ -358,7 +360,7 @@ def test_a_planted_cheat_slashes_the_verifier_that_accepted_it_without_re_execut
         rounds=1,
         unit_steps=16,
         canary_rate_ppm=0,
-        plants=1,
+        plant=True,
         plant_rate_ppm=1_000_000,
         # the truth that slashes is fixed once the appeal window after the verdict deadline has passed
         commit_window_s=40,
@@ -369,7 +371,7 @@ def test_a_planted_cheat_slashes_the_verifier_that_accepted_it_without_re_execut
     with marketplace(config, progress_printer()) as market:
         start_stack(market)
         lazy = market.parties["verifier-0-LAZY"].address
-        plant = market.parties["plant-0"].address
+        plant, successor = (key.address for key in market.plant_keys)
         buyer = Buyer(market)
         buyer.post_order()
         buyer.wait_completed(deadline)
@@ -379,6 +381,12 @@ def test_a_planted_cheat_slashes_the_verifier_that_accepted_it_without_re_execut
             lambda: _planted_unit(market, buyer.posted_block, lazy),
             deadline,
             "the planted unit did not settle, or its lazy verifier was not slashed, in time",
+        )
+        wait_until(
+            market,
+            lambda: market.client.stake_of(successor).bonded > 0,
+            deadline,
+            "the caught plant's agent did not move to a fresh key in time",
         )
     assert planted.providers == [plant] and planted.outcomes == ["fraud"], planted
     assert planted.slashed[plant] > 0

@@ -493,6 +493,7 @@ def test_openapi_lists_every_route() -> None:
         "/agents/register",
         "/agents/heartbeat",
         "/agents/offer",
+        "/agents/plants",
         "/assignments/accept",
         "/assignments/commit",
         "/assignments/reveal",

@@ -4,25 +4,30 @@ accepted the unanimous forgery without re-executing it is slashed once the verdi
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
+from agents import CHAIN_ID, T0, AgentKey
+from eth_account import Account
 from eth_account.signers.local import LocalAccount
 from eth_utils import to_checksum_address
+from fastapi.testclient import TestClient
 
 from apps.protocol_harness import ChainMarket, result
+from market.api import create_app
 from market.chain_adapter import ChainCanaryAccount
 from market.domain.canary import Replay, canary_spec, replay_of
 from market.domain.matching import DeclineReason, ProviderCandidate, match_plant
 from market.domain.replication import Reputation
 from market.runtime import plant_agents
+from market.service import MarketService
 from tests.market.test_canary import SPEC, canary_chain, verified_round_0
 from tests.market.test_domain import demand as unit_demand
 from veritrain.chain.client import UnitState
 from veritrain.errors import ConfigError, InvalidInput
-from veritrain.messages import ReplicaOutcome
+from veritrain.messages import AgentRole, PlantEnrollment, ReplicaOutcome, sign_message
 
 ACCEPT, FRAUD = int(ReplicaOutcome.ACCEPT), int(ReplicaOutcome.FRAUD)
 
@@ -108,6 +113,8 @@ class PlantedMarket:
     plant: LocalAccount
     lazy: LocalAccount
     careful: list[LocalAccount]
+    fresh: LocalAccount  # staked, unregistered: the key a caught plant's agent moves to
+    canary: LocalAccount
 
 
 @pytest.fixture
@@ -115,15 +122,15 @@ def planted_market(tmp_path: Path) -> Iterator[PlantedMarket]:
     """3 honest providers, the operator's plant, 3 verifiers (one lazy), no draw by the chain (only the
     market's known answer sends the planted unit to verification) and every verified unit replayed as a
     planted cheat."""
-    with canary_chain(tmp_path, 10) as (client, accounts, store):
+    with canary_chain(tmp_path, 11) as (client, accounts, store):
         honest, plant, verifiers = accounts[2:5], accounts[5], accounts[6:9]
         market = ChainMarket(client, store, accounts[1], [*honest, plant], verifiers, verifiers_per_unit=3)
         market.service.config = replace(
             market.service.config, plant_agents=frozenset({plant.address}), plant_rate_ppm=1_000_000
         )
         market.service.matching.refresh_pool(force=True)
-        market.service.canaries.account = ChainCanaryAccount(client, accounts[9])
-        yield PlantedMarket(market, honest, plant, verifiers[0], verifiers[1:])
+        market.service.canaries.account = ChainCanaryAccount(client, accounts[10])
+        yield PlantedMarket(market, honest, plant, verifiers[0], verifiers[1:], accounts[9], accounts[10])
 
 
 @pytest.mark.chain
@@ -180,6 +187,19 @@ def test_a_planted_cheat_goes_to_the_plant_alone_and_slashes_the_verifier_that_a
     assert market.service.canaries.run() == 0
     with market.store.transaction() as session:
         assert [row.state for row in market.store.canaries_in(session, ["planned", "passed"])] == ["passed"]
+    # the plant's agent moves to a fresh key (node/plant.py), which the canary account enrolls: planting
+    # resumes on it, and the caught key gets nothing
+    fresh, canary = planted_market.fresh, planted_market.canary
+    market.service.config = replace(market.service.config, plant_authority=canary.address)
+    enrollment = PlantEnrollment(agent=canary.address, nonce=1, timestamp=market.now(), plant=fresh.address)
+    market.service.agents.enroll_plant(sign_message(enrollment, canary.key, client.chain_id))
+    market.providers.append(fresh)
+    market.register(fresh, AgentRole.PROVIDER)
+    assert market.service.matching.pool.get(fresh.address) is None
+    verified_round_0(market, adaptive=False)
+    assert market.service.canaries.run() == 1
+    unit_id, chosen = market.match_and_accept()
+    assert chosen == [fresh]
 
 
 @pytest.mark.chain
@@ -197,3 +217,60 @@ def test_a_drawn_unit_gets_no_second_verification_request(planted_market: Plante
     assert port.request_verification(chain_unit) == ""
     requested = [e for e in market.client.events() if e.name == "VerificationRequested"]
     assert [int(e.args["unitId"]) for e in requested] == [chain_unit]
+
+
+# --- plant keys enrolled at run time --------------------------------------------------------------------
+
+
+def _enrollment(signer: LocalAccount, plant: str, nonce: int, chain_id: int = CHAIN_ID) -> dict[str, object]:
+    message = PlantEnrollment(agent=signer.address, nonce=nonce, timestamp=T0, plant=plant)
+    return sign_message(message, signer.key, chain_id).model_dump(mode="json")
+
+
+def test_the_canary_account_enrolls_a_fresh_plant_key_and_nobody_else_can(
+    service: MarketService, make_agent: Callable[..., AgentKey]
+) -> None:
+    """A plant agent moving to a fresh key (node/plant.py) is enrolled by the canary account's signature:
+    from then on the key is out of the stake-weighted draw and planted units may go to it. A signature by
+    anyone else, a replay, the wrong chain, a verifier's address or a market with no canary account is
+    refused with a typed error and changes nothing."""
+    authority, stranger = Account.create(), Account.create()
+    client = TestClient(create_app(service))
+    fresh, verifier = make_agent(), make_agent()
+    assert (
+        client.post("/agents/register", json=fresh.registration().model_dump(mode="json")).status_code == 200
+    )
+    registered = verifier.registration(AgentRole.VERIFIER).model_dump(mode="json")
+    assert client.post("/agents/register", json=registered).status_code == 200
+    assert service.matching.pool.get(fresh.address) is not None  # an ordinary provider so far
+
+    def enrolled() -> list[str]:
+        with service.store.transaction() as session:
+            return [agent.address for agent in service.ctx.plant_agents(session)]
+
+    refused = client.post("/agents/plants", json=_enrollment(authority, fresh.address, 1))
+    assert refused.status_code == 403 and refused.json()["error"] == "NotAuthorized"  # no canary account
+    service.config = replace(service.config, plant_authority=authority.address, plant_rate_ppm=10_000)
+    for body, status, error in (
+        (_enrollment(stranger, fresh.address, 1), 403, "NotAuthorized"),
+        (_enrollment(authority, fresh.address, 1, chain_id=1), 401, "InvalidSignature"),
+        (_enrollment(authority, verifier.address, 1), 400, "InvalidInput"),
+    ):
+        reply = client.post("/agents/plants", json=body)
+        assert (reply.status_code, reply.json()["error"]) == (status, error), reply.json()
+    assert enrolled() == [] and service.matching.pool.get(fresh.address) is not None
+
+    enrollment = _enrollment(authority, fresh.address, 2)
+    assert client.post("/agents/plants", json=enrollment).status_code == 200
+    assert enrolled() == [fresh.address]
+    assert service.matching.pool.get(fresh.address) is None  # out of the draw at once ...
+    service.matching.refresh_pool(force=True)
+    assert service.matching.pool.get(fresh.address) is None  # ... and on every rebuild of the pool
+    assert (
+        client.post("/agents/register", json=fresh.registration().model_dump(mode="json")).status_code == 200
+    )
+    assert service.matching.pool.get(fresh.address) is None  # a re-registration does not put it back
+    replayed = client.post("/agents/plants", json=enrollment)
+    assert replayed.status_code == 409 and replayed.json()["error"] == "ReplayedMessage"
+    assert client.post("/agents/plants", json=_enrollment(authority, fresh.address, 3)).status_code == 200
+    assert enrolled() == [fresh.address]  # enrolling again changes nothing
