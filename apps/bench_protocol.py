@@ -7,7 +7,8 @@ compiled JobMarket/StakeManager/VeriToken bytecode on a `hardhat node` this comm
 (``--in-process``: the in-process EVM, py-evm, as fast here and without Node), deployed once with the
 deployment's default parameters (``MarketParams()``: 5 % spot checks, probation for a provider's first 5
 valid units, 50 VERI slash and withhold penalty, 10 VERI verifier collateral); each trial starts from an
-EVM snapshot (every provider new again). The market's worker is :meth:`ChainMarket.tick` (heartbeats,
+EVM snapshot (every provider new again; for the canary attack, every provider past its probation and the
+market replaying each verified unit as a canary). The market's worker is :meth:`ChainMarket.tick` (heartbeats,
 sweep, outbox, event sync). Verifiers are scripted: an honest one signs the true outcomes (the verifier
 core's own detection rate is `veritrain bench verification`'s figure), a lazy or colluding one signs what
 the attack needs.
@@ -49,12 +50,13 @@ from eth_account.signers.local import LocalAccount
 from eth_utils import to_checksum_address
 
 from apps.protocol_harness import ChainMarket, HarnessStepFailed, Result, funded_accounts, result, word
+from market.chain_adapter import ChainCanaryAccount
 from market.store import MarketStore
 from veritrain.chain.appeal_watch import VerdictWatch
 from veritrain.chain.backends import Backend, HardhatNode, InProcessBackend
 from veritrain.chain.client import ChainClient, Reveal, UnitState
 from veritrain.chain.deployment import MarketParams
-from veritrain.chain.errors import FinalizeReserved
+from veritrain.chain.errors import FinalizeReserved, UnitUnderVerification
 
 ACCEPT, FAULT, FRAUD = 0, 1, 2
 SETTLED = (UnitState.FINALIZED, UnitState.VERDICTED, UnitState.EXPIRED)
@@ -108,31 +110,49 @@ class Figures:
 
 
 class World:
-    """One deployment (default parameters) with a buyer, 4 staked providers, 3 staked verifiers and 3
-    staked referees in the appeal pool (none of a unit's parties); every trial starts from the same EVM
-    snapshot with a fresh market store."""
+    """One deployment (default parameters) with a buyer, 4 staked providers, 3 staked verifiers, 3 staked
+    referees in the appeal pool (none of a unit's parties) and the operator's canary account; every trial
+    starts from the same EVM snapshot (every provider new), or, for an attack that needs providers past
+    their probation, from a snapshot taken after each provider worked `probationStreak` units honestly
+    (:func:`work_probation`), with a fresh market store."""
 
     def __init__(self, backend: Backend, folder: Path) -> None:
         self.backend = backend
         self.folder = folder
-        accounts = list(backend.dev_accounts(12))
+        accounts = list(backend.dev_accounts(13))
         self.client = ChainClient.deploy(backend, accounts[0], params=MarketParams())
         funded_accounts(self.client, accounts)
         self.buyer, self.providers, self.verifiers = accounts[1], accounts[2:6], accounts[6:9]
         self.referees = accounts[9:12]
+        self.canary = accounts[12]  # buys the market's canary orders (market/canary.py)
         for referee in self.referees:
             self.client.join_referee_pool(referee)
         self.operator = accounts[0]  # the market's sender: it earns the bounty when it relays a slash
         self.snapshot = backend.snapshot()
+        self.mature_snapshot: int | None = None  # taken after work_probation; gone once reverted past
         self.played = 0
 
     def parties(self) -> list[LocalAccount]:
-        return [self.buyer, *self.providers, *self.verifiers, *self.referees]
+        return [self.buyer, *self.providers, *self.verifiers, *self.referees, self.canary]
 
-    def market(self, seed: int) -> ChainMarket:
-        self.backend.revert(self.snapshot)
-        self.snapshot = self.backend.snapshot()  # a hardhat node's evm_revert uses its snapshot up
+    def _revert(self, mature: bool) -> None:
+        """Back to the fresh world, or to the one whose providers are past probation (a hardhat node's
+        evm_revert uses its snapshot up, and drops every snapshot taken after it)."""
+        if mature and self.mature_snapshot is not None:
+            self.backend.revert(self.mature_snapshot)
+            self.mature_snapshot = self.backend.snapshot()
+        else:
+            self.backend.revert(self.snapshot)
+            self.snapshot = self.backend.snapshot()
+            self.mature_snapshot = None
+            if mature:
+                self.client.transactor.forget_nonces()
+                work_probation(self.client, self.buyer, self.providers, self.verifiers)
+                self.mature_snapshot = self.backend.snapshot()
         self.client.transactor.forget_nonces()
+
+    def market(self, seed: int, mature: bool = False) -> ChainMarket:
+        self._revert(mature)
         self.played += 1
         store = MarketStore(f"sqlite:///{self.folder / f'trial-{self.played}.sqlite3'}")
         store.create_schema()
@@ -140,6 +160,9 @@ class World:
         market = ChainMarket(self.client, store, self.buyer, self.providers, self.verifiers, salt=salt)
         market.service.config = replace(market.service.config, verifiers_per_unit=3)  # quorum 2 of 3
         market.referees = list(self.referees)
+        if mature:  # every verified unit is replayed as a canary by the operator's account
+            market.service.config = replace(market.service.config, canary_rate_ppm=1_000_000)
+            market.service.canaries.account = ChainCanaryAccount(self.client, self.canary)
         return market
 
     def wealth(self, address: str) -> int:
@@ -150,7 +173,7 @@ class World:
         return int(self.client.w3.eth.get_balance(to_checksum_address(address)))
 
     def play(self, attack: Callable[[Trial], None], seed: int, figures: Figures) -> None:
-        market = self.market(seed)
+        market = self.market(seed, mature=attack in NEEDS_MATURE_PROVIDERS)
         try:
             addresses: list[str] = [p.address for p in (*self.parties(), self.operator)]
             before = {a: self.wealth(a) for a in addresses}
@@ -159,7 +182,10 @@ class World:
             trial = Trial(market, seed, self.folder / f"trial-{self.played}")
             attack(trial)
             for order in range(orders_before + 1, self.client.order_count() + 1):
-                self.client.close_order(order, sender=self.buyer)
+                info = self.client.get_order(order)
+                if not info.closed:
+                    closer = self.canary if info.buyer == self.canary.address else self.buyer
+                    self.client.close_order(order, sender=closer)
             delta = {a: self.wealth(a) - before[a] for a in addresses}
             if sum(delta.values()) != 0:
                 raise HarnessStepFailed(f"tokens not conserved among the parties: {delta}")
@@ -169,6 +195,30 @@ class World:
             figures.add(gain, loss, trial.detected, trial.refused, gas)
         finally:
             market.store.dispose()
+
+
+def work_probation(
+    client: ChainClient, buyer: LocalAccount, providers: list[LocalAccount], verifiers: list[LocalAccount]
+) -> None:
+    """Each provider works `probationStreak` one-replica units honestly, straight on the contracts: each
+    is drawn (the provider is on probation), re-executed and accepted by a verifier majority, so the
+    provider ends past its probation (its units skip verification but for the spot check)."""
+    streak = client.params.probation_streak
+    price = fee = 10**15
+    deadline = client.now() + 86_400
+    client.approve(buyer, client.deployment.job_market, len(providers) * streak * (price + fee))
+    order, _ = client.post_order(buyer, os.urandom(32), len(providers) * streak, 1, price, fee, deadline)
+    for provider in providers:
+        for _ in range(streak):
+            key = os.urandom(32)
+            accept = client.sign_accept(provider, order, key, deadline)
+            unit, _ = client.assign(order, key, [provider], verifiers, [accept])
+            digest, salt = os.urandom(32), os.urandom(32)
+            client.commit(provider, unit, client.commitment(digest, salt, provider, unit))
+            client.reveal(unit, provider, digest, salt)
+            signed = [client.sign_verdict(v, unit, [ACCEPT], deadline) for v in verifiers[:2]]
+            client.submit_verdict(unit, [ACCEPT], signed)
+    client.close_order(order, sender=buyer)
 
 
 def account(
@@ -681,6 +731,49 @@ def verdict_replay(trial: Trial) -> None:
     trial.detected = trial.refused == 1 and slashed(market, cheater.address, bonded)
 
 
+def canary_around_the_market(trial: Trial) -> None:
+    """A provider past its probation works a canary unit alone (the operator's canary account replays the
+    buyer's verified round-0 unit; k = 1 for a trusted provider) and reveals a wrong result straight on
+    chain, around the market, then tries to finalize it: refused, the fast path is the operator's until the
+    verdict deadline. The market's event sync sees the reveal, checks it against the canary's known answer
+    and draws the unit (`requestVerification`); the verifiers re-execute (scripted: the truth) and the
+    fraud verdict stands. Detected: the cheater was slashed."""
+    market = trial.market
+    market.post_order(rounds=1, adaptive_replication=True, trusted_streak=1)
+    source, chosen = market.match_and_accept()
+    market.send_outbox()
+    true = result(f"true-{trial.seed}")
+    results: dict[str, Result] = {p.address: true for p in chosen}
+    trial.work(chosen)
+    commit_all(trial, source, results, chosen)
+    reveal(trial, source, results, chosen)
+    settle(trial, source)
+    market.service.orders.advance_orders()
+    if market.service.canaries.run() != 1:
+        raise HarnessStepFailed(f"unit {source} was verified but not replayed as a canary")
+    unit, (cheater,) = market.match_and_accept()
+    market.send_outbox()
+    wrong = trial.wrong_result()
+    trial.cheaters = {cheater.address}
+    bonded = market.client.stake_of(cheater).bonded
+    market.commit(unit, cheater, wrong)
+    market.send_outbox()
+    chain_unit = market.chain_unit(unit)
+    if market.reveal_on_chain(unit, {cheater.address: wrong}, sender=cheater):
+        raise HarnessStepFailed("a provider's own reveal finalized its canary unit unchecked")
+    try:
+        market.client.finalize(chain_unit, sender=cheater)
+    except (FinalizeReserved, UnitUnderVerification):  # the chain's own spot check may have drawn it
+        trial.refused += 1
+    else:
+        raise HarnessStepFailed("a provider finalized its canary unit before the verdict deadline")
+    settle(trial, unit)
+    let_the_verdict_stand(market, unit)
+    market.service.orders.advance_orders()
+    market.service.canaries.run()  # closes the ended canary order: its unspent escrow back to the account
+    trial.detected = slashed(market, cheater.address, bonded)
+
+
 ATTACKS: dict[str, Callable[[Trial], None]] = {
     "reveal_withholding": reveal_withholding,
     "sybil_ring": sybil_ring,
@@ -693,7 +786,10 @@ ATTACKS: dict[str, Callable[[Trial], None]] = {
     "event_sync_staller": event_sync_staller,
     "blob_flood": blob_flood,
     "verdict_replay": verdict_replay,
+    "canary_around_the_market": canary_around_the_market,
 }
+# attacks played in the world whose providers are past their probation (World.market(mature=True))
+NEEDS_MATURE_PROVIDERS = frozenset({canary_around_the_market})
 
 
 def run_benchmark(

@@ -8,7 +8,9 @@ probation is drawn at assignment (a ring of keys past probation is drawn at the 
 `bench economics` prices that career). The framing of an honest replica by a colluding verifier majority
 is defended: a verdict's fraud is held until the unit's truth is fixed, so the appeal's overturn pays the
 framed replica, and the colluders lose their verifier slash with no bounty to show for it; when every
-verifier is in the ring, the framed provider's own watch appeals.
+verifier is in the ring, the framed provider's own watch appeals. A provider past its probation that
+reveals a wrong canary result straight on chain is checked against the known answer by the market's sync
+all the same (the fast path is the operator's until the verdict deadline).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ DEFENDED = [
     "unanimous_verifier_framing",
     "sybil_ring",
     "spot_check_timing",
+    "canary_around_the_market",
 ]
 GRIEFING = ["buyer_expire_griefing", "event_sync_staller"]  # no token upside: gain 0, the cost is gas
 FLOOD = ["blob_flood"]  # throwaway keys: nothing at stake, nothing gained

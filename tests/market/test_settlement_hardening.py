@@ -25,6 +25,7 @@ from veritrain.api_client import MarketClient
 from veritrain.chain.backends import HardhatNode, InProcessBackend
 from veritrain.chain.client import ChainClient, UnitState
 from veritrain.chain.deployment import MarketParams
+from veritrain.chain.errors import UnitFinalizable
 from veritrain.errors import UnboundResult
 
 pytestmark = [pytest.mark.chain, pytest.mark.postgres]
@@ -125,6 +126,40 @@ def test_a_copied_reveal_batch_landing_first_cannot_finalize_and_the_market_stil
     price = market.client.get_order(market.client.get_unit(chain_unit).order_id).price_per_replica
     assert all(market.client.credits(p) == price for p in chosen)
     assert market.client.credits(copier) == 0
+
+
+def test_an_expiry_queued_for_a_finalizable_unit_waits_for_the_finalize_that_pays_the_providers(
+    market: ChainMarket,
+) -> None:
+    """A copied reveal batch reveals every replica (no finalize: the fast path is the operator's) and the
+    market's finalize does not land before the verdict deadline (its relay down), so the sweep queues an
+    expiry as well. The expiry waits behind the unit's finalize, and an expiry sent by anyone else (the
+    buyer) is refused (`UnitFinalizable`: it would hand the providers' pay back); once the finalize lands
+    the unit is accepted, every provider paid, and the expiry is done with."""
+    _, unit_id, chosen, honest = _assigned_and_committed(market)
+    for provider in chosen:
+        market.service.assignments.reveal(market.reveal_submission(unit_id, provider, honest))
+    copier = next(p for p in market.providers if p not in chosen)
+    market.reveal_on_chain(unit_id, {p.address: honest for p in chosen}, sender=copier)
+    chain_unit = market.chain_unit(unit_id)
+    market.send_outbox(skip=lambda action: action.startswith("finalize"))  # its own batch: AlreadyRevealed
+    market.service.sync.sync_chain_events()  # the copy's reveals confirm the market's
+    market.client.advance_time(market.client.get_unit(chain_unit).verdict_deadline - market.client.now() + 1)
+    market.heartbeats()
+    market.service.agents.sweep()
+    assert "expire" in market.outbox_states(unit_id)
+    market.send_outbox(skip=lambda action: action.startswith("finalize"))
+    assert market.outbox_states(unit_id)["expire"] == "pending"  # behind the finalize
+    with pytest.raises(UnitFinalizable):
+        market.client.expire_unit(chain_unit, sender=market.buyer)
+    assert market.client.get_unit(chain_unit).state == UnitState.REVEALING
+    market.send_outbox()  # the finalize lands; the expiry meets a settled unit
+    market.service.sync.sync_chain_events()
+    assert market.client.get_unit(chain_unit).state == UnitState.FINALIZED
+    assert market.unit(unit_id).state == "accepted"
+    assert market.outbox_states(unit_id)["expire"] not in ("pending", "retrying", "failed")
+    price = market.client.get_order(market.client.get_unit(chain_unit).order_id).price_per_replica
+    assert all(market.client.credits(p) == price for p in chosen)
 
 
 def test_a_settlement_that_reverts_applies_what_the_chain_did(market: ChainMarket) -> None:
