@@ -424,10 +424,9 @@ class Marketplace:
         market_dir.mkdir(parents=True, exist_ok=True)
         env = self.child_env(market_dir)
         env["VERITRAIN_KEYSTORE"] = str(self.write_keystore(self.parties["operator"]))
-        if self.config.canary_rate_ppm is not None:
+        if self.config.canary_rate_ppm is not None:  # the canary account also enrolls the plant's keys
             env["VERITRAIN_CANARY_KEY"] = self.parties["canary"].account.key.hex()
             env["VERITRAIN_CANARY_RATE_PPM"] = str(self.config.canary_rate_ppm)
-        if self.config.plant:  # its keys are enrolled by the canary account, not listed
             env["VERITRAIN_PLANT_RATE_PPM"] = str(self.config.plant_rate_ppm)
         self._market_launch = (env, market_dir)
         self.start_market_process("market")

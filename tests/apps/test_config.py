@@ -65,10 +65,17 @@ def test_bad_configuration_is_refused_by_name(
 def test_the_plant_rate_counts_only_with_plant_agents(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The default plant rate beside a canary rate of 100 % is fine while no plant agent is listed (the
-    canary e2e test's market failed to start on that before)."""
+    """The default plant rate beside a canary rate of 100 % is fine while no plant agent can exist (the
+    canary e2e test's market failed to start on that before). With a canary account plants can be enrolled
+    at run time, so the plant rate counts: the sum is refused by name, and a plant rate of 0 makes room."""
     monkeypatch.setenv("VERITRAIN_CONFIG", str(write(tmp_path / "v.toml", "canary_rate_ppm = 1000000\n")))
     assert load_settings().canary_rate_ppm == 1_000_000
+    canary = f'canary_rate_ppm = 1000000\ncanary_key = "0x{"11" * 32}"\n'
+    monkeypatch.setenv("VERITRAIN_CONFIG", str(write(tmp_path / "c.toml", canary)))
+    with pytest.raises(ConfigError, match="one roll draws both"):
+        load_settings()
+    monkeypatch.setenv("VERITRAIN_CONFIG", str(write(tmp_path / "p.toml", canary + "plant_rate_ppm = 0\n")))
+    assert load_settings().plant_rate_ppm == 0
 
 
 def test_missing_file_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
