@@ -17,8 +17,8 @@ as a *planted* canary at ``MarketConfig.plant_rate_ppm`` instead (one replica, m
 operator's plant agents, which forges it), when the operator runs one never caught (a caught plant's fraud
 record would give its next unit away). The plant agents are those named in ``MarketConfig.plant_agents``
 and the keys the canary account enrolls (``POST /agents/plants``): a plant agent run with
-``--plant-authority`` holds that account's key and, once caught, moves to a fresh key it funds, stakes and
-enrolls, so planting goes on at the stated rate without a restart. Its
+``--plant-keys DIR`` holds that account's key and, once caught, moves on to the next key of DIR (funded by
+the operator) and enrolls it, so planting goes on at the stated rate without a restart. Its
 verification job shows the reason of the chain's draw that sent it there, never ``canary``.
 
 Posting follows the outbox's discipline: the canary's spec (deadline included, so its hash is unique) is

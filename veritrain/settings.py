@@ -110,7 +110,7 @@ class Settings(BaseSettings):
     canary_rate_ppm: int = Field(default=50_000, ge=0, le=1_000_000)
     # planted cheats (verifier canaries, market/canary.py): the operator's own `veritrain node run --plant`
     # agents (comma-separated addresses) besides the keys the canary account enrolls at run time (a plant
-    # agent run with --plant-authority), and the share of verified round-0 units replayed as a planted
+    # agent run with --plant-keys), and the share of verified round-0 units replayed as a planted
     # cheat for the verifiers, in parts per million (with the canary rate at most 10^6)
     plant_agents: str = ""
     plant_rate_ppm: int = Field(default=10_000, ge=0, le=1_000_000)
