@@ -43,6 +43,22 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("order", "watch"), "apps.order:watch", "live progress of an order until it finishes"),
     (("order", "fetch"), "apps.order:fetch", "verified final weights, loss curve and report of an order"),
     (("order", "close"), "apps.order:close", "close an order and withdraw what is left of its escrow"),
+    (
+        ("wallet", "status"),
+        "apps.wallet:status",
+        "a key's tokens, credit, stake and reputation",
+    ),
+    (
+        ("wallet", "withdraw"),
+        "apps.wallet:withdraw",
+        "withdraw the key's credit to its wallet",
+    ),
+    (
+        ("wallet", "unstake"),
+        "apps.wallet:unstake",
+        "start unbonding free stake",
+    ),
+    (("wallet", "release"), "apps.wallet:release", "take thawed stake back to the wallet"),
     (("bench", "chain"), "veritrain.chain.bench", "gas of each contract action for one 3-replica unit"),
     (("bench", "training"), "apps.bench_training", "DiLoCo vs data-parallel, robust rounds, real size"),
     (("bench", "simulate"), "apps.bench_simulate", "network-scale simulation: time to train, GPU use, cost"),

@@ -30,18 +30,22 @@ FINISHED = ("completed", "expired", "cancelled")
 POLL_S = 1.0
 
 
-def _common(parser: argparse.ArgumentParser, *, key: bool = True) -> None:
+def add_session_arguments(
+    parser: argparse.ArgumentParser, *, key: bool = True, market: bool = True, whose: str = "the buyer's"
+) -> None:
+    """The options every command over one market and chain takes (`whose`: the key's owner, for help)."""
     if key:
         parser.add_argument(
             "--keystore",
             default=None,
-            help="the buyer's keystore: a file or a key name in <data dir>/keystore "
+            help=f"{whose} keystore: a file or a key name in <data dir>/keystore "
             "(default: $VERITRAIN_KEYSTORE)",
         )
         parser.add_argument(
             "--password-env", default=None, metavar="VAR", help="variable holding its passphrase"
         )
-    parser.add_argument("--market-url", default=None, help="default: market_url ($VERITRAIN_MARKET_URL)")
+    if market:
+        parser.add_argument("--market-url", default=None, help="default: market_url ($VERITRAIN_MARKET_URL)")
     parser.add_argument("--rpc-url", default=None, help="default: chain_rpc_url ($VERITRAIN_CHAIN_RPC_URL)")
     parser.add_argument(
         "--chain-id", type=int, default=None, help="the chain id expected (default: chain_id)"
@@ -55,14 +59,14 @@ def _order_id(parser: argparse.ArgumentParser) -> None:
 
 
 class Session:
-    """The buyer's view of one market: settings, the chain (its id checked), the market, the key file."""
+    """One party's view of one market: settings, the chain (its id checked), the market, the key file."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         from veritrain.settings import load_settings
 
         self.args = args
         self.settings: Settings = load_settings(
-            market_url=args.market_url,
+            market_url=getattr(args, "market_url", None),
             chain_rpc_url=args.rpc_url,
             chain_id=args.chain_id,
             deployments_file=args.deployments,
@@ -93,7 +97,7 @@ class Session:
 
         name = self.args.keystore or self.settings.keystore
         if name is None:
-            raise KeystoreError("no buyer key: give --keystore (a file or a key name) or set keystore")
+            raise KeystoreError("no key: give --keystore (a file or a key name) or set keystore")
         return resolve_keystore(name, keystore_dir(self.settings.data_dir))
 
     def signer(self) -> LocalAccount:
@@ -112,7 +116,7 @@ def _say(args: argparse.Namespace, line: str) -> None:
 def configure_post(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", type=Path, help="the order file (TOML; docs/BUYERS.md)")
     parser.add_argument("--yes", action="store_true", help="sign without asking (scripts)")
-    _common(parser)
+    add_session_arguments(parser)
 
 
 def run_post(args: argparse.Namespace) -> int:
@@ -169,7 +173,7 @@ def run_post(args: argparse.Namespace) -> int:
 
 def configure_status(parser: argparse.ArgumentParser) -> None:
     _order_id(parser)
-    _common(parser, key=False)
+    add_session_arguments(parser, key=False)
 
 
 def order_view(api: MarketClient, order_id: int) -> dict[str, Any]:
@@ -224,7 +228,7 @@ def run_status(args: argparse.Namespace) -> int:
 def configure_watch(parser: argparse.ArgumentParser) -> None:
     _order_id(parser)
     parser.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
-    _common(parser, key=False)
+    add_session_arguments(parser, key=False)
 
 
 def run_watch(args: argparse.Namespace) -> int:
@@ -266,7 +270,7 @@ def run_watch(args: argparse.Namespace) -> int:
 def configure_fetch(parser: argparse.ArgumentParser) -> None:
     _order_id(parser)
     parser.add_argument("--out", type=Path, required=True, help="folder for weights, loss curve and report")
-    _common(parser)
+    add_session_arguments(parser)
 
 
 def run_fetch(args: argparse.Namespace) -> int:
@@ -354,7 +358,7 @@ def configure_close(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--wait", type=float, default=120.0, help="seconds to wait for units still settling on chain"
     )
-    _common(parser)
+    add_session_arguments(parser)
 
 
 def run_close(args: argparse.Namespace) -> int:
