@@ -135,21 +135,24 @@ class World:
     def parties(self) -> list[LocalAccount]:
         return [self.buyer, *self.providers, *self.verifiers, *self.referees, self.canary]
 
-    def _revert(self, mature: bool) -> None:
-        """Back to the fresh world, or to the one whose providers are past probation (a hardhat node's
-        evm_revert uses its snapshot up, and drops every snapshot taken after it)."""
-        if mature and self.mature_snapshot is not None:
-            self.backend.revert(self.mature_snapshot)
-            self.mature_snapshot = self.backend.snapshot()
-        else:
-            self.backend.revert(self.snapshot)
-            self.snapshot = self.backend.snapshot()
-            self.mature_snapshot = None
-            if mature:
-                self.client.transactor.forget_nonces()
-                work_probation(self.client, self.buyer, self.providers, self.verifiers)
-                self.mature_snapshot = self.backend.snapshot()
+    def _restore(self, snapshot: int) -> int:
+        """Back to `snapshot`; the same state's new snapshot id (a hardhat node's evm_revert uses its
+        snapshot up, and drops every snapshot taken after it)."""
+        self.backend.revert(snapshot)
         self.client.transactor.forget_nonces()
+        return self.backend.snapshot()
+
+    def _revert(self, mature: bool) -> None:
+        """Back to the fresh world, or to the one whose providers are past probation (built the first time
+        it is needed after a revert to the fresh one)."""
+        if mature and self.mature_snapshot is not None:
+            self.mature_snapshot = self._restore(self.mature_snapshot)
+            return
+        self.snapshot = self._restore(self.snapshot)
+        self.mature_snapshot = None
+        if mature:
+            work_probation(self.client, self.buyer, self.providers, self.verifiers)
+            self.mature_snapshot = self.backend.snapshot()
 
     def market(self, seed: int, mature: bool = False) -> ChainMarket:
         self._revert(mature)

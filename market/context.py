@@ -143,6 +143,16 @@ class MarketContext:
             return self.config.plant_agents
         return self.config.plant_agents | self.store.enrolled_plants(session)
 
+    def is_plant(self, address: str) -> bool:
+        """Whether `address` is one of the operator's plant keys (the store is asked only when the
+        market has a plant authority, so a market without one pays no query)."""
+        if address in self.config.plant_agents:
+            return True
+        if self.config.plant_authority is None:
+            return False
+        with self.store.transaction() as session:
+            return self.store.is_enrolled_plant(session, address)
+
     def plant_agents(self, session: Session) -> list[AgentRow]:
         """The operator's plant agents that registered as providers."""
         plants = self.plant_addresses(session)

@@ -94,13 +94,7 @@ class Matchmaker(Lifecycle):
         )
 
     def refresh_candidate(self, agent: AgentRow, offer: OfferRow | None, load: int) -> None:
-        if agent.role != AgentRole.PROVIDER.value:
-            return
-        plants = self.config.plant_agents
-        if self.config.plant_authority is not None:  # enrolled plants live in the store
-            with self.store.transaction() as session:
-                plants = self.ctx.plant_addresses(session)
-        if agent.address not in plants:
+        if agent.role == AgentRole.PROVIDER.value and not self.ctx.is_plant(agent.address):
             self.pool.upsert(self._candidate(agent, offer, load))
 
     def match_pending(

@@ -652,11 +652,14 @@ class MarketStore:
 
     def enroll_plant(self, session: Session, address: str, enrolled_by: str, now: int) -> None:
         """Record a plant key once; enrolling it again changes nothing."""
-        if session.get(PlantRow, address) is None:
+        if not self.is_enrolled_plant(session, address):
             session.add(PlantRow(address=address, enrolled_by=enrolled_by, enrolled_at=now))
 
     def enrolled_plants(self, session: Session) -> set[str]:
         return set(session.exec(select(PlantRow.address)).all())
+
+    def is_enrolled_plant(self, session: Session, address: str) -> bool:
+        return session.get(PlantRow, address) is not None
 
     # --- reported losses ---
 

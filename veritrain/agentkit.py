@@ -459,7 +459,7 @@ class AgentPlumbing:
     clock, its blob store and the libp2p data plane serving it. Role agents subclass it."""
 
     def __init__(self, settings: AgentCommonConfig, account: LocalAccount | None = None) -> None:
-        """``account``: the key to work under instead of the keystore's (a plant's derived key)."""
+        """``account``: the key to work under instead of the keystore's (a plant's key from its folder)."""
         from veritrain.blobstore import BlobStore
         from veritrain.keys import load_signer
         from veritrain.p2p.access import PartyAccess

@@ -102,13 +102,10 @@ def test_sync_applies_a_finalize_revealed_around_the_market_and_keeps_going(mark
     assert chain_unit is not None and market.client.get_unit(chain_unit).state == UnitState.FINALIZED
 
 
-def test_a_copied_reveal_batch_landing_first_cannot_finalize_and_the_market_still_settles(
-    market: ChainMarket,
-) -> None:
-    """The market's pending `revealBatch` carries every salt, so anyone can copy it and land it first. The
-    copy reveals but cannot finalize (the fast path is the operator's until the verdict deadline); the
-    market's own batch then reverts, sync confirms the reveals from the chain's events, and the market's
-    finalize settles the unit: every provider is paid."""
+def _copied_reveal_batch(market: ChainMarket) -> tuple[int, int, list[LocalAccount], LocalAccount]:
+    """A committed honest unit every provider revealed to the market, whose reveal batch a bystander copied
+    and landed first: it revealed every replica but did not finalize. (unit id, chain unit, providers,
+    the copier)."""
     _, unit_id, chosen, honest = _assigned_and_committed(market)
     for provider in chosen:
         market.service.assignments.reveal(market.reveal_submission(unit_id, provider, honest))
@@ -117,6 +114,17 @@ def test_a_copied_reveal_batch_landing_first_cannot_finalize_and_the_market_stil
     assert not market.reveal_on_chain(unit_id, {p.address: honest for p in chosen}, sender=copier)
     chain_unit = market.chain_unit(unit_id)
     assert market.client.get_unit(chain_unit).state == UnitState.REVEALING
+    return unit_id, chain_unit, chosen, copier
+
+
+def test_a_copied_reveal_batch_landing_first_cannot_finalize_and_the_market_still_settles(
+    market: ChainMarket,
+) -> None:
+    """The market's pending `revealBatch` carries every salt, so anyone can copy it and land it first. The
+    copy reveals but cannot finalize (the fast path is the operator's until the verdict deadline); the
+    market's own batch then reverts, sync confirms the reveals from the chain's events, and the market's
+    finalize settles the unit: every provider is paid."""
+    unit_id, chain_unit, chosen, copier = _copied_reveal_batch(market)
     market.send_outbox()  # the market's batch: AlreadyRevealed, retried later
     market.service.sync.sync_chain_events()  # the copy's events confirm the market's reveals
     market.send_outbox()  # the finalize
@@ -136,12 +144,7 @@ def test_an_expiry_queued_for_a_finalizable_unit_waits_for_the_finalize_that_pay
     expiry as well. The expiry waits behind the unit's finalize, and an expiry sent by anyone else (the
     buyer) is refused (`UnitFinalizable`: it would hand the providers' pay back); once the finalize lands
     the unit is accepted, every provider paid, and the expiry is done with."""
-    _, unit_id, chosen, honest = _assigned_and_committed(market)
-    for provider in chosen:
-        market.service.assignments.reveal(market.reveal_submission(unit_id, provider, honest))
-    copier = next(p for p in market.providers if p not in chosen)
-    market.reveal_on_chain(unit_id, {p.address: honest for p in chosen}, sender=copier)
-    chain_unit = market.chain_unit(unit_id)
+    unit_id, chain_unit, chosen, _ = _copied_reveal_batch(market)
     market.send_outbox(skip=lambda action: action.startswith("finalize"))  # its own batch: AlreadyRevealed
     market.service.sync.sync_chain_events()  # the copy's reveals confirm the market's
     market.client.advance_time(market.client.get_unit(chain_unit).verdict_deadline - market.client.now() + 1)
