@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from apps.demo_report import OrderMoney
 from veritrain.errors import DigestMismatch, InvalidOrderSpec, UnderfundedOrder, VeritrainError
+from veritrain.wallet import TOKEN, veri
 
 if TYPE_CHECKING:
     from eth_account.signers.local import LocalAccount
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
     from veritrain.chain.tx import Event
     from veritrain.messages import OrderSpec
 
-TOKEN = 10**18
 PERMIT_TTL_S = 600
 OUTCOME_NAMES = {0: "accept", 1: "fault", 2: "fraud"}
 FRAUD = 2
@@ -138,12 +138,6 @@ def parse_amount(value: Any, name: str) -> int:
     if units != units.to_integral_value():
         raise InvalidOrderSpec(f"{name} {value!r} is finer than one base unit (10^-18 VERI)")
     return int(units)
-
-
-def veri(amount: int) -> str:
-    """Base units as VERI for people, exact (no float rounding)."""
-    whole, fraction = divmod(amount, TOKEN)
-    return f"{whole}.{fraction:018d}".rstrip("0").rstrip(".") + " VERI"
 
 
 # --- escrow and posting ------------------------------------------------------------------------------

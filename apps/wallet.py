@@ -73,8 +73,8 @@ def configure_status(parser: argparse.ArgumentParser) -> None:
 def run_status(args: argparse.Namespace) -> int:
     from eth_utils import is_address, to_checksum_address
 
-    from apps.buyer import veri
     from veritrain.keys import keystore_address
+    from veritrain.wallet import veri
 
     session = Session(args)
     if args.address is not None and not is_address(args.address):
@@ -105,7 +105,7 @@ configure_withdraw = _key_arguments
 
 
 def run_withdraw(args: argparse.Namespace) -> int:
-    from apps.buyer import veri
+    from veritrain.wallet import veri
 
     client, account = _signer(args)
     credit = client.credits(account)
@@ -128,20 +128,12 @@ def configure_unstake(parser: argparse.ArgumentParser) -> None:
 
 
 def run_unstake(args: argparse.Namespace) -> int:
-    from apps.buyer import veri
+    from veritrain.wallet import unstake, veri
 
     if args.amount is not None and args.amount <= 0:
         raise InvalidInput(f"--amount must be positive, not {args.amount}")
     client, account = _signer(args)
-    stake = client.stake_of(account)
-    amount = stake.free if args.all else args.amount
-    if amount == 0 or amount > stake.free:
-        raise InvalidInput(
-            f"{account.address} has {veri(stake.free)} of free stake ({veri(stake.locked)} of its "
-            f"{veri(stake.bonded)} bonded is locked as collateral of open units): cannot unstake "
-            f"{veri(amount)}"
-        )
-    client.request_unstake(account, amount)
+    amount = unstake(client, account, None if args.all else args.amount)
     after = client.stake_of(account)
     result = {
         "address": account.address,
@@ -163,19 +155,10 @@ configure_release = _key_arguments
 
 
 def run_release(args: argparse.Namespace) -> int:
-    from apps.buyer import veri
+    from veritrain.wallet import release, veri
 
     client, account = _signer(args)
-    stake = client.stake_of(account)
-    if stake.unbonding == 0:
-        raise InvalidInput(f"{account.address} has no unbonding stake (`veritrain wallet unstake` first)")
-    now = client.pending_time()
-    if now < stake.thaw_at:
-        raise InvalidInput(
-            f"{veri(stake.unbonding)} of {account.address} thaws at {stake.thaw_at}, "
-            f"{stake.thaw_at - now} s from now"
-        )
-    client.withdraw_stake(account)
+    released = release(client, account)
     wallet = client.token_balance(account)
-    result = {"address": account.address, "released": stake.unbonding, "wallet": wallet}
-    return _report(args, result, f"released {veri(stake.unbonding)}; wallet {veri(wallet)}")
+    result = {"address": account.address, "released": released, "wallet": wallet}
+    return _report(args, result, f"released {veri(released)}; wallet {veri(wallet)}")

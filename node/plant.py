@@ -10,7 +10,8 @@ the market (`POST /agents/plants`) and run as an ordinary `--plant` agent until 
 nothing left to do; then the next one takes over. The operator provisions and funds those keys (tokens
 to stake, ether for the stake permit and appeals) on its own: funding them from one account, or from the
 canary account, would link them on chain, and the first caught key would give the others away. With no
-fresh key left the agent waits for one to appear in DIR.
+fresh key left the agent waits for one to appear in DIR. Each time it looks for a key it first gets out what
+the slash left of the caught keys' stake (`recover_stakes`), each key by its own transactions.
 """
 
 from __future__ import annotations
@@ -57,6 +58,38 @@ def current_plant(chain: ChainClient, keys: Iterable[LocalAccount]) -> LocalAcco
     return next((key for key in keys if chain.reputation(key.address).fraud == 0), None)
 
 
+def recover_stakes(chain: ChainClient, keys: Iterable[LocalAccount]) -> None:
+    """Release the thawed unbonding stake of each caught key, then start unbonding its free stake.
+
+    Why: a caught key works no more, but what the slash left stays bonded. Its collateral stays locked
+    while its held fraud's appeal window runs, so there may be nothing free yet: a later pass takes it.
+    Release goes first because a new unstake request restarts the thaw of all the key's unbonding stake.
+    Each key pays its own gas (a transaction from elsewhere would link it); what fails is logged and
+    tried again on the next pass, and the runner goes on.
+    """
+    from veritrain.chain.errors import ChainError
+    from veritrain.errors import InvalidInput
+    from veritrain.wallet import release, unstake, veri
+
+    steps = (
+        (release, "released %s into the wallet of caught plant key %s"),
+        (unstake, "unbonding %s of caught plant key %s (released once thawed)"),
+    )
+    for key in keys:
+        try:
+            if chain.reputation(key.address).fraud == 0:
+                continue
+            for step, done in steps:
+                try:
+                    amount = step(chain, key)
+                except InvalidInput as refusal:  # checked before sending: nothing to do for now
+                    logger.debug("caught plant key: %s", refusal)
+                else:
+                    logger.info(done, veri(amount), key.address)
+        except ChainError as err:
+            logger.error("recovering the stake of caught plant key %s failed: %s", key.address, err)
+
+
 def enroll_plant(market: MarketClient, authority: LocalAccount, plant: str, chain_id: int) -> None:
     """Ask the market to treat `plant` as the operator's, by the authority's signature."""
     from veritrain.messages import PlantEnrollment, sign_message
@@ -79,6 +112,7 @@ def run_plants(config: AgentConfig, keys_folder: Path) -> int:
     stop = threading.Event()
     with MarketClient(config.market_url, timeout=HTTP_TIMEOUT_S) as market:
         while not stop.is_set():
+            recover_stakes(chain, plant_keys(keys_folder, config.password_env))
             plant = chain_patiently(partial(_fresh_key, chain, keys_folder, config.password_env))
             if plant is None:
                 logger.error("every plant key in %s is caught: add fresh funded keys there", keys_folder)
