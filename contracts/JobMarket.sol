@@ -4,13 +4,15 @@ pragma solidity 0.8.28;
 import {IERC20} from "@openzeppelin/contracts/token/ERC20/IERC20.sol";
 import {SafeERC20} from "@openzeppelin/contracts/token/ERC20/utils/SafeERC20.sol";
 import {SafeCast} from "@openzeppelin/contracts/utils/math/SafeCast.sol";
+import {ECDSA} from "@openzeppelin/contracts/utils/cryptography/ECDSA.sol";
+import {MessageHashUtils} from "@openzeppelin/contracts/utils/cryptography/MessageHashUtils.sol";
 import {AccessControl} from "@openzeppelin/contracts/access/AccessControl.sol";
 import {ReentrancyGuardTransient} from "@openzeppelin/contracts/utils/ReentrancyGuardTransient.sol";
 import {TypedSignatures} from "./TypedSignatures.sol";
 import {StakeManager} from "./StakeManager.sol";
 
 /// @title JobMarketBase
-/// @notice What {JobMarket} and {JobMarketVerdicts} share: parameters, storage layout, errors, events and
+/// @notice What {JobMarket} and {JobMarketExtension} share: parameters, storage layout, errors, events and
 /// the internals both run. The verdict path lives in a contract of its own that {JobMarket} calls by
 /// delegatecall (so it runs in JobMarket's storage, with its roles, balances and address), because
 /// JobMarket with it was within a few hundred bytes of the 24,576-byte code limit (EIP-170).
@@ -181,6 +183,25 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
         uint32 consecutiveValid;
     }
 
+    /// @notice A round-path order's fixed assignment ({JobMarketRounds}): replica `r` of unit `u` of every
+    /// round is worked by `providers[(layout >> 5 * (u * replicas + r)) & 31]`, the providers and layout
+    /// being hashed into `partiesHash` (they travel in calldata). Two slots.
+    struct Roster {
+        bytes32 partiesHash;
+        uint32 unitsPerRound;
+        uint32 rounds;
+        /// @dev Rounds committed so far; every one but a pending one has been revealed and settled.
+        uint32 committed;
+        /// @dev Block of the step that committed the round not yet revealed (0: none): its hash draws that
+        /// round's spot checks.
+        uint48 pendingBlock;
+        /// @dev When that step was mined: the round may be revealed for `revealWindow` after it, even past
+        /// the order's deadline, before anyone may close the roster without paying it.
+        uint40 pendingSince;
+        uint8 replicas;
+        bool closed;
+    }
+
     /// @dev One slot: the two liabilities (solvency: token balance >= escrow + credits).
     struct Totals {
         uint128 escrow;
@@ -237,6 +258,10 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
     /// the replicas, bits 8..15 the verdict's signers among its verifiers, bits 16.. the verdict's time.
     /// 0: nothing held.
     mapping(uint256 unitId => uint256) internal _held;
+    /// @dev Round-path orders ({JobMarketRounds}): the roster, and the chained hash of the round committed
+    /// last and not yet revealed.
+    mapping(uint256 orderId => Roster) internal _rosters;
+    mapping(uint256 orderId => bytes32) internal _roundHashes;
 
     /// @notice A constructor argument is unusable.
     error InvalidParameter(string name);
@@ -327,6 +352,29 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
     error EmptyBatch();
     /// @notice All 2**24 - 1 party ids are taken; no new address can be assigned to a unit.
     error PartyRegistryFull();
+    /// @notice The order already has a roster.
+    error RosterExists(uint256 orderId);
+    /// @notice The order has no roster, or its roster is closed.
+    error RosterNotOpen(uint256 orderId);
+    /// @notice A roster's layout names a provider index that is out of range, twice in one unit, or never, or
+    /// has more replica slots than its 5-bit fields can hold.
+    error InvalidLayout(uint256 slot);
+    /// @notice The providers and layout given are not the roster's.
+    error RosterMismatch(uint256 orderId);
+    /// @notice A step's openings or works do not cover every replica slot of a round.
+    error EntryCountMismatch(uint256 expected, uint256 given);
+    /// @notice The roster has committed all its rounds, or a round was to be revealed and was not.
+    error NoRoundToStep(uint256 orderId, uint32 committed);
+    /// @notice The round's openings do not hash to its recorded commitments.
+    error RoundHashMismatch(uint256 orderId, uint32 round);
+    /// @notice Reveals of a round are refused in the block that committed it (its hash draws the checks).
+    error RoundRevealTooEarly(uint256 orderId, uint256 seedBlock);
+    /// @notice A unit of the round needs a verdict (drawn, or its replicas disagree): the round path cannot
+    /// settle it yet, so the step is refused (set-aside to the per-unit dispute path is not built).
+    error RoundUnitNeedsVerdict(uint256 orderId, uint32 round, uint256 unit, bool drawn);
+    /// @notice The roster still has rounds to settle until `closableAfter` (the order's deadline, or the end
+    /// of a pending round's reveal window when later).
+    error RosterNotClosable(uint256 orderId, uint64 closableAfter);
 
     /// @notice A buyer posted an order and escrowed `escrow` tokens.
     event OrderPosted(
@@ -375,6 +423,18 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
     event OrderClosed(uint256 indexed orderId, uint256 refund);
     /// @notice `account` withdrew `amount` of credit.
     event CreditWithdrawn(address indexed account, uint256 amount);
+    /// @notice A round-path order's roster was fixed: `rounds` rounds of `unitsPerRound` units, `replicas`
+    /// each, replica slot `i` worked by `providers[(layout >> 5 * i) & 31]`.
+    event RosterOpened(
+        uint256 indexed orderId, address[] providers, uint256 layout, uint8 replicas, uint32 unitsPerRound, uint32 rounds
+    );
+    /// @notice Every replica of every unit of `round` committed (one signature each, checked on chain).
+    event RoundCommitted(uint256 indexed orderId, uint32 indexed round);
+    /// @notice `round` was revealed: every unit unanimous on `digests[unit]` and not drawn; its replicas are
+    /// paid when the roster closes.
+    event RoundRevealed(uint256 indexed orderId, uint32 indexed round, bytes32[] digests);
+    /// @notice The roster closed: `settledRounds` rounds paid, `paid` credited to its providers.
+    event RosterClosed(uint256 indexed orderId, uint32 settledRounds, uint256 paid);
 
     /// @param token_ Payment token (must equal the stake manager's token).
     /// @param stakes_ Stake registry (it grants {JobMarket} its MARKET_ROLE after deployment).
@@ -416,13 +476,29 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
         _probationStreak = params_.probationStreak;
     }
 
-    /// @notice The commitment a provider must submit for `resultDigest` with secret `salt` on `unitId`.
-    function commitmentOf(bytes32 resultDigest, bytes32 salt, address provider, uint256 unitId)
-        public
+    /// @dev See {JobMarket-commitmentOf}.
+    function _commitmentOf(bytes32 resultDigest, bytes32 salt, address provider, uint256 unitId)
+        internal
         pure
         returns (bytes32)
     {
         return keccak256(abi.encode(resultDigest, salt, provider, unitId));
+    }
+
+    /// @dev See {JobMarket-rosterKey}.
+    function _rosterKey(
+        address[] calldata providers,
+        uint256 layout,
+        uint8 replicas,
+        uint32 unitsPerRound,
+        uint32 rounds
+    ) internal pure returns (bytes32) {
+        return keccak256(abi.encode(providers, layout, replicas, unitsPerRound, rounds));
+    }
+
+    /// @dev See {JobMarket-roundUnitId}.
+    function _roundUnitId(uint256 orderId, uint256 round, uint256 unit) internal pure returns (uint256) {
+        return uint256(keccak256(abi.encode(orderId, round, unit)));
     }
 
     /// @inheritdoc TypedSignatures
@@ -686,7 +762,7 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
         uint8 bit = uint8(1 << index);
         if (u.committedMask & bit == 0) revert NotCommitted(unitId, provider);
         if (u.revealedMask & bit != 0) revert AlreadyRevealed(unitId, provider);
-        if (commitmentOf(resultDigest, salt, provider, unitId) != _loadReplica(unitId, u.page, index)) {
+        if (_commitmentOf(resultDigest, salt, provider, unitId) != _loadReplica(unitId, u.page, index)) {
             revert RevealMismatch(unitId, provider);
         }
         emit ReplicaRevealed(unitId, provider, resultDigest);
@@ -953,12 +1029,11 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
     }
 }
 
-/// @title JobMarketVerdicts
-/// @notice {JobMarket}'s verdict path: {submitVerdict}, {settleHeld} and {expireUnit}. Deployed by
-/// JobMarket's constructor and reached only by its delegatecall, so every read and write is JobMarket's
-/// (its storage, its roles, its token balance; events come from its address); called on its own address it
-/// reverts ({NotDelegated}).
-contract JobMarketVerdicts is JobMarketBase {
+/// @title JobMarketDelegate
+/// @notice What runs only inside {JobMarket}: the code JobMarket reaches by delegatecall, so every read and
+/// write is JobMarket's (its storage, its roles, its token balance; events come from its address); called on
+/// its own address it reverts ({NotDelegated}).
+abstract contract JobMarketDelegate is JobMarketBase {
     /// @dev This contract's own address: code that runs here is running outside JobMarket's storage.
     address private immutable _self = address(this);
 
@@ -969,9 +1044,12 @@ contract JobMarketVerdicts is JobMarketBase {
         if (address(this) == _self) revert NotDelegated();
         _;
     }
+}
 
-    constructor(IERC20 token_, StakeManager stakes_, Params memory params_) JobMarketBase(token_, stakes_, params_) {}
-
+/// @title JobMarketVerdicts
+/// @notice {JobMarket}'s verdict path: {submitVerdict}, {settleHeld} and {expireUnit}, part of
+/// {JobMarketExtension}.
+abstract contract JobMarketVerdicts is JobMarketDelegate {
     /// @notice Settles a unit by the signatures of a majority of its assigned verifiers
     /// (`verifierCount / 2 + 1`), one outcome per replica in assignment order: 0 accept (paid), 1 fault
     /// (unpaid; slashed the withhold penalty only when the replica committed and never revealed), 2 fraud
@@ -1096,6 +1174,313 @@ contract JobMarketVerdicts is JobMarketBase {
     }
 }
 
+/// @title JobMarketRounds
+/// @notice {JobMarket}'s round path: an order whose providers stay the same from round to round (DiLoCo
+/// workers keep their shard) settles each round in one transaction instead of three per unit. Part of
+/// {JobMarketExtension}, so a round-path order is an ordinary order (escrow, credits, reputation and
+/// collateral on the same ledger).
+///
+/// - {openRoster} (operator): fixes which provider works each replica slot of every round, each provider
+///   accepting the whole roster by one `Accept` signature (unitKey = the roster's key, {JobMarket-rosterKey}); locks
+///   each provider's collateral once for the order (one `providerCollateral` per slot it holds) and moves
+///   the budget of every unit of every round out of the order's balance.
+/// - {stepRound} (anyone): reveals the pending round (every replica's opening checked against the round's
+///   chained commitments; each unit drawn by the hash of the block that committed it, at the spot-check
+///   rates) and commits the next (every replica's `UnitCommit` signature ecrecovered, for the unit id
+///   {JobMarket-roundUnitId}, and chained into one stored hash). Nothing is written per unit or per provider.
+/// - {closeRoster}: credits each provider its price for every replica slot of every revealed round (one
+///   write per provider per order), counts them valid, releases the collateral, returns unspent budget and
+///   the unused verifier fees to the order.
+///
+/// Not built yet (docs/studies/round-settlement/PLAN.md step 2): a unit that needs a verdict (drawn, or its
+/// replicas disagree) refuses the step ({RoundUnitNeedsVerdict}) instead of moving to the per-unit dispute
+/// path, so does a missing opening; such a round stays pending and is paid to nobody when the roster is
+/// closed after the order's deadline. Providers on probation are refused at {openRoster} for the same
+/// reason (their units are always drawn). The market service does not use this path yet.
+abstract contract JobMarketRounds is JobMarketDelegate {
+    /// @notice A replica's commitment for one round's unit with its compact (EIP-2098) `UnitCommit`
+    /// signature: three words of calldata instead of seven.
+    struct RoundWork {
+        bytes32 commitment;
+        bytes32 r;
+        bytes32 vs;
+    }
+
+    /// @notice A replica's opening: the preimage of its commitment ({JobMarket-commitmentOf} with {JobMarket-roundUnitId}).
+    struct Opening {
+        bytes32 resultDigest;
+        bytes32 salt;
+    }
+
+    /// @notice Opens the roster of `orderId`: `rounds` rounds of `unitsPerRound` units of `replicas` replicas
+    /// each, replica slot `i = unit * replicas + replica` worked by `providers[(layout >> 5 * i) & 31]`
+    /// (distinct providers within a unit, every provider used). Each provider signs
+    /// `Accept(orderId, rosterKey, provider, nonce, deadline)`. Every provider must be past probation and, for
+    /// fewer replicas than the order's most, have the order's trusted streak.
+    function openRoster(
+        uint256 orderId,
+        address[] calldata providers,
+        uint256 layout,
+        uint8 replicas,
+        uint32 unitsPerRound,
+        uint32 rounds,
+        SignedApproval[] calldata accepts
+    ) external onlyDelegated onlyRole(OPERATOR_ROLE) nonReentrant {
+        Order storage order = _orders[orderId];
+        if (order.buyer == address(0)) revert UnknownOrder(orderId);
+        if (order.closed) revert OrderNotOpen(orderId);
+        if (block.timestamp > order.deadline) revert OrderExpired(orderId, order.deadline);
+        if (_rosters[orderId].partiesHash != 0) revert RosterExists(orderId);
+        if (replicas < order.minReplicas || replicas > order.replicas) revert InvalidReplicaCount(replicas);
+        if (unitsPerRound == 0 || rounds == 0) revert ZeroUnits();
+        if (accepts.length != providers.length) revert ProviderCountMismatch(providers.length, accepts.length);
+        uint256 units = uint256(unitsPerRound) * rounds;
+        uint256 cost = units * (replicas * uint256(order.pricePerReplica) + order.verifierFeePerUnit);
+        if (order.delivered + uint256(order.openUnits) + units > order.units || cost > order.balance) {
+            revert NoUnitBudget(orderId);
+        }
+        uint256[] memory uses = _slotsPerProvider(providers, layout, replicas, unitsPerRound);
+        uint256 required = replicas < order.replicas ? order.trustedStreak : 0;
+        if (required < _probationStreak) required = _probationStreak;
+        bytes32 key = _rosterKey(providers, layout, replicas, unitsPerRound, rounds);
+        for (uint256 p; p < providers.length; ++p) {
+            address provider = providers[p];
+            for (uint256 q; q < p; ++q) {
+                if (providers[q] == provider) revert DuplicateParty(provider);
+            }
+            if (_accounts[provider].consecutiveValid < required) revert ProviderNotTrusted(provider, uint16(required));
+            _acceptProvider(orderId, key, provider, accepts[p]);
+            stakes.lock(provider, uses[p] * _providerCollateral);
+        }
+        order.balance -= uint128(cost); // <= balance
+        order.openUnits += uint32(units); // <= order.units
+        _rosters[orderId] = Roster({
+            partiesHash: key,
+            unitsPerRound: unitsPerRound,
+            rounds: rounds,
+            committed: 0,
+            pendingBlock: 0,
+            pendingSince: 0,
+            replicas: replicas,
+            closed: false
+        });
+        emit RosterOpened(orderId, providers, layout, replicas, unitsPerRound, rounds);
+    }
+
+    /// @notice Reveals the pending round (when one is pending: `openings` for every replica slot, in slot
+    /// order) and commits the next (when `works` is not empty: every replica slot's commitment and its
+    /// `UnitCommit(roundUnitId(orderId, round, unit), provider, commitment, deadline)` signature). Anyone
+    /// may relay: the signatures and openings are the authorization. The pending round is revealed only in
+    /// a later block than the one that committed it, and each of its units must be unanimous and not drawn.
+    /// With no round pending, `openings` are ignored: whoever revealed it first (anyone may copy openings
+    /// from a pending transaction) does not make the relayer's reveal-and-commit fail.
+    function stepRound(
+        uint256 orderId,
+        address[] calldata providers,
+        uint256 layout,
+        Opening[] calldata openings,
+        uint256 deadline,
+        RoundWork[] calldata works
+    ) external onlyDelegated {
+        Roster memory roster = _openRoster(orderId, providers, layout);
+        if (roster.pendingBlock != 0) {
+            _revealRound(orderId, roster, providers, layout, openings);
+            roster.pendingBlock = 0;
+            roster.pendingSince = 0;
+        } else if (works.length == 0) {
+            revert EmptyBatch();
+        }
+        if (works.length != 0) {
+            _commitRound(orderId, roster, providers, layout, deadline, works);
+            roster.pendingBlock = uint48(block.number);
+            roster.pendingSince = uint40(block.timestamp);
+            roster.committed += 1;
+        }
+        _rosters[orderId] = roster;
+    }
+
+    /// @notice Closes the roster: each provider is credited its price and counted valid for every replica
+    /// slot it holds in every revealed round, its collateral is released, and the budget of the units not
+    /// paid (a round left pending, rounds never committed) and every unit's verifier fee return to the
+    /// order. Anyone may close once every round is revealed, or after the order's deadline and, when a round
+    /// is pending, the reveal window after its commit (so that a buyer closing at the deadline cannot cut
+    /// off a round its providers are revealing).
+    function closeRoster(uint256 orderId, address[] calldata providers, uint256 layout)
+        external
+        onlyDelegated
+        nonReentrant
+    {
+        Roster memory roster = _openRoster(orderId, providers, layout);
+        Order storage order = _orders[orderId];
+        if (roster.committed != roster.rounds || roster.pendingBlock != 0) {
+            uint64 closableAfter = order.deadline;
+            uint64 revealEnds = roster.pendingSince + _revealWindow;
+            if (roster.pendingBlock != 0 && revealEnds > closableAfter) closableAfter = revealEnds;
+            if (block.timestamp <= closableAfter) revert RosterNotClosable(orderId, closableAfter);
+        }
+        uint32 settled = roster.committed - (roster.pendingBlock != 0 ? 1 : 0);
+        uint256[] memory uses = _slotsPerProvider(providers, layout, roster.replicas, roster.unitsPerRound);
+        uint128 price = order.pricePerReplica;
+        uint256 paid;
+        for (uint256 p; p < providers.length; ++p) {
+            address provider = providers[p];
+            uint256 count = uses[p] * settled;
+            if (count != 0) {
+                Account memory account = _accounts[provider];
+                account.credit += uint128(count * price);
+                account.valid += uint32(count);
+                account.consecutiveValid += uint32(count);
+                _accounts[provider] = account;
+                paid += count * price;
+            }
+            stakes.unlock(provider, uses[p] * _providerCollateral);
+        }
+        uint256 units = uint256(roster.unitsPerRound) * roster.rounds;
+        uint256 reserved = units * (roster.replicas * uint256(price) + order.verifierFeePerUnit);
+        order.balance += uint128(reserved - paid);
+        order.delivered += roster.unitsPerRound * settled;
+        order.openUnits -= uint32(units);
+        roster.closed = true;
+        _rosters[orderId] = roster;
+        Totals memory totals = _totals;
+        totals.escrow -= uint128(paid);
+        totals.credits += uint128(paid);
+        _totals = totals;
+        emit RosterClosed(orderId, settled, paid);
+    }
+
+    /// @dev The open roster of `orderId`, after checking `providers` and `layout` are its own.
+    function _openRoster(uint256 orderId, address[] calldata providers, uint256 layout)
+        private
+        view
+        returns (Roster memory roster)
+    {
+        roster = _rosters[orderId];
+        if (roster.partiesHash == 0 || roster.closed) revert RosterNotOpen(orderId);
+        bytes32 key = _rosterKey(providers, layout, roster.replicas, roster.unitsPerRound, roster.rounds);
+        if (key != roster.partiesHash) revert RosterMismatch(orderId);
+    }
+
+    /// @dev Checks the round's openings against its chained commitments and every unit's unanimity and draw.
+    function _revealRound(
+        uint256 orderId,
+        Roster memory roster,
+        address[] calldata providers,
+        uint256 layout,
+        Opening[] calldata openings
+    ) private {
+        uint256 k = roster.replicas;
+        uint256 unitCount = roster.unitsPerRound;
+        if (openings.length != unitCount * k) revert EntryCountMismatch(unitCount * k, openings.length);
+        uint256 seedBlock = roster.pendingBlock;
+        if (block.number <= seedBlock) revert RoundRevealTooEarly(orderId, seedBlock);
+        bytes32 seed = blockhash(seedBlock); // zero after 256 blocks: every unit counts as drawn
+        uint32 round = roster.committed - 1;
+        bytes32 chained = _chain(bytes32(orderId), bytes32(uint256(round)));
+        bytes32[] memory digests = new bytes32[](unitCount);
+        uint256 refused = type(uint256).max;
+        bool drawn;
+        for (uint256 unit; unit < unitCount; ++unit) {
+            uint256 unitId = _roundUnitId(orderId, round, unit);
+            bytes32 digest = openings[unit * k].resultDigest;
+            bool unanimous = true;
+            for (uint256 i = unit * k; i < (unit + 1) * k; ++i) {
+                Opening calldata opening = openings[i];
+                address provider = providers[(layout >> (5 * i)) & 31];
+                chained = _chain(chained, _commitmentOf(opening.resultDigest, opening.salt, provider, unitId));
+                unanimous = unanimous && opening.resultDigest == digest;
+            }
+            digests[unit] = digest;
+            if (refused == type(uint256).max && (!unanimous || _drawnBy(unitId, uint8(k), seed))) {
+                refused = unit;
+                drawn = unanimous;
+            }
+        }
+        if (chained != _roundHashes[orderId]) revert RoundHashMismatch(orderId, round);
+        if (refused != type(uint256).max) revert RoundUnitNeedsVerdict(orderId, round, refused, drawn);
+        emit RoundRevealed(orderId, round, digests);
+    }
+
+    /// @dev Checks every replica slot's signed commitment for round `roster.committed` and stores their
+    /// chained hash.
+    function _commitRound(
+        uint256 orderId,
+        Roster memory roster,
+        address[] calldata providers,
+        uint256 layout,
+        uint256 deadline,
+        RoundWork[] calldata works
+    ) private {
+        uint32 round = roster.committed;
+        if (round == roster.rounds) revert NoRoundToStep(orderId, round);
+        uint64 orderDeadline = _orders[orderId].deadline;
+        if (block.timestamp > orderDeadline) revert OrderExpired(orderId, orderDeadline);
+        if (block.timestamp > deadline) revert SignatureExpired(deadline, block.timestamp);
+        uint256 k = roster.replicas;
+        if (works.length != roster.unitsPerRound * k) revert EntryCountMismatch(roster.unitsPerRound * k, works.length);
+        bytes32 chained = _chain(bytes32(orderId), bytes32(uint256(round)));
+        // once per step, not per signature: inside JobMarket's delegatecall EIP712 rebuilds it on every call
+        bytes32 domain = _domainSeparatorV4();
+        uint256 unitId;
+        for (uint256 i; i < works.length; ++i) {
+            if (i % k == 0) unitId = _roundUnitId(orderId, round, i / k);
+            RoundWork calldata work = works[i];
+            address provider = providers[(layout >> (5 * i)) & 31];
+            bytes32 structHash =
+                keccak256(abi.encode(UNIT_COMMIT_TYPEHASH, unitId, provider, work.commitment, deadline));
+            (address recovered,,) =
+                ECDSA.tryRecover(MessageHashUtils.toTypedDataHash(domain, structHash), work.r, work.vs);
+            if (recovered != provider) revert InvalidSigner(provider, recovered);
+            chained = _chain(chained, work.commitment);
+        }
+        _roundHashes[orderId] = chained;
+        emit RoundCommitted(orderId, round);
+    }
+
+    /// @dev How many replica slots of a round each provider holds, after checking the layout: every index in
+    /// range, no provider twice in a unit, every provider used, no bits beyond the last slot.
+    function _slotsPerProvider(address[] calldata providers, uint256 layout, uint256 k, uint256 unitCount)
+        private
+        pure
+        returns (uint256[] memory uses)
+    {
+        uint256 slots = unitCount * k;
+        if (providers.length == 0 || providers.length > 32 || slots > 51 || layout >> (5 * slots) != 0) {
+            revert InvalidLayout(slots);
+        }
+        uses = new uint256[](providers.length);
+        for (uint256 i; i < slots; ++i) {
+            uint256 p = (layout >> (5 * i)) & 31;
+            if (p >= providers.length) revert InvalidLayout(i);
+            for (uint256 j = i - (i % k); j < i; ++j) {
+                if ((layout >> (5 * j)) & 31 == p) revert InvalidLayout(i);
+            }
+            ++uses[p];
+        }
+        for (uint256 p; p < uses.length; ++p) {
+            if (uses[p] == 0) revert InvalidLayout(slots);
+        }
+    }
+
+    /// @dev keccak256(a, b) in scratch space, without allocating memory.
+    function _chain(bytes32 a, bytes32 b) private pure returns (bytes32 hashed) {
+        assembly ("memory-safe") {
+            mstore(0x00, a)
+            mstore(0x20, b)
+            hashed := keccak256(0x00, 0x40)
+        }
+    }
+}
+
+/// @title JobMarketExtension
+/// @notice The code of {JobMarket} that does not fit its 24,576 bytes (EIP-170): the verdict path and the
+/// round path, in one contract that JobMarket's constructor deploys and reaches by delegatecall. One
+/// contract, not one per path: each copy of the shared base (roles, EIP-712) in JobMarket's creation code
+/// costs about 3 kB of the 49,152-byte limit on creation code (EIP-3860).
+contract JobMarketExtension is JobMarketVerdicts, JobMarketRounds {
+    constructor(IERC20 token_, StakeManager stakes_, Params memory params_) JobMarketBase(token_, stakes_, params_) {}
+}
+
 /// @title JobMarket
 /// @notice Escrow and settlement of Veritrain training orders. A buyer posts an order and escrows
 /// `units × (replicas × pricePerReplica + verifierFeePerUnit)`. The operator (the market service's
@@ -1191,8 +1576,9 @@ contract JobMarketVerdicts is JobMarketBase {
 /// an account's nonce and party id share a slot. Pipelined by {multicall} (reveal unit k, commit unit
 /// k+1 and assign unit k+2 in one transaction): about 329k a unit (313k before verifier collateral).
 contract JobMarket is JobMarketBase {
-    /// @notice The contract holding the verdict path, which this one runs by delegatecall.
-    address public immutable verdicts;
+    /// @notice The contract holding the verdict and round paths ({JobMarketExtension}), which this one runs
+    /// by delegatecall.
+    address public immutable extension;
 
     /// @param token_ Payment token (must equal the stake manager's token).
     /// @param stakes_ Stake registry; grant this contract its MARKET_ROLE after deployment.
@@ -1204,7 +1590,7 @@ contract JobMarket is JobMarketBase {
         JobMarketBase(token_, stakes_, params_)
     {
         if (operator == address(0)) revert InvalidParameter("operator");
-        verdicts = address(new JobMarketVerdicts(token_, stakes_, params_));
+        extension = address(new JobMarketExtension(token_, stakes_, params_));
         _grantRole(DEFAULT_ADMIN_ROLE, msg.sender);
         _grantRole(OPERATOR_ROLE, operator);
     }
@@ -1471,24 +1857,52 @@ contract JobMarket is JobMarketBase {
 
     /// @notice Settles a unit by a majority of its verifiers' signatures; see {JobMarketVerdicts-submitVerdict}.
     function submitVerdict(uint256, uint8[] calldata, VerifierSignature[] calldata) external {
-        _delegateToVerdicts();
+        _delegate();
     }
 
     /// @notice Settles a verdict's held fraud by the unit's truth (VerdictAppeals only); see
     /// {JobMarketVerdicts-settleHeld}.
     function settleHeld(uint256, uint8[] calldata) external returns (uint256) {
-        _delegateToVerdicts();
+        _delegate();
     }
 
     /// @notice Expires a unit nobody settled by its verdict deadline; see {JobMarketVerdicts-expireUnit}.
     function expireUnit(uint256) external {
-        _delegateToVerdicts();
+        _delegate();
     }
 
-    /// @dev Runs this call's calldata in {verdicts} within this contract's storage and returns or reverts
+    // ----------------------------------------------------------------------------------------------
+    // Round path (see {JobMarketRounds})
+    // ----------------------------------------------------------------------------------------------
+
+    /// @notice Fixes a round-path order's roster; see {JobMarketRounds-openRoster}.
+    function openRoster(uint256, address[] calldata, uint256, uint8, uint32, uint32, SignedApproval[] calldata)
+        external
+    {
+        _delegate();
+    }
+
+    /// @notice Reveals a roster's pending round and commits its next; see {JobMarketRounds-stepRound}.
+    function stepRound(
+        uint256,
+        address[] calldata,
+        uint256,
+        JobMarketRounds.Opening[] calldata,
+        uint256,
+        JobMarketRounds.RoundWork[] calldata
+    ) external {
+        _delegate();
+    }
+
+    /// @notice Pays a roster's revealed rounds and releases it; see {JobMarketRounds-closeRoster}.
+    function closeRoster(uint256, address[] calldata, uint256) external {
+        _delegate();
+    }
+
+    /// @dev Runs this call's calldata in {extension} within this contract's storage and returns or reverts
     /// with its result (the stubs above name no parameters: the calldata is passed on as it came).
-    function _delegateToVerdicts() private {
-        address target = verdicts;
+    function _delegate() private {
+        address target = extension;
         assembly ("memory-safe") {
             calldatacopy(0, 0, calldatasize())
             let ok := delegatecall(gas(), target, 0, calldatasize(), 0, 0)
@@ -1616,6 +2030,39 @@ contract JobMarket is JobMarketBase {
     function heldOf(uint256 unitId) external view returns (uint8 replicaMask, uint64 since) {
         uint256 held = _held[unitId];
         return (uint8(held), uint64(held >> 16));
+    }
+
+    /// @notice The commitment a provider must submit for `resultDigest` with secret `salt` on `unitId`.
+    function commitmentOf(bytes32 resultDigest, bytes32 salt, address provider, uint256 unitId)
+        external
+        pure
+        returns (bytes32)
+    {
+        return _commitmentOf(resultDigest, salt, provider, unitId);
+    }
+
+    /// @notice The key a round-path order's roster is accepted under (the `unitKey` of each provider's
+    /// `Accept`) and recorded by: it binds the providers, their slots and the roster's shape.
+    function rosterKey(
+        address[] calldata providers,
+        uint256 layout,
+        uint8 replicas,
+        uint32 unitsPerRound,
+        uint32 rounds
+    ) external pure returns (bytes32) {
+        return _rosterKey(providers, layout, replicas, unitsPerRound, rounds);
+    }
+
+    /// @notice The unit id a round-path unit's commitments and `UnitCommit` signatures name ({commitmentOf}):
+    /// a hash, so it never equals a sequential per-unit id and each (order, round, unit) is its own.
+    function roundUnitId(uint256 orderId, uint256 round, uint256 unit) external pure returns (uint256) {
+        return _roundUnitId(orderId, round, unit);
+    }
+
+    /// @notice The roster of a round-path order (all zero if none) and the chained hash of its pending
+    /// round's commitments.
+    function getRoster(uint256 orderId) external view returns (Roster memory roster, bytes32 pendingRoundHash) {
+        return (_rosters[orderId], _roundHashes[orderId]);
     }
 
     /// @notice Tokens escrowed for orders (order balances plus the cost of open units).

@@ -551,7 +551,7 @@ describe("JobMarket: the verdict path's own contract", function () {
   it("runs only inside JobMarket: called on its own address, each of its actions reverts NotDelegated",
     async function () {
       const sys = await loadFixture(h.systemFixture);
-      const verdicts = await ethers.getContractAt("JobMarketVerdicts", await sys.market.verdicts());
+      const verdicts = await ethers.getContractAt("JobMarketExtension", await sys.market.extension());
       expect(await ethers.provider.getCode(await verdicts.getAddress())).to.not.equal("0x");
       const unit = await h.unitAt(sys, "revealed");
       // one at a time: a call is sent when its thunk runs, so no rejection is left unawaited

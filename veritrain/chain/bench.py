@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from veritrain.chain import eip712
 from veritrain.chain.errors import ChainError
 
 if TYPE_CHECKING:
@@ -45,6 +46,9 @@ DILOCO_ROUNDS = 2
 REPLICAS = 3
 VERIFIERS = 2
 ORDER_UNITS = 10  # units of the multi-unit orders; per-order costs are amortized over them
+# Rounds of the round-path orders: its cost per unit falls with the rounds (the roster's opening and closing
+# are per order), so it is stated at a short order and at a modest DiLoCo run.
+ROUND_PATH_ROUNDS = (2, 10)
 STEADY_UNIT_INDEX = 2  # the measured unit: the third of its order (parties and order slots warm)
 PIPELINE_STEADY_TICK = 4  # a middle multicall tick: it reveals, commits and assigns one unit each
 TOKEN = 10**18
@@ -329,6 +333,66 @@ class _Parties:
             "per_shard_unit": (unit_gas + order_gas) // shard_units,
         }
 
+    def round_path_order(self, replicas: int, rounds: int) -> dict[str, Any]:
+        """A whole M = 8 order of `rounds` rounds on the round path (JobMarketRounds): openRoster with
+        provider r on replica r of every unit, one stepRound per round (the previous round's openings and
+        this round's signed commitments), a last step that only reveals, closeRoster, then the order's own
+        transactions: every transaction divided by the shard units trained."""
+        from veritrain.chain.client import Reveal, Roster
+
+        units_per_round = DILOCO_SHARDS + 1
+        order_id, post_gas = self.post(rounds * units_per_round, replicas)
+        providers = self.providers[:replicas]
+        roster = Roster(
+            providers=tuple(p.address for p in providers),
+            slots=tuple(range(replicas)) * units_per_round,
+            replicas=replicas,
+            units_per_round=units_per_round,
+            rounds=rounds,
+        )
+        accepts = [self.client.sign_accept(p, order_id, roster.key, FAR_DEADLINE) for p in providers]
+        gas = {"openRoster": self.client.open_roster(order_id, roster, accepts).gas_used}
+        openings: list[Reveal] = []
+        for round_index in range(rounds + 1):
+            works = []
+            if round_index < rounds:
+                pending = []
+                for unit in range(units_per_round):
+                    unit_id = eip712.round_unit_id(order_id, round_index, unit)
+                    digest = self.fresh()
+                    for provider in providers:
+                        commitment = self.commitment(unit_id, provider, digest)
+                        works.append(
+                            self.client.sign_round_work(
+                                provider, order_id, round_index, unit, commitment, FAR_DEADLINE
+                            )
+                        )
+                        pending.append(
+                            Reveal(provider.address, digest, self.salts[(unit_id, provider.address)])
+                        )
+            receipt = self.client.step_round(order_id, roster, openings, FAR_DEADLINE, works)
+            gas[f"stepRound#{round_index}"] = receipt.gas_used
+            openings = pending if round_index < rounds else []
+        gas["closeRoster"] = self.client.close_roster(order_id, roster).gas_used
+        info = self.client.get_roster(order_id)
+        _require(info.closed and info.committed == rounds, f"roster of order {order_id} did not settle")
+        _require(
+            self.client.get_order(order_id).delivered == rounds * units_per_round,
+            f"order {order_id}: not every round-path unit was delivered",
+        )
+        round_gas = sum(gas.values())
+        order_gas = post_gas + sum(self.close(order_id).values())
+        shard_units = rounds * DILOCO_SHARDS
+        return {
+            "replicas": replicas,
+            "rounds": rounds,
+            "units": rounds * units_per_round,
+            "shard_units": shard_units,
+            "round_path_gas": gas,
+            "order_gas": order_gas,
+            "per_shard_unit": (round_gas + order_gas) // shard_units,
+        }
+
     def pipelined_order(self, operator: LocalAccount) -> list[int]:
         """An order run by one operator multicall per tick; returns each tick's gas."""
         from veritrain.chain.client import UnitState
@@ -439,7 +503,12 @@ def measure(backend: Backend) -> dict[str, Any]:
         "market_path_per_message": parties.diloco_order(REPLICAS, parties.single_message_unit),
     }
     diloco["market_path"] = diloco["k3_m8"]  # the outbox's default: the batched path, one batch per unit
-    diloco["round_multicall_m8"] = parties.round_multicall_order(deployer)
+    diloco["round_multicall_m8"] = parties.round_multicall_order(deployer)  # stakes 1000 more each
+    round_path = {
+        f"k{k}_m8_r{rounds}": parties.round_path_order(k, rounds)
+        for k in (REPLICAS, 1)
+        for rounds in ROUND_PATH_ROUNDS
+    }
 
     # Last, as it moves the chain's clock: the verdict's held fraud replica is slashed once it stands.
     windows = params.commit_window + params.reveal_window + params.verdict_window
@@ -480,6 +549,7 @@ def measure(backend: Backend) -> dict[str, Any]:
         "gas_per_settled_unit_market_path": diloco["market_path"]["per_shard_unit"],
         "gas_per_settled_unit_market_path_per_message": diloco["market_path_per_message"]["per_shard_unit"],
         "gas_per_settled_unit_round_multicall_m8": diloco["round_multicall_m8"]["per_shard_unit"],
+        **{f"gas_per_settled_unit_round_path_{name}": o["per_shard_unit"] for name, o in round_path.items()},
         "target_gas_per_settled_unit_k3_m8": GAS_TARGET_K3_M8,
         "target_gas_per_settled_unit_k1_m8": GAS_TARGET_K1_M8,
         "included": INCLUDED,
@@ -496,6 +566,7 @@ def measure(backend: Backend) -> dict[str, Any]:
             "pipelined_ticks": ticks,
             "single_unit_order": {"unit": lone_unit, "order": lone_order},
             "diloco_m8_orders": diloco,
+            "round_path_m8_orders": round_path,
         },
         "notes": NOTES,
         "backend": backend.kind,

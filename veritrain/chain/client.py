@@ -79,6 +79,11 @@ GAS_LIMITS: dict[str, int] = {
     "revealBatch": 1_000_000,
     "finalize": 600_000,
     "submitVerdict": 1_500_000,
+    # round path (measured k = 3, 9 units per round, 3 providers: openRoster ~190k, stepRound ~250k);
+    # the limits cover 51 replica slots and 32 providers
+    "openRoster": 1_500_000,
+    "stepRound": 2_000_000,
+    "closeRoster": 1_500_000,
     # VerdictAppeals (measured: appeal 90k, drawPanel 209k with 3 seats / 283k with 5, vote 80-116k, resolve
     # 149-165k or 408k settling 5 held fraud replicas, slashContradiction 155k, joinPool 84-101k,
     # settleVerdict 161k for 1 held replica of 3 / 355k for 5 of 5 with 5 signers); drawPanel's limit
@@ -231,6 +236,72 @@ class Reveal:
             eip712.as_bytes32(self.result_digest, "result_digest"),
             eip712.as_bytes32(self.salt, "salt"),
         )
+
+
+@dataclass(frozen=True)
+class Roster:
+    """A round-path order's fixed assignment (JobMarket `openRoster`): replica slot
+    `i = unit * replicas + replica` of every round is worked by `providers[slots[i]]`."""
+
+    providers: tuple[str, ...]
+    slots: tuple[int, ...]
+    replicas: int
+    units_per_round: int
+    rounds: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= len(self.providers) <= 32:
+            raise InvalidInput(f"a roster has 1 to 32 providers, got {len(self.providers)}")
+        if len(self.slots) != self.units_per_round * self.replicas or not 0 < len(self.slots) <= 51:
+            raise InvalidInput(
+                f"a roster has units_per_round x replicas slots (at most 51), got {len(self.slots)} for "
+                f"{self.units_per_round} x {self.replicas}"
+            )
+        if any(not 0 <= index < len(self.providers) for index in self.slots):
+            raise InvalidInput(f"slot indices must name one of the {len(self.providers)} providers")
+
+    @property
+    def layout(self) -> int:
+        """The slots as the contract takes them: provider index of slot i in bits [5i, 5i + 5)."""
+        return sum(index << (5 * slot) for slot, index in enumerate(self.slots))
+
+    @property
+    def key(self) -> bytes:
+        """What each provider's `Accept` signs as its unitKey (JobMarket `rosterKey`)."""
+        return eip712.roster_key(
+            self.providers, self.layout, self.replicas, self.units_per_round, self.rounds
+        )
+
+    def provider_of(self, unit: int, replica: int) -> str:
+        return self.providers[self.slots[unit * self.replicas + replica]]
+
+
+@dataclass(frozen=True)
+class RoundWork:
+    """One replica slot's commitment for a round with its compact `UnitCommit` signature (JobMarket
+    `RoundWork`)."""
+
+    commitment: bytes
+    r: bytes
+    vs: bytes
+
+    def as_tuple(self) -> tuple[bytes, bytes, bytes]:
+        return (self.commitment, self.r, self.vs)
+
+
+@dataclass(frozen=True)
+class RosterInfo:
+    """JobMarket `getRoster`: the recorded roster key, its shape and progress."""
+
+    key: bytes
+    units_per_round: int
+    rounds: int
+    committed: int  # rounds committed; all but a pending one are revealed
+    pending_block: int  # block of the commit of the round awaiting its reveal (0: none)
+    pending_since: int  # that commit's time: the round may be revealed for revealWindow after it
+    replicas: int
+    closed: bool
+    pending_round_hash: bytes
 
 
 @dataclass(frozen=True)
@@ -864,6 +935,89 @@ class ChainClient:
         receipt = self._send_data(sender, self.market, "revealBatch", data)
         finalized = any(event.args["unitId"] == unit_id for event in receipt.events_named("UnitFinalized"))
         return finalized, receipt
+
+    # ------------------------------------------------------------------ JobMarket: round path
+
+    def sign_round_work(
+        self,
+        provider: LocalAccount,
+        order_id: int,
+        round_index: int,
+        unit: int,
+        commitment: bytes | str,
+        deadline: int,
+    ) -> RoundWork:
+        """The provider's `UnitCommit` for one unit of a round (unit id `roundUnitId`), in compact form."""
+        unit_id = eip712.round_unit_id(order_id, round_index, unit)
+        signed = self.sign_unit_commit(provider, unit_id, commitment, deadline)
+        r, vs = eip712.compact_signature(signed.signature)
+        return RoundWork(signed.commitment, r, vs)
+
+    def open_roster(
+        self,
+        order_id: int,
+        roster: Roster,
+        accepts: Sequence[Signed],
+        *,
+        operator: LocalAccount | None = None,
+    ) -> Receipt:
+        """Fix an order's roster (operator only); `accepts[i]` is providers[i]'s `sign_accept` of
+        `roster.key`."""
+        return self._send(
+            operator,
+            self.market,
+            "openRoster",
+            order_id,
+            list(roster.providers),
+            roster.layout,
+            roster.replicas,
+            roster.units_per_round,
+            roster.rounds,
+            [(a.nonce, a.deadline, a.signature) for a in accepts],
+        )
+
+    def step_round(
+        self,
+        order_id: int,
+        roster: Roster,
+        openings: Sequence[Reveal],
+        deadline: int,
+        works: Sequence[RoundWork],
+        *,
+        sender: LocalAccount | None = None,
+    ) -> Receipt:
+        """Reveal the pending round (`openings` per slot in slot order; their `provider` is not sent: the
+        roster fixes it) and commit the next (`works` per slot, signed up to `deadline`); permissionless."""
+        return self._send(
+            sender,
+            self.market,
+            "stepRound",
+            order_id,
+            list(roster.providers),
+            roster.layout,
+            [opening.as_tuple()[1:] for opening in openings],
+            deadline,
+            [work.as_tuple() for work in works],
+        )
+
+    def close_roster(self, order_id: int, roster: Roster, *, sender: LocalAccount | None = None) -> Receipt:
+        """Pay a roster's revealed rounds and release its collateral (anyone once every round is
+        revealed, or after the order's deadline)."""
+        return self._send(sender, self.market, "closeRoster", order_id, list(roster.providers), roster.layout)
+
+    def get_roster(self, order_id: int) -> RosterInfo:
+        raw, round_hash = self._view(self.market, "getRoster", order_id)
+        return RosterInfo(
+            key=bytes(raw[0]),
+            units_per_round=int(raw[1]),
+            rounds=int(raw[2]),
+            committed=int(raw[3]),
+            pending_block=int(raw[4]),
+            pending_since=int(raw[5]),
+            replicas=int(raw[6]),
+            closed=bool(raw[7]),
+            pending_round_hash=bytes(round_hash),
+        )
 
     def assign_calldata(
         self,

@@ -247,6 +247,35 @@ def commitment(result_digest: bytes | str, salt: bytes | str, provider: str, uni
     )
 
 
+def compact_signature(signature: bytes) -> tuple[bytes, bytes]:
+    """(r, vs) of a 65-byte signature (EIP-2098): `s` with the parity of `v` in its top bit, the form the
+    round path takes, one word shorter in calldata."""
+    v, r, s = split_signature(signature)
+    if v not in (27, 28):
+        raise InvalidInput(f"a signature's v is 27 or 28, got {v}")
+    vs = int.from_bytes(s, "big") | ((v - 27) << 255)
+    return r, vs.to_bytes(32, "big")
+
+
+def round_unit_id(order_id: int, round_index: int, unit: int) -> int:
+    """keccak256(abi.encode(orderId, round, unit)): the unit id a round-path unit's commitments and
+    `UnitCommit` signatures name (JobMarket `roundUnitId`)."""
+    return int.from_bytes(keccak(abi_encode(["uint256"] * 3, [order_id, round_index, unit])), "big")
+
+
+def roster_key(
+    providers: Sequence[str], layout: int, replicas: int, units_per_round: int, rounds: int
+) -> bytes:
+    """keccak256(abi.encode(providers, layout, replicas, unitsPerRound, rounds)): the `unitKey` each roster
+    provider's `Accept` signs (JobMarket `rosterKey`)."""
+    return keccak(
+        abi_encode(
+            ["address[]", "uint256", "uint8", "uint32", "uint32"],
+            [[to_checksum_address(p) for p in providers], layout, replicas, units_per_round, rounds],
+        )
+    )
+
+
 def outcomes_hash(outcomes: Sequence[int]) -> bytes:
     """keccak256(abi.encodePacked(uint8[] outcomes)), outcomes per replica in assignment order.
 

@@ -578,6 +578,69 @@ class PartyRegistryFull(ContractReverted):
     error_name = "PartyRegistryFull"
 
 
+# -- round path (JobMarketRounds)
+
+
+class RosterExists(ContractReverted):
+    """The order already has a roster."""
+
+    error_name = "RosterExists"
+
+
+class RosterNotOpen(ContractReverted):
+    """The order has no roster, or its roster is closed."""
+
+    error_name = "RosterNotOpen"
+
+
+class InvalidLayout(ContractReverted):
+    """A roster's layout names a provider out of range, twice in one unit or never, or has too many slots."""
+
+    error_name = "InvalidLayout"
+
+
+class RosterMismatch(ContractReverted):
+    """The providers and layout given are not the roster's."""
+
+    error_name = "RosterMismatch"
+
+
+class EntryCountMismatch(ContractReverted):
+    """A round step's openings or works do not cover every replica slot of the round."""
+
+    error_name = "EntryCountMismatch"
+
+
+class NoRoundToStep(ContractReverted):
+    """Every round of the roster is committed already."""
+
+    error_name = "NoRoundToStep"
+
+
+class RoundHashMismatch(ContractReverted):
+    """A round's openings do not hash to its recorded commitments."""
+
+    error_name = "RoundHashMismatch"
+
+
+class RoundRevealTooEarly(ContractReverted):
+    """A round is revealed only in a later block than the one that committed it."""
+
+    error_name = "RoundRevealTooEarly"
+
+
+class RoundUnitNeedsVerdict(ContractReverted):
+    """A unit of the round was drawn or its replicas disagree: the round path does not settle it."""
+
+    error_name = "RoundUnitNeedsVerdict"
+
+
+class RosterNotClosable(ContractReverted):
+    """The roster has rounds left to settle and the order's deadline has not passed."""
+
+    error_name = "RosterNotClosable"
+
+
 # -- OpenZeppelin access control, tokens and guards
 
 

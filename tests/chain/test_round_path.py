@@ -1,0 +1,161 @@
+"""The client's round path (JobMarketRounds) on both backends: a roster's order settles round by round in one
+transaction each, its pure helpers agree with the contract, and bad steps are typed errors."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+from veritrain.chain import eip712, errors
+from veritrain.chain.client import Reveal, Roster, RoundWork
+from veritrain.errors import InvalidInput
+
+pytestmark = pytest.mark.chain
+
+TOKEN = 10**18
+PRICE = 10 * TOKEN
+FEE = 3 * TOKEN
+COLLATERAL = 100 * TOKEN  # tests/chain/conftest.py TEST_PARAMS
+
+
+def _roster(world: Any, *, units_per_round: int = 2, rounds: int = 2) -> Roster:
+    """Providers 0..2 on replicas 0..2 of every unit, but unit 1 swaps providers 0 and 3."""
+    providers = tuple(p.address for p in world.providers[:4])
+    slots = (0, 1, 2, 3, 1, 2, 0, 1, 2)[: units_per_round * 3]
+    return Roster(providers, slots, 3, units_per_round, rounds)
+
+
+def _open(world: Any, roster: Roster) -> int:
+    client = world.client
+    units = roster.units_per_round * roster.rounds
+    order_id, _ = client.post_order(world.buyer, os.urandom(32), units, 3, PRICE, FEE, client.now() + 86_400)
+    accounts = {p.address: p for p in world.providers}
+    deadline = client.now() + 3600
+    accepts = [client.sign_accept(accounts[p], order_id, roster.key, deadline) for p in roster.providers]
+    client.open_roster(order_id, roster, accepts)
+    return order_id
+
+
+def _round(
+    world: Any, roster: Roster, order_id: int, round_index: int, digests: list[bytes], deadline: int
+) -> tuple[list[RoundWork], list[Reveal]]:
+    """Every slot's signed work for `round_index` (unit u's replicas on digests[u]) and its openings."""
+    client, accounts = world.client, {p.address: p for p in world.providers}
+    works, openings = [], []
+    for unit in range(roster.units_per_round):
+        unit_id = eip712.round_unit_id(order_id, round_index, unit)
+        for replica in range(roster.replicas):
+            provider = accounts[roster.provider_of(unit, replica)]
+            salt = os.urandom(32)
+            commitment = client.commitment(digests[unit], salt, provider, unit_id)
+            works.append(client.sign_round_work(provider, order_id, round_index, unit, commitment, deadline))
+            openings.append(Reveal(provider.address, digests[unit], salt))
+    return works, openings
+
+
+def test_a_roster_settles_each_round_in_one_step_and_pays_every_slot_at_close(world: Any) -> None:
+    client = world.client
+    deadline = client.now() + 3600
+    roster = _roster(world)
+    stake_before = {p: client.stake_of(p).locked for p in roster.providers}
+    order_id = _open(world, roster)
+    uses = {p: roster.slots.count(i) for i, p in enumerate(roster.providers)}
+    assert {p: client.stake_of(p).locked - stake_before[p] for p in roster.providers} == {
+        p: n * COLLATERAL for p, n in uses.items()
+    }
+    info = client.get_roster(order_id)
+    assert (info.key, info.rounds, info.committed, info.closed) == (roster.key, 2, 0, False)
+
+    digests = [[os.urandom(32), os.urandom(32)] for _ in range(2)]
+    works0, openings0 = _round(world, roster, order_id, 0, digests[0], deadline)
+    client.step_round(order_id, roster, [], deadline, works0)
+    works1, openings1 = _round(world, roster, order_id, 1, digests[1], deadline)
+    receipt = client.step_round(order_id, roster, openings0, deadline, works1)
+    assert [bytes(d) for d in receipt.event("RoundRevealed").args["digests"]] == digests[0]
+    assert client.get_roster(order_id).committed == 2
+    with pytest.raises(errors.RosterNotClosable):
+        client.close_roster(order_id, roster, sender=world.outsider)
+    client.step_round(order_id, roster, openings1, deadline, [])
+
+    credits_before = {p: client.credits(p) for p in roster.providers}
+    valid_before = {p: client.reputation(p).valid for p in roster.providers}
+    closed = client.close_roster(order_id, roster, sender=world.outsider)
+    assert closed.event("RosterClosed").args["paid"] == 2 * 2 * 3 * PRICE
+    for provider, n in uses.items():
+        assert client.credits(provider) - credits_before[provider] == 2 * n * PRICE
+        assert client.reputation(provider).valid - valid_before[provider] == 2 * n
+        assert client.stake_of(provider).locked == stake_before[provider]
+    order = client.get_order(order_id)
+    assert (order.delivered, order.open_units, order.balance) == (4, 0, 4 * FEE)
+
+
+def test_the_clients_roster_key_and_round_unit_ids_are_the_contracts(world: Any) -> None:
+    roster = _roster(world)
+    market = world.client.market
+    on_chain = market.functions.rosterKey(
+        list(roster.providers), roster.layout, roster.replicas, roster.units_per_round, roster.rounds
+    ).call()
+    assert bytes(on_chain) == roster.key
+    assert market.functions.roundUnitId(7, 3, 2).call() == eip712.round_unit_id(7, 3, 2)
+
+
+def _first_round(world: Any) -> tuple[Roster, int, int, list[RoundWork], list[Reveal]]:
+    """An opened roster with round 0 signed: (roster, order id, deadline, works, openings)."""
+    deadline = world.client.now() + 3600
+    roster = _roster(world)
+    order_id = _open(world, roster)
+    works, openings = _round(world, roster, order_id, 0, [os.urandom(32), os.urandom(32)], deadline)
+    return roster, order_id, deadline, works, openings
+
+
+def test_bad_steps_are_typed_errors_and_change_nothing(world: Any) -> None:
+    client = world.client
+    roster, order_id, deadline, works, openings = _first_round(world)
+    forged = [works[0], RoundWork(works[1].commitment, works[0].r, works[0].vs), *works[2:]]
+    with pytest.raises(errors.InvalidSigner):
+        client.step_round(order_id, roster, [], deadline, forged)
+    with pytest.raises(errors.EntryCountMismatch):
+        client.step_round(order_id, roster, [], deadline, works[:-1])
+    other = Roster(roster.providers, roster.slots[::-1], 3, 2, 2)
+    with pytest.raises(errors.RosterMismatch):
+        client.step_round(order_id, other, [], deadline, works)
+    assert client.get_roster(order_id).committed == 0
+
+    client.step_round(order_id, roster, [], deadline, works)
+    tampered = [Reveal(openings[0].provider, os.urandom(32), openings[0].salt), *openings[1:]]
+    with pytest.raises(errors.RoundHashMismatch):
+        client.step_round(order_id, roster, tampered, deadline, [])
+    split = _round(world, roster, order_id, 1, [os.urandom(32), os.urandom(32)], deadline)[1]
+    with pytest.raises(errors.RoundHashMismatch):
+        client.step_round(order_id, roster, split, deadline, [])
+    assert client.get_roster(order_id).pending_block != 0
+    with pytest.raises(errors.RosterExists):
+        client.open_roster(order_id, roster, [])
+
+
+def test_a_split_unit_refuses_the_step_until_set_aside_exists(world: Any) -> None:
+    client = world.client
+    roster, order_id, deadline, works, openings = _first_round(world)
+    # replica 2 of unit 1 commits to another digest
+    accounts = {p.address: p for p in world.providers}
+    provider = accounts[roster.provider_of(1, 2)]
+    salt, digest = os.urandom(32), os.urandom(32)
+    unit_id = eip712.round_unit_id(order_id, 0, 1)
+    commitment = client.commitment(digest, salt, provider, unit_id)
+    works[5] = client.sign_round_work(provider, order_id, 0, 1, commitment, deadline)
+    openings[5] = Reveal(provider.address, digest, salt)
+    client.step_round(order_id, roster, [], deadline, works)
+    with pytest.raises(errors.RoundUnitNeedsVerdict) as refused:
+        client.step_round(order_id, roster, openings, deadline, [])
+    assert (refused.value.arguments["unit"], refused.value.arguments["drawn"]) == (1, False)
+
+
+def test_a_roster_refuses_bad_shapes_before_sending() -> None:
+    providers = ("0x" + "11" * 20, "0x" + "22" * 20)
+    with pytest.raises(InvalidInput):
+        Roster(providers, (0, 1), 3, 1, 1)  # 2 slots for 1 unit x 3 replicas
+    with pytest.raises(InvalidInput):
+        Roster(providers, (0, 2), 2, 1, 1)  # provider index 2 of 2
+    assert Roster(providers, (1, 0), 2, 1, 1).layout == 1
