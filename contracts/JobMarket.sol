@@ -24,15 +24,15 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
     /// @notice Role of {VerdictAppeals}, which alone settles a verdict's held fraud by the unit's truth.
     bytes32 public constant APPEALS_ROLE = keccak256("APPEALS_ROLE");
     /// @notice Most replicas per unit.
-    uint256 public constant MAX_REPLICAS = 5;
+    uint256 internal constant MAX_REPLICAS = 5;
     /// @notice Most verifiers per unit.
-    uint256 public constant MAX_VERIFIERS = 5;
+    uint256 internal constant MAX_VERIFIERS = 5;
     /// @notice Longest commit, reveal or verdict window (keeps every deadline far inside 40 bits).
-    uint64 public constant MAX_WINDOW = 365 days;
+    uint64 internal constant MAX_WINDOW = 365 days;
     /// @notice Replica outcomes in a verdict.
-    uint8 public constant OUTCOME_ACCEPT = 0;
-    uint8 public constant OUTCOME_FAULT = 1;
-    uint8 public constant OUTCOME_FRAUD = 2;
+    uint8 internal constant OUTCOME_ACCEPT = 0;
+    uint8 internal constant OUTCOME_FAULT = 1;
+    uint8 internal constant OUTCOME_FRAUD = 2;
 
     bytes32 internal constant ACCEPT_TYPEHASH =
         keccak256("Accept(uint256 orderId,bytes32 unitKey,address provider,uint256 nonce,uint256 deadline)");
@@ -159,6 +159,10 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
         /// @dev Block of the last commit (0 until every replica committed): its hash draws the spot check
         /// at the first reveal.
         uint48 seedBlock;
+        /// @dev A round-path unit set aside for a verdict ({JobMarketRounds}): its providers' collateral is
+        /// their roster's (locked once for the order, released by {JobMarketRounds-closeRoster}), so settling
+        /// it releases only its verifiers'.
+        bool rostered;
     }
 
     /// @dev One slot per account: its EIP-712 nonce and its party id (0 until first assigned to a unit),
@@ -188,18 +192,39 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
     /// being hashed into `partiesHash` (they travel in calldata). Two slots.
     struct Roster {
         bytes32 partiesHash;
-        uint32 unitsPerRound;
+        uint8 unitsPerRound; // units x replicas <= 51 slots
+        /// @dev Consecutive valid units each provider needs for its units to skip the verdict: the order's
+        /// trusted streak when the roster has fewer replicas than the order's most, and the probation streak.
+        uint16 requiredStreak;
         uint32 rounds;
         /// @dev Rounds committed so far; every one but a pending one has been revealed and settled.
         uint32 committed;
         /// @dev Block of the step that committed the round not yet revealed (0: none): its hash draws that
         /// round's spot checks.
-        uint48 pendingBlock;
+        uint40 pendingBlock;
         /// @dev When that step was mined: the round may be revealed for `revealWindow` after it, even past
         /// the order's deadline, before anyone may close the roster without paying it.
         uint40 pendingSince;
         uint8 replicas;
         bool closed;
+        /// @dev Units set aside for a verdict so far (they settle on the per-unit path, not at close) and
+        /// how many of them are not settled yet (the roster cannot close while any is: their providers'
+        /// collateral is the roster's).
+        uint32 setAsideUnits;
+        uint32 openSetAside;
+        /// @dev Bits [8p, 8p + 8): provider p's fault + fraud count when the roster opened (mod 256). A provider
+        /// whose count moved since (a fault or fraud, here or elsewhere) gets no streak for the roster's
+        /// slots at close: slots it revealed before a catch must not rebuild the streak the catch ended.
+        uint256 faultMarks;
+    }
+
+    /// @dev A roster provider's collateral that set-aside units of the roster used before slashing it
+    /// ({_unlockProvider}): `held` is its roster lock (one `providerCollateral` per slot), `released` what
+    /// slashes released of it, so {JobMarketRounds-closeRoster} releases only the rest. Written only when a
+    /// unit is set aside.
+    struct RosterLock {
+        uint128 held;
+        uint128 released;
     }
 
     /// @dev One slot: the two liabilities (solvency: token balance >= escrow + credits).
@@ -262,6 +287,14 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
     /// last and not yet revealed.
     mapping(uint256 orderId => Roster) internal _rosters;
     mapping(uint256 orderId => bytes32) internal _roundHashes;
+    /// @dev Per roster provider (by index), its replica slots in set-aside units: paid by their verdicts,
+    /// so not by the roster.
+    mapping(uint256 orderId => mapping(uint256 providerIndex => uint256)) internal _setAsideSlots;
+    /// @dev Openings a provider published itself while its round was pending ({JobMarketRounds-publishOpening}),
+    /// by `_roundUnitId(orderId, round, slot)` (a slot, not a unit, here): the result digest, checked against
+    /// the round's commitments when published. Zero: none.
+    mapping(uint256 slotKey => bytes32) internal _publishedOpenings;
+    mapping(uint256 orderId => mapping(address provider => RosterLock)) internal _rosterLocks;
 
     /// @notice A constructor argument is unusable.
     error InvalidParameter(string name);
@@ -369,9 +402,11 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
     error RoundHashMismatch(uint256 orderId, uint32 round);
     /// @notice Reveals of a round are refused in the block that committed it (its hash draws the checks).
     error RoundRevealTooEarly(uint256 orderId, uint256 seedBlock);
-    /// @notice A unit of the round needs a verdict (drawn, or its replicas disagree): the round path cannot
-    /// settle it yet, so the step is refused (set-aside to the per-unit dispute path is not built).
+    /// @notice A unit of the round needs a verdict (drawn, or its replicas disagree) and the step came
+    /// without verifiers for it, or not from the operator (only the operator picks verifiers).
     error RoundUnitNeedsVerdict(uint256 orderId, uint32 round, uint256 unit, bool drawn);
+    /// @notice A round's slots may be given as withheld only once its reveal window has passed.
+    error RoundRevealWindowOpen(uint256 orderId, uint64 until);
     /// @notice The roster still has rounds to settle until `closableAfter` (the order's deadline, or the end
     /// of a pending round's reveal window when later).
     error RosterNotClosable(uint256 orderId, uint64 closableAfter);
@@ -433,6 +468,12 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
     /// @notice `round` was revealed: every unit unanimous on `digests[unit]` and not drawn; its replicas are
     /// paid when the roster closes.
     event RoundRevealed(uint256 indexed orderId, uint32 indexed round, bytes32[] digests);
+    /// @notice Unit `unit` of `round` needed a verdict (drawn, its replicas disagree, or a provider's streak
+    /// fell below the roster's requirement): it became unit `unitId`, revealed and drawn, with the step's
+    /// verifiers, and settles on the per-unit path ({submitVerdict}, {expireUnit}).
+    event UnitSetAside(uint256 indexed orderId, uint32 indexed round, uint256 unit, uint256 unitId);
+    /// @notice The provider of replica slot `slot` of the pending `round` published its opening itself.
+    event OpeningPublished(uint256 indexed orderId, uint32 indexed round, uint256 slot, bytes32 resultDigest);
     /// @notice The roster closed: `settledRounds` rounds paid, `paid` credited to its providers.
     event RosterClosed(uint256 indexed orderId, uint32 settledRounds, uint256 paid);
 
@@ -476,13 +517,21 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
         _probationStreak = params_.probationStreak;
     }
 
-    /// @dev See {JobMarket-commitmentOf}.
+    /// @dev See {JobMarket-commitmentOf}. keccak256(abi.encode(...)) hashed where free memory starts,
+    /// without allocating: the round path computes one per replica slot.
     function _commitmentOf(bytes32 resultDigest, bytes32 salt, address provider, uint256 unitId)
         internal
         pure
-        returns (bytes32)
+        returns (bytes32 commitment)
     {
-        return keccak256(abi.encode(resultDigest, salt, provider, unitId));
+        assembly ("memory-safe") {
+            let ptr := mload(0x40)
+            mstore(ptr, resultDigest)
+            mstore(add(ptr, 0x20), salt)
+            mstore(add(ptr, 0x40), and(provider, 0xffffffffffffffffffffffffffffffffffffffff))
+            mstore(add(ptr, 0x60), unitId)
+            commitment := keccak256(ptr, 0x80)
+        }
     }
 
     /// @dev See {JobMarket-rosterKey}.
@@ -496,9 +545,15 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
         return keccak256(abi.encode(providers, layout, replicas, unitsPerRound, rounds));
     }
 
-    /// @dev See {JobMarket-roundUnitId}.
-    function _roundUnitId(uint256 orderId, uint256 round, uint256 unit) internal pure returns (uint256) {
-        return uint256(keccak256(abi.encode(orderId, round, unit)));
+    /// @dev See {JobMarket-roundUnitId}. keccak256(abi.encode(...)) without allocating, as {_commitmentOf}.
+    function _roundUnitId(uint256 orderId, uint256 round, uint256 unit) internal pure returns (uint256 id) {
+        assembly ("memory-safe") {
+            let ptr := mload(0x40)
+            mstore(ptr, orderId)
+            mstore(add(ptr, 0x20), round)
+            mstore(add(ptr, 0x40), unit)
+            id := keccak256(ptr, 0x60)
+        }
     }
 
     /// @inheritdoc TypedSignatures
@@ -926,16 +981,15 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
                 accused.consecutiveValid = 0;
                 continue;
             }
-            stakes.unlock(provider, _providerCollateral);
+            bool withheld = (u.committedMask & ~u.revealedMask) & (1 << i) != 0;
+            _unlockProvider(u, provider, outcome == OUTCOME_FRAUD || (outcome == OUTCOME_FAULT && withheld));
             if (slashTo != address(0) && outcome != OUTCOME_FRAUD) _accounts[provider].fraud -= 1; // acquitted
             if (outcome == OUTCOME_ACCEPT) {
                 _payAccepted(provider, price);
                 ++paidCount;
             } else if (outcome == OUTCOME_FAULT) {
                 _recordFault(provider);
-                if ((u.committedMask & ~u.revealedMask) & (1 << i) != 0) {
-                    slashed += _penalizeWithholding(unitId, provider);
-                }
+                if (withheld) slashed += _penalizeWithholding(unitId, provider);
             } else {
                 _accounts[provider].consecutiveValid = 0; // confirmed: a streak since the accusation ends too
                 uint256 taken = stakes.slash(provider, _slashAmount, slashTo);
@@ -986,6 +1040,34 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
         Account storage acc = _accounts[provider];
         acc.fault += 1;
         acc.consecutiveValid = 0;
+    }
+
+    /// @dev Releases a settling replica's collateral. A set-aside round-path unit's collateral is its
+    /// roster's, released when the roster closes, except before a slash (`slashing`): then one
+    /// `providerCollateral` of the roster's lock is released first, as for any unit, because StakeManager
+    /// caps a slashed account's `locked` at what stays bonded, which would otherwise eat into the locks of
+    /// the provider's other units once the roster releases its own; the roster then releases that much less.
+    /// Once the roster's lock is spent by earlier slashes, nothing more is released.
+    function _unlockProvider(Unit memory u, address provider, bool slashing) internal {
+        if (!u.rostered) {
+            stakes.unlock(provider, _providerCollateral);
+            return;
+        }
+        if (!slashing) return;
+        RosterLock storage lock = _rosterLocks[u.orderId][provider];
+        if (lock.released + _providerCollateral > lock.held) return;
+        lock.released += uint128(_providerCollateral); // <= held
+        stakes.unlock(provider, _providerCollateral);
+    }
+
+    /// @dev An account's fault + fraud count mod 256: a roster compares it at close with its value at open.
+    function _faultMark(Account memory account) internal pure returns (uint256) {
+        return (uint256(account.fault) + account.fraud) & 0xff;
+    }
+
+    /// @dev A set-aside round-path unit has settled for good: its roster may close once none is left.
+    function _closeSetAside(Unit memory u) internal {
+        if (u.rostered) _rosters[u.orderId].openSetAside -= 1;
     }
 
     function _useNonce(address account, uint256 given) internal override {
@@ -1076,6 +1158,7 @@ abstract contract JobMarketVerdicts is JobMarketDelegate {
         _settleVerdict(
             unitId, u, outcomes, signers, fraudMask == 0 ? 0 : fraudMask | (signerMask << 8) | (block.timestamp << 16)
         );
+        if (fraudMask == 0) _closeSetAside(u); // else when its held fraud settles
         emit VerdictRecorded(unitId, outcomes, outcomesHash, signers);
     }
 
@@ -1110,6 +1193,7 @@ abstract contract JobMarketVerdicts is JobMarketDelegate {
     {
         Unit memory u = _units[unitId];
         (uint256 paidCount, uint256 slashed) = _applyOutcomes(unitId, u, truth, held, slashTo);
+        _closeSetAside(u);
         return _creditHeld(unitId, u, held, paidCount, slashed, slashTo == address(this));
     }
 
@@ -1157,8 +1241,9 @@ abstract contract JobMarketVerdicts is JobMarketDelegate {
         uint256 penalties;
         for (uint256 i; i < u.replicas; ++i) {
             address provider = _partyAt(unitId, i);
-            stakes.unlock(provider, _providerCollateral);
-            if (u.revealedMask & (1 << i) != 0) continue;
+            bool revealed = u.revealedMask & (1 << i) != 0;
+            _unlockProvider(u, provider, !revealed && u.committedMask & (1 << i) != 0);
+            if (revealed) continue;
             _recordFault(provider);
             if (u.committedMask & (1 << i) != 0) penalties += _penalizeWithholding(unitId, provider);
         }
@@ -1170,6 +1255,7 @@ abstract contract JobMarketVerdicts is JobMarketDelegate {
             _accounts[order.buyer].credit += SafeCast.toUint128(penalties);
             _totals.credits += SafeCast.toUint128(penalties);
         }
+        _closeSetAside(u);
         emit UnitExpired(unitId);
     }
 }
@@ -1192,11 +1278,17 @@ abstract contract JobMarketVerdicts is JobMarketDelegate {
 ///   write per provider per order), counts them valid, releases the collateral, returns unspent budget and
 ///   the unused verifier fees to the order.
 ///
-/// Not built yet (docs/studies/round-settlement/PLAN.md step 2): a unit that needs a verdict (drawn, or its
-/// replicas disagree) refuses the step ({RoundUnitNeedsVerdict}) instead of moving to the per-unit dispute
-/// path, so does a missing opening; such a round stays pending and is paid to nobody when the roster is
-/// closed after the order's deadline. Providers on probation are refused at {openRoster} for the same
-/// reason (their units are always drawn). The market service does not use this path yet.
+/// A unit that needs a verdict — drawn, its replicas disagree, or one of its providers is below the
+/// roster's required streak (on probation, or a fault or fraud since the roster opened) — is set aside by
+/// the step that reveals it: it becomes an ordinary unit (revealed, drawn, with the verifiers the operator
+/// passes to that step) that settles on the per-unit path ({submitVerdict}, held fraud, appeals,
+/// {expireUnit}) while the roster keeps its providers' collateral until both are settled. A replica that
+/// does not open its commitment within `revealWindow` of the round's commit does not hold the round up:
+/// the step gives its slot as withheld (with its commitment, as signed), its unit is set aside with that
+/// replica committed and unrevealed, and the verdict can only call it a fault, which costs it
+/// `withholdPenalty` of stake (as on the per-unit path). A provider whose opening the relayer leaves out
+/// publishes it itself before the window ends ({publishOpening}); a step then takes it from the chain. The
+/// market service does not use this path yet.
 abstract contract JobMarketRounds is JobMarketDelegate {
     /// @notice A replica's commitment for one round's unit with its compact (EIP-2098) `UnitCommit`
     /// signature: three words of calldata instead of seven.
@@ -1215,8 +1307,9 @@ abstract contract JobMarketRounds is JobMarketDelegate {
     /// @notice Opens the roster of `orderId`: `rounds` rounds of `unitsPerRound` units of `replicas` replicas
     /// each, replica slot `i = unit * replicas + replica` worked by `providers[(layout >> 5 * i) & 31]`
     /// (distinct providers within a unit, every provider used). Each provider signs
-    /// `Accept(orderId, rosterKey, provider, nonce, deadline)`. Every provider must be past probation and, for
-    /// fewer replicas than the order's most, have the order's trusted streak.
+    /// `Accept(orderId, rosterKey, provider, nonce, deadline)`. For fewer replicas than the order's most,
+    /// every provider needs the order's trusted streak; a provider on probation is taken, and every unit it
+    /// works is set aside for a verdict.
     function openRoster(
         uint256 orderId,
         address[] calldata providers,
@@ -1241,14 +1334,17 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         }
         uint256[] memory uses = _slotsPerProvider(providers, layout, replicas, unitsPerRound);
         uint256 required = replicas < order.replicas ? order.trustedStreak : 0;
-        if (required < _probationStreak) required = _probationStreak;
+        uint16 requiredStreak = required < _probationStreak ? _probationStreak : uint16(required);
         bytes32 key = _rosterKey(providers, layout, replicas, unitsPerRound, rounds);
+        uint256 faultMarks;
         for (uint256 p; p < providers.length; ++p) {
             address provider = providers[p];
             for (uint256 q; q < p; ++q) {
                 if (providers[q] == provider) revert DuplicateParty(provider);
             }
-            if (_accounts[provider].consecutiveValid < required) revert ProviderNotTrusted(provider, uint16(required));
+            Account memory account = _accounts[provider];
+            if (account.consecutiveValid < required) revert ProviderNotTrusted(provider, uint16(required));
+            faultMarks |= _faultMark(account) << (8 * p);
             _acceptProvider(orderId, key, provider, accepts[p]);
             stakes.lock(provider, uses[p] * _providerCollateral);
         }
@@ -1256,13 +1352,17 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         order.openUnits += uint32(units); // <= order.units
         _rosters[orderId] = Roster({
             partiesHash: key,
-            unitsPerRound: unitsPerRound,
+            unitsPerRound: uint8(unitsPerRound), // <= 51: checked by _slotsPerProvider
+            requiredStreak: requiredStreak,
             rounds: rounds,
             committed: 0,
             pendingBlock: 0,
             pendingSince: 0,
             replicas: replicas,
-            closed: false
+            closed: false,
+            setAsideUnits: 0,
+            openSetAside: 0,
+            faultMarks: faultMarks
         });
         emit RosterOpened(orderId, providers, layout, replicas, unitsPerRound, rounds);
     }
@@ -1271,20 +1371,27 @@ abstract contract JobMarketRounds is JobMarketDelegate {
     /// order) and commits the next (when `works` is not empty: every replica slot's commitment and its
     /// `UnitCommit(roundUnitId(orderId, round, unit), provider, commitment, deadline)` signature). Anyone
     /// may relay: the signatures and openings are the authorization. The pending round is revealed only in
-    /// a later block than the one that committed it, and each of its units must be unanimous and not drawn.
-    /// With no round pending, `openings` are ignored: whoever revealed it first (anyone may copy openings
+    /// a later block than the one that committed it; a unit that needs a verdict is set aside (see the
+    /// contract's notice) with `verifiers` (the operator's: at least `minVerifiers`, none of the unit's
+    /// providers, each locking `verifierCollateral`), so a step that sets a unit aside must come from the
+    /// operator ({RoundUnitNeedsVerdict} otherwise). Bit `i` of `withheld` gives slot `i` as not opened
+    /// (only after the round's reveal window, {RoundRevealWindowOpen}): its entry in `openings` then carries
+    /// the slot's commitment in `resultDigest` (its salt is ignored), and the slot counts as revealed only if
+    /// its provider published its opening ({publishOpening}). With no round pending, `openings` are ignored: whoever revealed it first (anyone may copy openings
     /// from a pending transaction) does not make the relayer's reveal-and-commit fail.
     function stepRound(
         uint256 orderId,
         address[] calldata providers,
         uint256 layout,
         Opening[] calldata openings,
+        uint256 withheld,
+        address[] calldata verifiers,
         uint256 deadline,
         RoundWork[] calldata works
     ) external onlyDelegated {
         Roster memory roster = _openRoster(orderId, providers, layout);
         if (roster.pendingBlock != 0) {
-            _revealRound(orderId, roster, providers, layout, openings);
+            _revealRound(orderId, roster, providers, layout, openings, withheld, verifiers);
             roster.pendingBlock = 0;
             roster.pendingSince = 0;
         } else if (works.length == 0) {
@@ -1292,15 +1399,51 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         }
         if (works.length != 0) {
             _commitRound(orderId, roster, providers, layout, deadline, works);
-            roster.pendingBlock = uint48(block.number);
+            roster.pendingBlock = uint40(block.number);
             roster.pendingSince = uint40(block.timestamp);
             roster.committed += 1;
         }
         _rosters[orderId] = roster;
     }
 
+    /// @notice Publishes the opening of replica slot `slot` of the pending round, so that a step cannot give
+    /// it as withheld: for a provider whose relayer leaves its opening out. `commitments` are every slot's
+    /// commitment of the round (public: the commit step's calldata), checked against the round's hash.
+    /// Permissionless: the opening is the authorization.
+    function publishOpening(
+        uint256 orderId,
+        address[] calldata providers,
+        uint256 layout,
+        uint256 slot,
+        bytes32 resultDigest,
+        bytes32 salt,
+        bytes32[] calldata commitments
+    ) external onlyDelegated {
+        Roster memory roster = _openRoster(orderId, providers, layout);
+        if (roster.pendingBlock == 0) revert NoRoundToStep(orderId, roster.committed);
+        uint256 k = roster.replicas;
+        if (commitments.length != roster.unitsPerRound * k) {
+            revert EntryCountMismatch(roster.unitsPerRound * k, commitments.length);
+        }
+        if (slot >= commitments.length) revert InvalidLayout(slot);
+        uint32 round = roster.committed - 1;
+        bytes32 chained = _chain(bytes32(orderId), bytes32(uint256(round)));
+        for (uint256 i; i < commitments.length; ++i) {
+            chained = _chain(chained, commitments[i]);
+        }
+        if (chained != _roundHashes[orderId]) revert RoundHashMismatch(orderId, round);
+        address provider = providers[(layout >> (5 * slot)) & 31];
+        uint256 unitId = _roundUnitId(orderId, round, slot / k);
+        if (_commitmentOf(resultDigest, salt, provider, unitId) != commitments[slot]) {
+            revert RevealMismatch(unitId, provider);
+        }
+        _publishedOpenings[_roundUnitId(orderId, round, slot)] = resultDigest;
+        emit OpeningPublished(orderId, round, slot, resultDigest);
+    }
+
     /// @notice Closes the roster: each provider is credited its price and counted valid for every replica
-    /// slot it holds in every revealed round, its collateral is released, and the budget of the units not
+    /// slot it holds in every revealed round but set-aside units (their verdicts paid them), its collateral
+    /// is released (no set-aside unit may still be open or hold fraud), and the budget of the units not
     /// paid (a round left pending, rounds never committed) and every unit's verifier fee return to the
     /// order. Anyone may close once every round is revealed, or after the order's deadline and, when a round
     /// is pending, the reveal window after its commit (so that a buyer closing at the deadline cannot cut
@@ -1318,6 +1461,7 @@ abstract contract JobMarketRounds is JobMarketDelegate {
             if (roster.pendingBlock != 0 && revealEnds > closableAfter) closableAfter = revealEnds;
             if (block.timestamp <= closableAfter) revert RosterNotClosable(orderId, closableAfter);
         }
+        if (roster.openSetAside != 0) revert UnitsStillOpen(orderId, roster.openSetAside);
         uint32 settled = roster.committed - (roster.pendingBlock != 0 ? 1 : 0);
         uint256[] memory uses = _slotsPerProvider(providers, layout, roster.replicas, roster.unitsPerRound);
         uint128 price = order.pricePerReplica;
@@ -1325,20 +1469,27 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         for (uint256 p; p < providers.length; ++p) {
             address provider = providers[p];
             uint256 count = uses[p] * settled;
+            uint256 release = uses[p] * _providerCollateral;
+            if (roster.setAsideUnits != 0) {
+                count -= _setAsideSlots[orderId][p];
+                release -= _rosterLocks[orderId][provider].released;
+            }
             if (count != 0) {
                 Account memory account = _accounts[provider];
                 account.credit += uint128(count * price);
                 account.valid += uint32(count);
-                account.consecutiveValid += uint32(count);
+                if (_faultMark(account) == (roster.faultMarks >> (8 * p)) & 0xff) {
+                    account.consecutiveValid += uint32(count);
+                }
                 _accounts[provider] = account;
                 paid += count * price;
             }
-            stakes.unlock(provider, uses[p] * _providerCollateral);
+            stakes.unlock(provider, release);
         }
-        uint256 units = uint256(roster.unitsPerRound) * roster.rounds;
+        uint256 units = uint256(roster.unitsPerRound) * roster.rounds - roster.setAsideUnits; // the rest settle alone
         uint256 reserved = units * (roster.replicas * uint256(price) + order.verifierFeePerUnit);
         order.balance += uint128(reserved - paid);
-        order.delivered += roster.unitsPerRound * settled;
+        order.delivered += roster.unitsPerRound * settled - roster.setAsideUnits;
         order.openUnits -= uint32(units);
         roster.closed = true;
         _rosters[orderId] = roster;
@@ -1361,44 +1512,156 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         if (key != roster.partiesHash) revert RosterMismatch(orderId);
     }
 
-    /// @dev Checks the round's openings against its chained commitments and every unit's unanimity and draw.
+    /// @dev Checks the round's openings against its chained commitments, then sets aside every unit that
+    /// needs a verdict.
     function _revealRound(
         uint256 orderId,
         Roster memory roster,
         address[] calldata providers,
         uint256 layout,
-        Opening[] calldata openings
+        Opening[] calldata openings,
+        uint256 withheld,
+        address[] calldata verifiers
     ) private {
         uint256 k = roster.replicas;
         uint256 unitCount = roster.unitsPerRound;
         if (openings.length != unitCount * k) revert EntryCountMismatch(unitCount * k, openings.length);
         uint256 seedBlock = roster.pendingBlock;
         if (block.number <= seedBlock) revert RoundRevealTooEarly(orderId, seedBlock);
-        bytes32 seed = blockhash(seedBlock); // zero after 256 blocks: every unit counts as drawn
         uint32 round = roster.committed - 1;
+        if (withheld != 0) {
+            uint64 windowEnd = roster.pendingSince + _revealWindow;
+            if (block.timestamp <= windowEnd) revert RoundRevealWindowOpen(orderId, windowEnd);
+        }
+        bytes32 seed = blockhash(seedBlock); // zero after 256 blocks: every unit counts as drawn
+        uint256 weak = _weakProviders(roster.requiredStreak, providers);
         bytes32 chained = _chain(bytes32(orderId), bytes32(uint256(round)));
-        bytes32[] memory digests = new bytes32[](unitCount);
-        uint256 refused = type(uint256).max;
-        bool drawn;
+        bytes32[] memory digests = new bytes32[](unitCount); // replica 0's of each unit
+        uint256 setAside; // bit u: unit u needs a verdict
+        uint256 split; // bit u: its replicas disagree, or one did not reveal
         for (uint256 unit; unit < unitCount; ++unit) {
             uint256 unitId = _roundUnitId(orderId, round, unit);
-            bytes32 digest = openings[unit * k].resultDigest;
-            bool unanimous = true;
+            bool drawn = _drawnBy(unitId, uint8(k), seed);
             for (uint256 i = unit * k; i < (unit + 1) * k; ++i) {
-                Opening calldata opening = openings[i];
-                address provider = providers[(layout >> (5 * i)) & 31];
-                chained = _chain(chained, _commitmentOf(opening.resultDigest, opening.salt, provider, unitId));
-                unanimous = unanimous && opening.resultDigest == digest;
+                uint256 index = (layout >> (5 * i)) & 31;
+                bytes32 commitment = openings[i].resultDigest; // a withheld slot's entry carries it
+                bytes32 digest = commitment;
+                if (withheld & (1 << i) == 0) {
+                    commitment = _commitmentOf(digest, openings[i].salt, providers[index], unitId);
+                } else {
+                    digest = _slotValue(orderId, round, i, commitment);
+                    if (digest == commitment) split |= 1 << unit; // not opened: a verdict decides
+                }
+                chained = _chain(chained, commitment);
+                if (i == unit * k) digests[unit] = digest;
+                else if (digest != digests[unit]) split |= 1 << unit;
+                if (weak & (1 << index) != 0) drawn = true;
             }
-            digests[unit] = digest;
-            if (refused == type(uint256).max && (!unanimous || _drawnBy(unitId, uint8(k), seed))) {
-                refused = unit;
-                drawn = unanimous;
-            }
+            if (drawn || split & (1 << unit) != 0) setAside |= 1 << unit;
         }
         if (chained != _roundHashes[orderId]) revert RoundHashMismatch(orderId, round);
-        if (refused != type(uint256).max) revert RoundUnitNeedsVerdict(orderId, round, refused, drawn);
         emit RoundRevealed(orderId, round, digests);
+        if (setAside == 0) return;
+        uint256[] memory uses = _slotsPerProvider(providers, layout, k, unitCount);
+        uint256 verifierCount = verifiers.length;
+        for (uint256 unit; unit < unitCount; ++unit) {
+            if (setAside & (1 << unit) == 0) continue;
+            if (!hasRole(OPERATOR_ROLE, msg.sender) || verifierCount < _minVerifiers || verifierCount > MAX_VERIFIERS) {
+                revert RoundUnitNeedsVerdict(orderId, round, unit, split & (1 << unit) == 0);
+            }
+            _setAside(orderId, round, unit, k, providers, layout, openings, withheld, verifiers, uses);
+            roster.setAsideUnits += 1;
+            roster.openSetAside += 1;
+        }
+    }
+
+    /// @dev A withheld slot's value: its published opening's digest, or (none published) its commitment.
+    function _slotValue(uint256 orderId, uint32 round, uint256 slot, bytes32 commitment)
+        private
+        view
+        returns (bytes32 value)
+    {
+        value = _publishedOpenings[_roundUnitId(orderId, round, slot)];
+        if (value == 0) value = commitment;
+    }
+
+    /// @dev The roster providers (as a bit mask of their indices) whose consecutive valid units are below
+    /// the roster's `requiredStreak`. A fault or fraud since the roster opened resets a streak, so from then
+    /// on every unit the provider works is checked.
+    function _weakProviders(uint256 required, address[] calldata providers) private view returns (uint256 weak) {
+        if (required == 0) return 0;
+        for (uint256 p; p < providers.length; ++p) {
+            if (_accounts[providers[p]].consecutiveValid < required) weak |= 1 << p;
+        }
+    }
+
+    /// @dev Makes unit `unit` of `round` an ordinary unit in state Revealing, every replica committed, each
+    /// revealed digest (or an unrevealed replica's commitment) stored as the per-unit path stores them,
+    /// drawn, its reveal deadline a second ago so that its verdict window is open from now (until
+    /// `verdictWindow` later): the per-unit dispute path takes it from here.
+    function _setAside(
+        uint256 orderId,
+        uint32 round,
+        uint256 unit,
+        uint256 k,
+        address[] calldata providers,
+        uint256 layout,
+        Opening[] calldata openings,
+        uint256 withheld,
+        address[] calldata verifiers,
+        uint256[] memory uses
+    ) private {
+        uint256 unitId = _unitCounter.count + 1;
+        _unitCounter.count = uint128(unitId);
+        address[] memory unitProviders = new address[](k);
+        uint256 partyIds;
+        uint256 unrevealed; // bit r: replica r did not open
+        for (uint256 r; r < k; ++r) {
+            uint256 slot = unit * k + r;
+            uint256 index = (layout >> (5 * slot)) & 31;
+            unitProviders[r] = providers[index];
+            partyIds |= _partyIdOf(providers[index]) << (r * PARTY_ID_BITS);
+            bytes32 value = openings[slot].resultDigest;
+            if (withheld & (1 << slot) != 0) {
+                value = _slotValue(orderId, round, slot, value);
+                if (value == openings[slot].resultDigest) unrevealed |= 1 << r;
+            }
+            _digests[unitId][r] = value;
+            _setAsideSlots[orderId][index] += 1;
+            _rosterLocks[orderId][providers[index]].held = uint128(uses[index] * _providerCollateral);
+        }
+        for (uint256 i; i < verifiers.length; ++i) {
+            address verifier = verifiers[i];
+            for (uint256 r; r < k; ++r) {
+                if (unitProviders[r] == verifier) revert DuplicateParty(verifier);
+            }
+            for (uint256 j; j < i; ++j) {
+                if (verifiers[j] == verifier) revert DuplicateParty(verifier);
+            }
+            partyIds |= _partyIdOf(verifier) << ((k + i) * PARTY_ID_BITS);
+        }
+        _unitParties[unitId] = partyIds;
+        stakes.lockBatch(verifiers, _verifierCollateral);
+        uint40 closed = uint40(block.timestamp) - 1; // its commit and reveal phases are over: verdicts open now
+        uint8 all = _fullMask(uint8(k));
+        uint8 revealed = all & ~uint8(unrevealed);
+        _units[unitId] = Unit({
+            orderId: uint64(orderId),
+            commitDeadline: closed,
+            revealDeadline: closed,
+            state: UnitState.Revealing,
+            replicas: uint8(k),
+            verifierCount: uint8(verifiers.length),
+            committedMask: all,
+            revealedMask: revealed,
+            drawn: true,
+            page: 0,
+            seedBlock: 0,
+            rostered: true
+        });
+        emit UnitAssigned(unitId, orderId, bytes32(_roundUnitId(orderId, round, unit)), unitProviders, verifiers, closed);
+        emit VerificationRequested(unitId);
+        emit UnitSetAside(orderId, round, unit, unitId);
     }
 
     /// @dev Checks every replica slot's signed commitment for round `roster.committed` and stores their
@@ -1426,8 +1689,7 @@ abstract contract JobMarketRounds is JobMarketDelegate {
             if (i % k == 0) unitId = _roundUnitId(orderId, round, i / k);
             RoundWork calldata work = works[i];
             address provider = providers[(layout >> (5 * i)) & 31];
-            bytes32 structHash =
-                keccak256(abi.encode(UNIT_COMMIT_TYPEHASH, unitId, provider, work.commitment, deadline));
+            bytes32 structHash = _unitCommitHash(unitId, provider, work.commitment, deadline);
             (address recovered,,) =
                 ECDSA.tryRecover(MessageHashUtils.toTypedDataHash(domain, structHash), work.r, work.vs);
             if (recovered != provider) revert InvalidSigner(provider, recovered);
@@ -1435,6 +1697,25 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         }
         _roundHashes[orderId] = chained;
         emit RoundCommitted(orderId, round);
+    }
+
+    /// @dev keccak256(abi.encode(UNIT_COMMIT_TYPEHASH, unitId, provider, commitment, deadline)) without
+    /// allocating (one per replica slot of a round).
+    function _unitCommitHash(uint256 unitId, address provider, bytes32 commitment, uint256 deadline)
+        private
+        pure
+        returns (bytes32 structHash)
+    {
+        bytes32 typeHash = UNIT_COMMIT_TYPEHASH;
+        assembly ("memory-safe") {
+            let ptr := mload(0x40)
+            mstore(ptr, typeHash)
+            mstore(add(ptr, 0x20), unitId)
+            mstore(add(ptr, 0x40), and(provider, 0xffffffffffffffffffffffffffffffffffffffff))
+            mstore(add(ptr, 0x60), commitment)
+            mstore(add(ptr, 0x80), deadline)
+            structHash := keccak256(ptr, 0xa0)
+        }
     }
 
     /// @dev How many replica slots of a round each provider holds, after checking the layout: every index in
@@ -1710,7 +1991,8 @@ contract JobMarket is JobMarketBase {
             revealedMask: 0,
             drawn: probation,
             page: page,
-            seedBlock: 0
+            seedBlock: 0,
+            rostered: false
         });
         emit UnitAssigned(unitId, orderId, unitKey, providers, verifiers, commitDeadline);
         if (probation) emit VerificationRequested(unitId);
@@ -1889,8 +2171,17 @@ contract JobMarket is JobMarketBase {
         uint256,
         JobMarketRounds.Opening[] calldata,
         uint256,
+        address[] calldata,
+        uint256,
         JobMarketRounds.RoundWork[] calldata
     ) external {
+        _delegate();
+    }
+
+    /// @notice Publishes a provider's opening of the pending round; see {JobMarketRounds-publishOpening}.
+    function publishOpening(uint256, address[] calldata, uint256, uint256, bytes32, bytes32, bytes32[] calldata)
+        external
+    {
         _delegate();
     }
 

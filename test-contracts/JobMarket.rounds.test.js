@@ -93,12 +93,19 @@ const roundHashOf = (R, round) =>
 const unitDigests = (R, round) =>
   Array.from({ length: R.unitsPerRound }, (_, u) => slotData(R, round, u * R.replicas).resultDigest);
 
-/** stepRound revealing `reveal` (a round, or null) and committing `commit` (a round, or null). */
-async function step(R, { reveal = null, commit = null, caller, ...opts } = {}) {
+const addrsOf = (accounts) => accounts.map((x) => x.address ?? x);
+
+/** stepRound revealing `reveal` (a round, or null) and committing `commit` (a round, or null), with `verifiers`
+ * (signers or addresses) for the units the reveal sets aside. */
+async function step(R, { reveal = null, commit = null, caller, verifiers = [], ...opts } = {}) {
   const openings = reveal === null ? [] : openingsFor(R, reveal);
   const { works, deadline } = commit === null ? { works: [], deadline: 0n } : await worksFor(R, commit, opts);
-  return R.sys.market.connect(caller ?? R.sys.other).stepRound(R.orderId, R.addrs, R.layout, openings, deadline, works);
+  return R.sys.market.connect(caller ?? R.sys.other)
+    .stepRound(R.orderId, R.addrs, R.layout, openings, 0, addrsOf(verifiers), deadline, works);
 }
+
+/** The operator's step, with `verifiers` for the units it sets aside. */
+const opStep = (R, verifiers, args = {}) => step(R, { ...args, caller: R.sys.operator, verifiers });
 
 const closeTx = (R, caller) => R.sys.market.connect(caller ?? R.sys.other).closeRoster(R.orderId, R.addrs, R.layout);
 
@@ -109,7 +116,82 @@ async function lockedOf(sys, account) {
 async function rosterState(sys, orderId) {
   const [r, pending] = await sys.market.getRoster(orderId);
   return { partiesHash: r.partiesHash, unitsPerRound: r.unitsPerRound, rounds: r.rounds, committed: r.committed,
-    pendingBlock: r.pendingBlock, replicas: r.replicas, closed: r.closed, pending };
+    pendingBlock: r.pendingBlock, pendingSince: r.pendingSince, replicas: r.replicas, closed: r.closed,
+    requiredStreak: r.requiredStreak, setAsideUnits: r.setAsideUnits, openSetAside: r.openSetAside, pending };
+}
+
+/** Everything a refused step must leave as it was: the roster (pending round included) and the unit count. */
+async function chainState(sys, orderId) {
+  return { roster: await rosterState(sys, orderId), unitCount: await sys.market.unitCount() };
+}
+
+/** The spot-check draw of round unit `unitId` by seed `seed` (the hash of the block that committed its round;
+ * zero once more than 256 blocks old: drawn), the contract's `_drawnBy`. */
+function drawnBy(seed, unitId, rate) {
+  if (seed === ethers.ZeroHash) return true;
+  return BigInt(ethers.keccak256(coder.encode(["bytes32", "uint256"], [seed, unitId]))) % 1_000_000n < BigInt(rate);
+}
+
+/** Sends `send()` (a step that commits round `round`) until the hash of its block draws exactly the units in `want`
+ * (one bool per unit) at spot-check rate `rate`: each miss is reverted and retried at a later timestamp. */
+async function commitDrawing(R, round, rate, want, send) {
+  for (let attempt = 1; attempt <= 100; attempt++) {
+    const snapshot = await network.provider.send("evm_snapshot", []);
+    await time.setNextBlockTimestamp((await time.latest()) + BigInt(attempt));
+    const tx = await send();
+    const block = await ethers.provider.getBlock((await tx.wait()).blockNumber);
+    const drawn = want.map((_, u) => drawnBy(block.hash, roundUnitIdOf(R.orderId, round, u), rate));
+    if (drawn.every((d, u) => d === want[u])) return tx;
+    await network.provider.send("evm_revert", [snapshot]);
+  }
+  throw new Error(`no block drew ${want} in 100 tries`);
+}
+
+/** The UnitSetAside events of a step: [{ round, unit, unitId }]. */
+async function setAsideOf(R, tx) {
+  const receipt = await tx.wait();
+  return receipt.logs.map((l) => R.sys.market.interface.parseLog(l)).filter((e) => e && e.name === "UnitSetAside")
+    .map((e) => ({ round: e.args.round, unit: e.args.unit, unitId: e.args.unitId }));
+}
+
+const timestampOf = async (tx) => BigInt((await ethers.provider.getBlock((await tx.wait()).blockNumber)).timestamp);
+
+/** Checks the step `tx` set aside unit `unit` of `round` as unit `unitId` with `verifiers`: its events and the
+ * per-unit views of it (revealed, drawn, every replica's digest, verdict window open from the step, which
+ * is one second after its reveal deadline). */
+async function expectSetAside(R, tx, round, unit, unitId, verifiers) {
+  const { market } = R.sys;
+  const k = R.replicas;
+  const at = (await timestampOf(tx)) - 1n; // its commit and reveal phases ended a second before the step
+  const slots = Array.from({ length: k }, (_, r) => slotData(R, round, unit * k + r));
+  await expect(tx).to.emit(market, "UnitSetAside").withArgs(R.orderId, round, unit, unitId);
+  await expect(tx).to.emit(market, "UnitAssigned").withArgs(unitId, R.orderId, word(roundUnitIdOf(R.orderId, round, unit)),
+    slots.map((d) => d.provider.address), addrsOf(verifiers), at);
+  await expect(tx).to.emit(market, "VerificationRequested").withArgs(unitId);
+  const u = await market.getUnit(unitId);
+  const all = BigInt((1 << k) - 1);
+  expect([u.orderId, u.state, u.replicas, u.verifierCount, u.committedMask, u.revealedMask, u.drawn, u.commitDeadline,
+    u.revealDeadline, u.verdictDeadline]).to.deep.equal([R.orderId, h.UNIT_STATE.Revealing, BigInt(k),
+    BigInt(verifiers.length), all, all, true, at, at, at + PARAMS.verdictWindow]);
+  for (let r = 0; r < k; r++) {
+    expect(await market.replicaOf(unitId, r)).to.deep.equal([slots[r].provider.address, slots[r].resultDigest, true, true]);
+  }
+  await expect(market.replicaOf(unitId, k)).to.be.revertedWithCustomError(market, "ReplicaIndexOutOfRange")
+    .withArgs(unitId, k);
+  expect(await market.verifiersOf(unitId)).to.deep.equal(addrsOf(verifiers));
+  expect(await market.verdictHashOf(unitId)).to.equal(ethers.ZeroHash);
+}
+
+/** submitVerdict of `outcomes` signed by `signers`, relayed by a third party. */
+async function verdict(sys, unitId, outcomes, signers) {
+  const sigs = [];
+  for (const v of signers) sigs.push(await h.signVerdict(sys.market, v, unitId, outcomes));
+  return sys.market.connect(sys.other).submitVerdict(unitId, outcomes, sigs);
+}
+
+async function orderFields(sys, orderId) {
+  const o = await sys.market.getOrder(orderId);
+  return { balance: o.balance, delivered: o.delivered, openUnits: o.openUnits, closed: o.closed };
 }
 
 async function expectSolventLoose(sys) {
@@ -175,7 +257,8 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
         expect(await stakes.freeStake(p.address)).to.equal(200n * E18 - 2n * COLLATERAL);
       }
       expect(await rosterState(sys, orderId)).to.deep.equal({ partiesHash: key, unitsPerRound: 2n, rounds: 3n,
-        committed: 0n, pendingBlock: 0n, replicas: 3n, closed: false, pending: ethers.ZeroHash });
+        committed: 0n, pendingBlock: 0n, pendingSince: 0n, replicas: 3n, closed: false, requiredStreak: 0n,
+        setAsideUnits: 0n, openSetAside: 0n, pending: ethers.ZeroHash });
       expect(await market.totalEscrow()).to.equal(ESCROW);
       await expectSolventLoose(sys);
 
@@ -453,24 +536,83 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       await expectSolventLoose(sys);
     });
 
-    it("refuses providers on probation (probationStreak 1) until they have a valid unit", async function () {
+    it("takes a provider on probation (probationStreak 1): each of its units is set aside, verified and paid by verdict",
+      async function () {
       const sys = await h.fundedSystem({ ...PARAMS, probationStreak: 1 });
-      const { market } = sys;
+      const { market, stakes } = sys;
+      const [a, b, c, d] = sys.providers;
+      const [v1, v2] = sys.verifiers;
       const { orderId } = await h.postOrder(sys, { units: 8 });
-      const R = rosterOf(sys, orderId, sys.providers.slice(0, 3), { rounds: 1 });
-      await expect(openRoster(R)).to.be.revertedWithCustomError(market, "ProviderNotTrusted")
-        .withArgs(sys.providers[0].address, 1);
-      // one unit on the per-unit path: drawn (probation), settled by a verdict accepting all
-      const { unitId, providers } = await h.assignUnit(sys, orderId);
-      const digests = providers.map(() => h.digestOf("same"));
-      await h.commitAll(sys, unitId, providers, digests);
-      await h.revealAll(sys, unitId, providers, digests);
-      const outcomes = [0, 0, 0];
-      const sigs = [];
-      for (const v of sys.verifiers.slice(0, 2)) sigs.push(await h.signVerdict(market, v, unitId, outcomes));
-      await market.connect(sys.other).submitVerdict(unitId, outcomes, sigs);
-      expect((await market.reputationOf(providers[0].address)).consecutiveValid).to.equal(1n);
-      await expect(openRoster(R)).to.emit(market, "RosterOpened");
+      // a, b, c leave probation with one per-unit unit (drawn: probation), accepted by a verdict; d stays new
+      const first = await h.assignUnit(sys, orderId);
+      const same = first.providers.map(() => h.digestOf("same"));
+      await h.commitAll(sys, first.unitId, first.providers, same);
+      await h.revealAll(sys, first.unitId, first.providers, same);
+      await verdict(sys, first.unitId, [0, 0, 0], [v1, v2]);
+      for (const p of [a, b, c]) expect(await market.reputationOf(p.address)).to.deep.equal([1n, 0n, 0n, 1n]);
+      expect(await market.reputationOf(d.address)).to.deep.equal([0n, 0n, 0n, 0n]);
+
+      // unit 0: a b c, unit 1: a b d. The roster takes d on probation (no ProviderNotTrusted any more)
+      const R = rosterOf(sys, orderId, [a, b, c, d], { slots: [0, 1, 2, 0, 1, 3], rounds: 3 });
+      await expect(openRoster(R)).to.emit(market, "RosterOpened").withArgs(orderId, R.addrs, R.layout, 3, 2, 3);
+      expect(await lockedOf(sys, d)).to.equal(COLLATERAL);
+      expect(await rosterState(sys, orderId)).to.include({ requiredStreak: 1n, setAsideUnits: 0n, openSetAside: 0n });
+      await step(R, { commit: 0 });
+      // round 0: d's unit needs a verdict: refused to anyone but the operator with verifiers
+      await expect(step(R, { reveal: 0, commit: 1, verifiers: [v1, v2] }))
+        .to.be.revertedWithCustomError(market, "RoundUnitNeedsVerdict").withArgs(orderId, 0, 1, true);
+      await expect(opStep(R, [], { reveal: 0, commit: 1 }))
+        .to.be.revertedWithCustomError(market, "RoundUnitNeedsVerdict").withArgs(orderId, 0, 1, true);
+      const tx0 = await opStep(R, [v1, v2], { reveal: 0, commit: 1 });
+      await expect(tx0).to.emit(market, "RoundRevealed").withArgs(orderId, 0, unitDigests(R, 0));
+      await expectSetAside(R, tx0, 0, 1, 2n, [v1, v2]);
+      expect(await setAsideOf(R, tx0)).to.deep.equal([{ round: 0n, unit: 1n, unitId: 2n }]); // unit 0 (a b c) is not
+      // round 1 revealed before that verdict: d is still on probation, its unit is set aside again. c, a roster
+      // provider outside unit 1, may verify it; a, one of its providers, may not
+      await expect(opStep(R, [v1, a], { reveal: 1, commit: 2 }))
+        .to.be.revertedWithCustomError(market, "DuplicateParty").withArgs(a.address);
+      const tx1 = await opStep(R, [v1, c], { reveal: 1, commit: 2 });
+      await expectSetAside(R, tx1, 1, 1, 3n, [v1, c]);
+      expect(await setAsideOf(R, tx1)).to.deep.equal([{ round: 1n, unit: 1n, unitId: 3n }]);
+      expect(await rosterState(sys, orderId)).to.include({ committed: 3n, setAsideUnits: 2n, openSetAside: 2n });
+      expect(await lockedOf(sys, v1)).to.equal(2n * PARAMS.verifierCollateral);
+      expect(await lockedOf(sys, c)).to.equal(COLLATERAL + PARAMS.verifierCollateral);
+
+      // both verified: every replica accepted and paid by its verdict; d is off probation
+      await verdict(sys, 2n, [0, 0, 0], [v1, v2]);
+      await verdict(sys, 3n, [0, 0, 0], [c, v1]);
+      expect(await market.reputationOf(d.address)).to.deep.equal([2n, 0n, 0n, 2n]);
+      expect(await market.credits(d.address)).to.equal(2n * PRICE);
+      expect(await lockedOf(sys, d)).to.equal(COLLATERAL); // the roster's, until it closes
+      expect(await lockedOf(sys, c)).to.equal(COLLATERAL);
+      for (const v of [v1, v2]) expect(await lockedOf(sys, v)).to.equal(0n);
+      expect(await rosterState(sys, orderId)).to.include({ setAsideUnits: 2n, openSetAside: 0n });
+      // round 2: nobody below the streak now, anyone reveals it with no verifiers
+      const tx2 = await step(R, { reveal: 2 });
+      await expect(tx2).to.emit(market, "RoundRevealed").withArgs(orderId, 2, unitDigests(R, 2));
+      await expect(tx2).to.not.emit(market, "UnitSetAside");
+
+      // close: 6 units x 3 slots, 6 of them set aside and paid by verdict
+      await expect(closeTx(R)).to.emit(market, "RosterClosed").withArgs(orderId, 3, 12n * PRICE);
+      // a, b: 1 per-unit + 2 set aside + 4 roster; c: 1 per-unit + 3 roster (+ half a fee); d: 2 set aside + 1 roster
+      for (const p of [a, b]) {
+        expect(await market.credits(p.address)).to.equal(7n * PRICE);
+        expect(await market.reputationOf(p.address)).to.deep.equal([7n, 0n, 0n, 7n]);
+      }
+      expect(await market.credits(c.address)).to.equal(4n * PRICE + FEE / 2n);
+      expect(await market.reputationOf(c.address)).to.deep.equal([4n, 0n, 0n, 4n]);
+      expect(await market.credits(d.address)).to.equal(3n * PRICE);
+      expect(await market.reputationOf(d.address)).to.deep.equal([3n, 0n, 0n, 3n]);
+      expect(await market.credits(v1.address)).to.equal(3n * FEE / 2n);
+      expect(await market.credits(v2.address)).to.equal(FEE);
+      for (const p of [a, b, c, d]) expect(await stakes.stakeOf(p.address)).to.deep.equal([200n * E18, 0n, 0n, 0n]);
+      // the order: 1 per-unit unit + 6 round units delivered; the roster's 4 own units' fees come back
+      expect(await orderFields(sys, orderId)).to.deep.equal(
+        { balance: 3n * PRICE + FEE + 4n * FEE, delivered: 7n, openUnits: 0n, closed: false });
+      await expect(market.connect(sys.buyer).closeOrder(orderId)).to.emit(market, "OrderClosed")
+        .withArgs(orderId, 3n * PRICE + 5n * FEE);
+      expect(await market.totalEscrow()).to.equal(0n);
+      await expectSolventLoose(sys);
     });
   });
 
@@ -486,19 +628,19 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
         .withArgs(orderId);
       await expect(step({ ...R, layout: layoutOf([0, 1, 2, 1, 2, 0]) }, { commit: 0 }))
         .to.be.revertedWithCustomError(market, "RosterMismatch").withArgs(orderId);
-      await expect(market.stepRound(orderId, R.addrs, R.layout, [], 0, [])).to.be.revertedWithCustomError(market, "EmptyBatch");
+      await expect(market.stepRound(orderId, R.addrs, R.layout, [], 0, [], 0, [])).to.be.revertedWithCustomError(market, "EmptyBatch");
       // nothing pending: openings alone are nothing to do (they are ignored, see the copied-reveal test)
-      await expect(market.stepRound(orderId, R.addrs, R.layout, openingsFor(R, 0), 0, []))
+      await expect(market.stepRound(orderId, R.addrs, R.layout, openingsFor(R, 0), 0, [], 0, []))
         .to.be.revertedWithCustomError(market, "EmptyBatch");
       const { works, deadline } = await worksFor(R, 0);
-      await expect(market.stepRound(orderId, R.addrs, R.layout, [], deadline, works.slice(0, 5)))
+      await expect(market.stepRound(orderId, R.addrs, R.layout, [], 0, [], deadline, works.slice(0, 5)))
         .to.be.revertedWithCustomError(market, "EntryCountMismatch").withArgs(6, 5);
-      await market.stepRound(orderId, R.addrs, R.layout, [], deadline, works);
+      await market.stepRound(orderId, R.addrs, R.layout, [], 0, [], deadline, works);
       // pending: its openings are required, all of them
       const next = await worksFor(R, 1);
-      await expect(market.stepRound(orderId, R.addrs, R.layout, [], next.deadline, next.works))
+      await expect(market.stepRound(orderId, R.addrs, R.layout, [], 0, [], next.deadline, next.works))
         .to.be.revertedWithCustomError(market, "EntryCountMismatch").withArgs(6, 0);
-      await expect(market.stepRound(orderId, R.addrs, R.layout, openingsFor(R, 0).slice(1), 0, []))
+      await expect(market.stepRound(orderId, R.addrs, R.layout, openingsFor(R, 0).slice(1), 0, [], 0, []))
         .to.be.revertedWithCustomError(market, "EntryCountMismatch").withArgs(6, 5);
     });
 
@@ -513,7 +655,7 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       // a malformed compact signature recovers nobody
       const { works, deadline } = await worksFor(R, 0);
       works[0] = { ...works[0], r: ethers.ZeroHash };
-      await expect(market.stepRound(R.orderId, R.addrs, R.layout, [], deadline, works))
+      await expect(market.stepRound(R.orderId, R.addrs, R.layout, [], 0, [], deadline, works))
         .to.be.revertedWithCustomError(market, "InvalidSigner").withArgs(R.addrs[0], ethers.ZeroAddress);
     });
 
@@ -527,14 +669,14 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       // round 0's very works (same commitments, same signatures) resent for round 1
       const again = { ...R, digests: {} };
       const round0 = await worksFor(again, 0);
-      await expect(market.stepRound(orderId, R.addrs, R.layout, openingsFor(R, 0), round0.deadline, round0.works))
+      await expect(market.stepRound(orderId, R.addrs, R.layout, openingsFor(R, 0), 0, [], round0.deadline, round0.works))
         .to.be.revertedWithCustomError(market, "InvalidSigner").withArgs(R.addrs[0], anyValue);
       // another order with the same providers and shape: order 1's round 0 works do not pass for it
       for (const p of R.signers) await sys.stakes.connect(p).stake(200n * E18);
       const second = (await h.postOrder(sys, { units: 6 })).orderId;
       const R2 = rosterOf(sys, second, R.signers);
       await openRoster(R2);
-      await expect(market.stepRound(second, R2.addrs, R2.layout, [], round0.deadline, round0.works))
+      await expect(market.stepRound(second, R2.addrs, R2.layout, [], 0, [], round0.deadline, round0.works))
         .to.be.revertedWithCustomError(market, "InvalidSigner").withArgs(R.addrs[0], anyValue);
       await expect(step(R2, { commit: 0 })).to.emit(market, "RoundCommitted").withArgs(second, 0);
     });
@@ -544,32 +686,43 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       const { market } = sys;
       const good = openingsFor(R, 0);
       const badSalt = good.map((o, i) => (i === 2 ? { ...o, salt: h.saltOf("other") } : o));
-      await expect(market.stepRound(orderId, R.addrs, R.layout, badSalt, 0, [])).to.be.revertedWithCustomError(market,
+      await expect(market.stepRound(orderId, R.addrs, R.layout, badSalt, 0, [], 0, [])).to.be.revertedWithCustomError(market,
         "RoundHashMismatch").withArgs(orderId, 0);
       // a changed digest, even the same one for the whole unit
       const badDigest = good.map((o, i) => (i < 3 ? { ...o, resultDigest: h.digestOf("forged") } : o));
-      await expect(market.stepRound(orderId, R.addrs, R.layout, badDigest, 0, [])).to.be.revertedWithCustomError(market,
+      await expect(market.stepRound(orderId, R.addrs, R.layout, badDigest, 0, [], 0, [])).to.be.revertedWithCustomError(market,
         "RoundHashMismatch").withArgs(orderId, 0);
       // the right openings in another slot order
       const swapped = [good[1], good[0], ...good.slice(2)];
-      await expect(market.stepRound(orderId, R.addrs, R.layout, swapped, 0, [])).to.be.revertedWithCustomError(market,
+      await expect(market.stepRound(orderId, R.addrs, R.layout, swapped, 0, [], 0, [])).to.be.revertedWithCustomError(market,
         "RoundHashMismatch").withArgs(orderId, 0);
-      await expect(market.stepRound(orderId, R.addrs, R.layout, good, 0, [])).to.emit(market, "RoundRevealed");
+      await expect(market.stepRound(orderId, R.addrs, R.layout, good, 0, [], 0, [])).to.emit(market, "RoundRevealed");
     });
 
-    it("refuses a non-unanimous unit (RoundUnitNeedsVerdict, drawn=false); the round stays pending and unpaid",
+    it("a non-unanimous unit needs the operator with verifiers (RoundUnitNeedsVerdict drawn=false); not set aside, the round stays pending and unpaid",
       async function () {
       const { sys, orderId, deadline, R } = await load(openedFixture);
       const { market } = sys;
+      const [v1, v2] = sys.verifiers;
       const digests = R.slots.map((_, i) => h.digestOf(`u${Math.floor(i / 3)}`));
       digests[4] = h.digestOf("dissent"); // unit 1, replica 1
       await step(R, { commit: 0, digests });
-      const pendingBefore = await rosterState(sys, orderId);
+      const pendingBefore = await chainState(sys, orderId);
       await expect(step(R, { reveal: 0, commit: 1 })).to.be.revertedWithCustomError(market, "RoundUnitNeedsVerdict")
         .withArgs(orderId, 0, 1, false);
       await expect(step(R, { reveal: 0 })).to.be.revertedWithCustomError(market, "RoundUnitNeedsVerdict")
         .withArgs(orderId, 0, 1, false);
-      expect(await rosterState(sys, orderId)).to.deep.equal(pendingBefore);
+      // verifiers from anyone but the operator, and the operator without enough verifiers, are refused alike
+      await expect(step(R, { reveal: 0, verifiers: [v1, v2] })).to.be.revertedWithCustomError(market,
+        "RoundUnitNeedsVerdict").withArgs(orderId, 0, 1, false);
+      await expect(opStep(R, [], { reveal: 0 })).to.be.revertedWithCustomError(market, "RoundUnitNeedsVerdict")
+        .withArgs(orderId, 0, 1, false);
+      await expect(opStep(R, [v1], { reveal: 0 })).to.be.revertedWithCustomError(market, "RoundUnitNeedsVerdict")
+        .withArgs(orderId, 0, 1, false);
+      expect(await chainState(sys, orderId)).to.deep.equal(pendingBefore);
+      // the operator with verifiers would set it aside (see "set-aside units"); nobody does here
+      await market.connect(sys.operator).stepRound.staticCall(orderId, R.addrs, R.layout, openingsFor(R, 0), 0,
+        [v1.address, v2.address], 0, []);
       await expect(closeTx(R)).to.be.revertedWithCustomError(market, "RosterNotClosable").withArgs(orderId, deadline);
       await time.increaseTo(deadline + 1n);
       await expect(closeTx(R)).to.emit(market, "RosterClosed").withArgs(orderId, 0, 0);
@@ -582,16 +735,30 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       await expectSolventLoose(sys);
     });
 
-    it("refuses a drawn unit (spotCheckPpm 1e6: RoundUnitNeedsVerdict drawn=true); k=1 is drawn at the solo rate",
+    it("a drawn unit (spotCheckPpm 1e6) needs the operator with verifiers (drawn=true), who sets it aside; k=1 is drawn at the solo rate",
       async function () {
       const sys = await h.fundedSystem({ ...PARAMS, spotCheckPpm: 1_000_000 });
       const { market } = sys;
+      const [v1, v2] = sys.verifiers;
       const { orderId } = await h.postOrder(sys, { units: 6 });
       const R = rosterOf(sys, orderId, sys.providers.slice(0, 3));
       await openRoster(R);
       await step(R, { commit: 0 });
+      const before = await chainState(sys, orderId);
       await expect(step(R, { reveal: 0 })).to.be.revertedWithCustomError(market, "RoundUnitNeedsVerdict")
         .withArgs(orderId, 0, 0, true);
+      await expect(step(R, { reveal: 0, verifiers: [v1, v2] })).to.be.revertedWithCustomError(market,
+        "RoundUnitNeedsVerdict").withArgs(orderId, 0, 0, true);
+      await expect(opStep(R, [v1], { reveal: 0 })).to.be.revertedWithCustomError(market, "RoundUnitNeedsVerdict")
+        .withArgs(orderId, 0, 0, true);
+      expect(await chainState(sys, orderId)).to.deep.equal(before);
+      // the operator with verifiers: both units drawn, both set aside (ids 1, 2), the round revealed
+      const tx = await opStep(R, [v1, v2], { reveal: 0 });
+      await expect(tx).to.emit(market, "RoundRevealed").withArgs(orderId, 0, unitDigests(R, 0));
+      await expectSetAside(R, tx, 0, 0, 1n, [v1, v2]);
+      await expectSetAside(R, tx, 0, 1, 2n, [v1, v2]);
+      expect(await rosterState(sys, orderId)).to.include({ committed: 1n, pendingBlock: 0n, setAsideUnits: 2n,
+        openSetAside: 2n });
       // k=1: the multi-replica rate does not apply to a one-replica roster
       const solo = (await h.postOrder(sys, { units: 2, replicas: 1 })).orderId;
       const S = rosterOf(sys, solo, [sys.providers[3]], { replicas: 1, unitsPerRound: 1, rounds: 2 });
@@ -605,27 +772,48 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       await step(S2, { commit: 0 });
       await expect(step(S2, { reveal: 0 })).to.be.revertedWithCustomError(sys2.market, "RoundUnitNeedsVerdict")
         .withArgs(solo2, 0, 0, true);
+      const tx2 = await opStep(S2, sys2.verifiers.slice(0, 2), { reveal: 0 });
+      await expectSetAside(S2, tx2, 0, 0, 1n, sys2.verifiers.slice(0, 2));
+      expect(await rosterState(sys2, solo2)).to.include({ setAsideUnits: 1n, openSetAside: 1n });
     });
 
-    it("a round left pending for more than 256 blocks can no longer be revealed (seed gone: every unit drawn)",
+    it("a round left pending for more than 256 blocks (seed gone): every unit drawn, set aside only by the operator with verifiers",
       async function () {
       const { sys, orderId, R } = await load(committedFixture);
+      const { market } = sys;
+      const [v1, v2, v3] = sys.verifiers;
       await network.provider.send("hardhat_mine", ["0x101"]);
-      await expect(step(R, { reveal: 0 })).to.be.revertedWithCustomError(sys.market, "RoundUnitNeedsVerdict")
+      const before = await chainState(sys, orderId);
+      await expect(step(R, { reveal: 0 })).to.be.revertedWithCustomError(market, "RoundUnitNeedsVerdict")
         .withArgs(orderId, 0, 0, true);
+      await expect(opStep(R, [], { reveal: 0 })).to.be.revertedWithCustomError(market, "RoundUnitNeedsVerdict")
+        .withArgs(orderId, 0, 0, true);
+      expect(await chainState(sys, orderId)).to.deep.equal(before);
+      const tx = await opStep(R, [v1, v2, v3], { reveal: 0, commit: 1 });
+      await expect(tx).to.emit(market, "RoundRevealed").withArgs(orderId, 0, unitDigests(R, 0));
+      await expect(tx).to.emit(market, "RoundCommitted").withArgs(orderId, 1);
+      expect(await setAsideOf(R, tx)).to.deep.equal([{ round: 0n, unit: 0n, unitId: 1n }, { round: 0n, unit: 1n, unitId: 2n }]);
+      await expectSetAside(R, tx, 0, 0, 1n, [v1, v2, v3]);
+      await expectSetAside(R, tx, 0, 1, 2n, [v1, v2, v3]);
+      expect(await rosterState(sys, orderId)).to.include({ committed: 2n, setAsideUnits: 2n, openSetAside: 2n });
+      for (const v of [v1, v2, v3]) expect(await lockedOf(sys, v)).to.equal(2n * PARAMS.verifierCollateral);
+      for (const p of R.signers) expect(await lockedOf(sys, p)).to.equal(2n * COLLATERAL); // unchanged
+      // the next round, revealed in time, is not set aside
+      await expect(step(R, { reveal: 1 })).to.emit(market, "RoundRevealed").and.not.to.emit(market, "UnitSetAside");
+      await expectSolventLoose(sys);
     });
 
     it("refuses a reveal in the block that committed the round (RoundRevealTooEarly)", async function () {
       const { sys, orderId, R } = await load(openedFixture);
       const { market } = sys;
       const { works, deadline } = await worksFor(R, 0);
-      const commit = market.interface.encodeFunctionData("stepRound", [orderId, R.addrs, R.layout, [], deadline, works]);
-      const reveal = market.interface.encodeFunctionData("stepRound", [orderId, R.addrs, R.layout, openingsFor(R, 0), 0, []]);
+      const commit = market.interface.encodeFunctionData("stepRound", [orderId, R.addrs, R.layout, [], 0, [], deadline, works]);
+      const reveal = market.interface.encodeFunctionData("stepRound", [orderId, R.addrs, R.layout, openingsFor(R, 0), 0, [], 0, []]);
       const nextBlock = BigInt(await ethers.provider.getBlockNumber()) + 1n;
       await expect(market.connect(sys.other).multicall([commit, reveal])).to.be.revertedWithCustomError(market,
         "RoundRevealTooEarly").withArgs(orderId, nextBlock);
       const seedBlock = (await (await market.connect(sys.other).multicall([commit])).wait()).blockNumber;
-      await expect(market.stepRound.staticCall(orderId, R.addrs, R.layout, openingsFor(R, 0), 0, [], { blockTag: seedBlock }))
+      await expect(market.stepRound.staticCall(orderId, R.addrs, R.layout, openingsFor(R, 0), 0, [], 0, [], { blockTag: seedBlock }))
         .to.be.revertedWithCustomError(market, "RoundRevealTooEarly").withArgs(orderId, seedBlock);
       // two transactions in one block (automine off): the reveal fails, the commit stands
       const R2 = { ...R, digests: {} };
@@ -633,9 +821,9 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       const next = await worksFor(R2, 1);
       await network.provider.send("evm_setAutomine", [false]);
       try {
-        const commitTx = await market.connect(sys.other).stepRound(orderId, R.addrs, R.layout, [], next.deadline, next.works,
+        const commitTx = await market.connect(sys.other).stepRound(orderId, R.addrs, R.layout, [], 0, [], next.deadline, next.works,
           { gasLimit: 2_000_000 });
-        const revealTx = await market.connect(sys.other).stepRound(orderId, R.addrs, R.layout, openingsFor(R2, 1), 0, [],
+        const revealTx = await market.connect(sys.other).stepRound(orderId, R.addrs, R.layout, openingsFor(R2, 1), 0, [], 0, [],
           { gasLimit: 2_000_000 });
         await network.provider.send("evm_mine", []);
         expect((await commitTx.wait()).status).to.equal(1);
@@ -668,7 +856,7 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       const far = deadline + 100_000n;
       const next = await worksFor(L, 1, { deadline: far });
       await time.increaseTo(deadline + 1n);
-      await expect(market.stepRound(late, L.addrs, L.layout, openingsFor(L, 0), far, next.works))
+      await expect(market.stepRound(late, L.addrs, L.layout, openingsFor(L, 0), 0, [], far, next.works))
         .to.be.revertedWithCustomError(market, "OrderExpired").withArgs(late, deadline);
       // revealing the pending round is still allowed after the deadline, and then paid at close
       await expect(step(L, { reveal: 0 })).to.emit(market, "RoundRevealed");
@@ -744,9 +932,9 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       await step(R, { commit: 0 });
       const { works, deadline } = await worksFor(R, 1);
       // a third party reveals round 0 first with the relayer's openings ...
-      await market.connect(sys.other).stepRound(orderId, R.addrs, R.layout, openingsFor(R, 0), 0, []);
+      await market.connect(sys.other).stepRound(orderId, R.addrs, R.layout, openingsFor(R, 0), 0, [], 0, []);
       // ... and the relayer's reveal-and-commit still commits round 1
-      await expect(market.stepRound(orderId, R.addrs, R.layout, openingsFor(R, 0), deadline, works))
+      await expect(market.stepRound(orderId, R.addrs, R.layout, openingsFor(R, 0), 0, [], deadline, works))
         .to.emit(market, "RoundCommitted").withArgs(orderId, 1)
         .and.not.to.emit(market, "RoundRevealed");
       expect(await rosterState(sys, orderId)).to.include({ committed: 2n });
@@ -763,6 +951,353 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
     });
   });
 
+  describe("set-aside units (a unit that needs a verdict settles on the per-unit path)", function () {
+    const SPOT = 500_000; // half the units drawn: commitDrawing picks the block that draws the pattern a test needs
+
+    it("a drawn unanimous unit: set aside, accepted by every verifier, paid by its verdict; the roster pays its other slots at close",
+      async function () {
+      const sys = await h.fundedSystem({ ...PARAMS, spotCheckPpm: SPOT });
+      const { market, stakes, buyer } = sys;
+      const [v1, v2, v3] = sys.verifiers;
+      const { orderId } = await h.postOrder(sys, { units: 4 });
+      const R = rosterOf(sys, orderId, sys.providers.slice(0, 3), { rounds: 2 });
+      const [a, b, c] = R.signers;
+      await openRoster(R);
+      // round 0 draws unit 0 only; round 1 draws nothing
+      await commitDrawing(R, 0, SPOT, [true, false], () => step(R, { commit: 0 }));
+      await expect(step(R, { reveal: 0, commit: 1, verifiers: [v1, v2, v3] })).to.be.revertedWithCustomError(market,
+        "RoundUnitNeedsVerdict").withArgs(orderId, 0, 0, true);
+      const unitId = (await market.unitCount()) + 1n;
+      const tx = await commitDrawing(R, 1, SPOT, [false, false], () => opStep(R, [v1, v2, v3], { reveal: 0, commit: 1 }));
+      await expect(tx).to.emit(market, "RoundRevealed").withArgs(orderId, 0, unitDigests(R, 0));
+      await expect(tx).to.emit(market, "RoundCommitted").withArgs(orderId, 1);
+      await expectSetAside(R, tx, 0, 0, unitId, [v1, v2, v3]);
+      expect(await setAsideOf(R, tx)).to.deep.equal([{ round: 0n, unit: 0n, unitId }]);
+      expect(await market.unitCount()).to.equal(unitId);
+      expect(await rosterState(sys, orderId)).to.include({ committed: 2n, setAsideUnits: 1n, openSetAside: 1n });
+      // nothing moved in the order: the roster reserved the unit's budget at open and the unit keeps it
+      expect(await orderFields(sys, orderId)).to.deep.equal({ balance: 0n, delivered: 0n, openUnits: 4n, closed: false });
+      for (const v of [v1, v2, v3]) expect(await lockedOf(sys, v)).to.equal(PARAMS.verifierCollateral);
+      for (const p of [a, b, c]) expect(await lockedOf(sys, p)).to.equal(2n * COLLATERAL);
+      // a set-aside unit is drawn: no fast path for it
+      await expect(market.connect(sys.operator).finalize(unitId)).to.be.revertedWithCustomError(market,
+        "UnitUnderVerification").withArgs(unitId);
+      await expectSolventLoose(sys);
+
+      // round 1 revealed by anyone (nothing drawn); every round revealed, but the set-aside unit is open
+      const tx1 = await step(R, { reveal: 1 });
+      await expect(tx1).to.emit(market, "RoundRevealed").withArgs(orderId, 1, unitDigests(R, 1));
+      await expect(tx1).to.not.emit(market, "UnitSetAside");
+      await expect(closeTx(R)).to.be.revertedWithCustomError(market, "UnitsStillOpen").withArgs(orderId, 1);
+      await expect(market.connect(buyer).closeOrder(orderId)).to.be.revertedWithCustomError(market, "UnitsStillOpen")
+        .withArgs(orderId, 4);
+
+      // every verifier accepts every replica: providers paid their price by the verdict, verifiers split the fee
+      const vtx = await verdict(sys, unitId, [0, 0, 0], [v1, v2, v3]);
+      await expect(vtx).to.emit(market, "VerdictRecorded")
+        .withArgs(unitId, [0, 0, 0], h.outcomesHashOf([0, 0, 0]), [v1.address, v2.address, v3.address]);
+      await expect(vtx).to.not.emit(market, "FraudHeld");
+      expect((await market.getUnit(unitId)).state).to.equal(h.UNIT_STATE.Verdicted);
+      for (const p of [a, b, c]) {
+        expect(await market.credits(p.address)).to.equal(PRICE);
+        expect(await market.reputationOf(p.address)).to.deep.equal([1n, 0n, 0n, 1n]);
+        expect(await lockedOf(sys, p)).to.equal(2n * COLLATERAL); // still the roster's
+      }
+      for (const v of [v1, v2, v3]) {
+        expect(await market.credits(v.address)).to.equal(FEE / 3n);
+        expect(await lockedOf(sys, v)).to.equal(0n);
+      }
+      expect(await rosterState(sys, orderId)).to.include({ setAsideUnits: 1n, openSetAside: 0n, closed: false });
+      expect(await orderFields(sys, orderId)).to.deep.equal({ balance: 0n, delivered: 1n, openUnits: 3n, closed: false });
+      expect(await market.totalCredits()).to.equal(3n * PRICE + FEE);
+      await expectSolventLoose(sys);
+
+      // close: the roster's other 3 units (9 slots) only; each provider 3 roster slots + 1 paid by the verdict
+      await expect(closeTx(R)).to.emit(market, "RosterClosed").withArgs(orderId, 2, 9n * PRICE);
+      for (const p of [a, b, c]) {
+        expect(await market.credits(p.address)).to.equal(4n * PRICE);
+        expect(await market.reputationOf(p.address)).to.deep.equal([4n, 0n, 0n, 4n]);
+        expect(await stakes.stakeOf(p.address)).to.deep.equal([200n * E18, 0n, 0n, 0n]);
+      }
+      // every unit delivered once: 1 by its verdict, 3 by the roster; the roster's 3 units' fees come back
+      expect(await orderFields(sys, orderId)).to.deep.equal({ balance: 3n * FEE, delivered: 4n, openUnits: 0n, closed: false });
+      expect(await rosterState(sys, orderId)).to.include({ closed: true, setAsideUnits: 1n, openSetAside: 0n });
+      await expect(market.connect(buyer).closeOrder(orderId)).to.emit(market, "OrderClosed").withArgs(orderId, 3n * FEE);
+      expect(await market.credits(buyer.address)).to.equal(3n * FEE);
+      expect(await market.totalEscrow()).to.equal(0n);
+      expect(await market.totalCredits()).to.equal(4n * (3n * PRICE + FEE));
+      await expectSolventLoose(sys);
+    });
+
+    it("a split unit: set aside, verdict accept/accept/fraud holds the fraud; the roster closes only once VerdictAppeals settled it",
+      async function () {
+      const { sys, orderId, R } = await load(openedFixture);
+      const { market, stakes, buyer } = sys;
+      const appeals = await h.deployAppeals(sys);
+      const [a, b, c] = R.signers;
+      const [v1, v2, v3] = sys.verifiers;
+      const digests = R.slots.map((_, i) => h.digestOf(`r0u${Math.floor(i / 3)}`));
+      digests[5] = h.digestOf("cheat"); // unit 1, replica 2: c
+      await step(R, { commit: 0, digests });
+      await expect(step(R, { reveal: 0, commit: 1 })).to.be.revertedWithCustomError(market, "RoundUnitNeedsVerdict")
+        .withArgs(orderId, 0, 1, false);
+      const tx = await opStep(R, [v1, v2, v3], { reveal: 0, commit: 1 });
+      await expect(tx).to.emit(market, "RoundRevealed").withArgs(orderId, 0, unitDigests(R, 0));
+      await expectSetAside(R, tx, 0, 1, 1n, [v1, v2, v3]);
+      expect((await market.replicaOf(1n, 2))[1]).to.equal(h.digestOf("cheat"));
+      expect(await setAsideOf(R, tx)).to.deep.equal([{ round: 0n, unit: 1n, unitId: 1n }]);
+
+      // two of three verifiers: a and b accepted, c fraud (held)
+      const FRAUD_VERDICT = [0, 0, 2];
+      const vtx = await verdict(sys, 1n, FRAUD_VERDICT, [v1, v2]);
+      await expect(vtx).to.emit(market, "FraudHeld").withArgs(1n, 4);
+      const [mask, since] = await market.heldOf(1n);
+      expect([mask, since]).to.deep.equal([4n, await timestampOf(vtx)]);
+      for (const p of [a, b]) {
+        expect(await market.credits(p.address)).to.equal(PRICE);
+        expect(await market.reputationOf(p.address)).to.deep.equal([1n, 0n, 0n, 1n]);
+      }
+      expect(await market.credits(c.address)).to.equal(0n);
+      expect(await market.reputationOf(c.address)).to.deep.equal([0n, 0n, 1n, 0n]);
+      for (const v of [v1, v2]) expect(await market.credits(v.address)).to.equal(FEE / 2n);
+      for (const v of [v1, v2, v3]) expect(await lockedOf(sys, v)).to.equal(0n);
+      for (const p of [a, b, c]) expect(await lockedOf(sys, p)).to.equal(2n * COLLATERAL);
+      expect(await rosterState(sys, orderId)).to.include({ setAsideUnits: 1n, openSetAside: 1n }); // fraud held
+      expect(await orderFields(sys, orderId)).to.deep.equal({ balance: 0n, delivered: 1n, openUnits: 5n, closed: false });
+
+      // the other rounds go on; the close waits for the held fraud
+      await step(R, { reveal: 1, commit: 2 });
+      await step(R, { reveal: 2 });
+      await expect(closeTx(R)).to.be.revertedWithCustomError(market, "UnitsStillOpen").withArgs(orderId, 1);
+      await expect(appeals.settleVerdict(1n, FRAUD_VERDICT)).to.be.revertedWithCustomError(appeals, "TruthNotFixed")
+        .withArgs(1n);
+      await time.increaseTo(since + h.APPEAL_PARAMS.appealWindow + 1n);
+      const stx = appeals.connect(sys.other).settleVerdict(1n, FRAUD_VERDICT);
+      await expect(stx).to.emit(market, "ReplicaSlashed").withArgs(1n, c.address, PARAMS.slashAmount);
+      await expect(stx).to.emit(market, "HeldSettled").withArgs(1n, FRAUD_VERDICT);
+      const bounty = PARAMS.slashAmount * BigInt(PARAMS.bountyBps) / 10_000n;
+      expect(await market.reputationOf(c.address)).to.deep.equal([0n, 0n, 1n, 0n]);
+      // before the slash one slot's collateral of the roster's lock was released (as any unit's is), so the
+      // slash (bonded 140) leaves the roster's other slot locked and never cuts into another lock
+      expect(await stakes.stakeOf(c.address)).to.deep.equal([200n * E18 - PARAMS.slashAmount, COLLATERAL, 0n, 0n]);
+      for (const v of [v1, v2]) expect(await market.credits(v.address)).to.equal(FEE / 2n + bounty / 2n);
+      expect(await market.credits(v3.address)).to.equal(0n);
+      expect(await market.credits(buyer.address)).to.equal(PARAMS.slashAmount - bounty + PRICE);
+      expect(await rosterState(sys, orderId)).to.include({ setAsideUnits: 1n, openSetAside: 0n });
+      await expectSolventLoose(sys);
+
+      // close: 5 units x 3 slots by the roster
+      await expect(closeTx(R)).to.emit(market, "RosterClosed").withArgs(orderId, 3, 15n * PRICE);
+      for (const p of [a, b]) {
+        expect(await market.credits(p.address)).to.equal(6n * PRICE);
+        expect(await market.reputationOf(p.address)).to.deep.equal([6n, 0n, 0n, 6n]);
+        expect(await stakes.stakeOf(p.address)).to.deep.equal([200n * E18, 0n, 0n, 0n]);
+      }
+      expect(await market.credits(c.address)).to.equal(5n * PRICE); // its 5 other slots
+      // c's 5 roster slots count valid but do not rebuild the streak its fraud ended (some were revealed
+      // before the verdict: counting them after it would undo the catch)
+      expect(await market.reputationOf(c.address)).to.deep.equal([5n, 0n, 1n, 0n]);
+      expect(await stakes.stakeOf(c.address)).to.deep.equal([200n * E18 - PARAMS.slashAmount, 0n, 0n, 0n]);
+      expect(await orderFields(sys, orderId)).to.deep.equal({ balance: 5n * FEE, delivered: 6n, openUnits: 0n, closed: false });
+      await expect(market.connect(buyer).closeOrder(orderId)).to.emit(market, "OrderClosed").withArgs(orderId, 5n * FEE);
+      expect(await market.credits(buyer.address)).to.equal(5n * FEE + PARAMS.slashAmount - bounty + PRICE);
+      expect(await market.totalEscrow()).to.equal(0n);
+      expect(await market.totalCredits()).to.equal(ESCROW + PARAMS.slashAmount);
+      await expectSolventLoose(sys);
+    });
+
+    it("a set-aside unit nobody settles expires after its verdict deadline: its budget returns to the order, unpaid",
+      async function () {
+      const { sys, orderId, R: R6 } = await load(orderFixture);
+      const { market, buyer } = sys;
+      const [v1, v2] = sys.verifiers;
+      const R = { ...rosterOf(sys, orderId, R6.signers, { rounds: 1 }), digests: {} };
+      await openRoster(R);
+      const digests = R.slots.map((_, i) => h.digestOf(`u${Math.floor(i / 3)}`));
+      digests[0] = h.digestOf("dissent"); // unit 0, replica 0
+      await step(R, { commit: 0, digests });
+      const tx = await opStep(R, [v1, v2], { reveal: 0 });
+      await expectSetAside(R, tx, 0, 0, 1n, [v1, v2]);
+      const { verdictDeadline } = await market.getUnit(1n);
+      await expect(closeTx(R)).to.be.revertedWithCustomError(market, "UnitsStillOpen").withArgs(orderId, 1);
+      await expect(market.expireUnit(1n)).to.be.revertedWithCustomError(market, "UnitNotExpired")
+        .withArgs(1n, verdictDeadline);
+      await time.increaseTo(verdictDeadline + 1n);
+      await expect(verdict(sys, 1n, [0, 0, 0], [v1, v2])).to.be.revertedWithCustomError(market, "VerdictWindowClosed")
+        .withArgs(1n, verdictDeadline);
+      await expect(market.connect(sys.other).expireUnit(1n)).to.emit(market, "UnitExpired").withArgs(1n);
+      expect((await market.getUnit(1n)).state).to.equal(h.UNIT_STATE.Expired);
+      for (const v of [v1, v2]) {
+        expect(await lockedOf(sys, v)).to.equal(0n);
+        expect(await market.credits(v.address)).to.equal(0n);
+      }
+      for (const p of R.signers) {
+        expect(await lockedOf(sys, p)).to.equal(2n * COLLATERAL); // the roster's until it closes
+        expect(await market.reputationOf(p.address)).to.deep.equal([0n, 0n, 0n, 0n]); // every replica revealed
+      }
+      expect(await rosterState(sys, orderId)).to.include({ setAsideUnits: 1n, openSetAside: 0n });
+      // the unit's whole budget is the order's again
+      expect(await orderFields(sys, orderId)).to.deep.equal(
+        { balance: ESCROW - 2n * (3n * PRICE + FEE) + 3n * PRICE + FEE, delivered: 0n, openUnits: 1n, closed: false });
+
+      await expect(closeTx(R)).to.emit(market, "RosterClosed").withArgs(orderId, 1, 3n * PRICE);
+      for (const p of R.signers) {
+        expect(await market.credits(p.address)).to.equal(PRICE); // unit 1 only
+        expect(await market.reputationOf(p.address)).to.deep.equal([1n, 0n, 0n, 1n]);
+        expect(await lockedOf(sys, p)).to.equal(0n);
+      }
+      expect(await orderFields(sys, orderId)).to.deep.equal(
+        { balance: ESCROW - 3n * PRICE, delivered: 1n, openUnits: 0n, closed: false });
+      await expect(market.connect(buyer).closeOrder(orderId)).to.emit(market, "OrderClosed")
+        .withArgs(orderId, ESCROW - 3n * PRICE);
+      expect(await market.totalEscrow()).to.equal(0n);
+      await expectSolventLoose(sys);
+    });
+
+    it("refuses a set-aside step from a non-operator or with bad verifiers; each refusal leaves the round pending",
+      async function () {
+      const { sys, orderId, R } = await load(openedFixture);
+      const { market, stakes, other } = sys;
+      const [v1, v2] = sys.verifiers;
+      const digests = R.slots.map((_, i) => h.digestOf(`u${Math.floor(i / 3)}`));
+      digests[3] = h.digestOf("dissent"); // unit 1, replica 0: a
+      await step(R, { commit: 0, digests });
+      const before = await chainState(sys, orderId);
+      const [a] = R.signers;
+      const extra = (await ethers.getSigners()).slice(11, 15);
+      const refusals = [
+        [() => step(R, { reveal: 0, commit: 1, verifiers: [v1, v2] }), "RoundUnitNeedsVerdict", [orderId, 0, 1, false]],
+        [() => opStep(R, [], { reveal: 0, commit: 1 }), "RoundUnitNeedsVerdict", [orderId, 0, 1, false]],
+        [() => opStep(R, [v1], { reveal: 0, commit: 1 }), "RoundUnitNeedsVerdict", [orderId, 0, 1, false]],
+        [() => opStep(R, [v1, v2, ...extra], { reveal: 0, commit: 1 }), "RoundUnitNeedsVerdict", [orderId, 0, 1, false]],
+        [() => opStep(R, [v1, a], { reveal: 0, commit: 1 }), "DuplicateParty", [a.address]],
+        [() => opStep(R, [v1, v2, v1], { reveal: 0, commit: 1 }), "DuplicateParty", [v1.address]],
+      ];
+      expect(extra.length + 2).to.equal(6);
+      for (const [call, error, args] of refusals) {
+        await expect(call()).to.be.revertedWithCustomError(market, error).withArgs(...args);
+        expect(await chainState(sys, orderId)).to.deep.equal(before);
+      }
+      // a verifier without free stake: the stake manager refuses its lock
+      await expect(opStep(R, [v1, other], { reveal: 0, commit: 1 })).to.be.revertedWithCustomError(stakes,
+        "InsufficientFreeStake").withArgs(other.address, 0n, PARAMS.verifierCollateral);
+      await stakes.connect(v2).requestUnstake(200n * E18 - PARAMS.verifierCollateral + 1n);
+      await expect(opStep(R, [v1, v2], { reveal: 0, commit: 1 })).to.be.revertedWithCustomError(stakes,
+        "InsufficientFreeStake").withArgs(v2.address, PARAMS.verifierCollateral - 1n, PARAMS.verifierCollateral);
+      expect(await chainState(sys, orderId)).to.deep.equal(before);
+      expect(await market.unitCount()).to.equal(0n);
+      for (const v of [v1, v2]) expect(await lockedOf(sys, v)).to.equal(0n);
+      // five verifiers is the most; the step then goes through
+      const five = [v1, ...extra];
+      for (const x of extra) {
+        await sys.token.mint(x.address, 100n * E18);
+        await sys.token.connect(x).approve(await stakes.getAddress(), ethers.MaxUint256);
+        await stakes.connect(x).stake(PARAMS.verifierCollateral);
+      }
+      const tx = await opStep(R, five, { reveal: 0, commit: 1 });
+      await expectSetAside(R, tx, 0, 1, 1n, five);
+      expect(await rosterState(sys, orderId)).to.include({ committed: 2n, setAsideUnits: 1n, openSetAside: 1n });
+    });
+
+    it("a provider whose streak drops (a fault elsewhere) has every later unit of its k=1 roster set aside",
+      async function () {
+      const STREAK = 2;
+      const sys = await h.systemFixture();
+      const { market } = sys;
+      const [a, b, c] = sys.providers;
+      const [v1, v2] = sys.verifiers;
+      const deadline = BigInt(await time.latest()) + 30n * 24n * 3600n;
+      const receipt = await (await market.connect(sys.buyer)
+        .postAdaptiveOrder(ethers.id("spec"), 6, 1, 3, STREAK, PRICE, FEE, deadline)).wait();
+      const orderId = receipt.logs.map((l) => market.interface.parseLog(l)).find((e) => e && e.name === "OrderPosted")
+        .args.orderId;
+      // a, b, c earn the trusted streak on two per-unit units
+      for (let i = 0; i < STREAK; i++) {
+        const { unitId, providers } = await h.assignUnit(sys, orderId);
+        const same = providers.map(() => h.digestOf("same"));
+        await h.commitAll(sys, unitId, providers, same);
+        await h.revealAll(sys, unitId, providers, same);
+        await market.connect(sys.operator).finalize(unitId);
+      }
+      const R = { ...rosterOf(sys, orderId, [a], { replicas: 1, unitsPerRound: 1, rounds: 3 }), digests: {} };
+      await openRoster(R);
+      expect(await rosterState(sys, orderId)).to.include({ requiredStreak: BigInt(STREAK) }); // k=1 < the order's 3
+      await step(R, { commit: 0 });
+      await expect(step(R, { reveal: 0, commit: 1 })).to.emit(market, "RoundRevealed").and.not.to.emit(market,
+        "UnitSetAside");
+
+      // a separate per-unit order: a never commits, the unit expires: one fault, streak 0
+      const other = (await h.postOrder(sys, { units: 1 })).orderId;
+      const fault = await h.assignUnit(sys, other, { providers: [a, b, c] });
+      for (const [i, p] of [[1, b], [2, c]]) {
+        await market.connect(p).commit(fault.unitId, h.commitmentOf(h.digestOf("x"), h.saltOf(`f${i}`), p.address,
+          fault.unitId));
+      }
+      await time.increaseTo((await market.getUnit(fault.unitId)).verdictDeadline + 1n);
+      await market.expireUnit(fault.unitId);
+      expect(await market.reputationOf(a.address)).to.deep.equal([2n, 1n, 0n, 0n]);
+
+      // round 1: a is below the roster's streak now, its unit needs a verdict
+      await expect(step(R, { reveal: 1, commit: 2 })).to.be.revertedWithCustomError(market, "RoundUnitNeedsVerdict")
+        .withArgs(orderId, 1, 0, true);
+      const tx1 = await opStep(R, [v1, v2], { reveal: 1, commit: 2 });
+      const first = await market.unitCount();
+      await expectSetAside(R, tx1, 1, 0, first, [v1, v2]);
+      await verdict(sys, first, [0], [v1, v2]);
+      expect(await market.reputationOf(a.address)).to.deep.equal([3n, 1n, 0n, 1n]);
+      // round 2: one valid unit is not the streak of 2 yet: set aside again
+      await expect(step(R, { reveal: 2 })).to.be.revertedWithCustomError(market, "RoundUnitNeedsVerdict")
+        .withArgs(orderId, 2, 0, true);
+      const tx2 = await opStep(R, [v1, v2], { reveal: 2 });
+      await expectSetAside(R, tx2, 2, 0, first + 1n, [v1, v2]);
+      await verdict(sys, first + 1n, [0], [v1, v2]);
+      expect(await rosterState(sys, orderId)).to.include({ committed: 3n, setAsideUnits: 2n, openSetAside: 0n });
+
+      // close: round 0's unit by the roster, the other two by their verdicts
+      await expect(closeTx(R)).to.emit(market, "RosterClosed").withArgs(orderId, 3, PRICE);
+      expect(await market.credits(a.address)).to.equal(2n * PRICE + 2n * PRICE + PRICE);
+      // the roster's own unit counts valid but adds no streak: a's fault since the roster opened ended it
+      expect(await market.reputationOf(a.address)).to.deep.equal([5n, 1n, 0n, 2n]);
+      expect(await lockedOf(sys, a)).to.equal(0n);
+      for (const v of [v1, v2]) expect(await market.credits(v.address)).to.equal(FEE);
+      // 2 per-unit units of 3 replicas, 3 round units of 1: the fees of the 2 finalized units and of the roster's
+      // own unit come back, and the 3 round units' unused 2 replicas were never reserved
+      const expected = 6n * (3n * PRICE + FEE) - 2n * 3n * PRICE - 3n * PRICE - 2n * FEE;
+      expect(await orderFields(sys, orderId)).to.deep.equal(
+        { balance: expected, delivered: 5n, openUnits: 0n, closed: false });
+      await expect(market.connect(sys.buyer).closeOrder(orderId)).to.emit(market, "OrderClosed").withArgs(orderId, expected);
+      await expectSolventLoose(sys);
+    });
+
+    it("a slash of a set-aside replica leaves the provider's other open unit's collateral locked", async function () {
+      // c holds a roster (2 slots: 200 locked) and one open per-unit unit (100 locked) on 300 bonded
+      const { sys, orderId, R } = await load(openedFixture);
+      const { market, stakes } = sys;
+      const appeals = await h.deployAppeals(sys);
+      const [, , c] = R.signers;
+      const [v1, v2] = sys.verifiers;
+      await stakes.connect(c).stake(COLLATERAL);
+      const solo = (await h.postOrder(sys, { units: 1, replicas: 1 })).orderId;
+      const open = await h.assignUnit(sys, solo, { providers: [c] });
+      expect(await stakes.stakeOf(c.address)).to.deep.equal([300n * E18, 300n * E18, 0n, 0n]);
+      const digests = R.slots.map((_, i) => h.digestOf(`u${Math.floor(i / 3)}`));
+      digests[2] = h.digestOf("cheat"); // unit 0, replica 2: c
+      await step(R, { commit: 0, digests });
+      const [{ unitId }] = await setAsideOf(R, await opStep(R, [v1, v2], { reveal: 0 }));
+      await verdict(sys, unitId, [0, 0, 2], [v1, v2]);
+      const [, since] = await market.heldOf(unitId);
+      await time.increaseTo(since + h.APPEAL_PARAMS.appealWindow + 1n);
+      await expect(appeals.settleVerdict(unitId, [0, 0, 2])).to.emit(market, "ReplicaSlashed")
+        .withArgs(unitId, c.address, PARAMS.slashAmount);
+      await time.increaseTo((await market.getOrder(orderId)).deadline + 1n);
+      await closeTx(R);
+      // the roster is settled: what stays locked is the open unit's collateral (as on the per-unit path, where a
+      // fraud replica's collateral is released before the slash), not 100 - 60
+      expect((await market.getUnit(open.unitId)).state).to.equal(h.UNIT_STATE.Committing);
+      expect(await stakes.stakeOf(c.address)).to.deep.equal([240n * E18, COLLATERAL, 0n, 0n]);
+    });
+  });
+
   describe("the round path's own contract", function () {
     it("called on its own address, each action reverts NotDelegated; a non-operator openRoster is refused", async function () {
       const { sys, orderId, R } = await load(orderFixture);
@@ -774,7 +1309,7 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       const accepts = await acceptsFor(R);
       for (const call of [
         () => rounds.connect(sys.operator).openRoster(orderId, R.addrs, R.layout, 3, 2, 3, accepts),
-        () => rounds.stepRound(orderId, R.addrs, R.layout, [], 0, []),
+        () => rounds.stepRound(orderId, R.addrs, R.layout, [], 0, [], 0, []),
         () => rounds.closeRoster(orderId, R.addrs, R.layout),
       ]) {
         await expect(call()).to.be.revertedWithCustomError(rounds, "NotDelegated");
@@ -834,6 +1369,30 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       expect([order.delivered, order.closed]).to.deep.equal([BigInt(UNITS_PER_ROUND * rounds), true]);
       await expectSolventLoose(sys);
     }
+
+    it("prints the gas of a step that sets one unit aside (k=3, 9 units a round) against a normal step", async function () {
+      const sys = await loadFixture(gasFixture);
+      const { market } = sys;
+      const [v1, v2] = sys.verifiers;
+      const rounds = 4;
+      const { orderId } = await h.postOrder(sys, { units: UNITS_PER_ROUND * rounds });
+      const R = rosterOf(sys, orderId, sys.providers.slice(0, 3), { unitsPerRound: UNITS_PER_ROUND, rounds });
+      await openRoster(R);
+      // rounds 1 and 2: the aggregate unit (8) split, so their reveals each set it aside
+      const split = (round) => R.slots.map((_, i) => (i === 3 * SHARDS + 2 ? h.digestOf(`odd${round}`)
+        : h.digestOf(`${orderId}:${round}:${Math.floor(i / 3)}`)));
+      await step(R, { commit: 0 });
+      const normal = await gasOf(step(R, { reveal: 0, commit: 1, digests: split(1) }));
+      const first = await gasOf(opStep(R, [v1, v2], { reveal: 1, commit: 2, digests: split(2) }));
+      const second = await gasOf(opStep(R, [v1, v2], { reveal: 2, commit: 3 }));
+      const revealOnly = await gasOf(step(R, { reveal: 3 }));
+      console.log(`    k=3 unitsPerRound=${UNITS_PER_ROUND}: reveal+commit step ${normal}; the same setting 1 unit aside ` +
+        `(2 verifiers) ${first} (first: registers 5 party ids), ${second} (parties known), +${second - normal}; ` +
+        `reveal-only step ${revealOnly}`);
+      expect(await rosterState(sys, orderId)).to.include({ setAsideUnits: 2n, openSetAside: 2n });
+      expect(second - normal).to.be.lt(250_000n);
+      expect(first).to.be.gt(second);
+    });
 
     it("prints the gas of a k=3 roster (3 providers, 9 units a round) over 2 and 10 rounds", async function () {
       const sys = await loadFixture(gasFixture);

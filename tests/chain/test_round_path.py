@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from veritrain.chain import eip712, errors
-from veritrain.chain.client import Reveal, Roster, RoundWork
+from veritrain.chain.client import Outcome, Reveal, Roster, RoundWork
 from veritrain.errors import InvalidInput
 
 pytestmark = pytest.mark.chain
@@ -135,21 +135,128 @@ def test_bad_steps_are_typed_errors_and_change_nothing(world: Any) -> None:
         client.open_roster(order_id, roster, [])
 
 
-def test_a_split_unit_refuses_the_step_until_set_aside_exists(world: Any) -> None:
+def test_a_split_unit_is_set_aside_by_the_operators_step_and_settles_by_verdict(world: Any) -> None:
     client = world.client
     roster, order_id, deadline, works, openings = _first_round(world)
     # replica 2 of unit 1 commits to another digest
     accounts = {p.address: p for p in world.providers}
-    provider = accounts[roster.provider_of(1, 2)]
+    cheater = accounts[roster.provider_of(1, 2)]
     salt, digest = os.urandom(32), os.urandom(32)
     unit_id = eip712.round_unit_id(order_id, 0, 1)
-    commitment = client.commitment(digest, salt, provider, unit_id)
-    works[5] = client.sign_round_work(provider, order_id, 0, 1, commitment, deadline)
-    openings[5] = Reveal(provider.address, digest, salt)
+    commitment = client.commitment(digest, salt, cheater, unit_id)
+    works[5] = client.sign_round_work(cheater, order_id, 0, 1, commitment, deadline)
+    openings[5] = Reveal(cheater.address, digest, salt)
     client.step_round(order_id, roster, [], deadline, works)
-    with pytest.raises(errors.RoundUnitNeedsVerdict) as refused:
+    with pytest.raises(errors.RoundUnitNeedsVerdict) as refused:  # the operator's verifiers are needed
         client.step_round(order_id, roster, openings, deadline, [])
     assert (refused.value.arguments["unit"], refused.value.arguments["drawn"]) == (1, False)
+    with pytest.raises(errors.RoundUnitNeedsVerdict):  # and only the operator picks them
+        client.step_round(
+            order_id, roster, openings, deadline, [], verifiers=world.verifiers[:2], sender=cheater
+        )
+
+    receipt = client.step_round(order_id, roster, openings, deadline, [], verifiers=world.verifiers[:2])
+    (set_aside,) = receipt.events_named("UnitSetAside")
+    assert (set_aside.args["round"], set_aside.args["unit"]) == (0, 1)
+    unit = set_aside.args["unitId"]
+    assert client.get_unit(unit).drawn
+    assert [client.replica(unit, i).commitment_or_digest for i in range(3)] == [
+        o.result_digest for o in openings[3:6]
+    ]
+    info = client.get_roster(order_id)
+    assert (info.set_aside_units, info.open_set_aside, info.pending_block) == (1, 1, 0)
+
+    verdict = (Outcome.ACCEPT, Outcome.ACCEPT, Outcome.FRAUD)
+    signed = [client.sign_verdict(v, unit, verdict, deadline) for v in world.verifiers[:2]]
+    client.submit_verdict(unit, verdict, signed)
+    assert client.get_roster(order_id).open_set_aside == 1  # its fraud is held until its truth is fixed
+    world.backend.advance_time(
+        client.params.verdict_window + client.deployment.appeal_params.appeal_window + 1
+    )
+    client.settle_verdict(unit, verdict)
+    assert client.get_roster(order_id).open_set_aside == 0
+    assert client.reputation(cheater).fraud == 1
+
+    # round 1 on the roster path; at close every slot is paid but the set-aside unit's (its verdict paid it)
+    works1, openings1 = _round(world, roster, order_id, 1, [os.urandom(32), os.urandom(32)], deadline)
+    client.step_round(order_id, roster, [], deadline, works1)
+    before = {p: client.credits(p) for p in roster.providers}
+    receipt = client.step_round(order_id, roster, openings1, deadline, [], verifiers=world.verifiers[:2])
+    assert receipt.events_named("UnitSetAside") == []  # the cheater's streak is 0 but the order needs none
+    client.close_roster(order_id, roster)
+    slots = {p: roster.slots.count(i) for i, p in enumerate(roster.providers)}
+    in_unit_1 = {roster.provider_of(1, r) for r in range(3)}
+    for provider, n in slots.items():
+        assert client.credits(provider) - before[provider] == (2 * n - (provider in in_unit_1)) * PRICE
+    order = client.get_order(order_id)
+    assert (order.delivered, order.open_units) == (4, 0)
+
+
+def _withheld_round(world: Any) -> tuple[Roster, int, int, list[RoundWork], list[Reveal], int]:
+    """Round 0 committed, slot 5 (replica 2 of unit 1) the one whose opening is missing: returns the
+    roster, order, deadline, works, openings and that slot."""
+    roster, order_id, deadline, works, openings = _first_round(world)
+    world.client.step_round(order_id, roster, [], deadline, works)
+    return roster, order_id, deadline, works, openings, 5
+
+
+def test_a_replica_that_never_opens_is_set_aside_unrevealed_and_loses_the_withhold_penalty(
+    world: Any,
+) -> None:
+    client = world.client
+    roster, order_id, deadline, works, openings, slot = _withheld_round(world)
+    accounts = {p.address: p for p in world.providers}
+    silent = accounts[roster.provider_of(1, 2)]
+    given = list(openings)
+    given[slot] = Reveal(silent.address, works[slot].commitment, bytes(32))  # its commitment, as signed
+    with pytest.raises(errors.RoundRevealWindowOpen):
+        client.step_round(
+            order_id, roster, given, deadline, [], withheld=1 << slot, verifiers=world.verifiers[:2]
+        )
+    world.backend.advance_time(client.params.reveal_window + 1)
+    receipt = client.step_round(
+        order_id, roster, given, deadline, [], withheld=1 << slot, verifiers=world.verifiers[:2]
+    )
+    (set_aside,) = receipt.events_named("UnitSetAside")
+    unit = set_aside.args["unitId"]
+    replica = client.replica(unit, 2)
+    assert (replica.committed, replica.revealed, replica.commitment_or_digest) == (
+        True,
+        False,
+        works[slot].commitment,
+    )
+    assert client.replica(unit, 0).revealed and client.replica(unit, 1).revealed
+
+    bonded, locked = client.stake_of(silent).bonded, client.stake_of(silent).locked
+    verdict = (Outcome.ACCEPT, Outcome.ACCEPT, Outcome.FAULT)
+    signed = [client.sign_verdict(v, unit, verdict, client.now() + 3600) for v in world.verifiers[:2]]
+    client.submit_verdict(unit, verdict, signed)
+    penalty = client.params.withhold_penalty
+    after = client.stake_of(silent)
+    assert (after.bonded, after.locked) == (bonded - penalty, locked - COLLATERAL)  # one slot released first
+    assert client.reputation(silent).fault == 1
+    assert client.get_roster(order_id).open_set_aside == 0
+
+
+def test_an_opening_published_on_chain_cannot_be_given_as_withheld(world: Any) -> None:
+    client = world.client
+    roster, order_id, deadline, works, openings, slot = _withheld_round(world)
+    commitments = [work.commitment for work in works]
+    bad = Reveal(openings[slot].provider, openings[slot].result_digest, os.urandom(32))
+    with pytest.raises(errors.RevealMismatch):
+        client.publish_opening(order_id, roster, slot, bad, commitments)
+    with pytest.raises(errors.RoundHashMismatch):
+        client.publish_opening(order_id, roster, slot, openings[slot], commitments[::-1])
+    client.publish_opening(order_id, roster, slot, openings[slot], commitments, sender=world.outsider)
+
+    world.backend.advance_time(client.params.reveal_window + 1)
+    given = list(openings)
+    given[slot] = Reveal(openings[slot].provider, works[slot].commitment, bytes(32))
+    receipt = client.step_round(order_id, roster, given, deadline, [], withheld=1 << slot)
+    assert receipt.events_named("UnitSetAside") == []  # the published opening counts: the unit is unanimous
+    assert [bytes(d) for d in receipt.event("RoundRevealed").args["digests"]][1] == openings[
+        slot
+    ].result_digest
 
 
 def test_a_roster_refuses_bad_shapes_before_sending() -> None:

@@ -79,11 +79,13 @@ GAS_LIMITS: dict[str, int] = {
     "revealBatch": 1_000_000,
     "finalize": 600_000,
     "submitVerdict": 1_500_000,
-    # round path (measured k = 3, 9 units per round, 3 providers: openRoster ~190k, stepRound ~250k);
-    # the limits cover 51 replica slots and 32 providers
+    # round path (measured k = 3, 9 units per round, 3 providers: openRoster ~180k, stepRound ~280k plus
+    # ~200k per unit it sets aside for a verdict); the limits cover 51 replica slots, 32 providers and a
+    # step that sets 9 units aside
     "openRoster": 1_500_000,
-    "stepRound": 2_000_000,
+    "stepRound": 4_000_000,
     "closeRoster": 1_500_000,
+    "publishOpening": 500_000,
     # VerdictAppeals (measured: appeal 90k, drawPanel 209k with 3 seats / 283k with 5, vote 80-116k, resolve
     # 149-165k or 408k settling 5 held fraud replicas, slashContradiction 155k, joinPool 84-101k,
     # settleVerdict 161k for 1 held replica of 3 / 355k for 5 of 5 with 5 signers); drawPanel's limit
@@ -295,12 +297,16 @@ class RosterInfo:
 
     key: bytes
     units_per_round: int
+    required_streak: int  # consecutive valid units a provider needs for its units to skip the verdict
     rounds: int
     committed: int  # rounds committed; all but a pending one are revealed
     pending_block: int  # block of the commit of the round awaiting its reveal (0: none)
     pending_since: int  # that commit's time: the round may be revealed for revealWindow after it
     replicas: int
     closed: bool
+    set_aside_units: int  # units set aside for a verdict so far (they settle on the per-unit path)
+    open_set_aside: int  # of which not settled yet: the roster cannot close while any is
+    fault_marks: int  # 8 bits per provider: its fault + fraud count at open (mod 256)
     pending_round_hash: bytes
 
 
@@ -984,10 +990,16 @@ class ChainClient:
         deadline: int,
         works: Sequence[RoundWork],
         *,
+        withheld: int = 0,
+        verifiers: Sequence[str | LocalAccount] = (),
         sender: LocalAccount | None = None,
     ) -> Receipt:
         """Reveal the pending round (`openings` per slot in slot order; their `provider` is not sent: the
-        roster fixes it) and commit the next (`works` per slot, signed up to `deadline`); permissionless."""
+        roster fixes it) and commit the next (`works` per slot, signed up to `deadline`); permissionless,
+        but a unit that needs a verdict is set aside only by the operator with `verifiers` (the receipt's
+        `UnitSetAside` events name the units it became). Bit i of `withheld` gives slot i as not opened
+        (after the round's reveal window only): its opening's `result_digest` is then the slot's
+        commitment, its salt is ignored."""
         return self._send(
             sender,
             self.market,
@@ -996,8 +1008,34 @@ class ChainClient:
             list(roster.providers),
             roster.layout,
             [opening.as_tuple()[1:] for opening in openings],
+            withheld,
+            sequence_of_addresses(verifiers),
             deadline,
             [work.as_tuple() for work in works],
+        )
+
+    def publish_opening(
+        self,
+        order_id: int,
+        roster: Roster,
+        slot: int,
+        opening: Reveal,
+        commitments: Sequence[bytes],
+        *,
+        sender: LocalAccount | None = None,
+    ) -> Receipt:
+        """Publish one slot's opening of the pending round on chain (`commitments`: every slot's, as the
+        round's commit step carried them), so that no step can give the slot as withheld; permissionless."""
+        return self._send(
+            sender,
+            self.market,
+            "publishOpening",
+            order_id,
+            list(roster.providers),
+            roster.layout,
+            slot,
+            *opening.as_tuple()[1:],
+            [eip712.as_bytes32(c, "commitment") for c in commitments],
         )
 
     def close_roster(self, order_id: int, roster: Roster, *, sender: LocalAccount | None = None) -> Receipt:
@@ -1010,12 +1048,16 @@ class ChainClient:
         return RosterInfo(
             key=bytes(raw[0]),
             units_per_round=int(raw[1]),
-            rounds=int(raw[2]),
-            committed=int(raw[3]),
-            pending_block=int(raw[4]),
-            pending_since=int(raw[5]),
-            replicas=int(raw[6]),
-            closed=bool(raw[7]),
+            required_streak=int(raw[2]),
+            rounds=int(raw[3]),
+            committed=int(raw[4]),
+            pending_block=int(raw[5]),
+            pending_since=int(raw[6]),
+            replicas=int(raw[7]),
+            closed=bool(raw[8]),
+            set_aside_units=int(raw[9]),
+            open_set_aside=int(raw[10]),
+            fault_marks=int(raw[11]),
             pending_round_hash=bytes(round_hash),
         )
 

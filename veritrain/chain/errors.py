@@ -635,6 +635,12 @@ class RoundUnitNeedsVerdict(ContractReverted):
     error_name = "RoundUnitNeedsVerdict"
 
 
+class RoundRevealWindowOpen(ContractReverted):
+    """A round's slots may be given as withheld only after its reveal window."""
+
+    error_name = "RoundRevealWindowOpen"
+
+
 class RosterNotClosable(ContractReverted):
     """The roster has rounds left to settle and the order's deadline has not passed."""
 
