@@ -465,8 +465,9 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
     );
     /// @notice Every replica of every unit of `round` committed (one signature each, checked on chain).
     event RoundCommitted(uint256 indexed orderId, uint32 indexed round);
-    /// @notice `round` was revealed: every unit unanimous on `digests[unit]` and not drawn; its replicas are
-    /// paid when the roster closes.
+    /// @notice `round` was revealed. `digests[unit]` is the unit's result when the unit was not set aside
+    /// (unanimous, not drawn: its replicas are paid when the roster closes); for a unit set aside
+    /// ({UnitSetAside}) it is only replica 0's value (a digest, or its commitment when it did not open).
     event RoundRevealed(uint256 indexed orderId, uint32 indexed round, bytes32[] digests);
     /// @notice Unit `unit` of `round` needed a verdict (drawn, its replicas disagree, or a provider's streak
     /// fell below the roster's requirement): it became unit `unitId`, revealed and drawn, with the step's
@@ -1267,16 +1268,16 @@ abstract contract JobMarketVerdicts is JobMarketDelegate {
 /// collateral on the same ledger).
 ///
 /// - {openRoster} (operator): fixes which provider works each replica slot of every round, each provider
-///   accepting the whole roster by one `Accept` signature (unitKey = the roster's key, {JobMarket-rosterKey}); locks
-///   each provider's collateral once for the order (one `providerCollateral` per slot it holds) and moves
-///   the budget of every unit of every round out of the order's balance.
+///   accepting the whole roster by one `Accept` signature (unitKey = the roster's key,
+///   {JobMarket-rosterKey}); locks each provider's collateral once for the order (one `providerCollateral`
+///   per slot it holds) and moves the budget of every unit of every round out of the order's balance.
 /// - {stepRound} (anyone): reveals the pending round (every replica's opening checked against the round's
 ///   chained commitments; each unit drawn by the hash of the block that committed it, at the spot-check
 ///   rates) and commits the next (every replica's `UnitCommit` signature ecrecovered, for the unit id
 ///   {JobMarket-roundUnitId}, and chained into one stored hash). Nothing is written per unit or per provider.
-/// - {closeRoster}: credits each provider its price for every replica slot of every revealed round (one
-///   write per provider per order), counts them valid, releases the collateral, returns unspent budget and
-///   the unused verifier fees to the order.
+/// - {closeRoster}: credits each provider its price for every replica slot of every revealed round but
+///   set-aside units (one write per provider per order), counts them valid, releases the collateral,
+///   returns unspent budget and the unused verifier fees to the order.
 ///
 /// A unit that needs a verdict — drawn, its replicas disagree, or one of its providers is below the
 /// roster's required streak (on probation, or a fault or fraud since the roster opened) — is set aside by
@@ -1287,7 +1288,8 @@ abstract contract JobMarketVerdicts is JobMarketDelegate {
 /// the step gives its slot as withheld (with its commitment, as signed), its unit is set aside with that
 /// replica committed and unrevealed, and the verdict can only call it a fault, which costs it
 /// `withholdPenalty` of stake (as on the per-unit path). A provider whose opening the relayer leaves out
-/// publishes it itself before the window ends ({publishOpening}); a step then takes it from the chain. The
+/// publishes it itself ({publishOpening}; in time only before the window ends: after it the operator's
+/// step may give the slot as withheld), and a step then takes it from the chain. The
 /// market service does not use this path yet.
 abstract contract JobMarketRounds is JobMarketDelegate {
     /// @notice A replica's commitment for one round's unit with its compact (EIP-2098) `UnitCommit`
@@ -1298,7 +1300,8 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         bytes32 vs;
     }
 
-    /// @notice A replica's opening: the preimage of its commitment ({JobMarket-commitmentOf} with {JobMarket-roundUnitId}).
+    /// @notice A replica's opening: the preimage of its commitment ({JobMarket-commitmentOf} with
+    /// {JobMarket-roundUnitId}).
     struct Opening {
         bytes32 resultDigest;
         bytes32 salt;
@@ -1377,8 +1380,9 @@ abstract contract JobMarketRounds is JobMarketDelegate {
     /// operator ({RoundUnitNeedsVerdict} otherwise). Bit `i` of `withheld` gives slot `i` as not opened
     /// (only after the round's reveal window, {RoundRevealWindowOpen}): its entry in `openings` then carries
     /// the slot's commitment in `resultDigest` (its salt is ignored), and the slot counts as revealed only if
-    /// its provider published its opening ({publishOpening}). With no round pending, `openings` are ignored: whoever revealed it first (anyone may copy openings
-    /// from a pending transaction) does not make the relayer's reveal-and-commit fail.
+    /// its provider published its opening ({publishOpening}). With no round pending, `openings` are
+    /// ignored: whoever revealed it first (anyone may copy openings from a pending transaction) does not
+    /// make the relayer's reveal-and-commit fail.
     function stepRound(
         uint256 orderId,
         address[] calldata providers,
@@ -1530,6 +1534,7 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         if (block.number <= seedBlock) revert RoundRevealTooEarly(orderId, seedBlock);
         uint32 round = roster.committed - 1;
         if (withheld != 0) {
+            if (withheld >> openings.length != 0) revert InvalidLayout(openings.length);
             uint64 windowEnd = roster.pendingSince + _revealWindow;
             if (block.timestamp <= windowEnd) revert RoundRevealWindowOpen(orderId, windowEnd);
         }
@@ -1659,7 +1664,8 @@ abstract contract JobMarketRounds is JobMarketDelegate {
             seedBlock: 0,
             rostered: true
         });
-        emit UnitAssigned(unitId, orderId, bytes32(_roundUnitId(orderId, round, unit)), unitProviders, verifiers, closed);
+        bytes32 unitKey = bytes32(_roundUnitId(orderId, round, unit));
+        emit UnitAssigned(unitId, orderId, unitKey, unitProviders, verifiers, closed);
         emit VerificationRequested(unitId);
         emit UnitSetAside(orderId, round, unit, unitId);
     }

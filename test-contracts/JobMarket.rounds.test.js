@@ -95,13 +95,19 @@ const unitDigests = (R, round) =>
 
 const addrsOf = (accounts) => accounts.map((x) => x.address ?? x);
 
-/** stepRound revealing `reveal` (a round, or null) and committing `commit` (a round, or null), with `verifiers`
- * (signers or addresses) for the units the reveal sets aside. */
-async function step(R, { reveal = null, commit = null, caller, verifiers = [], ...opts } = {}) {
-  const openings = reveal === null ? [] : openingsFor(R, reveal);
+/** The openings a step gives for `round` with the slots in bit mask `withheld` given as withheld: such a slot's
+ * entry carries its commitment in `resultDigest` (and a salt the contract ignores). */
+const givenOpenings = (R, round, withheld = 0n) => openingsFor(R, round).map((o, i) =>
+  ((BigInt(withheld) >> BigInt(i)) & 1n ? { resultDigest: slotData(R, round, i).commitment, salt: h.saltOf("ignored") } : o));
+
+/** stepRound revealing `reveal` (a round, or null; the slots in bit mask `withheld` given as withheld) and
+ * committing `commit` (a round, or null), with `verifiers` (signers or addresses) for the units the reveal sets
+ * aside; `overrides` go to the transaction. */
+async function step(R, { reveal = null, commit = null, caller, verifiers = [], withheld = 0n, overrides = {}, ...opts } = {}) {
+  const openings = reveal === null ? [] : givenOpenings(R, reveal, withheld);
   const { works, deadline } = commit === null ? { works: [], deadline: 0n } : await worksFor(R, commit, opts);
   return R.sys.market.connect(caller ?? R.sys.other)
-    .stepRound(R.orderId, R.addrs, R.layout, openings, 0, addrsOf(verifiers), deadline, works);
+    .stepRound(R.orderId, R.addrs, R.layout, openings, withheld, addrsOf(verifiers), deadline, works, overrides);
 }
 
 /** The operator's step, with `verifiers` for the units it sets aside. */
@@ -1295,6 +1301,347 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       // fraud replica's collateral is released before the slash), not 100 - 60
       expect((await market.getUnit(open.unitId)).state).to.equal(h.UNIT_STATE.Committing);
       expect(await stakes.stakeOf(c.address)).to.deep.equal([240n * E18, COLLATERAL, 0n, 0n]);
+    });
+  });
+
+  describe("withheld slots and published openings", function () {
+    const SLOT = 5; // unit 1, replica 2: c
+    const WITHHELD = 1n << BigInt(SLOT);
+    const PENALTY = PARAMS.withholdPenalty;
+    const BOUNTY = PENALTY * BigInt(PARAMS.bountyBps) / 10_000n;
+
+    /** Every slot's commitment of `round`, in slot order (the commit step's calldata). */
+    const commitmentsOf = (R, round) => R.slots.map((_, i) => slotData(R, round, i).commitment);
+
+    /** publishOpening of slot `slot` of `round` (its own opening unless `resultDigest` / `salt` are given). */
+    function publishTx(R, slot, { round = 0, resultDigest, salt, commitments, caller, slotOf = slot } = {}) {
+      const d = slotData(R, round, slotOf);
+      return R.sys.market.connect(caller ?? R.sys.other).publishOpening(R.orderId, R.addrs, R.layout, slot,
+        resultDigest ?? d.resultDigest, salt ?? d.salt, commitments ?? commitmentsOf(R, round));
+    }
+
+    /** The end of the pending round's reveal window (pendingSince + revealWindow). */
+    const windowEndOf = async (sys, orderId) => (await rosterState(sys, orderId)).pendingSince + PARAMS.revealWindow;
+
+    /** Moves time to one second past the pending round's reveal window. */
+    async function pastRevealWindow(sys, orderId) {
+      await time.increaseTo((await windowEndOf(sys, orderId)) + 1n);
+    }
+
+    /** Checks set-aside unit `unitId` (unit `unit` of `round`): every replica committed, those in `unrevealed`
+     * (replica indices) not revealed and holding their commitment, the others revealed with their digest. */
+    async function expectUnrevealed(R, unitId, round, unit, unrevealed, verifiers) {
+      const { market } = R.sys;
+      const k = R.replicas;
+      const u = await market.getUnit(unitId);
+      const revealedMask = BigInt((1 << k) - 1) & ~BigInt(unrevealed.reduce((m, r) => m | (1 << r), 0));
+      expect([u.orderId, u.state, u.replicas, u.verifierCount, u.committedMask, u.revealedMask, u.drawn])
+        .to.deep.equal([R.orderId, h.UNIT_STATE.Revealing, BigInt(k), BigInt(verifiers.length), BigInt((1 << k) - 1),
+          revealedMask, true]);
+      for (let r = 0; r < k; r++) {
+        const d = slotData(R, round, unit * k + r);
+        const withheld = unrevealed.includes(r);
+        expect(await market.replicaOf(unitId, r)).to.deep.equal(
+          [d.provider.address, withheld ? d.commitment : d.resultDigest, true, !withheld]);
+      }
+      expect(await market.verifiersOf(unitId)).to.deep.equal(addrsOf(verifiers));
+    }
+
+    it("refuses a withheld slot until the pending round's reveal window has passed (RoundRevealWindowOpen), strictly after",
+      async function () {
+      const { sys, orderId, R } = await load(committedFixture);
+      const { market } = sys;
+      const [v1, v2] = sys.verifiers;
+      const until = await windowEndOf(sys, orderId);
+      expect(until).to.equal((await rosterState(sys, orderId)).pendingSince + 600n);
+      const before = await chainState(sys, orderId);
+      await expect(opStep(R, [v1, v2], { reveal: 0, withheld: WITHHELD })).to.be.revertedWithCustomError(market,
+        "RoundRevealWindowOpen").withArgs(orderId, until);
+      await expect(step(R, { reveal: 0, commit: 1, withheld: WITHHELD })).to.be.revertedWithCustomError(market,
+        "RoundRevealWindowOpen").withArgs(orderId, until);
+      // an opening published for the slot does not lift the window either
+      await publishTx(R, SLOT);
+      await expect(step(R, { reveal: 0, withheld: WITHHELD })).to.be.revertedWithCustomError(market,
+        "RoundRevealWindowOpen").withArgs(orderId, until);
+      // a step with every opening needs no window
+      await market.stepRound.staticCall(orderId, R.addrs, R.layout, openingsFor(R, 0), 0, [], 0, []);
+      // the window's last second is still inside it (sent with a gas limit: mined at exactly `until`)
+      await time.setNextBlockTimestamp(until);
+      await expect(opStep(R, [v1, v2], { reveal: 0, withheld: WITHHELD, overrides: { gasLimit: 3_000_000 } }))
+        .to.be.revertedWithCustomError(market, "RoundRevealWindowOpen").withArgs(orderId, until);
+      expect(await chainState(sys, orderId)).to.deep.equal(before);
+      // one second later it goes through (the published opening counts: nothing to set aside)
+      await time.setNextBlockTimestamp(until + 1n);
+      const tx = await step(R, { reveal: 0, withheld: WITHHELD });
+      await expect(tx).to.emit(market, "RoundRevealed").withArgs(orderId, 0, unitDigests(R, 0));
+      await expect(tx).to.not.emit(market, "UnitSetAside");
+      expect(await timestampOf(tx)).to.equal(until + 1n);
+    });
+
+    it("a withheld slot is set aside unrevealed; accept/accept/fault slashes the withhold penalty after releasing one slot's collateral; the close pays the rest",
+      async function () {
+      const { sys, orderId, R } = await load(committedFixture);
+      const { market, stakes, buyer } = sys;
+      const [a, b, c] = R.signers;
+      const [v1, v2] = sys.verifiers;
+      await pastRevealWindow(sys, orderId);
+      const tx = await opStep(R, [v1, v2], { reveal: 0, commit: 1, withheld: WITHHELD });
+      await expect(tx).to.emit(market, "RoundRevealed").withArgs(orderId, 0, unitDigests(R, 0));
+      await expect(tx).to.emit(market, "RoundCommitted").withArgs(orderId, 1);
+      expect(await setAsideOf(R, tx)).to.deep.equal([{ round: 0n, unit: 1n, unitId: 1n }]);
+      const at = (await timestampOf(tx)) - 1n;
+      await expect(tx).to.emit(market, "UnitAssigned").withArgs(1n, orderId, word(roundUnitIdOf(orderId, 0, 1)),
+        [a.address, b.address, c.address], [v1.address, v2.address], at);
+      await expect(tx).to.emit(market, "VerificationRequested").withArgs(1n);
+      await expectUnrevealed(R, 1n, 0, 1, [2], [v1, v2]);
+      expect((await market.getUnit(1n)).verdictDeadline).to.equal(at + PARAMS.verdictWindow);
+      expect(await rosterState(sys, orderId)).to.include({ committed: 2n, setAsideUnits: 1n, openSetAside: 1n });
+      for (const p of [a, b, c]) expect(await lockedOf(sys, p)).to.equal(2n * COLLATERAL);
+      for (const v of [v1, v2]) expect(await lockedOf(sys, v)).to.equal(PARAMS.verifierCollateral);
+      await expectSolventLoose(sys);
+
+      // an unrevealed replica can only be a fault
+      await expect(verdict(sys, 1n, [0, 0, 0], [v1, v2])).to.be.revertedWithCustomError(market, "InvalidOutcome")
+        .withArgs(2, 0);
+      await expect(verdict(sys, 1n, [0, 0, 2], [v1, v2])).to.be.revertedWithCustomError(market, "InvalidOutcome")
+        .withArgs(2, 2);
+      const vtx = await verdict(sys, 1n, [0, 0, 1], [v1, v2]);
+      await expect(vtx).to.emit(market, "RevealWithheld").withArgs(1n, c.address, PENALTY);
+      await expect(vtx).to.emit(market, "VerdictRecorded").withArgs(1n, [0, 0, 1], h.outcomesHashOf([0, 0, 1]),
+        [v1.address, v2.address]);
+      await expect(vtx).to.not.emit(market, "FraudHeld");
+      await expect(vtx).to.not.emit(market, "ReplicaSlashed");
+      expect((await market.getUnit(1n)).state).to.equal(h.UNIT_STATE.Verdicted);
+      // c: one slot's collateral of the roster's lock released, then the penalty slashed; a, b keep the roster's lock
+      expect(await stakes.stakeOf(c.address)).to.deep.equal([200n * E18 - PENALTY, COLLATERAL, 0n, 0n]);
+      for (const p of [a, b]) expect(await stakes.stakeOf(p.address)).to.deep.equal([200n * E18, 2n * COLLATERAL, 0n, 0n]);
+      for (const p of [a, b]) {
+        expect(await market.credits(p.address)).to.equal(PRICE);
+        expect(await market.reputationOf(p.address)).to.deep.equal([1n, 0n, 0n, 1n]);
+      }
+      expect(await market.credits(c.address)).to.equal(0n);
+      expect(await market.reputationOf(c.address)).to.deep.equal([0n, 1n, 0n, 0n]);
+      for (const v of [v1, v2]) {
+        expect(await market.credits(v.address)).to.equal((FEE + BOUNTY) / 2n);
+        expect(await lockedOf(sys, v)).to.equal(0n);
+      }
+      expect(await market.credits(buyer.address)).to.equal(PENALTY - BOUNTY);
+      expect(await rosterState(sys, orderId)).to.include({ setAsideUnits: 1n, openSetAside: 0n });
+      // c's unpaid price is the order's again
+      expect(await orderFields(sys, orderId)).to.deep.equal({ balance: PRICE, delivered: 1n, openUnits: 5n, closed: false });
+      expect(await market.totalCredits()).to.equal(2n * PRICE + FEE + PENALTY);
+      await expectSolventLoose(sys);
+
+      // rounds 1 and 2 as usual; the close pays every slot but the set-aside unit's and releases the rest of the lock
+      await step(R, { reveal: 1, commit: 2 });
+      await step(R, { reveal: 2 });
+      await expect(closeTx(R)).to.emit(market, "RosterClosed").withArgs(orderId, 3, 15n * PRICE);
+      for (const p of [a, b]) {
+        expect(await market.credits(p.address)).to.equal(6n * PRICE);
+        expect(await market.reputationOf(p.address)).to.deep.equal([6n, 0n, 0n, 6n]);
+        expect(await stakes.stakeOf(p.address)).to.deep.equal([200n * E18, 0n, 0n, 0n]);
+      }
+      expect(await market.credits(c.address)).to.equal(5n * PRICE);
+      expect(await market.reputationOf(c.address)).to.deep.equal([5n, 1n, 0n, 0n]); // its fault ended the streak
+      expect(await stakes.stakeOf(c.address)).to.deep.equal([200n * E18 - PENALTY, 0n, 0n, 0n]);
+      expect(await orderFields(sys, orderId)).to.deep.equal(
+        { balance: PRICE + 5n * FEE, delivered: 6n, openUnits: 0n, closed: false });
+      await expect(market.connect(buyer).closeOrder(orderId)).to.emit(market, "OrderClosed")
+        .withArgs(orderId, PRICE + 5n * FEE);
+      expect(await market.credits(buyer.address)).to.equal(PENALTY - BOUNTY + PRICE + 5n * FEE);
+      expect(await market.totalEscrow()).to.equal(0n);
+      expect(await market.totalCredits()).to.equal(ESCROW + PENALTY);
+      await expectSolventLoose(sys);
+    });
+
+    it("a withheld set-aside unit nobody settles expires: the withhold penalty is slashed to the buyer, the close pays the rest",
+      async function () {
+      const { sys, orderId, R } = await load(committedFixture);
+      const { market, stakes, buyer } = sys;
+      const [a, b, c] = R.signers;
+      const [v1, v2] = sys.verifiers;
+      await pastRevealWindow(sys, orderId);
+      const tx = await opStep(R, [v1, v2], { reveal: 0, withheld: WITHHELD });
+      expect(await setAsideOf(R, tx)).to.deep.equal([{ round: 0n, unit: 1n, unitId: 1n }]);
+      await expectUnrevealed(R, 1n, 0, 1, [2], [v1, v2]);
+      const { verdictDeadline } = await market.getUnit(1n);
+      await expect(market.expireUnit(1n)).to.be.revertedWithCustomError(market, "UnitNotExpired")
+        .withArgs(1n, verdictDeadline);
+      await time.increaseTo(verdictDeadline + 1n);
+      const etx = market.connect(sys.other).expireUnit(1n);
+      await expect(etx).to.emit(market, "UnitExpired").withArgs(1n);
+      await expect(etx).to.emit(market, "RevealWithheld").withArgs(1n, c.address, PENALTY);
+      expect((await market.getUnit(1n)).state).to.equal(h.UNIT_STATE.Expired);
+      expect(await stakes.stakeOf(c.address)).to.deep.equal([200n * E18 - PENALTY, COLLATERAL, 0n, 0n]);
+      expect(await market.reputationOf(c.address)).to.deep.equal([0n, 1n, 0n, 0n]);
+      for (const p of [a, b]) {
+        expect(await stakes.stakeOf(p.address)).to.deep.equal([200n * E18, 2n * COLLATERAL, 0n, 0n]);
+        expect(await market.reputationOf(p.address)).to.deep.equal([0n, 0n, 0n, 0n]); // revealed: no fault
+      }
+      for (const v of [v1, v2]) {
+        expect(await lockedOf(sys, v)).to.equal(0n);
+        expect(await market.credits(v.address)).to.equal(0n);
+      }
+      expect(await market.credits(buyer.address)).to.equal(PENALTY);
+      expect(await rosterState(sys, orderId)).to.include({ setAsideUnits: 1n, openSetAside: 0n });
+      expect(await orderFields(sys, orderId)).to.deep.equal(
+        { balance: 3n * PRICE + FEE, delivered: 0n, openUnits: 5n, closed: false });
+      await expectSolventLoose(sys);
+
+      await step(R, { commit: 1 });
+      await step(R, { reveal: 1, commit: 2 });
+      await step(R, { reveal: 2 });
+      await expect(closeTx(R)).to.emit(market, "RosterClosed").withArgs(orderId, 3, 15n * PRICE);
+      for (const p of [a, b]) {
+        expect(await market.credits(p.address)).to.equal(5n * PRICE);
+        expect(await market.reputationOf(p.address)).to.deep.equal([5n, 0n, 0n, 5n]);
+        expect(await stakes.stakeOf(p.address)).to.deep.equal([200n * E18, 0n, 0n, 0n]);
+      }
+      expect(await market.credits(c.address)).to.equal(5n * PRICE);
+      expect(await market.reputationOf(c.address)).to.deep.equal([5n, 1n, 0n, 0n]);
+      expect(await stakes.stakeOf(c.address)).to.deep.equal([200n * E18 - PENALTY, 0n, 0n, 0n]);
+      expect(await orderFields(sys, orderId)).to.deep.equal(
+        { balance: 3n * PRICE + 6n * FEE, delivered: 5n, openUnits: 0n, closed: false });
+      await expect(market.connect(buyer).closeOrder(orderId)).to.emit(market, "OrderClosed")
+        .withArgs(orderId, 3n * PRICE + 6n * FEE);
+      expect(await market.credits(buyer.address)).to.equal(PENALTY + 3n * PRICE + 6n * FEE);
+      expect(await market.totalEscrow()).to.equal(0n);
+      expect(await market.totalCredits()).to.equal(ESCROW + PENALTY);
+      await expectSolventLoose(sys);
+    });
+
+    it("an opening published on chain makes the withheld bit harmless: revealed with the published digest, nothing set aside",
+      async function () {
+      const { sys, orderId, R } = await load(committedFixture);
+      const { market } = sys;
+      const [a, b, c] = R.signers;
+      // slot 3 (unit 1, replica 0: a): RoundRevealed reports replica 0's digest, so it shows which value was used
+      const d3 = slotData(R, 0, 3);
+      await expect(publishTx(R, 3, { caller: sys.other })).to.emit(market, "OpeningPublished")
+        .withArgs(orderId, 0, 3, d3.resultDigest);
+      await pastRevealWindow(sys, orderId);
+      // an unpublished withheld slot needs a verdict (not the operator's step here) ...
+      await expect(step(R, { reveal: 0, withheld: WITHHELD })).to.be.revertedWithCustomError(market,
+        "RoundUnitNeedsVerdict").withArgs(orderId, 0, 1, false);
+      // ... the published one does not: anyone steps, without verifiers
+      const tx = await step(R, { reveal: 0, commit: 1, withheld: 1n << 3n });
+      await expect(tx).to.emit(market, "RoundRevealed").withArgs(orderId, 0, [slotData(R, 0, 0).resultDigest, d3.resultDigest]);
+      expect(d3.resultDigest).to.not.equal(d3.commitment);
+      await expect(tx).to.not.emit(market, "UnitSetAside");
+      expect(await market.unitCount()).to.equal(0n);
+      expect(await rosterState(sys, orderId)).to.include({ committed: 2n, setAsideUnits: 0n, openSetAside: 0n });
+
+      // the publication is the round's: round 1's slot 3 withheld (nothing published for it) needs a verdict
+      await pastRevealWindow(sys, orderId);
+      await expect(step(R, { reveal: 1, withheld: 1n << 3n })).to.be.revertedWithCustomError(market,
+        "RoundUnitNeedsVerdict").withArgs(orderId, 1, 1, false);
+      await step(R, { reveal: 1, commit: 2 });
+      await step(R, { reveal: 2 });
+      // every slot paid by the roster, nobody penalized
+      await expect(closeTx(R)).to.emit(market, "RosterClosed").withArgs(orderId, 3, 18n * PRICE);
+      for (const p of [a, b, c]) {
+        expect(await market.credits(p.address)).to.equal(6n * PRICE);
+        expect(await market.reputationOf(p.address)).to.deep.equal([6n, 0n, 0n, 6n]);
+        expect(await sys.stakes.stakeOf(p.address)).to.deep.equal([200n * E18, 0n, 0n, 0n]);
+      }
+      await expectSolventLoose(sys);
+    });
+
+    it("a published opening that disagrees counts as revealed: its unit is set aside revealed and may be judged fraud",
+      async function () {
+      const { sys, orderId, R } = await load(openedFixture);
+      const { market } = sys;
+      const [v1, v2] = sys.verifiers;
+      const digests = R.slots.map((_, i) => h.digestOf(`u${Math.floor(i / 3)}`));
+      digests[SLOT] = h.digestOf("cheat");
+      await step(R, { commit: 0, digests });
+      await publishTx(R, SLOT);
+      await pastRevealWindow(sys, orderId);
+      await expect(step(R, { reveal: 0, withheld: WITHHELD, verifiers: [v1, v2] })).to.be.revertedWithCustomError(market,
+        "RoundUnitNeedsVerdict").withArgs(orderId, 0, 1, false);
+      const tx = await opStep(R, [v1, v2], { reveal: 0, withheld: WITHHELD });
+      await expectSetAside(R, tx, 0, 1, 1n, [v1, v2]); // every replica revealed, slot 5 with the published digest
+      expect((await market.replicaOf(1n, 2))[1]).to.equal(h.digestOf("cheat"));
+      const vtx = await verdict(sys, 1n, [0, 0, 2], [v1, v2]);
+      await expect(vtx).to.emit(market, "FraudHeld").withArgs(1n, 4);
+      await expect(vtx).to.not.emit(market, "RevealWithheld");
+    });
+
+    it("publishOpening refusals: no round pending, slot out of range, wrong commitments, a mismatched opening", async function () {
+      const { sys, orderId, deadline, R } = await load(openedFixture);
+      const { market } = sys;
+      const [, b, c] = R.signers;
+      await expect(publishTx(R, SLOT)).to.be.revertedWithCustomError(market, "NoRoundToStep").withArgs(orderId, 0);
+      await step(R, { commit: 0 });
+      const commitments = commitmentsOf(R, 0);
+      const unitId = roundUnitIdOf(orderId, 0, 1);
+      await expect(publishTx(R, 6, { slotOf: SLOT })).to.be.revertedWithCustomError(market, "InvalidLayout").withArgs(6);
+      await expect(publishTx(R, 2n ** 255n, { slotOf: SLOT })).to.be.revertedWithCustomError(market, "InvalidLayout")
+        .withArgs(2n ** 255n);
+      await expect(publishTx(R, SLOT, { commitments: commitments.slice(0, 5) })).to.be.revertedWithCustomError(market,
+        "EntryCountMismatch").withArgs(6, 5);
+      await expect(publishTx(R, SLOT, { commitments: [...commitments].reverse() })).to.be.revertedWithCustomError(market,
+        "RoundHashMismatch").withArgs(orderId, 0);
+      await expect(publishTx(R, SLOT, { commitments: commitmentsOf({ ...R, digests: {} }, 1) }))
+        .to.be.revertedWithCustomError(market, "RoundHashMismatch").withArgs(orderId, 0);
+      await expect(publishTx(R, SLOT, { salt: h.saltOf("other") })).to.be.revertedWithCustomError(market, "RevealMismatch")
+        .withArgs(unitId, c.address);
+      await expect(publishTx(R, SLOT, { resultDigest: h.digestOf("other") })).to.be.revertedWithCustomError(market,
+        "RevealMismatch").withArgs(unitId, c.address);
+      // another slot's opening: b's of the same unit, c's own of unit 0
+      await expect(publishTx(R, SLOT, { slotOf: 4 })).to.be.revertedWithCustomError(market, "RevealMismatch")
+        .withArgs(unitId, c.address);
+      await expect(publishTx(R, SLOT, { slotOf: 2 })).to.be.revertedWithCustomError(market, "RevealMismatch")
+        .withArgs(unitId, c.address);
+      // the right opening in another slot is refused in that slot's name
+      await expect(publishTx(R, 4, { slotOf: SLOT })).to.be.revertedWithCustomError(market, "RevealMismatch")
+        .withArgs(unitId, b.address);
+      await expect(market.publishOpening(orderId, R.addrs, layoutOf([1, 2, 0, 1, 2, 0]), SLOT, slotData(R, 0, SLOT).resultDigest,
+        slotData(R, 0, SLOT).salt, commitments)).to.be.revertedWithCustomError(market, "RosterMismatch").withArgs(orderId);
+      // none of them recorded anything: the slot withheld still needs a verdict
+      await pastRevealWindow(sys, orderId);
+      await expect(step(R, { reveal: 0, withheld: WITHHELD })).to.be.revertedWithCustomError(market,
+        "RoundUnitNeedsVerdict").withArgs(orderId, 0, 1, false);
+      // the right one, by anyone (after the window too); then the same step goes through
+      await expect(publishTx(R, SLOT, { caller: sys.buyer })).to.emit(market, "OpeningPublished")
+        .withArgs(orderId, 0, SLOT, slotData(R, 0, SLOT).resultDigest);
+      await expect(step(R, { reveal: 0, withheld: WITHHELD })).to.emit(market, "RoundRevealed").and.not.to.emit(market,
+        "UnitSetAside");
+      // revealed: nothing pending
+      await expect(publishTx(R, SLOT)).to.be.revertedWithCustomError(market, "NoRoundToStep").withArgs(orderId, 1);
+      await time.increaseTo(deadline + 1n);
+      await closeTx(R);
+      await expect(publishTx(R, SLOT)).to.be.revertedWithCustomError(market, "RosterNotOpen").withArgs(orderId);
+    });
+
+    it("a withheld slot from anyone but the operator with verifiers is refused (RoundUnitNeedsVerdict); its entry must be its commitment",
+      async function () {
+      const { sys, orderId, R } = await load(committedFixture);
+      const { market } = sys;
+      const [v1, v2] = sys.verifiers;
+      await pastRevealWindow(sys, orderId);
+      const before = await chainState(sys, orderId);
+      await expect(step(R, { reveal: 0, commit: 1, withheld: WITHHELD, verifiers: [v1, v2] }))
+        .to.be.revertedWithCustomError(market, "RoundUnitNeedsVerdict").withArgs(orderId, 0, 1, false);
+      await expect(opStep(R, [], { reveal: 0, withheld: WITHHELD })).to.be.revertedWithCustomError(market,
+        "RoundUnitNeedsVerdict").withArgs(orderId, 0, 1, false);
+      await expect(opStep(R, [v1], { reveal: 0, withheld: WITHHELD })).to.be.revertedWithCustomError(market,
+        "RoundUnitNeedsVerdict").withArgs(orderId, 0, 1, false);
+      // slots withheld in both units: the first unit that needs a verdict is named
+      await expect(step(R, { reveal: 0, withheld: (1n << 1n) | WITHHELD })).to.be.revertedWithCustomError(market,
+        "RoundUnitNeedsVerdict").withArgs(orderId, 0, 0, false);
+      // a withheld entry carrying anything but the slot's commitment (its digest, its opening) fails the round's hash
+      const wrong = givenOpenings(R, 0, WITHHELD).map((o, i) => (i === SLOT ? openingsFor(R, 0)[SLOT] : o));
+      await expect(market.connect(sys.operator).stepRound(orderId, R.addrs, R.layout, wrong, WITHHELD, [v1.address, v2.address],
+        0, [])).to.be.revertedWithCustomError(market, "RoundHashMismatch").withArgs(orderId, 0);
+      expect(await chainState(sys, orderId)).to.deep.equal(before);
+      // the operator with verifiers sets both units aside, b's and c's replicas unrevealed
+      const tx = await opStep(R, [v1, v2], { reveal: 0, withheld: (1n << 1n) | WITHHELD });
+      expect(await setAsideOf(R, tx)).to.deep.equal([{ round: 0n, unit: 0n, unitId: 1n }, { round: 0n, unit: 1n, unitId: 2n }]);
+      await expectUnrevealed(R, 1n, 0, 0, [1], [v1, v2]);
+      await expectUnrevealed(R, 2n, 0, 1, [2], [v1, v2]);
+      expect(await rosterState(sys, orderId)).to.include({ setAsideUnits: 2n, openSetAside: 2n, pendingBlock: 0n });
+      await expectSolventLoose(sys);
     });
   });
 

@@ -214,6 +214,10 @@ def test_a_replica_that_never_opens_is_set_aside_unrevealed_and_loses_the_withho
             order_id, roster, given, deadline, [], withheld=1 << slot, verifiers=world.verifiers[:2]
         )
     world.backend.advance_time(client.params.reveal_window + 1)
+    with pytest.raises(errors.InvalidLayout):  # a bit past the round's 6 slots names no slot
+        client.step_round(
+            order_id, roster, given, deadline, [], withheld=1 << 6, verifiers=world.verifiers[:2]
+        )
     receipt = client.step_round(
         order_id, roster, given, deadline, [], withheld=1 << slot, verifiers=world.verifiers[:2]
     )
