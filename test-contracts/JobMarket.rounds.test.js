@@ -1435,23 +1435,8 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       // rounds 1 and 2 as usual; the close pays every slot but the set-aside unit's and releases the rest of the lock
       await step(R, { reveal: 1, commit: 2 });
       await step(R, { reveal: 2 });
-      await expect(closeTx(R)).to.emit(market, "RosterClosed").withArgs(orderId, 3, 15n * PRICE);
-      for (const p of [a, b]) {
-        expect(await market.credits(p.address)).to.equal(6n * PRICE);
-        expect(await market.reputationOf(p.address)).to.deep.equal([6n, 0n, 0n, 6n]);
-        expect(await stakes.stakeOf(p.address)).to.deep.equal([200n * E18, 0n, 0n, 0n]);
-      }
-      expect(await market.credits(c.address)).to.equal(5n * PRICE);
-      expect(await market.reputationOf(c.address)).to.deep.equal([5n, 1n, 0n, 0n]); // its fault ended the streak
-      expect(await stakes.stakeOf(c.address)).to.deep.equal([200n * E18 - PENALTY, 0n, 0n, 0n]);
-      expect(await orderFields(sys, orderId)).to.deep.equal(
-        { balance: PRICE + 5n * FEE, delivered: 6n, openUnits: 0n, closed: false });
-      await expect(market.connect(buyer).closeOrder(orderId)).to.emit(market, "OrderClosed")
-        .withArgs(orderId, PRICE + 5n * FEE);
-      expect(await market.credits(buyer.address)).to.equal(PENALTY - BOUNTY + PRICE + 5n * FEE);
-      expect(await market.totalEscrow()).to.equal(0n);
-      expect(await market.totalCredits()).to.equal(ESCROW + PENALTY);
-      await expectSolventLoose(sys);
+      await expectWithheldOrderClosed(R, { honestSlots: 6n, refund: PRICE + 5n * FEE, delivered: 6n,
+        buyerBefore: PENALTY - BOUNTY });
     });
 
     it("a withheld set-aside unit nobody settles expires: the withhold penalty is slashed to the buyer, the close pays the rest",
@@ -1491,23 +1476,8 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       await step(R, { commit: 1 });
       await step(R, { reveal: 1, commit: 2 });
       await step(R, { reveal: 2 });
-      await expect(closeTx(R)).to.emit(market, "RosterClosed").withArgs(orderId, 3, 15n * PRICE);
-      for (const p of [a, b]) {
-        expect(await market.credits(p.address)).to.equal(5n * PRICE);
-        expect(await market.reputationOf(p.address)).to.deep.equal([5n, 0n, 0n, 5n]);
-        expect(await stakes.stakeOf(p.address)).to.deep.equal([200n * E18, 0n, 0n, 0n]);
-      }
-      expect(await market.credits(c.address)).to.equal(5n * PRICE);
-      expect(await market.reputationOf(c.address)).to.deep.equal([5n, 1n, 0n, 0n]);
-      expect(await stakes.stakeOf(c.address)).to.deep.equal([200n * E18 - PENALTY, 0n, 0n, 0n]);
-      expect(await orderFields(sys, orderId)).to.deep.equal(
-        { balance: 3n * PRICE + 6n * FEE, delivered: 5n, openUnits: 0n, closed: false });
-      await expect(market.connect(buyer).closeOrder(orderId)).to.emit(market, "OrderClosed")
-        .withArgs(orderId, 3n * PRICE + 6n * FEE);
-      expect(await market.credits(buyer.address)).to.equal(PENALTY + 3n * PRICE + 6n * FEE);
-      expect(await market.totalEscrow()).to.equal(0n);
-      expect(await market.totalCredits()).to.equal(ESCROW + PENALTY);
-      await expectSolventLoose(sys);
+      await expectWithheldOrderClosed(R, { honestSlots: 5n, refund: 3n * PRICE + 6n * FEE, delivered: 5n,
+        buyerBefore: PENALTY });
     });
 
     it("an opening published on chain makes the withheld bit harmless: revealed with the published digest, nothing set aside",
@@ -1754,3 +1724,29 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
     });
   });
 });
+
+/** The close of a 3-round roster on a, b, c whose slot 5 (c) was withheld in round 0 and settled alone: a
+ * and b paid `honestSlots` each with their streak, c its 5 roster slots but no streak (its fault) and the
+ * penalty gone from its stake, every lock released; the order closes with `refund` to a buyer credited
+ * `buyerBefore` already; escrow empty and exact solvency. */
+async function expectWithheldOrderClosed(R, { honestSlots, refund, delivered, buyerBefore }) {
+  const { sys, orderId } = R;
+  const { market, stakes, buyer } = sys;
+  const [a, b, c] = R.signers;
+  const PENALTY = PARAMS.withholdPenalty;
+  await expect(closeTx(R)).to.emit(market, "RosterClosed").withArgs(orderId, 3, 15n * PRICE);
+  for (const p of [a, b]) {
+    expect(await market.credits(p.address)).to.equal(honestSlots * PRICE);
+    expect(await market.reputationOf(p.address)).to.deep.equal([honestSlots, 0n, 0n, honestSlots]);
+    expect(await stakes.stakeOf(p.address)).to.deep.equal([200n * E18, 0n, 0n, 0n]);
+  }
+  expect(await market.credits(c.address)).to.equal(5n * PRICE);
+  expect(await market.reputationOf(c.address)).to.deep.equal([5n, 1n, 0n, 0n]); // its fault ended the streak
+  expect(await stakes.stakeOf(c.address)).to.deep.equal([200n * E18 - PENALTY, 0n, 0n, 0n]);
+  expect(await orderFields(sys, orderId)).to.deep.equal({ balance: refund, delivered, openUnits: 0n, closed: false });
+  await expect(market.connect(buyer).closeOrder(orderId)).to.emit(market, "OrderClosed").withArgs(orderId, refund);
+  expect(await market.credits(buyer.address)).to.equal(buyerBefore + refund);
+  expect(await market.totalEscrow()).to.equal(0n);
+  expect(await market.totalCredits()).to.equal(ESCROW + PENALTY);
+  await expectSolventLoose(sys);
+}

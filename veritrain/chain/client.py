@@ -979,7 +979,7 @@ class ChainClient:
             roster.replicas,
             roster.units_per_round,
             roster.rounds,
-            [(a.nonce, a.deadline, a.signature) for a in accepts],
+            [accept.as_args() for accept in accepts],
         )
 
     def step_round(
