@@ -97,6 +97,23 @@ def test_bench_chain_writes_the_gas_schema(tmp_path: Path, capsys: pytest.Captur
     assert report["gas_per_settled_unit_market_path"] < report["gas_per_settled_unit_market_path_per_message"]
     # amortized over 18 units, a k = 3 unit costs at least the steady-state batched unit's share
     assert orders["k3_m8"]["units_gas"] >= 18 * report["gas_per_settled_unit"] * 99 // 100
+    # The round path's two-step flow (M shard units a round) and its audits: every unit of an audited
+    # order was set aside and settled by verdict (the bench refuses otherwise), which costs more than
+    # the plain order; the figure with audits adds rate x that cost to the R = 10 figure.
+    rounds = detail["round_path_m8_orders"]
+    for k, audit in report["round_path_audits"].items():
+        audited, plain = rounds[f"{k}_m8_r2_two_step_audited"], rounds[f"{k}_m8_r2_two_step"]
+        verdicts = [name for name in audited["round_path_gas"] if name.startswith("submitVerdict#")]
+        assert len(verdicts) == audited["units"] == plain["units"] == 16
+        assert audit["audit_gas_per_unit"] > 100_000
+        without = report[f"gas_per_settled_unit_round_path_{k}_m8_r10_two_step"]
+        assert audit["without_audits"] == without
+        assert (
+            audit["with_audits"] == without + audit["audit_gas_per_unit"] * audit["audit_rate_ppm"] // 10**6
+        )
+        assert (
+            report[f"gas_per_settled_unit_round_path_{k}_m8_r10_two_step_with_audits"] == audit["with_audits"]
+        )
     printed = capsys.readouterr().out
     assert "issue 9 target at k = 3, M = 8" in printed
     assert "per settled unit (batched)" in printed and "single-unit order, all transactions" in printed

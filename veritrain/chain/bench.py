@@ -144,7 +144,65 @@ NOTES = {
         f"{DILOCO_ROUNDS} rounds of {DILOCO_SHARDS} shard units + 1 aggregate unit; every transaction of the "
         f"order divided by its {DILOCO_ROUNDS * DILOCO_SHARDS} shard units (aggregate units are overhead)"
     ),
+    "round_path": (
+        f"k{{3,1}}_m8_r{{{','.join(map(str, ROUND_PATH_ROUNDS))}}}: R rounds of {DILOCO_SHARDS} shard units "
+        "+ 1 aggregate unit, openRoster, one stepRound per round (reveal the previous, commit this one), a "
+        "reveal-only last step, closeRoster, postOrder + closeOrder + withdrawals; per shard unit"
+    ),
+    "round_path_two_step": (
+        f"..._two_step: R rounds of {DILOCO_SHARDS} shard units (the aggregate folded into the next round's "
+        "shards), each round committed by one stepRound and revealed by another, as a market that starts a "
+        "round only from results revealed on chain would send them; per shard unit"
+    ),
+    "round_path_audits": (
+        "..._two_step_audited: the two-step order at R = 2 with every unit set aside and settled by an "
+        "accepting verdict of 2 verifiers; audit_gas_per_unit = its round-path gas minus the plain two-step "
+        "order's, per unit; ..._two_step_with_audits = the R = 10 two-step figure + audit rate x "
+        "audit_gas_per_unit at the deployed default rates (spotCheckPpm for k > 1, soloSpotCheckPpm for "
+        "k = 1); the other round-path and per-unit figures draw no unit"
+    ),
 }
+
+
+def _auditing_parties(backend: Backend, deployer: LocalAccount, parties: _Parties) -> _Parties:
+    """The same parties on a second market whose audit rates draw every unit, each funded and staked as on
+    the first, after a warm-up order at each replica count (their storage slots warm, as on the first)."""
+    from veritrain.chain.client import ChainClient
+    from veritrain.chain.deployment import MarketParams
+
+    params = MarketParams(
+        min_verifiers=VERIFIERS, spot_check_ppm=1_000_000, solo_spot_check_ppm=1_000_000, probation_streak=0
+    )
+    client = ChainClient.deploy(backend, deployer, params=params)
+    auditing = _Parties(client, parties.buyer, parties.providers, parties.verifiers, labels=parties.labels)
+    client.mint(parties.buyer, 5_000 * TOKEN)
+    client.approve(parties.buyer, client.deployment.job_market, 2**256 - 1)
+    for party in [*parties.providers, *parties.verifiers]:
+        client.mint(party, 1500 * TOKEN)
+        client.approve(party, client.deployment.stake_manager, 2**256 - 1)
+        client.stake(party, 1500 * TOKEN)  # a roster locks one collateral per slot: 8 at k = 1
+    for k in (REPLICAS, 1):
+        auditing.round_path_order(k, 1, two_step=True, audited=True)
+    return auditing
+
+
+def _audited_unit_figures(audit_gas: int, replicas: int, round_path: dict[str, Any]) -> dict[str, Any]:
+    """What audits add to the two-step round path at the deployed default audit rates: each audited unit
+    costs `audit_gas` more (measured: set aside, its verifiers' accepting verdict, the roster's close), a
+    unit is audited at `spotCheckPpm` (k > 1) or `soloSpotCheckPpm` (k = 1), so per settled unit
+    with_audits = the R-round two-step figure + rate x audit_gas."""
+    from veritrain.chain.deployment import MarketParams
+
+    defaults = MarketParams()
+    rate_ppm = defaults.solo_spot_check_ppm if replicas == 1 else defaults.spot_check_ppm
+    base = round_path[f"k{replicas}_m8_r{ROUND_PATH_ROUNDS[-1]}_two_step"]["per_shard_unit"]
+    return {
+        "audit_gas_per_unit": audit_gas,
+        "audit_rate_ppm": rate_ppm,
+        "rounds": ROUND_PATH_ROUNDS[-1],
+        "without_audits": base,
+        "with_audits": base + audit_gas * rate_ppm // 1_000_000,
+    }
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -272,7 +330,8 @@ class _Parties:
     def close(self, order_id: int) -> dict[str, int]:
         """The per-order transactions after the units: close, the buyer's and each provider's withdrawal."""
         gas = {"closeOrder": self.client.close_order(order_id, sender=self.buyer).gas_used}
-        gas["withdrawCredit(buyer)"] = self.client.withdraw_credit(self.buyer).gas_used
+        if self.client.credits(self.buyer.address):  # none when every unit's verifier fee was paid out
+            gas["withdrawCredit(buyer)"] = self.client.withdraw_credit(self.buyer).gas_used
         for index, provider in enumerate(self.providers[: self.order_replicas[order_id]], 1):
             gas[f"withdrawCredit#{index}"] = self.client.withdraw_credit(provider).gas_used
         return gas
@@ -333,14 +392,26 @@ class _Parties:
             "per_shard_unit": (unit_gas + order_gas) // shard_units,
         }
 
-    def round_path_order(self, replicas: int, rounds: int) -> dict[str, Any]:
+    def round_path_order(
+        self, replicas: int, rounds: int, two_step: bool = False, audited: bool = False
+    ) -> dict[str, Any]:
         """A whole M = 8 order of `rounds` rounds on the round path (JobMarketRounds): openRoster with
         provider r on replica r of every unit, one stepRound per round (the previous round's openings and
         this round's signed commitments), a last step that only reveals, closeRoster, then the order's own
-        transactions: every transaction divided by the shard units trained."""
-        from veritrain.chain.client import Reveal, Roster
+        transactions: every transaction divided by the shard units trained.
 
-        units_per_round = DILOCO_SHARDS + 1
+        ``two_step``: the flow of a market that starts a round only from results revealed on chain, as a
+        DiLoCo round needs its shards' results before the next: each round is committed by one step and
+        revealed by another, and has its M shard units only (the aggregate folded into the next round's
+        shards: no unit of a round depends on another of the same round).
+
+        ``audited`` (two-step only, on a market whose audit rates draw every unit): every unit is drawn,
+        set aside by the revealing step and settled by its verifiers' accepting verdict."""
+        from veritrain.chain.client import Outcome, Reveal, Roster
+
+        if audited and not two_step:
+            raise ValueError("an audited round-path order is measured on the two-step flow")
+        units_per_round = DILOCO_SHARDS if two_step else DILOCO_SHARDS + 1
         order_id, post_gas = self.post(rounds * units_per_round, replicas)
         providers = self.providers[:replicas]
         roster = Roster(
@@ -370,6 +441,27 @@ class _Parties:
                         pending.append(
                             Reveal(provider.address, digest, self.salts[(unit_id, provider.address)])
                         )
+            if two_step and round_index < rounds:
+                receipt = self.client.step_round(order_id, roster, [], FAR_DEADLINE, works)
+                gas[f"stepRound#{round_index}:commit"] = receipt.gas_used
+                verifiers = self.verifiers if audited else ()
+                receipt = self.client.step_round(
+                    order_id, roster, pending, FAR_DEADLINE, [], verifiers=verifiers
+                )
+                gas[f"stepRound#{round_index}:reveal"] = receipt.gas_used
+                set_aside = [event.args["unitId"] for event in receipt.events_named("UnitSetAside")]
+                _require(
+                    len(set_aside) == (units_per_round if audited else 0),
+                    f"order {order_id} round {round_index}: {len(set_aside)} units set aside",
+                )
+                accept = (Outcome.ACCEPT,) * replicas
+                for unit_id in set_aside:
+                    signed = [self.client.sign_verdict(v, unit_id, accept, FAR_DEADLINE) for v in verifiers]
+                    verdict = self.client.submit_verdict(unit_id, accept, signed)
+                    gas[f"submitVerdict#{round_index}.{unit_id}"] = verdict.gas_used
+                continue
+            if two_step:
+                continue
             receipt = self.client.step_round(order_id, roster, openings, FAR_DEADLINE, works)
             gas[f"stepRound#{round_index}"] = receipt.gas_used
             openings = pending if round_index < rounds else []
@@ -457,7 +549,7 @@ def measure(backend: Backend) -> dict[str, Any]:
         )
     }
     parties = _Parties(client, buyer, list(accounts[2 : 2 + REPLICAS]), list(accounts[2 + REPLICAS :]))
-    client.mint(buyer, 10_000 * TOKEN)
+    client.mint(buyer, 20_000 * TOKEN)
     client.approve(buyer, client.deployment.job_market, 2**256 - 1)
     stake_gas: list[int] = []
     for party in [*parties.providers, *parties.verifiers]:
@@ -509,11 +601,29 @@ def measure(backend: Backend) -> dict[str, Any]:
         for k in (REPLICAS, 1)
         for rounds in ROUND_PATH_ROUNDS
     }
+    round_path.update(
+        {
+            f"k{k}_m8_r{rounds}_two_step": parties.round_path_order(k, rounds, two_step=True)
+            for k in (REPLICAS, 1)
+            for rounds in ROUND_PATH_ROUNDS
+        }
+    )
 
     # Last, as it moves the chain's clock: the verdict's held fraud replica is slashed once it stands.
     windows = params.commit_window + params.reveal_window + params.verdict_window
     backend.advance_time(windows + client.deployment.appeal_params.appeal_window + 1)
     settle_verdict_gas = client.settle_verdict(verdict_unit, VERDICT_OUTCOMES).gas_used
+
+    # Audits, on a second market (its own clients' transaction nonces): after the first's last transaction.
+    audit_rounds = ROUND_PATH_ROUNDS[0]
+    auditing = _auditing_parties(backend, deployer, parties)
+    audits = {}
+    for k in (REPLICAS, 1):
+        audited = auditing.round_path_order(k, audit_rounds, two_step=True, audited=True)
+        round_path[f"k{k}_m8_r{audit_rounds}_two_step_audited"] = audited
+        plain = round_path[f"k{k}_m8_r{audit_rounds}_two_step"]
+        extra = sum(audited["round_path_gas"].values()) - sum(plain["round_path_gas"].values())
+        audits[k] = _audited_unit_figures(extra // audited["units"], k, round_path)
 
     commit_single = [value for key, value in single.items() if key.startswith("commitWithSig")]
     reveal_single = [value for key, value in single.items() if key.startswith("reveal#")]
@@ -550,6 +660,13 @@ def measure(backend: Backend) -> dict[str, Any]:
         "gas_per_settled_unit_market_path_per_message": diloco["market_path_per_message"]["per_shard_unit"],
         "gas_per_settled_unit_round_multicall_m8": diloco["round_multicall_m8"]["per_shard_unit"],
         **{f"gas_per_settled_unit_round_path_{name}": o["per_shard_unit"] for name, o in round_path.items()},
+        **{
+            f"gas_per_settled_unit_round_path_k{k}_m8_r{ROUND_PATH_ROUNDS[-1]}_two_step_with_audits": figures[
+                "with_audits"
+            ]
+            for k, figures in audits.items()
+        },
+        "round_path_audits": {f"k{k}": figures for k, figures in audits.items()},
         "target_gas_per_settled_unit_k3_m8": GAS_TARGET_K3_M8,
         "target_gas_per_settled_unit_k1_m8": GAS_TARGET_K1_M8,
         "included": INCLUDED,
@@ -612,4 +729,13 @@ def format_table(report: dict[str, Any]) -> str:
         goal = report[f"target_gas_per_settled_unit_k{k}_m8"]
         verdict = "within" if measured <= goal else "OVER"
         rows.append(f"issue 9 target at k = {k}, M = 8: {goal:,}: {verdict} ({measured / goal:.1%})")
+    rows.append("round path (not the market's path yet), per shard unit:")
+    for key, value in report.items():
+        if key.startswith("gas_per_settled_unit_round_path_"):
+            rows.append(row("  " + key.removeprefix("gas_per_settled_unit_round_path_"), value))
+    for k, audit in report["round_path_audits"].items():
+        rows.append(
+            f"  {k}: an audited unit costs {audit['audit_gas_per_unit']:,} more; at "
+            f"{audit['audit_rate_ppm'] / 10_000:g} % audits, R = {audit['rounds']}: {audit['with_audits']:,}"
+        )
     return "\n".join(rows)
