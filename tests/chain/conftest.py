@@ -100,12 +100,12 @@ class World:
         return commits, reveals
 
 
-def build_world(backend: Backend) -> World:
+def build_world(backend: Backend, params: MarketParams = TEST_PARAMS) -> World:
     accounts = backend.dev_accounts(10)
     deployer, buyer = accounts[0], accounts[1]
     providers, verifiers, outsider = list(accounts[2:6]), list(accounts[6:9]), accounts[9]
     client = ChainClient.deploy(
-        backend, deployer, params=TEST_PARAMS, appeal_params=TEST_APPEALS, unbonding_period=UNBONDING_PERIOD
+        backend, deployer, params=params, appeal_params=TEST_APPEALS, unbonding_period=UNBONDING_PERIOD
     )
     client.mint(buyer, BUYER_FUNDS)
     client.approve(buyer, client.deployment.job_market, 2**256 - 1)
@@ -140,7 +140,11 @@ def hardhat_world(hardhat_node: HardhatNode) -> Iterator[World]:
 @pytest.fixture(params=["inprocess", pytest.param("hardhat", marks=pytest.mark.node_backend)])
 def world(request: pytest.FixtureRequest) -> Iterator[World]:
     """The session's world on one backend, inside a snapshot reverted after the test."""
-    shared: World = request.getfixturevalue(f"{request.param}_world")
+    yield from reverted(request.getfixturevalue(f"{request.param}_world"))
+
+
+def reverted(shared: World) -> Iterator[World]:
+    """`shared` inside a snapshot reverted afterwards (transaction nonces forgotten with it)."""
     snapshot = shared.backend.snapshot()
     try:
         yield shared

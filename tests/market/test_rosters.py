@@ -1,0 +1,88 @@
+"""The roster draw and the round set-aside prediction (market/domain/rosters.py), as pure logic; the
+prediction's agreement with the contract is tests/chain/test_round_prediction.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from market.domain.rosters import MAX_ROSTER_PROVIDERS, SetAsideReason, draw_roster, predict_set_aside
+from veritrain.chain.client import Roster
+from veritrain.errors import InvalidInput, MarketError
+
+BLOCK = "0x" + "ab" * 32
+ORDER_KEY = "0x" + "cd" * 32
+ZERO = "0x" + "00" * 32
+
+
+def _candidates(count: int, stake: int = 100) -> dict[str, int]:
+    return {f"0x{index + 1:040x}": stake for index in range(count)}
+
+
+def _units(roster: Roster) -> list[list[str]]:
+    return [[roster.provider_of(u, r) for r in range(roster.replicas)] for u in range(roster.units_per_round)]
+
+
+def test_each_unit_gets_distinct_providers_and_the_same_inputs_draw_the_same_roster() -> None:
+    stakes = _candidates(6)
+    capacity = dict.fromkeys(stakes, 8)
+    roster = draw_roster(BLOCK, ORDER_KEY, stakes, capacity, 3, 8, 10)
+    assert (roster.replicas, roster.units_per_round, roster.rounds) == (3, 8, 10)
+    assert all(len(set(unit)) == 3 for unit in _units(roster))
+    assert draw_roster(BLOCK, ORDER_KEY, stakes, capacity, 3, 8, 10) == roster
+    other = draw_roster("0x" + "ef" * 32, ORDER_KEY, stakes, capacity, 3, 8, 10)
+    assert _units(other) != _units(roster)  # another block, another draw (6^24 layouts: no coincidence)
+
+
+def test_no_provider_holds_more_slots_than_its_capacity_and_too_few_candidates_is_an_error() -> None:
+    stakes = _candidates(4)
+    capacity = {address: 2 for address in stakes}
+    for seed in range(20):
+        roster = draw_roster(BLOCK, f"0x{seed:064x}", stakes, capacity, 2, 3, 1)
+        assert all(roster.slots.count(i) <= 2 for i in range(len(roster.providers)))
+    with pytest.raises(MarketError, match="free stake"):  # 10 slots, 8 collateralized
+        draw_roster(BLOCK, ORDER_KEY, stakes, capacity, 2, 5, 1)
+    with pytest.raises(MarketError):
+        draw_roster(BLOCK, ORDER_KEY, _candidates(2), dict.fromkeys(_candidates(2), 9), 3, 1, 1)
+    with pytest.raises(InvalidInput):
+        draw_roster(BLOCK, ORDER_KEY, stakes, capacity, 6, 1, 1)
+
+
+def test_a_roster_names_at_most_32_providers_and_unstaked_candidates_are_never_drawn() -> None:
+    stakes = {**_candidates(60), "0x" + "ff" * 20: 0}
+    capacity = dict.fromkeys(stakes, 5)
+    roster = draw_roster(BLOCK, ORDER_KEY, stakes, capacity, 5, 10, 1)
+    assert len(roster.providers) <= MAX_ROSTER_PROVIDERS
+    assert all(len(set(unit)) == 5 for unit in _units(roster))
+    assert "0x" + "ff" * 20 not in roster.providers
+
+
+def _roster(replicas: int = 3) -> Roster:
+    providers = tuple(f"0x{index + 1:040x}" for index in range(4))
+    slots = tuple((unit + replica) % 4 for unit in range(4) for replica in range(replicas))
+    return Roster(providers, slots, replicas, 4, 2)
+
+
+def test_the_prediction_names_each_reason_the_most_telling_first() -> None:
+    roster = _roster()
+    same = ["0x" + "11" * 32] * 3
+    values: list[str | None] = [*same, *same, *same, *same]
+    assert predict_set_aside(roster, 7, 0, BLOCK, 0, values) == {}
+    values[1] = None  # unit 0: a replica did not open
+    values[4] = "0x" + "22" * 32  # unit 1: replicas disagree
+    weak = frozenset({roster.provider_of(2, 0).upper().replace("0X", "0x")})  # unit 2: case is not identity
+    reasons = predict_set_aside(roster, 7, 0, BLOCK, 0, values, weak)
+    assert reasons[0] is SetAsideReason.WITHHELD and reasons[1] is SetAsideReason.SPLIT
+    assert reasons[2] is SetAsideReason.WEAK_PROVIDER
+    assert set(reasons) <= {0, 1, 2, 3}
+    everything = predict_set_aside(roster, 7, 0, BLOCK, 1_000_000, [*same, *same, *same, *same])
+    assert everything == dict.fromkeys(range(4), SetAsideReason.DRAWN)
+    assert predict_set_aside(roster, 7, 0, ZERO, 0, [*same, *same, *same, *same]) == everything
+
+
+def test_the_draw_is_per_round_unit_and_a_bad_slot_count_is_refused() -> None:
+    roster = _roster(replicas=1)
+    values: list[str | None] = ["0x" + "11" * 32] * 4
+    draws = [set(predict_set_aside(roster, 7, r, BLOCK, 500_000, values)) for r in range(8)]
+    assert len({frozenset(d) for d in draws}) > 1  # the unit id names the round: draws differ by round
+    with pytest.raises(InvalidInput, match="slot values"):
+        predict_set_aside(roster, 7, 0, BLOCK, 0, values[:3])
