@@ -13,13 +13,13 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from sqlalchemy import String, Table, TypeDecorator, UniqueConstraint, bindparam, event, func
+from sqlalchemy import String, Table, TypeDecorator, UniqueConstraint, bindparam, event, func, inspect, text
 from sqlalchemy.engine import Dialect, Engine
 from sqlalchemy.pool import StaticPool
 from sqlmodel import Field, Session, SQLModel, col, create_engine, select
 
 from market.domain.states import OrderState, ReplicaState, RoundState, UnitState
-from veritrain.errors import NotFound
+from veritrain.errors import MarketError, NotFound
 
 
 class Uint256Text(TypeDecorator[int]):
@@ -356,7 +356,29 @@ class MarketStore:
         self.engine = make_engine(url)
 
     def create_schema(self) -> None:
+        """Create the missing tables, then add to existing tables the columns a newer version declares: a
+        market upgraded in place keeps its database (new columns are nullable, so old rows stay valid)."""
         SQLModel.metadata.create_all(self.engine)
+        self._add_missing_columns()
+
+    def _add_missing_columns(self) -> None:
+        existing = inspect(self.engine)
+        with self.engine.begin() as connection:
+            for table in SQLModel.metadata.sorted_tables:
+                present = {column["name"] for column in existing.get_columns(table.name)}
+                for column in table.columns:
+                    if column.name in present:
+                        continue
+                    if not column.nullable:
+                        raise MarketError(
+                            f"table {table.name} lacks column {column.name}, which is not nullable: this "
+                            "database needs a migration the market does not make by itself"
+                        )
+                    kind = column.type.compile(dialect=self.engine.dialect)
+                    connection.execute(text(f'ALTER TABLE "{table.name}" ADD COLUMN "{column.name}" {kind}'))
+                    for index in table.indexes:
+                        if column.name in index.columns:
+                            index.create(connection)
 
     def drop_schema(self) -> None:
         SQLModel.metadata.drop_all(self.engine)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from sqlalchemy import inspect, text
 from sqlalchemy.exc import IntegrityError
 
 from market.store import (
@@ -15,7 +16,7 @@ from market.store import (
     RoundRow,
     UnitRow,
 )
-from veritrain.errors import NotFound
+from veritrain.errors import MarketError, NotFound
 
 
 def seed_unit(store: MarketStore) -> int:
@@ -133,3 +134,26 @@ def test_missing_rows_raise_not_found(store: MarketStore) -> None:
         ):
             with pytest.raises(NotFound):
                 lookup()
+
+
+def test_an_older_database_gets_the_newer_nullable_columns_and_keeps_its_rows(store: MarketStore) -> None:
+    """A market upgraded in place: its replicas table predates a column (dropped here to stand for an
+    older version); create_schema adds it back empty, with every row and the rest of the data kept."""
+    unit_id = seed_unit(store)
+    with store.transaction() as session:
+        session.add(ReplicaRow(unit_id=unit_id, index=0, provider="0x" + "aa" * 20, transcript_root="0x01"))
+    with store.engine.begin() as connection:
+        connection.execute(text('ALTER TABLE "replicas" DROP COLUMN "transcript_root"'))
+    assert "transcript_root" not in {c["name"] for c in inspect(store.engine).get_columns("replicas")}
+    store.create_schema()
+    store.create_schema()  # and again: nothing left to add
+    with store.transaction() as session:
+        (replica,) = store.replicas_of(session, unit_id)
+        assert (replica.provider, replica.transcript_root) == ("0x" + "aa" * 20, None)
+
+
+def test_a_missing_column_that_cannot_be_null_is_a_clear_error(store: MarketStore) -> None:
+    with store.engine.begin() as connection:
+        connection.execute(text('ALTER TABLE "replicas" DROP COLUMN "index"'))
+    with pytest.raises(MarketError, match="replicas lacks column index, which is not nullable"):
+        store.create_schema()
