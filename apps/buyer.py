@@ -389,9 +389,9 @@ def collect_training(
 
 def _fetch_manifest(plane: BlobPlane, unit: UnitOutcome, peers: dict[str, str]) -> UnitManifest:
     """The manifest of an accepted replica whose result digest is the one revealed on chain and is
-    sha256(domain, its state digest, its PoL root): a peer cannot hand us another state."""
-    from veritrain.agentkit import UnitManifest, unhex32
-    from veritrain.pol import result_digest
+    sha256(domain, its state digest, its PoL root) (and a folded unit's outer step): a peer cannot hand us
+    another state."""
+    from veritrain.agentkit import UnitManifest
 
     errors = []
     for provider in unit.accepted:
@@ -399,9 +399,7 @@ def _fetch_manifest(plane: BlobPlane, unit: UnitOutcome, peers: dict[str, str]) 
             onchain = unit.result_digests[provider]
             peer = peers[provider]
             manifest = UnitManifest.from_bytes(plane.fetch(peer, plane.lookup_manifest(peer, onchain)))
-            derived = (
-                "0x" + result_digest(unhex32(manifest.state_digest), unhex32(manifest.transcript_root)).hex()
-            )
+            derived = manifest.opened_result_digest()
         except (VeritrainError, KeyError, ValueError) as err:
             errors.append(f"{provider}: {type(err).__name__}: {err}")
             continue

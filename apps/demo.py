@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from apps.buyer import AUTO_MAX_REPLICAS, TrainingResult, UnitOutcome, order_money
 from apps.buyer import collect_training as collect_training_from
@@ -115,6 +115,7 @@ class DemoConfig:
     plant_rate_ppm: int = 0
     lazy_verifiers: int = 0  # the first N verifiers accept unanimous units unchecked (`verifier run --lazy`)
     shards: int = 1  # M > 1: DiLoCo rounds of M shard units and one aggregate unit
+    outer_step: Literal["unit", "folded"] = "unit"  # folded: the shard units run the outer step (M > 1)
     provider_env: tuple[dict[str, str], ...] = ()  # extra environment of provider i (CPU configurations)
     verifier_env: tuple[dict[str, str], ...] = VERIFIER_CPU_CONFIGURATIONS  # of verifier i, cycled
     seed: int = 2026
@@ -656,6 +657,7 @@ class Buyer:
             adaptive_replication=config.adaptive_replication,
             trusted_streak=config.trusted_streak,
             shards=config.shards,
+            outer_step=config.outer_step,
             seed=config.seed,
             max_price_per_pflop=MAX_PRICE_PER_PFLOP,
             verifier_fee_per_unit=VERIFIER_FEE_PER_UNIT,
@@ -994,6 +996,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--shards", type=int, default=1, help="M shards per round (M > 1: DiLoCo with an aggregate unit)"
     )
+    parser.add_argument(
+        "--outer-step",
+        choices=("unit", "folded"),
+        default="unit",
+        help="M > 1: the outer step as an aggregate unit per round (unit) or run by the next round's shard "
+        "units themselves, one aggregate unit after the last round (folded)",
+    )
     parser.add_argument("--dishonest-strategy", default=DEFAULT_DISHONEST_STRATEGY)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds before the demo gives up")
     parser.add_argument("--database-url", default=None, help="market database (default: a SQLite file)")
@@ -1022,6 +1031,7 @@ def run(args: argparse.Namespace) -> int:
         replicas=AUTO_MAX_REPLICAS if args.replicas == "auto" else args.replicas,
         adaptive_replication=args.replicas == "auto",
         shards=args.shards,
+        outer_step=args.outer_step,
         dishonest_strategy=args.dishonest_strategy,
         timeout_s=args.timeout,
         database_url=args.database_url,

@@ -13,6 +13,7 @@ from market.canary import VERIFY, canary_of
 from market.context import Lifecycle, MarketContext, require_signer, row_id
 from market.domain.binding import is_bound
 from market.domain.canary import differs_from_known
+from market.domain.rounds import folds
 from market.domain.states import ReplicaState, UnitState, advance, settle_to
 from market.matchmaker import Matchmaker
 from market.orders import OrderBook
@@ -24,6 +25,7 @@ from veritrain.messages import (
     Assignment,
     AssignmentPhase,
     CommitSubmission,
+    OrderSpec,
     ReplicaOutcome,
     RevealSubmission,
     UnitKind,
@@ -223,11 +225,22 @@ class Assignments(Lifecycle):
                     f"reveal of {submission.provider} for unit {unit.id} does not match its commitment"
                 )
             aggregate = unit.kind == UnitKind.AGGREGATE.value
+            order = self.store.get_order(session, unit.order_id)
+            folded = not aggregate and folds(OrderSpec.model_validate_json(order.spec_json), unit.round_index)
+            round_state, inputs = submission.round_state_digest, submission.inputs_commitment
+            fold = None if round_state is None or inputs is None else (round_state, inputs)
+            if folded != (fold is not None) or (fold is None and (round_state or inputs)):
+                need = "required: the unit runs the outer step" if folded else "only for a folded shard unit"
+                raise UnboundResult(
+                    f"reveal of {submission.provider} for unit {unit.id}: round_state_digest and "
+                    f"inputs_commitment are {need}"
+                )
             if not is_bound(
                 submission.result_digest,
                 submission.state_digest,
                 submission.transcript_root,
                 aggregate=aggregate,
+                fold=fold,
             ):
                 opened = (
                     "output digest and inputs commitment" if aggregate else "state_digest and transcript_root"
@@ -241,6 +254,8 @@ class Assignments(Lifecycle):
             replica.salt = submission.salt
             replica.state_digest = submission.state_digest
             replica.transcript_root = submission.transcript_root
+            replica.round_state_digest = submission.round_state_digest
+            replica.inputs_commitment = submission.inputs_commitment
             session.add(replica)
             # before the reveal is relayed (queued first, so the reveal waits for it): the operator's
             # unanimous reveal batch of an undrawn unit finalizes it in the same transaction

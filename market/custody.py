@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
-from sqlmodel import Session, col, select
+from sqlmodel import Session, col, or_, select
 
 from market.context import Lifecycle
 from market.domain.custody import Custodian, custodians_needed, may_rely_on, pick_custodians
@@ -121,13 +121,14 @@ class CustodyBook(Lifecycle):
 
 
 def producers_of_state(session: Session, order_id: int, digest: str) -> Sequence[str]:
-    """Providers whose accepted replica of a unit of the order reported ``digest`` as its state."""
+    """Providers whose accepted replica of a unit of the order reported ``digest`` as its state (or, a
+    folded shard unit, as the round state its outer step made)."""
     query = (
         select(ReplicaRow.provider)
         .join(UnitRow, col(UnitRow.id) == col(ReplicaRow.unit_id))
         .where(
             UnitRow.order_id == order_id,
-            ReplicaRow.state_digest == digest,
+            or_(ReplicaRow.state_digest == digest, ReplicaRow.round_state_digest == digest),
             ReplicaRow.state == ReplicaState.ACCEPTED.value,
         )
         .order_by(col(ReplicaRow.id))

@@ -18,13 +18,16 @@ from market.domain.pricing import escrow_plan
 from market.domain.rounds import (
     AcceptedReplica,
     UnitPlan,
+    aggregates_after,
     decide_shards,
+    folded_round_state,
+    folds,
     next_state,
     plan_aggregate,
     plan_round,
 )
 from market.domain.states import OrderState, ReplicaState, RoundState, UnitState, advance
-from market.store import OrderRow, RoundRow, UnitRow
+from market.store import OrderRow, ReplicaRow, RoundRow, UnitRow
 from veritrain.errors import InvalidInput, MarketError, OrderMismatch, UnderfundedOrder
 from veritrain.messages import (
     OrderRequest,
@@ -244,10 +247,17 @@ class OrderBook(Lifecycle):
                 self._new_unit(session, order, round_row, spec, retry, unit.attempt + 1, now)
             if decision.aggregate_over is None:
                 return len(decision.retry)
-            if spec.shards > 1:
+            if folds(spec, round_row.index):  # the shard units' outer step made the round's state
+                accepted = [replica for _, bound in settled.values() for replica in bound]
+                round_row.start_state_digest = folded_round_state(round_row.index, accepted)
+                order.current_state_digest = round_row.start_state_digest
+                session.add_all([round_row, order])
+            if aggregates_after(spec, round_row.index):
                 plan = plan_aggregate(spec, round_row.index)
                 self._new_unit(session, order, round_row, spec, plan, 0, now)
                 return len(decision.retry) + 1
+            if spec.shards > 1:  # folded: the next round's units run this round's outer step
+                return len(decision.retry) + self._close_round(session, order, spec, round_row, None, now)
             closing = shards[0]
             closing_state, bound = settled[0]
         else:
@@ -258,14 +268,27 @@ class OrderBook(Lifecycle):
                 return 1
         if closing_state != UnitState.ACCEPTED:
             return 0
-        state = next_state(round_row.index, bound)
+        return self._close_round(session, order, spec, round_row, next_state(round_row.index, bound), now)
+
+    def _close_round(
+        self,
+        session: Session,
+        order: OrderRow,
+        spec: OrderSpec,
+        round_row: RoundRow,
+        state: str | None,
+        now: int,
+    ) -> int:
+        """Accept the round and open the next one. ``state``: the next round's start, which becomes the
+        order's current state; None for a folded round, whose successor's units compute it themselves."""
         round_row.state = advance(
             RoundState(round_row.state), RoundState.ACCEPTED, what=f"round {round_row.id}"
         )
         round_row.next_state_digest = state
         session.add(round_row)
         order.rounds_accepted += 1
-        order.current_state_digest = state
+        if state is not None:
+            order.current_state_digest = state
         if order.rounds_accepted == order.rounds_total:
             order.state = advance(OrderState(order.state), OrderState.COMPLETED, what=f"order {order.id}")
         else:
@@ -277,27 +300,34 @@ class OrderBook(Lifecycle):
     def _open_when_kept(self, session: Session, order: OrderRow, spec: OrderSpec, now: int) -> int:
         """Open the next round once its start state is held by someone besides its producers (or nobody
         else could be asked, or ``custody_wait_s`` passed): from then on the order relies on that state."""
-        state = order.current_state_digest
-        if state is None or order.rounds_accepted >= order.rounds_total:
+        state = order.current_state_digest  # None: a folded order's round 1 starts from the genesis
+        if order.rounds_accepted >= order.rounds_total:
             return 0
-        if not self.custody.may_rely_on(session, row_id(order), state, now):
+        if state is not None and not self.custody.may_rely_on(session, row_id(order), state, now):
             return 0
-        self._open_round(session, order, spec, order.rounds_accepted, state, now)
+        # a folded round's own state is known once its units computed it (set when its shards close)
+        start = None if folds(spec, order.rounds_accepted) else state
+        self._open_round(session, order, spec, order.rounds_accepted, start, now)
         return 1
 
     def live_states(self, session: Session, order: OrderRow) -> dict[str, set[str]]:
         """The states the order may still start a unit from, each with the providers that produced it: the
-        current round's start and (M > 1) each shard's last accepted result (its inner AdamW state)."""
+        current round's start and (M > 1) each shard's last accepted result (its inner AdamW state), and
+        for a folded round every accepted result of the round before (its units' outer step reads them)."""
         live: dict[str, set[str]] = {}
         if order.current_state_digest is not None:
             digest = order.current_state_digest
             live[digest] = set(producers_of_state(session, row_id(order), digest))
-        if OrderSpec.model_validate_json(order.spec_json).shards > 1:
+        spec = OrderSpec.model_validate_json(order.spec_json)
+        if spec.shards > 1:
             latest: dict[int, UnitRow] = {}
+            inputs: list[UnitRow] = []
             for unit in self.store.units_of_order(session, row_id(order)):  # by id: later rounds last
                 if unit.kind == UnitKind.TRAIN.value and unit.state == UnitState.ACCEPTED.value:
                     latest[unit.shard] = unit
-            for unit in latest.values():
+                    if folds(spec, order.rounds_accepted) and unit.round_index == order.rounds_accepted - 1:
+                        inputs.append(unit)
+            for unit in [*latest.values(), *inputs]:
                 bound = self._bound_accepted(session, unit)
                 if bound:
                     digest = next_state(unit.round_index, bound)
@@ -317,7 +347,7 @@ class OrderBook(Lifecycle):
     def _bound_accepted(self, session: Session, unit: UnitRow) -> list[AcceptedReplica]:
         """The unit's accepted replicas whose reported state is bound to their revealed result."""
         return [
-            AcceptedReplica(row_id(unit), r.provider, r.state_digest or "")
+            AcceptedReplica(row_id(unit), r.provider, r.state_digest or "", r.round_state_digest)
             for r in self.store.replicas_of(session, row_id(unit))
             if r.state == ReplicaState.ACCEPTED.value
             and is_bound(
@@ -325,6 +355,8 @@ class OrderBook(Lifecycle):
                 r.state_digest,
                 r.transcript_root,
                 aggregate=unit.kind == UnitKind.AGGREGATE.value,
+                # the reveal of a folded unit's replica must name its outer step, any other's must not
+                fold=_fold_of(r),
             )
         ]
 
@@ -348,8 +380,14 @@ class OrderBook(Lifecycle):
         }
         if spec.shards == 1:
             return work
-        if unit.kind == UnitKind.AGGREGATE.value:
-            round_units = self.store.units_of_round(session, unit.round_id)
+        aggregate = unit.kind == UnitKind.AGGREGATE.value
+        if aggregate or folds(spec, unit.round_index):  # the outer step over a round's accepted results
+            inputs_round = (
+                unit.round_id
+                if aggregate
+                else row_id(self._round(session, unit.order_id, unit.round_index - 1))
+            )
+            round_units = self.store.units_of_round(session, inputs_round)
             shards = _latest(u for u in round_units if u.kind == UnitKind.TRAIN.value)
             work["shard_results"] = tuple(
                 self._result_source(session, shards[shard])
@@ -363,13 +401,25 @@ class OrderBook(Lifecycle):
                 lr=spec.outer_lr,
                 momentum=spec.outer_momentum,
             )
-        else:
+        if not aggregate:
             work["previous"] = self._previous_result(session, unit)
         return work
 
+    def _round(self, session: Session, order_id: int, index: int) -> RoundRow:
+        round_row = self.store.round_of(session, order_id, index)
+        if round_row is None:
+            raise MarketError(f"order {order_id} has no round {index}")
+        return round_row
+
     def _start_state(self, session: Session, unit: UnitRow) -> StateSource:
-        """The round's start state and the agents that produced it (they keep and serve the blob)."""
+        """The round's start state and the agents that produced it (they keep and serve the blob); for a
+        folded shard unit, the previous round's state its outer step starts from."""
         round_row = self.store.get_round(session, unit.round_id)
+        order = self.store.get_order(session, unit.order_id)
+        if unit.kind == UnitKind.TRAIN.value and folds(
+            OrderSpec.model_validate_json(order.spec_json), unit.round_index
+        ):
+            round_row = self._round(session, unit.order_id, unit.round_index - 1)
         digest = round_row.start_state_digest
         if digest is None or round_row.index == 0:
             return StateSource(state_digest=digest)
@@ -420,6 +470,13 @@ class OrderBook(Lifecycle):
                 if agent is not None and agent.p2p_addr:
                     holders.append(agent.p2p_addr)
         return holders
+
+
+def _fold_of(replica: ReplicaRow) -> tuple[str, str] | None:
+    """The outer step a replica's reveal named (only a folded unit's reveal may name one)."""
+    if replica.round_state_digest is None or replica.inputs_commitment is None:
+        return None
+    return replica.round_state_digest, replica.inputs_commitment
 
 
 def _latest(units: Iterable[UnitRow]) -> dict[int, UnitRow]:

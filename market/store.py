@@ -181,6 +181,9 @@ class ReplicaRow(SQLModel, table=True):
     salt: str | None = Field(default=None, max_length=66)
     state_digest: str | None = Field(default=None, max_length=66)
     transcript_root: str | None = Field(default=None, max_length=66)
+    # a folded shard unit's outer step (its output is the round's state), bound to its result digest
+    round_state_digest: str | None = Field(default=None, max_length=66, index=True)
+    inputs_commitment: str | None = Field(default=None, max_length=66)
 
 
 class MatchLogRow(SQLModel, table=True):

@@ -186,6 +186,7 @@ class ChainSync(Lifecycle):
             digest = _hex32(args["resultDigest"])
             if replica.result_digest != digest:  # parts reported for another digest are not its own
                 replica.state_digest = replica.transcript_root = None
+                replica.round_state_digest = replica.inputs_commitment = None
             replica.result_digest = digest
             if replica.state == ReplicaState.COMMITTED.value:
                 replica.state = ReplicaState.REVEALED.value

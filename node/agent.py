@@ -50,6 +50,7 @@ from veritrain.agentkit import (
     aggregate_inputs_of,
     chain_patiently,
     encode_state,
+    folded_start_of,
     hex32,
     preload_datasets,
     register_patiently,
@@ -95,6 +96,8 @@ class UnitRecord:
     salt: str | None = None
     state_digest: str | None = None
     transcript_root: str | None = None
+    round_state_digest: str | None = None  # a folded unit's outer step, revealed with its result
+    inputs_commitment: str | None = None
     transcript_digest: str | None = None
     committed: bool = False
     revealed: bool = False
@@ -386,6 +389,7 @@ class ProviderAgent(AgentPlumbing):
         """Run the unit (resuming from its checkpoints) and keep its blobs; the next heartbeat commits."""
         from node.unit import run_unit
         from veritrain.datasets import load_dataset
+        from veritrain.diloco import folded_result_digest
         from veritrain.messages import UnitKind
         from veritrain.pol import result_digest
         from veritrain.progress import progress_bar
@@ -395,8 +399,11 @@ class ProviderAgent(AgentPlumbing):
             return
         folder = self.unit_dir(assignment.unit_id)
         spec = unit_spec_of(assignment)
-        start = unit_start_of(assignment, self.blobs)
+        folded = folded_start_of(assignment, self.blobs) if assignment.folds else None
+        start = unit_start_of(assignment, self.blobs) if folded is None else folded.start_state
         self.store.put(encode_state(start))
+        if folded is not None:  # the round's state: the next round's units and the last aggregate fetch it
+            self.store.put(encode_state(folded.round_state))
         dataset = load_dataset(spec.recipe_config().dataset, unhex32(assignment.dataset_digest))
         started = time.monotonic()
         report_every = max(1, spec.steps // 4)
@@ -443,11 +450,15 @@ class ProviderAgent(AgentPlumbing):
             self.store.put(encode_state(checkpoint))
         self.store.put(encode_state(final_state))
         root = transcript.merkle_root()
+        trained = result_digest(transcript.final_digest, root)
+        outer = None if folded is None else folded.fold
         manifest = UnitManifest(
             transcript=transcript.to_json(),
-            result_digest=hex32(result_digest(transcript.final_digest, root)),
+            result_digest=hex32(trained if outer is None else folded_result_digest(trained, outer)),
             state_digest=hex32(transcript.final_digest),
             transcript_root=hex32(root),
+            round_state_digest=None if outer is None else hex32(outer.round_state_digest),
+            inputs_commitment=None if outer is None else hex32(outer.inputs_commitment),
         )
         manifest_digest = self.store.put(manifest.to_bytes())
         self.blobs.publish_manifest(manifest.result_digest, manifest_digest)
@@ -455,6 +466,10 @@ class ProviderAgent(AgentPlumbing):
         record.transcript_digest = "0x" + manifest_digest
         record.result_digest, record.state_digest = manifest.result_digest, manifest.state_digest
         record.transcript_root = manifest.transcript_root
+        record.round_state_digest, record.inputs_commitment = (
+            manifest.round_state_digest,
+            manifest.inputs_commitment,
+        )
         record.salt = hex32(secrets.token_bytes(32))
         record.losses = [float(loss) for loss in transcript.losses]
         record.forged = cheat
@@ -509,6 +524,8 @@ class ProviderAgent(AgentPlumbing):
                 salt=record.salt,
                 state_digest=record.state_digest,
                 transcript_root=record.transcript_root,
+                round_state_digest=record.round_state_digest,
+                inputs_commitment=record.inputs_commitment,
             ),
         )
         record.revealed = True

@@ -42,6 +42,7 @@ from veritrain.agentkit import (
     aggregate_inputs_of,
     chain_patiently,
     decode_state,
+    folded_start_of,
     hex32,
     preload_datasets,
     register_patiently,
@@ -280,13 +281,15 @@ class VerifierAgent(AgentPlumbing):
         recipe = spec.recipe_config()
         dataset = load_dataset(recipe.dataset, unhex32(job.dataset_digest))
         audited, policy = audit_of(job)
+        folded = folded_start_of(job, self.blobs) if job.folds else None  # the outer step, recomputed
         request = UnitRequest(
             spec=spec,
-            start_state=unit_start_of(job, self.blobs),
+            start_state=unit_start_of(job, self.blobs) if folded is None else folded.start_state,
             data_order_commitment=data_order_commitment(recipe, dataset, spec),
             randomness=unhex32(job.randomness),
             spot_checked=audited,
             chain_unit_id=job.chain_unit_id,
+            fold=None if folded is None else folded.fold,
         )
 
         def reexecute(state: Mapping[str, Any], start_step: int, end_step: int) -> tuple[State, list[float]]:

@@ -7,6 +7,10 @@ The protocol (DESIGN.md §4, docs/VERIFICATION.md):
    digest is ``sha256(final state digest, transcript Merkle root)``, the transcript is for this unit's spec,
    starts at the unit's start state and carries the data-order commitment derived from the spec.
    Any failure is a **fault** (unpaid, never slashed): nothing is paid, so nothing needs re-execution.
+   A folded shard unit (``UnitRequest.fold``: the outer step it must run first, recomputed by the verifier)
+   opens its result digest with the outer step it claims (``diloco.folded_result_digest``); a claimed
+   outer step other than the recomputed one, or a transcript that does not start from its output, is
+   **fraud**: the outer step is bitwise reproducible, so no tolerance applies.
 2. Equal result digests everywhere and no spot-check draw → **fast path**: accept, no work.
 3. Otherwise replicas are grouped by result digest and the groups clustered by the distance of their final
    states (relative L2 and the angle between the two updates, of the model weights) under the calibrated
@@ -37,12 +41,13 @@ from typing import TYPE_CHECKING, Protocol
 
 from verifier.segments import Segment, first_divergence, segments_of, select_segments, tie_break
 from veritrain import pol
+from veritrain.diloco import folded_result_digest
 from veritrain.errors import InvalidInput, ToleranceUnavailable, VeritrainError
 
 if TYPE_CHECKING:
     import torch
 
-    from veritrain.diloco import AggregateInputs
+    from veritrain.diloco import AggregateInputs, Fold
 
 StateLike = Mapping[str, "torch.Tensor"]
 
@@ -290,6 +295,7 @@ class Submission:
     commitment: bytes | None = None
     salt: bytes | None = None
     problem: str | None = None
+    fold: Fold | None = None  # the outer step a folded unit's served manifest names
 
 
 @dataclass(frozen=True)
@@ -302,6 +308,7 @@ class UnitRequest:
     randomness: bytes
     spot_checked: bool = False
     chain_unit_id: int | None = None
+    fold: Fold | None = None  # a folded unit: the outer step recomputed (``start_state`` is its output's)
 
 
 @dataclass(frozen=True)
@@ -377,14 +384,33 @@ def submission_problem(request: UnitRequest, submission: Submission) -> str | No
         return "no transcript or checkpoints served"
     if transcript.spec != request.spec:
         return "transcript is for another unit spec"
-    if pol.result_digest(transcript.final_digest, transcript.merkle_root()) != submission.result_digest:
+    opened = pol.result_digest(transcript.final_digest, transcript.merkle_root())
+    if request.fold is not None:
+        if submission.fold is None:
+            return "a folded unit's manifest names no outer step"
+        opened = folded_result_digest(opened, submission.fold)
+    if opened != submission.result_digest:
         return "revealed result digest does not match the transcript's Merkle root and final state digest"
-    if transcript.checkpoint_digests[0] != pol.state_digest(request.start_state):
+    if request.fold is None and transcript.checkpoint_digests[0] != pol.state_digest(request.start_state):
         return "transcript does not start from the unit's start state"
     if transcript.data_order_commitment != request.data_order_commitment:
         return "data-order commitment differs from the one derived from the unit spec"
     if not all(math.isfinite(loss) for loss in transcript.losses):
         return "transcript holds a non-finite loss"
+    return None
+
+
+def fold_fraud(request: UnitRequest, submission: Submission) -> str | None:
+    """Why a well-formed submission of a folded unit skipped or forged its outer step (fraud), or None."""
+    claimed, expected = submission.fold, request.fold
+    if expected is None or claimed is None or submission.transcript is None:
+        return None
+    if claimed.inputs_commitment != expected.inputs_commitment:
+        return "outer step over other inputs: inputs commitment differs from the unit's"
+    if claimed.round_state_digest != expected.round_state_digest:
+        return "outer step forged: its output differs from the recomputed outer step"
+    if submission.transcript.checkpoint_digests[0] != pol.state_digest(request.start_state):
+        return "outer step skipped: training did not start from the outer step's output"
     return None
 
 
@@ -566,10 +592,13 @@ def verify_unit(
     group_verdict: dict[bytes, tuple[Verdict, str]] = {}
     members: dict[bytes, list[int]] = {}
     faults: dict[int, str] = {}
+    frauds: dict[int, str] = {}
     for index, submission in enumerate(submissions):
         problem = submission_problem(request, submission)
         if problem:
             faults[index] = problem
+        elif forged := fold_fraud(request, submission):
+            frauds[index] = forged
         else:
             assert submission.result_digest is not None
             members.setdefault(submission.result_digest, []).append(index)
@@ -587,6 +616,8 @@ def verify_unit(
     replicas = tuple(
         ReplicaVerdict(submission.provider, Verdict.FAULT, faults[index])
         if index in faults
+        else ReplicaVerdict(submission.provider, Verdict.FRAUD, frauds[index])
+        if index in frauds
         else ReplicaVerdict(submission.provider, *group_verdict[_group_of(members, index)])
         for index, submission in enumerate(submissions)
     )

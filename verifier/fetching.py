@@ -98,6 +98,7 @@ def collect_submissions(
                     result_digest=unhex32(replica.result_digest),
                     transcript=transcript,
                     evidence=evidence(replica.p2p_addr, transcript),
+                    fold=fetched[replica.provider][0].fold(),
                 )
             )
     return result

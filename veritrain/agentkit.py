@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from veritrain.blobstore import BlobStore
     from veritrain.chain.client import ChainClient
     from veritrain.device import DeviceProfile
-    from veritrain.diloco import AggregateInputs
+    from veritrain.diloco import AggregateInputs, Fold, FoldedStart
     from veritrain.messages import AgentRole, Custody, Registration, Signed, StateSource, UnitWork
     from veritrain.p2p.blob_protocol import Authorizer
     from veritrain.pol import State
@@ -76,37 +76,71 @@ class UnitManifest:
     """A replica's result in one small blob: the PoL transcript and the blob of every checkpoint state.
 
     Verifiers fetch this first (by `transcript_digest`, its sha256), then only the checkpoints they replay.
+    A folded shard unit's manifest also names the outer step it ran first (``round_state_digest``,
+    ``inputs_commitment``), which its result digest binds.
     """
 
     transcript: dict[str, Any]
     result_digest: str
     state_digest: str
     transcript_root: str
+    round_state_digest: str | None = None
+    inputs_commitment: str | None = None
 
     def to_bytes(self) -> bytes:
-        return json.dumps(
-            {
-                "transcript": self.transcript,
-                "result_digest": self.result_digest,
-                "state_digest": self.state_digest,
-                "transcript_root": self.transcript_root,
-            },
-            sort_keys=True,
-            separators=(",", ":"),
-        ).encode()
+        fields: dict[str, Any] = {
+            "transcript": self.transcript,
+            "result_digest": self.result_digest,
+            "state_digest": self.state_digest,
+            "transcript_root": self.transcript_root,
+        }
+        if self.round_state_digest is not None or self.inputs_commitment is not None:
+            fields["round_state_digest"] = self.round_state_digest
+            fields["inputs_commitment"] = self.inputs_commitment
+        return json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> UnitManifest:
         try:
             raw = json.loads(data)
-            return cls(
+            folded = {
+                name: str(raw[name])
+                for name in ("round_state_digest", "inputs_commitment")
+                if raw.get(name) is not None
+            }
+            manifest = cls(
                 transcript=dict(raw["transcript"]),
                 result_digest=str(raw["result_digest"]),
                 state_digest=str(raw["state_digest"]),
                 transcript_root=str(raw["transcript_root"]),
+                **folded,
             )
+            manifest.fold()  # both outer step fields or neither, 32 bytes each
+            return manifest
         except (ValueError, KeyError, TypeError) as err:
             raise InvalidInput(f"malformed unit manifest: {err}") from err
+
+    def fold(self) -> Fold | None:
+        """The outer step this folded unit's result binds, or None for any other unit."""
+        from veritrain.diloco import Fold
+
+        if self.round_state_digest is None and self.inputs_commitment is None:
+            return None
+        if self.round_state_digest is None or self.inputs_commitment is None:
+            raise InvalidInput("a folded unit's manifest names both its round state and inputs commitment")
+        fold = Fold(unhex32(self.round_state_digest), unhex32(self.inputs_commitment))
+        if len(fold.round_state_digest) != 32 or len(fold.inputs_commitment) != 32:
+            raise InvalidInput("round state digest and inputs commitment must be 32 bytes each")
+        return fold
+
+    def opened_result_digest(self) -> str:
+        """The result digest this manifest's state digest, PoL root (and fold) hash to."""
+        from veritrain.diloco import folded_result_digest
+        from veritrain.pol import result_digest
+
+        trained = result_digest(unhex32(self.state_digest), unhex32(self.transcript_root))
+        fold = self.fold()
+        return hex32(trained if fold is None else folded_result_digest(trained, fold))
 
 
 def hex32(raw: bytes) -> str:
@@ -389,24 +423,41 @@ def round_state_of(work: UnitWork, blobs: BlobPlane) -> State:
 
 def unit_start_of(work: UnitWork, blobs: BlobPlane) -> State:
     """A training unit's start state, the same for every replica and verifier: the round's state for
-    M = 1; for M > 1 the round's weights plus the shard's own AdamW moments from its last accepted result."""
+    M = 1; for M > 1 the round's weights plus the shard's own AdamW moments from its last accepted result
+    (a folded unit's round weights being the outer step it runs first, ``folded_start_of``)."""
     from veritrain.diloco import unit_start_state
 
+    if work.folds:
+        return folded_start_of(work, blobs).start_state
     round_state = round_state_of(work, blobs)
     if work.num_shards == 1:
         return round_state
-    previous = None if work.previous is None else fetch_state(blobs, work.previous)
-    return unit_start_state(round_state, previous)
+    return unit_start_state(round_state, _previous_of(work, blobs))
+
+
+def _previous_of(work: UnitWork, blobs: BlobPlane) -> State | None:
+    return None if work.previous is None else fetch_state(blobs, work.previous)
+
+
+def folded_start_of(work: UnitWork, blobs: BlobPlane) -> FoldedStart:
+    """A folded shard unit's outer step over the previous round's inputs, and the state it trains from."""
+    from veritrain.diloco import fold
+
+    return fold(aggregate_inputs_of(work, blobs), _previous_of(work, blobs))
 
 
 def aggregate_inputs_of(work: UnitWork, blobs: BlobPlane) -> AggregateInputs:
-    """What an aggregate unit reads: the round's state, each shard's accepted result, the outer config."""
+    """What an outer step reads: the round's state, each shard's accepted result, the outer config; an
+    aggregate unit's own round, or for a folded shard unit of round r the inputs of round r - 1."""
     from veritrain.diloco import AggregateInputs
+    from veritrain.messages import UnitKind
 
     if work.outer is None or len(work.shard_results) != work.num_shards:
         raise AgentError(f"unit {work.unit_id} is not a complete aggregate unit")
+    if work.folds and work.round_index < 1:
+        raise AgentError(f"unit {work.unit_id}: a round-0 unit has no previous round to aggregate")
     return AggregateInputs(
-        round_index=work.round_index,
+        round_index=work.round_index if work.kind == UnitKind.AGGREGATE else work.round_index - 1,
         round_state=round_state_of(work, blobs),
         results=tuple(None if s is None else fetch_state(blobs, s) for s in work.shard_results),
         config=work.outer.config(),

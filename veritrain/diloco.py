@@ -23,6 +23,12 @@ The kernel API the market calls (everything else here is internal):
   aggregate_vector.json pins them; a contract that computes the commitment from chain data is future
   work: the JobMarket v1 records the result digest, the verifier recomputes the commitment).
 
+- ``fold(inputs, previous)`` — a folded order's shard unit of round r >= 1 (``outer_step="folded"``): it runs
+  round r-1's outer step itself (``aggregate`` over the same inputs, so the same bytes) and starts from
+  ``unit_start_state`` of its output; ``folded_result_digest`` binds its training result to that ``Fold``.
+  No aggregate unit sits between a folded order's rounds, so every unit of a round depends only on the
+  previous round's accepted results (a round's units can be committed in one batch).
+
 M = 1 is not DiLoCo: there is no aggregate unit and round r+1 starts from round r's accepted final state
 (its digest anchored as the round's start), bit for bit today's sequential training.
 
@@ -73,6 +79,7 @@ AGGREGATIONS = ("mean", "trimmed_mean", "median")
 OUTER_CONFIG_DOMAIN = b"veritrain/outer-config/v1"
 AGGREGATE_INPUTS_DOMAIN = b"veritrain/aggregate-inputs/v1"
 AGGREGATE_RESULT_DOMAIN = b"veritrain/aggregate-result/v1"
+FOLDED_RESULT_DOMAIN = b"veritrain/folded-result/v1"
 NO_RESULT = bytes(32)
 MAX_SHARDS = 2**16 - 1
 
@@ -352,3 +359,47 @@ def verify_aggregate(inputs: AggregateInputs, claimed_result_digests: Sequence[b
         expected=expected,
         honest=tuple(claimed == expected.result_digest for claimed in claimed_result_digests),
     )
+
+
+# ---------------------------------------------------------------- the outer step folded into shard units
+
+
+@dataclass(frozen=True)
+class Fold:
+    """The outer step a folded shard unit ran before training: its output's digest (the round's state) and
+    its inputs commitment. ``digest()`` is the result digest the aggregate unit it replaces would reveal."""
+
+    round_state_digest: bytes
+    inputs_commitment: bytes
+
+    def digest(self) -> bytes:
+        return aggregate_result_digest(self.round_state_digest, self.inputs_commitment)
+
+
+@dataclass(frozen=True)
+class FoldedStart:
+    """A folded shard unit's outer step: the round state it computed (served to the next round), the
+    ``Fold`` its result binds and the state it trains from."""
+
+    round_state: State
+    fold: Fold
+    start_state: State
+
+
+def fold(inputs: AggregateInputs, previous: Mapping[str, torch.Tensor] | None) -> FoldedStart:
+    """Round r's outer step as a shard unit of round r + 1 runs it (``inputs.round_index`` = r), and that
+    unit's start: ``unit_start_state`` of the output with the shard's own last accepted result."""
+    result = aggregate(inputs)
+    return FoldedStart(
+        round_state=result.output_state,
+        fold=Fold(result.output_digest, result.inputs_commitment),
+        start_state=unit_start_state(result.output_state, previous),
+    )
+
+
+def folded_result_digest(training_result: bytes, outer: Fold) -> bytes:
+    """``resultDigest`` of a folded shard unit: sha256(domain ‖ training result digest ‖ fold digest), so
+    a replica cannot reveal a training result without the outer step it started from."""
+    if len(training_result) != 32:
+        raise InvalidInput("training result digest must be 32 bytes")
+    return hashlib.sha256(FOLDED_RESULT_DOMAIN + training_result + outer.digest()).digest()

@@ -308,6 +308,11 @@ class OrderSpec(Frozen):
     outer_trim: Annotated[int, Field(ge=0, le=MAX_SHARDS)] = 0
     outer_lr: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 0.7
     outer_momentum: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)] = 0.9
+    # "unit": the outer step of every round is an aggregate unit. "folded": each shard unit of round r >= 1
+    # runs round r-1's outer step itself before training, so a round's units need only the previous round's
+    # accepted results (all of a round's units can be committed together); one aggregate unit still runs
+    # after the last round. Hashed into `specHash` only when "folded".
+    outer_step: Literal["unit", "folded"] = "unit"
 
     @model_validator(mode="after")
     def _replication_fields(self) -> OrderSpec:
@@ -320,6 +325,8 @@ class OrderSpec(Frozen):
     @model_validator(mode="after")
     def _diloco_fields(self) -> OrderSpec:
         if self.shards == 1:
+            if self.outer_step == "folded":
+                raise ValueError("outer_step 'folded' needs shards >= 2 (M = 1 has no outer step)")
             if any(getattr(self, name) != default for name, default in _DILOCO_DEFAULTS.items()):
                 raise ValueError("shard_quorum and the outer_* fields need shards >= 2")
             return self
@@ -347,8 +354,11 @@ class OrderSpec(Frozen):
     @property
     def unit_count(self) -> int:
         """Units the order escrows: one per round for M = 1; M training units plus one aggregate unit per
-        round for M > 1."""
-        return self.rounds if self.shards == 1 else self.rounds * (self.shards + 1)
+        round for M > 1, or after the last round only when the outer step is folded into the shard units."""
+        if self.shards == 1:
+            return self.rounds
+        aggregates = 1 if self.outer_step == "folded" else self.rounds
+        return self.rounds * self.shards + aggregates
 
     def outer_config(self) -> OuterConfig:
         """The order's outer optimizer as the DiLoCo kernel takes it."""
@@ -358,14 +368,16 @@ class OrderSpec(Frozen):
 
     def spec_hash(self) -> str:
         """keccak256 of the canonical JSON (sorted keys, no spaces) of the spec. An M = 1 spec leaves the
-        DiLoCo fields out, and a fixed-replication spec `trusted_streak` (all at their defaults), so its hash
-        is what it was before they existed."""
+        DiLoCo fields out, a fixed-replication spec `trusted_streak` and a spec with outer_step "unit" that
+        field (all at their defaults), so its hash is what it was before they existed."""
         fields = self.model_dump(mode="json")
         if not self.adaptive_replication:
             fields.pop("trusted_streak")
         if self.shards == 1:
             for name in _DILOCO_DEFAULTS:
                 fields.pop(name)
+        elif self.outer_step == "unit":
+            fields.pop("outer_step")
         canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return "0x" + keccak(canonical.encode()).hex()
 
@@ -381,6 +393,7 @@ _DILOCO_DEFAULTS: dict[str, Any] = {
     "outer_trim": 0,
     "outer_lr": 0.7,
     "outer_momentum": 0.9,
+    "outer_step": "unit",
 }
 
 
@@ -471,7 +484,9 @@ class UnitWork(Frozen):
     round's state (θ_r, outer momentum; None: the genesis round state); a training unit starts from it
     plus ``previous``, its shard's last accepted result (None: fresh AdamW moments); an aggregate unit
     reads ``shard_results`` (per shard its accepted result this round, None for a shard left out under
-    the quorum) and applies ``outer``.
+    the quorum) and applies ``outer``. A training unit that carries ``outer`` (round r >= 1 of a folded
+    order, see ``folds``) first runs round r-1's outer step: ``start_state`` is round r-1's state,
+    ``shard_results`` round r-1's accepted results, and it trains from the output plus ``previous``.
     """
 
     unit_id: int
@@ -490,6 +505,11 @@ class UnitWork(Frozen):
     previous: StateSource | None = None
     shard_results: tuple[StateSource | None, ...] = Field(default=(), max_length=MAX_SHARDS)
     outer: OuterFields | None = None
+
+    @property
+    def folds(self) -> bool:
+        """A training unit that runs the previous round's outer step before it trains (folded order)."""
+        return self.kind == UnitKind.TRAIN and self.outer is not None
 
 
 class Assignment(UnitWork):
@@ -551,6 +571,10 @@ class RevealSubmission(Frozen):
     salt: Bytes32Hex
     state_digest: Bytes32Hex
     transcript_root: Bytes32Hex
+    # a folded training unit only: the outer step it ran first (its output's digest and inputs commitment),
+    # which its result digest binds (``diloco.folded_result_digest``)
+    round_state_digest: Bytes32Hex | None = None
+    inputs_commitment: Bytes32Hex | None = None
 
 
 class VerdictSubmission(Frozen):

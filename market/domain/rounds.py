@@ -5,6 +5,11 @@ M > 1 (DiLoCo, DESIGN.md §3): M training units, one per shard, then one **aggre
 accepted shard results; the aggregate's accepted output is the next round's start. A shard whose unit
 failed is re-assigned (a new attempt under a new unit key); with a shard quorum q < M the round goes on
 without it once q shards are accepted. A round never closes on a unit that is not accepted.
+
+M > 1 with ``outer_step="folded"``: no aggregate unit between rounds. A round closes once its shards are
+accepted; each shard unit of round r >= 1 runs round r-1's outer step itself (over round r-1's state and
+accepted results) and reports the output, round r's state. Only the last round is followed by an aggregate
+unit, whose output is the buyer's final state as for "unit" orders.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ class AcceptedReplica:
     unit_id: int
     provider: str
     state_digest: str
+    round_state_digest: str | None = None  # a folded shard unit's outer step output (its round's state)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +71,19 @@ def plan_aggregate(spec: OrderSpec, round_index: int) -> UnitPlan:
     return UnitPlan(round_index, spec.shards, end, 0, UnitKind.AGGREGATE)
 
 
+def folds(spec: OrderSpec, round_index: int) -> bool:
+    """Whether the shard units of this round run the previous round's outer step themselves."""
+    return spec.outer_step == "folded" and round_index >= 1
+
+
+def aggregates_after(spec: OrderSpec, round_index: int) -> bool:
+    """Whether an aggregate unit closes this round once its shards are accepted (every round of an M > 1
+    order, or only the last one when the outer step is folded into the shard units)."""
+    if spec.shards < 2:
+        return False
+    return spec.outer_step == "unit" or round_index == spec.rounds - 1
+
+
 def decide_shards(spec: OrderSpec, latest: Mapping[int, UnitState]) -> RoundDecision:
     """Given the state of each training shard's latest attempt, re-assign failed shards while the quorum
     still needs them; once every shard is settled and at least the quorum is accepted, aggregate."""
@@ -83,8 +102,19 @@ def next_state(round_index: int, accepted: Sequence[AcceptedReplica]) -> str:
     """The state a round's closing unit (M = 1: its training unit; M > 1: its aggregate unit) hands to the
     next round: the accepted replicas' state (the majority digest if accepted replicas of a training unit
     disagree within tolerance, ties broken by assignment order)."""
-    if not accepted:
+    return _majority(round_index, [replica.state_digest for replica in accepted])
+
+
+def folded_round_state(round_index: int, accepted: Sequence[AcceptedReplica]) -> str:
+    """The state a folded round's shard units computed by their outer step (the majority of the accepted
+    replicas' reports; honest ones agree bit for bit), from which the next round's outer step starts."""
+    return _majority(round_index, [r.round_state_digest for r in accepted if r.round_state_digest])
+
+
+def _majority(round_index: int, digests: Sequence[str]) -> str:
+    """The most reported digest, ties broken by report order."""
+    if not digests:
         raise MarketError(f"round {round_index}: no accepted replica to take the state from")
-    counts = Counter(replica.state_digest for replica in accepted)
+    counts = Counter(digests)
     best = max(counts.values())
-    return next(r.state_digest for r in accepted if counts[r.state_digest] == best)
+    return next(digest for digest in digests if counts[digest] == best)

@@ -201,3 +201,125 @@ def test_honest_providers_on_different_cpu_configurations_are_all_paid(
         assert recomputed == anchored
     for name in ("escrow_balanced", "providers_paid_exactly", "supply_conserved"):
         assert checks.results[name], (name, checks.details.get(name))
+
+
+def audit_folded(
+    market: Marketplace, status: dict[str, Any], units: list[UnitOutcome]
+) -> tuple[list[tuple[Any, str]], str, str, str]:
+    """A folded 2-round order, recomputed as an independent verifier from the blobs the providers serve:
+    per round-1 shard unit (the fold its served manifest names, the digest the chain settled it on, which
+    that manifest must open), the fold recomputed from round 0, and the last aggregate's recomputed result
+    and output digests beside the one the chain settled."""
+    from veritrain.agentkit import BlobPlane, UnitManifest, decode_state
+    from veritrain.blobstore import BlobStore
+    from veritrain.diloco import AggregateInputs, Fold, OuterConfig, aggregate, order_genesis
+    from veritrain.errors import VeritrainError
+    from veritrain.recipes import get_recipe
+
+    config = market.config
+    folder = config.work_dir / "auditor"
+    peers = [p.peer_addr for p in market.providers()]
+    plane = BlobPlane(BlobStore(folder / "blobs"), market.parties["buyer"].account, free_port(), folder)
+    plane.start()
+    chain = {unit.chain_unit_id: unit for unit in units}
+
+    def accepted(round_index: int, kind: str) -> list[dict[str, Any]]:
+        return sorted(
+            (
+                u
+                for u in status["units"]
+                if (u["round_index"], u["kind"], u["state"]) == (round_index, kind, "accepted")
+            ),
+            key=lambda u: int(u["shard"]),
+        )
+
+    def results(round_index: int) -> tuple[Any, ...]:
+        return tuple(
+            decode_state(plane.fetch_any(peers, u["accepted_state_digest"].removeprefix("0x")))
+            for u in accepted(round_index, "train")
+        )
+
+    def manifest(result_digest: str) -> UnitManifest:
+        for peer in peers:
+            try:
+                return UnitManifest.from_bytes(plane.fetch(peer, plane.lookup_manifest(peer, result_digest)))
+            except VeritrainError:
+                continue
+        raise AssertionError(f"no provider serves the manifest of {result_digest}")
+
+    try:
+        genesis = order_genesis(get_recipe(config.recipe), config.seed, config.shards)
+        first = aggregate(AggregateInputs(0, genesis, results(0), OuterConfig()))
+        folds = []
+        for unit in accepted(1, "train"):
+            anchored = anchored_digest(chain[unit["chain_unit_id"]])
+            served = manifest(anchored)
+            assert served.opened_result_digest() == anchored
+            folds.append((served.fold(), anchored))
+        last = aggregate(AggregateInputs(1, first.output_state, results(1), OuterConfig()))
+        (closing,) = accepted(1, "aggregate")
+        anchored_last = anchored_digest(chain[closing["chain_unit_id"]])
+    finally:
+        plane.stop()
+    expected = Fold(first.output_digest, first.inputs_commitment)
+    return (
+        [(fold == expected, digest) for fold, digest in folds],
+        "0x" + last.result_digest.hex(),
+        anchored_last,
+        "0x" + last.output_digest.hex(),
+    )
+
+
+def test_a_folded_m2_order_runs_the_outer_step_in_the_next_rounds_shard_units(
+    fresh_postgres_url: str, redis_url: str, private_queue: str, tmp_path: Path
+) -> None:
+    # k = 1 and every unit drawn for a spot check, so the verifier re-executes each round-1 shard unit,
+    # recomputing the outer step it ran first, and the one aggregate unit after the last round.
+    config = DemoConfig(
+        out_dir=tmp_path,
+        providers=2,
+        dishonest=0,
+        verifiers=1,
+        replicas=1,
+        shards=2,
+        rounds=2,
+        unit_steps=40,
+        outer_step="folded",
+        solo_spot_check_ppm=1_000_000,
+        database_url=fresh_postgres_url,
+        broker_url=redis_url,
+        extra_env={"VERITRAIN_CELERY_QUEUE": private_queue},
+    )
+    emit = progress_printer()
+    started = time.monotonic()
+    with marketplace(config, emit) as market:
+        before = start_stack(market)
+        buyer = Buyer(market)
+        buyer.post_order()
+        buyer.wait_completed(started + 480)
+        status = buyer.status()
+        closed = close_and_check(market, buyer, before, started, started + 500)
+        checks, money, units = closed.checks, closed.money, closed.units
+        folds, recomputed, anchored, output = audit_folded(market, status, units)
+        training = collect_training(market, units, status, tmp_path)
+
+    # No aggregate unit between the rounds: one after the last, R·M + 1 units in all, all verified.
+    assert sorted((u["round_index"], u["kind"]) for u in status["units"]) == [
+        (0, "train"),
+        (0, "train"),
+        (1, "aggregate"),
+        (1, "train"),
+        (1, "train"),
+    ]
+    assert len(units) == config.rounds * config.shards + 1
+    assert all(unit.outcomes == ["accept"] and unit.settlement == "verdict" for unit in units), units
+    # Each round-1 unit's result on chain binds the outer step recomputed here from round 0's results.
+    assert len(folds) == config.shards and all(equal for equal, _ in folds), folds
+    # The last aggregate, recomputed from round 1's state and results, is the one the chain settled, and
+    # its output is the buyer's final weights.
+    assert recomputed == anchored
+    assert status["current_state_digest"] == output == training.final_state_digest
+    assert not money.slashed
+    assert money.deposit == money.payouts_total + money.verdict_fees + money.refund
+    for name in ("escrow_balanced", "providers_paid_exactly", "parties_conserved", "supply_conserved"):
+        assert checks.results[name], (name, checks.details.get(name))

@@ -160,8 +160,9 @@ def run_proposed_units(
     silent_shards: tuple[int, ...] = (),
 ) -> dict[int, dict[str, Any]]:
     """Drive every proposed unit (k = 1) through accept, commit and reveal; ``reveal(assignment)`` gives
-    (result digest, state digest, transcript root); the providers of ``silent_shards`` accept and then
-    never commit. Returns each unit's assignment as its provider saw it."""
+    (result digest, state digest, transcript root), and for a folded shard unit also its outer step's
+    (round state digest, inputs commitment); the providers of ``silent_shards`` accept and then never
+    commit. Returns each unit's assignment as its provider saw it."""
     seen: dict[int, dict[str, Any]] = {}
     owner: dict[int, Any] = {}
     for key in keys.values():
@@ -175,7 +176,7 @@ def run_proposed_units(
     owner = {u: key for u, key in owner.items() if seen[u]["shard"] not in silent_shards}
     for unit_id, key in owner.items():
         (assignment,) = [x for x in pull(client, key) if x["unit_id"] == unit_id and x["phase"] == "run"]
-        result, _, _ = reveal(assignment)
+        result, *_ = reveal(assignment)
         commit = "0x" + commitment(result, salt, key.address, assignment["chain_unit_id"]).hex()
         deadline = key.clock.now + 600
         message = {"unitId": assignment["chain_unit_id"], "provider": key.address, "commitment": commit}
@@ -184,9 +185,11 @@ def run_proposed_units(
         del body["unitId"]
         assert client.post("/assignments/commit", json=body).status_code == 200, body
     for unit_id, key in owner.items():
-        result, state, root = reveal(seen[unit_id])
+        result, state, root, *fold = reveal(seen[unit_id])
         body = {"unit_id": unit_id, "provider": key.address, "result_digest": result, "salt": salt}
         body |= {"state_digest": state, "transcript_root": root}
+        if fold:
+            body |= {"round_state_digest": fold[0], "inputs_commitment": fold[1]}
         response = client.post("/assignments/reveal", json=body)
         assert response.status_code == reveal_status, response.text
     drain_outbox(service)

@@ -791,6 +791,141 @@ def test_diloco_order_runs_m_shards_then_an_aggregate_unit_per_round(
     assert len(ledger.effects("UnitFinalized")) == 6
 
 
+def _folded_reveal(assignment: dict[str, Any]) -> tuple[str, ...]:
+    """A shard unit's reveal in a folded order: its training result and, from round 1 on, the outer step it
+    ran first (round r's state "0xe<r>..." over inputs "0xc<r>..."), which its result digest binds."""
+    from veritrain.diloco import Fold, folded_result_digest
+
+    r = assignment["round_index"]
+    state = f"0x{r:02x}{assignment['shard']:02x}" + "cd" * 30
+    if r == 0:
+        return bound(state), state, ROOT
+    round_state, inputs = bytes([0xE0 + r]) * 32, bytes([0xC0 + r]) * 32
+    trained = bytes.fromhex(bound(state)[2:])
+    result = "0x" + folded_result_digest(trained, Fold(round_state, inputs)).hex()
+    return result, state, ROOT, "0x" + round_state.hex(), "0x" + inputs.hex()
+
+
+def test_a_folded_order_opens_an_aggregate_unit_only_after_its_last_round(
+    client: TestClient, service: MarketService, ledger: LedgerChain, make_agent: Any, clock: Clock
+) -> None:
+    from veritrain.diloco import aggregate_result_digest
+
+    no_audit(service)
+    providers, _ = register_market(client, make_agent)
+    keys = {k.address: k for k in providers}
+    order = post_order(
+        client, ledger, make_agent(), clock, shards=2, replicas=1, total_steps=60, outer_step="folded"
+    )
+    assert order["rounds_total"] == 3
+    for round_index in range(3):
+        service.matching.match_pending()
+        training = run_proposed_units(client, service, keys, _folded_reveal)
+        assert sorted((a["kind"], a["round_index"], a["shard"]) for a in training.values()) == [
+            ("train", round_index, 0),
+            ("train", round_index, 1),
+        ]
+        for assignment in training.values():
+            results = [a["state_digest"] for a in assignment["shard_results"]]
+            if round_index == 0:
+                assert assignment["outer"] is None and results == [] and assignment["previous"] is None
+                assert assignment["start_state"]["state_digest"] is None
+                continue
+            previous_round = [
+                _folded_reveal({"round_index": round_index - 1, "shard": m})[1] for m in range(2)
+            ]
+            # round r runs round r-1's outer step: round r-1's state (round 0's: the genesis), its results
+            assert assignment["outer"]["lr"] == 0.7 and results == previous_round
+            assert assignment["previous"]["state_digest"] == previous_round[assignment["shard"]]
+            start = assignment["start_state"]
+            if round_index == 1:
+                assert start["state_digest"] is None
+            else:  # round 1's state, as round 1's units reported it, served by them
+                assert start["state_digest"] == "0x" + "e1" * 32 and start["holders"]
+        assert service.orders.advance_orders() == 1
+        units = service.orders.order_status(order["order_id"]).units
+        assert [u.kind for u in units].count("aggregate") == (1 if round_index == 2 else 0)
+    status = service.orders.order_status(order["order_id"])
+    assert status.state == "running" and status.rounds_accepted == 2
+    assert status.current_state_digest == "0x" + "e2" * 32  # round 2's state: the aggregate's start
+    service.matching.match_pending()
+    output, commitment_ = bytes([0xA2]) * 32, bytes([0xC9]) * 32
+    final = "0x" + output.hex()
+    aggregate = run_proposed_units(
+        client,
+        service,
+        keys,
+        lambda a: (
+            "0x" + aggregate_result_digest(output, commitment_).hex(),
+            final,
+            "0x" + commitment_.hex(),
+        ),
+    )
+    ((_, view),) = aggregate.items()
+    assert view["kind"] == "aggregate" and view["round_index"] == 2 and view["shard"] == 2
+    assert view["start_state"]["state_digest"] == "0x" + "e2" * 32 and view["start_state"]["holders"]
+    assert [s["state_digest"] for s in view["shard_results"]] == [
+        _folded_reveal({"round_index": 2, "shard": m})[1] for m in range(2)
+    ]
+    assert service.orders.advance_orders() == 1
+    done = client.get(f"/orders/{order['order_id']}").json()
+    assert done["state"] == "completed" and done["current_state_digest"] == final
+    assert len(ledger.effects("UnitFinalized")) == 3 * 2 + 1  # OrderSpec.unit_count
+
+
+def test_a_folded_unit_s_reveal_must_name_the_outer_step_its_result_binds(
+    client: TestClient, service: MarketService, ledger: LedgerChain, make_agent: Any, clock: Clock
+) -> None:
+    no_audit(service)
+    providers, _ = register_market(client, make_agent)
+    keys = {k.address: k for k in providers}
+    post_order(client, ledger, make_agent(), clock, shards=2, replicas=1, outer_step="folded")
+    order_id = _order_id(service)
+
+    def reveal_again(reveal: Any, status: int) -> None:
+        """Every replica waiting to reveal posts ``reveal(assignment)``'s reveal."""
+        for key in keys.values():
+            for assignment in pull(client, key):
+                if assignment["phase"] == "reveal":
+                    result, state, root, *fold = reveal(assignment)
+                    body = {
+                        "unit_id": assignment["unit_id"],
+                        "provider": key.address,
+                        "result_digest": result,
+                    }
+                    body |= {"salt": "0x" + "5a" * 32, "state_digest": state, "transcript_root": root}
+                    if fold:
+                        body |= {"round_state_digest": fold[0], "inputs_commitment": fold[1]}
+                    assert client.post("/assignments/reveal", json=body).status_code == status, body
+
+    def with_fold(assignment: dict[str, Any]) -> tuple[str, ...]:  # round 0 runs no outer step
+        return (*_folded_reveal(assignment), "0x" + "e0" * 32, "0x" + "c0" * 32)
+
+    def unbound(assignment: dict[str, Any]) -> tuple[str, ...]:
+        result, state, root, round_state, _ = _folded_reveal(assignment)
+        return result, state, root, round_state, "0x" + "c9" * 32  # not the inputs its result binds
+
+    def bare(assignment: dict[str, Any]) -> tuple[str, ...]:
+        result, state, root, *_ = _folded_reveal(assignment)
+        return result, state, root
+
+    service.matching.match_pending()
+    run_proposed_units(client, service, keys, with_fold, reveal_status=400)
+    assert {u.state for u in service.orders.order_status(order_id).units} == {"revealing"}
+    reveal_again(_folded_reveal, 200)
+    drain_outbox(service)
+    assert service.orders.advance_orders() == 1
+    service.matching.match_pending()
+    run_proposed_units(client, service, keys, unbound, reveal_status=400)
+    reveal_again(bare, 400)
+    units = service.orders.order_status(order_id).units
+    assert [u.state for u in units if u.round_index == 1] == ["revealing", "revealing"]
+    reveal_again(_folded_reveal, 200)
+    drain_outbox(service)
+    units = service.orders.order_status(order_id).units
+    assert [u.state for u in units if u.round_index == 1] == ["accepted", "accepted"]
+
+
 def test_an_aggregate_reveal_that_does_not_open_its_result_is_refused(
     client: TestClient, service: MarketService, ledger: LedgerChain, make_agent: Any, clock: Clock
 ) -> None:

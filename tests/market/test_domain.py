@@ -27,7 +27,10 @@ from market.domain.replication import (
 from market.domain.rounds import (
     AcceptedReplica,
     RoundDecision,
+    aggregates_after,
     decide_shards,
+    folded_round_state,
+    folds,
     next_state,
     plan_aggregate,
     plan_round,
@@ -401,6 +404,37 @@ def test_diloco_spec_fields_are_checked_and_hashed() -> None:
     ):
         with pytest.raises(ValidationError):
             spec(**bad)
+
+
+def test_a_folded_order_opens_no_aggregate_unit_except_after_its_last_round() -> None:
+    folded, unit = spec(shards=3, total_steps=100, unit_steps=25, outer_step="folded"), spec(shards=3)
+    assert folded.rounds == 4 and folded.unit_count == 4 * 3 + 1  # one aggregate unit, after round 3
+    assert [aggregates_after(folded, r) for r in range(4)] == [False, False, False, True]
+    assert [folds(folded, r) for r in range(4)] == [False, True, True, True]  # round 0 starts from genesis
+    assert all(aggregates_after(unit, r) and not folds(unit, r) for r in range(unit.rounds))
+    assert not aggregates_after(spec(), 1)  # M = 1 has no outer step
+    round_state = "0x" + "5e" * 32
+    accepted = [
+        AcceptedReplica(1, "0xa", "0x" + "01" * 32, round_state),
+        AcceptedReplica(2, "0xb", "0x" + "02" * 32, "0x" + "66" * 32),  # a minority's report loses
+        AcceptedReplica(3, "0xc", "0x" + "03" * 32, round_state),
+    ]
+    assert folded_round_state(2, accepted) == round_state
+    with pytest.raises(MarketError, match="round 1"):
+        folded_round_state(1, [AcceptedReplica(1, "0xa", "0x" + "01" * 32)])
+
+
+def test_outer_step_is_hashed_only_when_folded_and_needs_shards() -> None:
+    fields = {"buyer": "0x" + "12" * 20, "recipe": "digits-mlp", "dataset_digest": "0x" + "ab" * 32}
+    fields |= {"total_steps": 10, "unit_steps": 5, "replicas": 3, "seed": 1, "max_price_per_pflop": 10}
+    two = OrderSpec.model_validate({**fields, "deadline": 99, "shards": 2})
+    # the hash this M = 2 spec had before outer_step existed (computed with the code of d0d996e)
+    assert two.spec_hash() == "0xfed434a00fc0b72201b6dc37f26932ec2da126c3f07e9ad808c8b86e0651a71a"
+    assert two.model_copy(update={"outer_step": "folded"}).spec_hash() != two.spec_hash()
+    with pytest.raises(ValidationError, match="outer_step 'folded' needs shards >= 2"):
+        spec(outer_step="folded")
+    with pytest.raises(ValidationError):
+        spec(shards=2, outer_step="sometimes")
 
 
 def test_escrow_covers_the_aggregate_units() -> None:
