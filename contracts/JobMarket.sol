@@ -237,6 +237,9 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
     IERC20 public immutable token;
     /// @notice The stake registry that holds provider collateral and verifier stake.
     StakeManager public immutable stakes;
+    /// @notice keccak256(abi.encode(token, stakes, params)) as constructed: {JobMarket} takes only an
+    /// extension whose configuration hashes to its own.
+    bytes32 public immutable configHash;
 
     uint64 internal immutable _commitWindow;
     uint64 internal immutable _revealWindow;
@@ -504,6 +507,7 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
         if (params_.withholdPenalty > params_.slashAmount) revert InvalidParameter("withholdPenalty");
         token = token_;
         stakes = stakes_;
+        configHash = keccak256(abi.encode(token_, stakes_, params_));
         _commitWindow = params_.commitWindow;
         _revealWindow = params_.revealWindow;
         _verdictWindow = params_.verdictWindow;
@@ -1761,9 +1765,8 @@ abstract contract JobMarketRounds is JobMarketDelegate {
 
 /// @title JobMarketExtension
 /// @notice The code of {JobMarket} that does not fit its 24,576 bytes (EIP-170): the verdict path and the
-/// round path, in one contract that JobMarket's constructor deploys and reaches by delegatecall. One
-/// contract, not one per path: each copy of the shared base (roles, EIP-712) in JobMarket's creation code
-/// costs about 3 kB of the 49,152-byte limit on creation code (EIP-3860).
+/// round path, in one contract deployed before JobMarket, which takes its address (checking its token, stake
+/// manager and parameters are its own) and reaches it by delegatecall.
 contract JobMarketExtension is JobMarketVerdicts, JobMarketRounds {
     constructor(IERC20 token_, StakeManager stakes_, Params memory params_) JobMarketBase(token_, stakes_, params_) {}
 }
@@ -1873,11 +1876,22 @@ contract JobMarket is JobMarketBase {
     /// @param params_ Market parameters (0 < windows <= MAX_WINDOW, 1 <= minVerifiers <= MAX_VERIFIERS,
     /// slash <= collateral, bounty <= 100 %, verifierCollateral > 0,
     /// spot-check rates <= 1e6 ppm, withholdPenalty <= slashAmount).
-    constructor(IERC20 token_, StakeManager stakes_, address operator, Params memory params_)
-        JobMarketBase(token_, stakes_, params_)
-    {
+    /// @param extension_ A {JobMarketExtension} deployed with the same token, stake manager and parameters
+    /// (checked: its code runs in this contract's storage with its own immutables). Deployed on its own, not
+    /// by this constructor: with its creation code inside this one's, JobMarket's creation code was 566
+    /// bytes under EIP-3860's 49,152.
+    constructor(
+        IERC20 token_,
+        StakeManager stakes_,
+        address operator,
+        Params memory params_,
+        JobMarketExtension extension_
+    ) JobMarketBase(token_, stakes_, params_) {
         if (operator == address(0)) revert InvalidParameter("operator");
-        extension = address(new JobMarketExtension(token_, stakes_, params_));
+        if (address(extension_).code.length == 0 || extension_.configHash() != configHash) {
+            revert InvalidParameter("extension");
+        }
+        extension = address(extension_);
         _grantRole(DEFAULT_ADMIN_ROLE, msg.sender);
         _grantRole(OPERATOR_ROLE, operator);
     }

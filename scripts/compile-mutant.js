@@ -24,7 +24,9 @@ const solc = require("solc");
 process.env.HARDHAT_DISABLE_TELEMETRY_PROMPT = "true";
 
 const ROOT = path.resolve(__dirname, "..");
-const CONTRACTS = ["VeriToken", "StakeManager", "JobMarket"];
+// contract name -> the source file (contracts/<file>.sol) that defines it
+const SOURCES = { VeriToken: "VeriToken", StakeManager: "StakeManager", JobMarket: "JobMarket", JobMarketExtension: "JobMarket" };
+const CONTRACTS = Object.keys(SOURCES);
 const ORIGINAL = "--original";
 const DEFAULT_MUTANTS = path.join(ROOT, "tests", "chain", "mutants", "mutants.json");
 const USAGE = "usage: compile-mutant.js <mutant-id | --original>... [--mutants FILE]";
@@ -95,9 +97,11 @@ function compile(sources, settings, label, names) {
     sources: Object.fromEntries(Object.entries(sources).map(([k, v]) => [k, { content: v }])),
     settings: {
       ...settings,
-      outputSelection: Object.fromEntries(
-        names.map((name) => [`contracts/${name}.sol`, { [name]: ["abi", "evm.bytecode.object", "storageLayout"] }]),
-      ),
+      outputSelection: names.reduce((selection, name) => {
+        const file = `contracts/${SOURCES[name]}.sol`;
+        selection[file] = { ...selection[file], [name]: ["abi", "evm.bytecode.object", "storageLayout"] };
+        return selection;
+      }, {}),
     },
   };
   const output = JSON.parse(solc.compile(JSON.stringify(input), { import: findImport }));
@@ -105,7 +109,7 @@ function compile(sources, settings, label, names) {
   if (errors.length) fail(`${label}:\n${errors.map((e) => e.formattedMessage).join("\n")}`);
   const result = {};
   for (const name of names) {
-    const compiled = output.contracts[`contracts/${name}.sol`][name];
+    const compiled = output.contracts[`contracts/${SOURCES[name]}.sol`][name];
     result[name] = {
       abi: compiled.abi,
       bytecode: `0x${compiled.evm.bytecode.object}`,
@@ -147,7 +151,7 @@ function main() {
     const sources = readSources();
     applyPatches(sources, mutant);
     const patched = new Set(mutant.patches.map((patch) => patch.file));
-    const changed = CONTRACTS.filter((name) => touchedBy(sources, `${name}.sol`, patched));
+    const changed = CONTRACTS.filter((name) => touchedBy(sources, `${SOURCES[name]}.sol`, patched));
     const kept = CONTRACTS.filter((name) => !changed.includes(name));
     const compiled = { ...originalOf(kept), ...compile(sources, settings, id, changed) };
     result[id] = Object.fromEntries(CONTRACTS.map((name) => [name, compiled[name]]));

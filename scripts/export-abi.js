@@ -8,7 +8,7 @@
 // compares the export with a fresh compile; a stale incremental export failed CI once.
 // Output per contract: {"contractName", "abi", "bytecode", "deployedBytecode", "solcVersion",
 // "sourceSha256"} with a stable key order and a trailing newline, so re-running it on unchanged
-// sources changes no byte. sourceSha256 is the sha256 of contracts/<Name>.sol as compiled.
+// sources changes no byte. sourceSha256 is the sha256 of the contract's source file as compiled.
 "use strict";
 
 const crypto = require("crypto");
@@ -16,7 +16,15 @@ const fs = require("fs");
 const path = require("path");
 
 const ROOT = path.resolve(__dirname, "..");
-const CONTRACTS = ["VeriToken", "StakeManager", "JobMarket", "AdminTimelock", "VerdictAppeals"];
+// contract name -> the source file (contracts/<file>.sol) that defines it
+const CONTRACTS = {
+  VeriToken: "VeriToken",
+  StakeManager: "StakeManager",
+  JobMarket: "JobMarket",
+  JobMarketExtension: "JobMarket",
+  AdminTimelock: "AdminTimelock",
+  VerdictAppeals: "VerdictAppeals",
+};
 const OUT_DIR = path.join(ROOT, "veritrain", "contracts_data");
 
 function fail(message) {
@@ -29,12 +37,12 @@ function readJson(file) {
   return JSON.parse(fs.readFileSync(file, "utf8"));
 }
 
-function exportContract(name) {
-  const artifactDir = path.join(ROOT, "artifacts", "contracts", `${name}.sol`);
+function exportContract([name, file]) {
+  const artifactDir = path.join(ROOT, "artifacts", "contracts", `${file}.sol`);
   const artifact = readJson(path.join(artifactDir, `${name}.json`));
   const debug = readJson(path.join(artifactDir, `${name}.dbg.json`));
   const buildInfo = readJson(path.resolve(artifactDir, debug.buildInfo));
-  const sourceName = `contracts/${name}.sol`;
+  const sourceName = `contracts/${file}.sol`;
   const compiledSource = buildInfo.input.sources[sourceName];
   if (!compiledSource) fail(`${sourceName} is not in its build info`);
   const onDisk = fs.readFileSync(path.join(ROOT, sourceName), "utf8");
@@ -53,4 +61,4 @@ function exportContract(name) {
 }
 
 fs.mkdirSync(OUT_DIR, { recursive: true });
-CONTRACTS.forEach(exportContract);
+Object.entries(CONTRACTS).forEach(exportContract);

@@ -138,8 +138,7 @@ describe("JobMarket: on-chain spot-check draw", function () {
     const [admin, operator] = await ethers.getSigners();
     const token = await ethers.deployContract("VeriToken");
     const stakes = await ethers.deployContract("StakeManager", [await token.getAddress(), 3600n, admin.address]);
-    const deploy = (params) => ethers.deployContract("JobMarket",
-      [token.target, stakes.target, operator.address, { ...PARAMS, ...params }]);
+    const deploy = (params) => h.deployMarket(token.target, stakes.target, operator.address, { ...PARAMS, ...params });
     const market = await deploy({ spotCheckPpm: 1_000_000, soloSpotCheckPpm: 1_000_000 });
     await expect(deploy({ spotCheckPpm: 1_000_001 })).to.be.revertedWithCustomError(market, "InvalidParameter")
       .withArgs("spotCheckPpm");

@@ -25,10 +25,12 @@ describe("JobMarket: deployment", function () {
 
   it("rejects unusable parameters, each by name", async function () {
     const { market, token, stakes, operator } = await loadFixture(h.systemFixture);
-    const F = await ethers.getContractFactory("JobMarket");
     const otherToken = await ethers.deployContract("VeriToken");
     const t = await token.getAddress();
     const s = await stakes.getAddress();
+    // a valid extension, so that each refusal is JobMarket's own check of the named parameter
+    const extension = await ethers.deployContract("JobMarketExtension", [t, s, PARAMS]);
+    const F = { deploy: (...args) => ethers.deployContract("JobMarket", [...args, extension.target]) };
     const cases = [
       [[await otherToken.getAddress(), s, operator.address, PARAMS], "token"],
       [[t, s, ethers.ZeroAddress, PARAMS], "operator"],
@@ -45,6 +47,29 @@ describe("JobMarket: deployment", function () {
     for (const [args, name] of cases) {
       await expect(F.deploy(...args)).to.be.revertedWithCustomError(market, "InvalidParameter").withArgs(name);
     }
+  });
+
+  it("refuses an extension deployed with another token, stake manager or parameters, or none", async function () {
+    const { market, token, stakes, operator, admin } = await loadFixture(h.systemFixture);
+    const t = await token.getAddress();
+    const s = await stakes.getAddress();
+    const otherToken = await ethers.deployContract("VeriToken");
+    const otherStakes = await ethers.deployContract("StakeManager", [await otherToken.getAddress(), 3600n, admin]);
+    const extensions = [
+      await ethers.deployContract("JobMarketExtension", [await otherToken.getAddress(), await otherStakes.getAddress(), PARAMS]),
+      await ethers.deployContract("JobMarketExtension", [t, s, { ...PARAMS, spotCheckPpm: PARAMS.spotCheckPpm + 1 }]),
+      await ethers.deployContract("JobMarketExtension", [t, s, { ...PARAMS, verdictWindow: PARAMS.verdictWindow + 1n }]),
+    ];
+    for (const extension of extensions) {
+      await expect(h.deployMarket(t, s, operator.address, PARAMS, extension))
+        .to.be.revertedWithCustomError(market, "InvalidParameter").withArgs("extension");
+    }
+    const noCode = { getAddress: async () => operator.address };
+    await expect(h.deployMarket(t, s, operator.address, PARAMS, noCode))
+      .to.be.revertedWithCustomError(market, "InvalidParameter").withArgs("extension");
+    const ok = await h.deployMarket(t, s, operator.address, PARAMS);
+    expect(await ok.extension()).to.properAddress;
+    expect(await ok.extension()).to.not.equal(await market.extension());
   });
 });
 

@@ -135,14 +135,19 @@ function commitmentOf(digest, salt, provider, unitId) {
 const digestOf = (label) => ethers.id(`digest:${label}`);
 const saltOf = (label) => ethers.id(`salt:${label}`);
 
+/** Deploys a JobMarketExtension with `token`, `stakes` and `params`, then the JobMarket that runs it
+ * (`extension`: another one to pass instead). */
+async function deployMarket(token, stakes, operator, params, extension = undefined) {
+  const ext = extension ?? await ethers.deployContract("JobMarketExtension", [token, stakes, params]);
+  return ethers.deployContract("JobMarket", [token, stakes, operator, params, await ext.getAddress()]);
+}
+
 /** Deploys token, stake manager and market (with `tokenFactoryName` as the token, VeriToken by default). */
 async function deploySystem(tokenFactoryName = "VeriToken", params = PARAMS) {
   const [admin, operator, buyer, p1, p2, p3, p4, v1, v2, v3, other] = await ethers.getSigners();
   const token = await ethers.deployContract(tokenFactoryName);
   const stakes = await ethers.deployContract("StakeManager", [await token.getAddress(), UNBONDING, admin.address]);
-  const market = await ethers.deployContract("JobMarket", [
-    await token.getAddress(), await stakes.getAddress(), operator.address, params,
-  ]);
+  const market = await deployMarket(await token.getAddress(), await stakes.getAddress(), operator.address, params);
   await stakes.grantRole(await stakes.MARKET_ROLE(), await market.getAddress());
   return { token, stakes, market, admin, operator, buyer, providers: [p1, p2, p3, p4], verifiers: [v1, v2, v3], other };
 }
@@ -240,7 +245,7 @@ async function unitAt(sys, stage, digests = null, opts = {}) {
 module.exports = {
   E18, PARAMS, UNBONDING, PRICE, FEE, ACCEPT, FAULT, FRAUD, UNIT_STATE, TYPES,
   signMarket, signStakes, signAccept, signVerdict, outcomesHashOf, signUnitCommit, commitmentOf, digestOf, saltOf, farDeadline,
-  deploySystem, systemFixture, fundedSystem, postOrder, assignUnit, commitAll, revealAll, unitAt,
+  deployMarket, deploySystem, systemFixture, fundedSystem, postOrder, assignUnit, commitAll, revealAll, unitAt,
   APPEAL_PARAMS, deployAppeals,
 };
 

@@ -39,7 +39,7 @@ from veritrain.chain.errors import ContractReverted, UnknownRevert
 from veritrain.chain.revert import RevertDecoder, abi_signature, canonical_type
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-CONTRACT_NAMES = ("VeriToken", "StakeManager", "JobMarket")
+CONTRACT_NAMES = ("VeriToken", "StakeManager", "JobMarket", "JobMarketExtension")
 # Deployed too (it alone settles JobMarket's held fraud: settleHeld), but never mutated: compile-mutant.js
 # compiles CONTRACT_NAMES only, so every variant runs the shipped VerdictAppeals bytecode, which depends
 # on JobMarket's ABI, not its code.
@@ -338,8 +338,12 @@ class Chain:
             p.withhold_penalty,
             p.probation_streak,
         )
+        extension = self._deploy_one(
+            artifacts["JobMarketExtension"], [token.address, stakes.address, market_params]
+        )
         market = self._deploy_one(
-            artifacts["JobMarket"], [token.address, stakes.address, operator, market_params]
+            artifacts["JobMarket"],
+            [token.address, stakes.address, operator, market_params, extension.address],
         )
         a = self.appeal_params
         appeal_params = (

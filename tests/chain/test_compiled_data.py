@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from veritrain.chain.artifacts import CONTRACT_NAMES, load_contract
+from veritrain.chain.artifacts import CONTRACT_SOURCES, load_contract
 from veritrain.chain.backends import find_repo_root
 
 pytestmark = pytest.mark.chain
@@ -37,9 +37,9 @@ def test_fresh_hardhat_compile_matches_committed_contract_data(tmp_path: Path) -
         timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    for name in CONTRACT_NAMES:
+    for name, source in CONTRACT_SOURCES.items():
         fresh = json.loads(
-            (tmp_path / "artifacts" / "contracts" / f"{name}.sol" / f"{name}.json").read_text()
+            (tmp_path / "artifacts" / "contracts" / f"{source}.sol" / f"{name}.json").read_text()
         )
         committed = load_contract(name)
         assert list(committed.abi) == fresh["abi"], f"{name}: ABI differs from the sources"

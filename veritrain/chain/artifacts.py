@@ -15,7 +15,16 @@ from typing import Any
 from veritrain.chain.errors import DeploymentError
 
 CONTRACTS_DATA_DIR = Path(__file__).resolve().parent.parent / "contracts_data"
-CONTRACT_NAMES = ("VeriToken", "StakeManager", "JobMarket", "AdminTimelock", "VerdictAppeals")
+# contract name -> the source file (contracts/<file>.sol) that defines it
+CONTRACT_SOURCES = {
+    "VeriToken": "VeriToken",
+    "StakeManager": "StakeManager",
+    "JobMarket": "JobMarket",
+    "JobMarketExtension": "JobMarket",
+    "AdminTimelock": "AdminTimelock",
+    "VerdictAppeals": "VerdictAppeals",
+}
+CONTRACT_NAMES = tuple(CONTRACT_SOURCES)
 
 
 @dataclass(frozen=True)

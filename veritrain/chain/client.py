@@ -446,8 +446,8 @@ class ChainClient:
         contracts: dict[str, ContractData] | None = None,
         admin_delay: int | None = None,
     ) -> ChainClient:
-        """Deploy token, stake manager, job market and verdict appeals; grant the market and the appeals
-        contract MARKET_ROLE; optionally write the file.
+        """Deploy token, stake manager, job market (its extension first) and verdict appeals; grant the
+        market and the appeals contract MARKET_ROLE; optionally write the file.
 
         `operator` (default: the deployer) is the market service's relayer key that proposes assignments.
         `admin_delay` (seconds): hand both contracts' admin role to an AdminTimelock with that delay, the
@@ -468,7 +468,11 @@ class ChainClient:
         token = _created(token_receipt, "VeriToken")
         stake_receipt = create("StakeManager", token, unbonding_period, deployer.address)
         stake_manager = _created(stake_receipt, "StakeManager")
-        market_receipt = create("JobMarket", token, stake_manager, operator_address, market_params.as_tuple())
+        extension_receipt = create("JobMarketExtension", token, stake_manager, market_params.as_tuple())
+        extension = _created(extension_receipt, "JobMarketExtension")
+        market_receipt = create(
+            "JobMarket", token, stake_manager, operator_address, market_params.as_tuple(), extension
+        )
         job_market = _created(market_receipt, "JobMarket")
         appeal = appeal_params or AppealParams()
         appeals_receipt = create("VerdictAppeals", job_market, appeal.as_tuple())
@@ -486,7 +490,13 @@ class ChainClient:
             appeal_params=appeal,
         )
         client = cls(backend, deployment, relayer=deployer, contracts=data)
-        client.deploy_receipts = (token_receipt, stake_receipt, market_receipt, appeals_receipt)
+        client.deploy_receipts = (
+            token_receipt,
+            stake_receipt,
+            extension_receipt,
+            market_receipt,
+            appeals_receipt,
+        )
         role = client.stakes.functions.MARKET_ROLE().call()
         for grantee in (job_market, deployment.verdict_appeals):
             grant = client.transactor.send(
