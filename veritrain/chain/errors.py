@@ -647,6 +647,12 @@ class RosterNotClosable(ContractReverted):
     error_name = "RosterNotClosable"
 
 
+class NotDelegated(ContractReverted):
+    """JobMarketExtension called on its own address: its code runs only inside JobMarket (delegatecall)."""
+
+    error_name = "NotDelegated"
+
+
 # -- OpenZeppelin access control, tokens and guards
 
 
