@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // Compile the Veritrain contracts with one seeded bug applied, in memory, for mutation testing.
 //
-// Usage: node scripts/compile-mutant.js <mutant-id | --original>... [--mutants FILE]
+// Usage: node scripts/compile-mutant.js <mutant-id | --original>... [--mutants FILE] [--reuse-shipped]
 // Prints {"<mutant-id or --original>": {"<ContractName>": {"abi": [...], "bytecode": "0x...",
 // "storageLayout": {...}}, ...}, ...} to stdout: one entry per requested variant, compiled in this one
 // process (loading the wasm compiler and Hardhat's config once is most of the cost of a small compile).
@@ -10,6 +10,12 @@
 // Only what a patch can change is compiled again: a contract is compiled for a mutant when its file or a
 // file it imports (./ imports, transitively) is patched, and the others are the original's (their sources,
 // and so their bytecode, are unchanged). viaIR optimisation of JobMarket is most of the time.
+//
+// --reuse-shipped: the unmutated contracts (--original, and a mutant's untouched ones) are not compiled to
+// bytecode at all: their bytecode is the shipped veritrain/contracts_data/<Name>.json (which
+// tests/chain/test_compiled_data.py checks is exactly what a fresh compile of these sources gives), and only
+// their ABI and storage layout are compiled from the sources (no code generation: ~2 s instead of ~30 s of
+// wasm solc); a shipped ABI that differs from the sources' is refused (stale package data).
 //
 // Why a separate compile: Hardhat compiles from disk into artifacts/, which other engineers share;
 // a mutant must never touch contracts/ or artifacts/. The compiler settings (evmVersion, optimizer,
@@ -29,7 +35,8 @@ const SOURCES = { VeriToken: "VeriToken", StakeManager: "StakeManager", JobMarke
 const CONTRACTS = Object.keys(SOURCES);
 const ORIGINAL = "--original";
 const DEFAULT_MUTANTS = path.join(ROOT, "tests", "chain", "mutants", "mutants.json");
-const USAGE = "usage: compile-mutant.js <mutant-id | --original>... [--mutants FILE]";
+const SHIPPED = path.join(ROOT, "veritrain", "contracts_data");
+const USAGE = "usage: compile-mutant.js <mutant-id | --original>... [--mutants FILE] [--reuse-shipped]";
 
 function fail(message) {
   process.stderr.write(`compile-mutant: ${message}\n`);
@@ -37,9 +44,10 @@ function fail(message) {
 }
 
 function parseArgs(argv) {
-  const args = { ids: [], mutantsFile: DEFAULT_MUTANTS };
+  const args = { ids: [], mutantsFile: DEFAULT_MUTANTS, reuseShipped: false };
   for (let i = 0; i < argv.length; i++) {
     if (argv[i] === "--mutants") args.mutantsFile = argv[++i];
+    else if (argv[i] === "--reuse-shipped") args.reuseShipped = true;
     else args.ids.push(argv[i]);
   }
   if (args.ids.length === 0) fail(USAGE);
@@ -91,7 +99,9 @@ function findImport(importPath) {
 }
 
 // `names` (of CONTRACTS) compiled from `sources`; the output selection leaves every other contract out.
-function compile(sources, settings, label, names) {
+// `bytecode` false: ABI and storage layout only (solc stops after analysis), bytecode left out.
+function compile(sources, settings, label, names, bytecode = true) {
+  const outputs = bytecode ? ["abi", "evm.bytecode.object", "storageLayout"] : ["abi", "storageLayout"];
   const input = {
     language: "Solidity",
     sources: Object.fromEntries(Object.entries(sources).map(([k, v]) => [k, { content: v }])),
@@ -99,7 +109,7 @@ function compile(sources, settings, label, names) {
       ...settings,
       outputSelection: names.reduce((selection, name) => {
         const file = `contracts/${SOURCES[name]}.sol`;
-        selection[file] = { ...selection[file], [name]: ["abi", "evm.bytecode.object", "storageLayout"] };
+        selection[file] = { ...selection[file], [name]: outputs };
         return selection;
       }, {}),
     },
@@ -110,11 +120,8 @@ function compile(sources, settings, label, names) {
   const result = {};
   for (const name of names) {
     const compiled = output.contracts[`contracts/${SOURCES[name]}.sol`][name];
-    result[name] = {
-      abi: compiled.abi,
-      bytecode: `0x${compiled.evm.bytecode.object}`,
-      storageLayout: compiled.storageLayout,
-    };
+    result[name] = { abi: compiled.abi, storageLayout: compiled.storageLayout };
+    if (bytecode) result[name].bytecode = `0x${compiled.evm.bytecode.object}`;
   }
   return result;
 }
@@ -128,6 +135,16 @@ function touchedBy(sources, file, patched, seen = new Set()) {
   return imports.some((imported) => touchedBy(sources, imported, patched, seen));
 }
 
+// The shipped creation bytecode of `name`, refused if the shipped ABI is not the one the sources give.
+function shippedBytecode(name, abi) {
+  const file = path.join(SHIPPED, `${name}.json`);
+  const shipped = JSON.parse(fs.readFileSync(file, "utf8"));
+  if (JSON.stringify(shipped.abi) !== JSON.stringify(abi)) {
+    fail(`--reuse-shipped: ${file} has another ABI than contracts/ (run scripts/export-abi.js after compiling)`);
+  }
+  return shipped.bytecode.startsWith("0x") ? shipped.bytecode : `0x${shipped.bytecode}`;
+}
+
 function main() {
   const args = parseArgs(process.argv.slice(2));
   const settings = hardhatCompilerSettings();
@@ -137,7 +154,13 @@ function main() {
   const original = {}; // contract name -> the unmutated compile, filled on first need
   const originalOf = (names) => {
     const missing = names.filter((name) => !(name in original));
-    if (missing.length) Object.assign(original, compile(readSources(), settings, ORIGINAL, missing));
+    if (missing.length) {
+      const compiled = compile(readSources(), settings, ORIGINAL, missing, !args.reuseShipped);
+      if (args.reuseShipped) {
+        for (const name of missing) compiled[name].bytecode = shippedBytecode(name, compiled[name].abi);
+      }
+      Object.assign(original, compiled);
+    }
     return Object.fromEntries(names.map((name) => [name, original[name]]));
   };
   const result = {};

@@ -126,6 +126,10 @@ def compile_variants(
 
     One node process compiles several variants (loading the wasm compiler is much of the cost);
     `processes` > 1 splits the list over that many processes. Results are cached for the session.
+    With --reuse-shipped: what no patch touches (all of None) is the shipped bytecode of
+    veritrain/contracts_data (test_compiled_data checks it is what the sources compile to) with ABI and
+    storage layout compiled from the sources, so only patched contracts pay for code generation (None:
+    2 s instead of 30 s of CPU).
     """
     wanted = [ORIGINAL if mutant_id is None else mutant_id for mutant_id in mutant_ids]
     missing = [variant for variant in dict.fromkeys(wanted) if variant not in _compiled]
@@ -142,7 +146,7 @@ def compile_variant(mutant_id: str | None) -> dict[str, Any]:
 
 def _run_compiler(variants: list[str]) -> dict[str, dict[str, Any]]:
     completed = subprocess.run(
-        ["node", str(REPO_ROOT / "scripts" / "compile-mutant.js"), *variants],
+        ["node", str(REPO_ROOT / "scripts" / "compile-mutant.js"), "--reuse-shipped", *variants],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

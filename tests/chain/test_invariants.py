@@ -153,7 +153,8 @@ def test_every_invariant_has_a_mutant() -> None:
 
 @pytest.mark.slow
 def test_scenarios_pass_on_real_contracts_and_each_mutant_trips_its_invariant() -> None:
-    """Unmutated sources: every scenario trips nothing. Each mutant: its scenario trips its invariant."""
+    """Unmutated contracts (the shipped bytecode, which test_compiled_data ties to the sources): every
+    scenario trips nothing. Each mutant: its scenario trips its invariant."""
     mutants = _mutants()
     variants = compile_variants([None, *(m["id"] for m in mutants)], processes=2)  # compiles dominate
     original = variants[None]
