@@ -1,6 +1,7 @@
 """Stateful invariant tests of the contracts on a hardhat node (SECURITY.md A1, A2, A7, A8, A15).
 
-`test_market_invariants_hold` runs random market histories (invariants_machine.MarketMachine) against
+`test_market_invariants_hold` runs random market histories (invariants_machine.MarketMachine: per-unit
+units and round-path rosters on the same orders) against
 the bytecode shipped in veritrain/contracts_data and a Python reference model, checking the named
 invariants after every step and that every fund exits at the end of every example. The mutation tests
 seed one bug at a time into the Solidity sources (tests/chain/mutants/mutants.json), compile it with
@@ -130,6 +131,12 @@ def test_market_invariants_hold() -> None:
         "settleHeld (stands)",
         "settleHeld (overturned)",
         "settleHeld (framed paid)",
+        "openRoster",
+        "stepRound",
+        "stepRound (set aside)",
+        "stepRound (withheld)",
+        "publishOpening",
+        "closeRoster",
     )
     idle = [fn for fn in required if machine.call_stats.get(fn, [0, 0])[0] == 0]
     assert not idle, f"these actions never succeeded, so the run proves little about them: {idle}"
@@ -138,10 +145,12 @@ def test_market_invariants_hold() -> None:
 def test_probation_in_random_histories() -> None:
     """Probation on (1 valid unit): a unit with a provider that has no valid unit since its last fault or
     fraud is drawn at assignment. The model predicts every unit's drawn bit and every finalize it refuses
-    (`UnitUnderVerification`); the invariants hold. Fewer examples: the rest is the test above."""
+    (`UnitUnderVerification`), and on the round path every unit such a provider works is set aside by the
+    step that reveals it; the invariants hold. Fewer examples: the rest is the test above."""
     machine = _random_histories(MarketParams(probation_streak=1), max(EXAMPLES // 4, 5))
     assert machine.call_stats["assign"][0] > 0 and machine.call_stats["submitVerdict"][0] > 0
     assert machine.error_stats.get("finalize: UnitUnderVerification", 0) > 0
+    assert machine.call_stats.get("stepRound (set aside)", [0, 0])[0] > 0
 
 
 def test_every_invariant_has_a_mutant() -> None:
