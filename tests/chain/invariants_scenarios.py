@@ -362,6 +362,37 @@ def roster_withheld_then_drawn(m: MarketMachine) -> None:
     m.check_step()
 
 
+def roster_overturn_slashes_missed_fraud(m: MarketMachine) -> None:
+    """Not a mutation scenario (see test_invariants.py): provider0 holds one slot of a roster and works an
+    open per-unit unit (2,000 of its 2,500 locked). Its round replica is deviant; the set-aside unit's
+    verdict misses that and frames its honest partner, whose appeal overturns it: VerdictAppeals slashes
+    provider0 directly (fraud the verdict missed), without the roster lock's release that JobMarket's own
+    slashes of set-aside replicas make first (RosterLock). Then the roster closes."""
+    _stake_everyone(m)
+    m.do_post_order("buyer0", 1, 2, 100, 50, 3_000)
+    m.check_step()
+    m.do_assign(1, ["provider0", "provider2"], list(VERIFIERS))  # unit 1 stays open
+    m.check_step()
+    m.do_post_order("buyer1", 1, 2, 100, 50, 3_000)
+    m.check_step()
+    m.do_open_roster(2, [["provider0", "provider1"]], 1)
+    m.check_step()
+    _step(m, 2, reveal=False, deviant=frozenset({0}))
+    _step(m, 2, commit=False)  # unit 2: set aside, split
+    m.do_submit_verdict(2, [ACCEPT, FRAUD], list(VERIFIERS))  # wrong on both replicas
+    m.check_step()
+    m.do_appeal(2, "provider1")
+    m.check_step()
+    m.do_draw_panel(2)
+    m.check_step()
+    m.do_vote(2, [FRAUD, ACCEPT], REFEREE)
+    m.check_step()
+    m.do_resolve(2, [ACCEPT, FRAUD], [FRAUD, ACCEPT])  # overturned: provider0 slashed by VerdictAppeals
+    m.check_step()
+    m.do_close_roster(2)
+    m.check_step()
+
+
 SCENARIOS: dict[str, Scenario] = {
     "finalize_once": finalize_once,
     "finalize_twice": finalize_twice,
