@@ -8,6 +8,14 @@ variables, and every account, order and unit is compared field by field with the
 ends by driving the market past all deadlines and closing every position: all funds must exit
 (liveness); there the storage reader is also cross-checked against the contracts' public views, and
 nonces are compared.
+The round path (JobMarketRounds) runs beside the per-unit path on the same orders' ledger: rosters opened
+on orders (fixed or adaptive, fewer replicas for providers with the streak), rounds committed and revealed
+in one step each (a replica sometimes deviant, a slot sometimes withheld past the reveal window, its
+opening sometimes published on chain first), units set aside by the operator's step (split, withheld, or
+drawn) settling on the per-unit path (verdicts, held fraud, appeals, expiry), and closeRoster; plus
+refused calls (forged works, tampered openings, early withheld slots, another roster's layout, early
+closes, steps by a provider or with too few verifiers). Rosters, their per-provider set-aside slots and
+roster locks are compared with the model after every step.
 Actors: operator, 2 buyers, 3 providers, 2 verifiers and a referee, the only member of VerdictAppeals'
 referee pool (a panel of one, never a unit's party, so the draw does not hang on block hashes); the
 deployer also holds MARKET_ROLE on the StakeManager, acting as a second market that slashes directly
@@ -26,13 +34,16 @@ the seeded bug trips the one it targets):
   against donations; this handler never donates, so equality must hold); VerdictAppeals holds nothing.
 - no_double_settlement: a unit settles (finalize / verdict / expire) at most once and its held replicas
   at most once; per order, the escrow that left as credits never exceeds what the buyer escrowed, and
-  once the order is closed equals it less the prices of its still-held replicas.
+  once the order is closed equals it less the prices of its still-held replicas; on the round path, no
+  provider is paid for more of a roster's slots (by closeRoster and its set-aside units' settlements
+  together, measured as credit gained / price) than it holds in the rounds revealed so far.
 - truth_before_money: a verdict slashes nobody it calls fraud, credits its signers only the fee and
   the withhold penalties' bounty, and leaves the held replicas' collateral locked.
 - framed_made_whole: when the truth accepts a replica its verdict called fraud (an overturn), the
   provider lost no stake to that unit, gets its price and its collateral back.
 - unit_state_machine: every stored unit state change is a legal edge (None → Committing → Revealing →
-  Finalized | Verdicted | Expired; Committing → Verdicted | Expired) and equals the model's state.
+  Finalized | Verdicted | Expired; Committing → Verdicted | Expired; a round-path unit set aside for a
+  verdict is born Revealing, checked by the step that sets it aside) and equals the model's state.
 - slash_reaches_unbonding: a slash takes min(amount, bonded + unbonding) — unbonding stake stays slashable
   — and exactly that many tokens leave the StakeManager.
 - slashed_never_withdrawable: per staker, bonded + unbonding == deposited − withdrawn − slashed, so a
@@ -40,7 +51,13 @@ the seeded bug trips the one it targets):
 - funds_exit: after all deadlines, expiring units, closing orders, withdrawing credits and unstaking
   leave both contracts holding no tokens and every actor holding what the model says.
 - collateral_locked: a staker never slashed has exactly locked the collateral of its open units, of its
-  held replicas, its pending appeal bonds and its referee stake.
+  held replicas, of its slots in open rosters (one `providerCollateral` per slot of a round; a set-aside
+  unit's providers lock nothing more, the roster's lock is theirs), its pending appeal bonds and its
+  referee stake.
+- drawn_never_finalized: a unit drawn for a spot check is never finalized; on the round path, every unit
+  of a revealed round that the draw takes (a provider below the roster's required streak, read from
+  storage before the step, or the committing block's hash gone) is set aside by that step
+  (`UnitSetAside`), never paid by count.
 - model_agreement: everything else the model predicts (success vs typed revert and its arguments,
   balances, stakes, credits, reputation, nonces, order and unit fields).
 """
@@ -65,6 +82,7 @@ from tests.chain.invariants_model import (
     AppealState,
     Expected,
     Model,
+    RosterState,
     Unit,
     UnitState,
     bits,
@@ -106,6 +124,7 @@ SETTLEMENT_EVENTS = {
 }
 STAKE_SLASHED = keccak(text="StakeSlashed(address,uint256,address)")
 HELD_SETTLED = keccak(text="HeldSettled(uint256,uint8[])")
+UNIT_SET_ASIDE = keccak(text="UnitSetAside(uint256,uint32,uint256,uint256)")
 
 
 class InvariantViolation(AssertionError):
@@ -188,6 +207,9 @@ class Ghosts:
     unit_states: dict[int, UnitState] = field(default_factory=dict)
     held_settlements: dict[int, int] = field(default_factory=dict)  # HeldSettled events per unit
     unit_slashes: dict[tuple[int, str], int] = field(default_factory=dict)  # (unit, lowercase account)
+    # Round path: per (order, provider), the roster slots paid (by the roster's close, or by the settlement
+    # of a unit it set aside), measured as credit gained / the order's price.
+    slot_pay: dict[tuple[int, str], int] = field(default_factory=dict)
 
 
 @dataclass
@@ -239,6 +261,9 @@ class MarketMachine(RuleBasedStateMachine):
         self.steps = 0
         self.broken = False
         self.accept_draws: dict[str, int] = {}  # per provider: unordered Accept nonces drawn so far
+        # Round path: each committed round's (digest, salt) per slot, and each set-aside unit's honest digest
+        self.round_secrets: dict[tuple[int, int], list[tuple[bytes, bytes]]] = {}
+        self.honest: dict[int, bytes] = {}
 
     # ------------------------------------------------------------------------------------------
     # Running one action on both sides
@@ -607,6 +632,10 @@ class MarketMachine(RuleBasedStateMachine):
         pool = candidates if candidates and _mostly(data, 4, "prefer ready") else sorted(self.model.units)
         return data.draw(st.sampled_from(pool), label="unit")
 
+    def _honest(self, unit_id: int) -> bytes:
+        """The digest an honest replica of the unit reveals (a set-aside round unit's: its round's)."""
+        return self.honest.get(unit_id) or keccak(text=f"honest-{unit_id}")
+
     def _verdict_deadline(self, unit: Unit) -> int:
         return unit.reveal_deadline + self.chain.params.verdict_window
 
@@ -691,7 +720,7 @@ class MarketMachine(RuleBasedStateMachine):
         unit = self.model.units[unit_id]
         provider = unit.replicas[index].provider
         secrets = self.secrets[unit_id]
-        digest = secrets.digests.get(index, keccak(text=f"honest-{unit_id}"))
+        digest = secrets.digests.get(index, self._honest(unit_id))
         salt = secrets.salts.get(index, b"\x00" * 32)
         if wrong_salt:
             salt = keccak(salt)
@@ -748,8 +777,11 @@ class MarketMachine(RuleBasedStateMachine):
         escrow_before = self._escrow()
         sm_before = self._sm_balance()
         pre = {account: self.storage.stake_of(account) for account in slashes or {}}
+        rostered = [r.provider for r in unit.replicas] if unit is not None and unit.rostered else []
+        credits = {provider: self.storage.account(provider)[0] for provider in rostered}
         outcome = self._run(what, sender, contract, fn, args, model_action)
         if outcome.receipt is not None:
+            self._count_slot_pay(order_id, credits)
             topics = [_raw(log["topics"][0]) for log in outcome.receipt["logs"]]
             self._add(self.ghosts.settlements, unit_id, sum(1 for t in topics if t in SETTLEMENT_EVENTS))
             self._add(self.ghosts.held_settlements, unit_id, topics.count(HELD_SETTLED))
@@ -905,7 +937,7 @@ class MarketMachine(RuleBasedStateMachine):
 
     def _truth(self, unit: Unit) -> list[int]:
         """What re-executing the unit shows: honest replicas accept, deviant ones fraud, silent ones fault."""
-        honest = keccak(text=f"honest-{unit.unit_id}")
+        honest = self._honest(unit.unit_id)
         return [FAULT if r.digest is None else ACCEPT if r.digest == honest else FRAUD for r in unit.replicas]
 
     def _other_outcomes(self, data: st.DataObject, unit: Unit) -> list[int]:
@@ -1148,7 +1180,8 @@ class MarketMachine(RuleBasedStateMachine):
                 f"not its price {price}",
             )
         locked = self.storage.stake_of(provider)[1]
-        want = max(0, before[0] - self.chain.params.provider_collateral - bond)
+        released = 0 if unit.rostered else self.chain.params.provider_collateral  # else the roster's
+        want = max(0, before[0] - released - bond)
         if locked != want:
             self._fail(
                 "framed_made_whole",
@@ -1234,7 +1267,6 @@ class MarketMachine(RuleBasedStateMachine):
         when nothing else can happen. The per-action rules still explore the wrong orders and bad inputs.
         """
         open_units = self._open_units()
-        now = self._now()
         unsettled = [  # a held unit (to appeal, or to settle once its hold ended), a pending appeal
             u
             for u in self._verdicted()
@@ -1247,6 +1279,10 @@ class MarketMachine(RuleBasedStateMachine):
         if unit_id in unsettled:
             self._progress_truth(unit_id, data)
             return
+        self._progress_unit(unit_id, data)
+
+    def _progress_unit(self, unit_id: int, data: st.DataObject) -> None:
+        """An open unit's next phase: its commits, its reveals, or its settlement (expiry when late)."""
         unit = self.model.units[unit_id]
         now = self._now()
         verdict_deadline = unit.reveal_deadline + self.chain.params.verdict_window
@@ -1340,7 +1376,7 @@ class MarketMachine(RuleBasedStateMachine):
         if unit.finalizable and _mostly(data, 4, "fast path"):
             self.do_finalize(unit_id)
             return
-        honest = keccak(text=f"honest-{unit_id}")
+        honest = self._honest(unit_id)
         outcomes = []
         for replica in unit.replicas:
             if replica.digest is None:
@@ -1415,6 +1451,454 @@ class MarketMachine(RuleBasedStateMachine):
         self._progress(data)
 
     # ------------------------------------------------------------------------------------------
+    # Rules: the round path (JobMarketRounds)
+    # ------------------------------------------------------------------------------------------
+
+    def _roster_args(self, order_id: int, wrong_key: bool = False) -> tuple[list[str], int]:
+        """The roster's providers and layout as its calls carry them (`wrong_key`: another layout, which
+        the contract refuses as RosterMismatch). An order without a roster gets a one-slot shape."""
+        roster = self.model.rosters.get(order_id)
+        providers, slots = (
+            (roster.providers, roster.slots) if roster else ([self.address_of["provider0"]], [0])
+        )
+        if wrong_key:
+            others = [a for a in (self.address_of[p] for p in PROVIDERS) if a not in providers]
+            providers = providers[::-1] if len(providers) > 1 else others[:1]
+        return list(providers), sum(index << (5 * slot) for slot, index in enumerate(slots))
+
+    def do_open_roster(
+        self,
+        order_id: int,
+        slots: list[list[str]],
+        rounds: int,
+        stale_nonce: bool = False,
+    ) -> None:
+        """Open `order_id`'s roster: `slots[u]` are unit u's providers (replica order), every round alike;
+        each provider signs one `Accept` of the roster's key."""
+        labels = list(dict.fromkeys(label for unit in slots for label in unit))
+        providers = [self.address_of[label] for label in labels]
+        layout_slots = [labels.index(label) for unit in slots for label in unit]
+        replicas, per_round = len(slots[0]), len(slots)
+        layout = sum(index << (5 * slot) for slot, index in enumerate(layout_slots))
+        key = eip712.roster_key(providers, layout, replicas, per_round, rounds)
+        deadline = self._sig_deadline()
+        accepts, nonces = [], []
+        for label, address in zip(labels, providers, strict=True):
+            drawn = self.accept_draws.get(address, 0)
+            if stale_nonce and drawn:
+                nonce = (drawn - 1) * 37
+            else:
+                nonce = drawn * 37
+                self.accept_draws[address] = drawn + 1
+            message = {
+                "orderId": order_id,
+                "unitKey": key,
+                "provider": address,
+                "nonce": nonce,
+                "deadline": deadline,
+            }
+            accepts.append((nonce, deadline, self.chain.sign_market(self.actors[label], "Accept", message)))
+            nonces.append(nonce)
+        now = self._now()
+        self._run(
+            f"openRoster(order {order_id}, {slots} x {rounds} rounds, stale={stale_nonce})",
+            self.actors["operator"],
+            "market",
+            "openRoster",
+            [order_id, providers, layout, replicas, per_round, rounds, accepts],
+            lambda: self.model.open_roster(
+                order_id, providers, layout_slots, replicas, per_round, rounds, nonces, now
+            ),
+        )
+
+    def _round_work(
+        self, roster: RosterState, round_: int, deviant: set[int], forged: int | None
+    ) -> tuple[list[tuple[bytes, bytes, bytes]], list[tuple[bytes, str]], list[tuple[bytes, bytes]], int]:
+        """Round `round_`'s signed works (honest digests but the `deviant` slots'; slot `forged` signed
+        by another provider): (the contract's RoundWork tuples, the model's (commitment, signer),
+        each slot's (digest, salt), the signatures' deadline)."""
+        order_id, k = roster.order_id, roster.replicas
+        deadline = self._sig_deadline()
+        works, model_works, secrets = [], [], []
+        for slot in range(roster.units_per_round * k):
+            unit_id = eip712.round_unit_id(order_id, round_, slot // k)
+            provider = roster.provider_of(slot)
+            tag = f"r{order_id}-{round_}-{slot // k}"
+            digest = keccak(text=f"deviant-{tag}-{slot}" if slot in deviant else f"honest-{tag}")
+            salt = keccak(text=f"salt-{tag}-{slot}")
+            commitment = eip712.commitment(digest, salt, provider, unit_id)
+            signer = provider
+            if slot == forged:
+                signer = next(a for a in (self.address_of[p] for p in PROVIDERS) if a != provider)
+            message = {
+                "unitId": unit_id,
+                "provider": provider,
+                "commitment": commitment,
+                "deadline": deadline,
+            }
+            signature = self.chain.sign_market(self.actors[self.label_of[signer]], "UnitCommit", message)
+            r, vs = eip712.compact_signature(signature)
+            works.append((commitment, r, vs))
+            model_works.append((commitment, signer))
+            secrets.append((digest, salt))
+        return works, model_works, secrets, deadline
+
+    def do_step_round(
+        self,
+        order_id: int,
+        *,
+        commit: bool = True,
+        reveal: bool = True,
+        withheld: int = 0,
+        deviant: frozenset[int] = frozenset(),
+        forged: int | None = None,
+        tampered: int | None = None,
+        sender: str = "operator",
+        verifiers: Sequence[str] = VERIFIERS,
+        wrong_key: bool = False,
+    ) -> None:
+        """One stepRound: the pending round's openings (when `reveal`; `withheld` slots given by their
+        commitment, slot `tampered` with a wrong salt) and the next round's works (when `commit`)."""
+        roster = self.model.rosters.get(order_id)
+        providers, layout = self._roster_args(order_id, wrong_key)
+        openings: list[tuple[bytes, bytes]] = []
+        if roster is not None and roster.pending_block and reveal:
+            secrets = self.round_secrets.get((order_id, roster.committed - 1), [])
+            for slot, (digest, salt) in enumerate(secrets):
+                if withheld >> slot & 1:
+                    digest, salt = roster.commitments[slot], bytes(32)
+                elif slot == tampered:
+                    salt = keccak(salt)
+                openings.append((digest, salt))
+        works: list[tuple[bytes, bytes, bytes]] = []
+        model_works: list[tuple[bytes, str]] = []
+        new_secrets: list[tuple[bytes, bytes]] = []
+        deadline = self._sig_deadline()
+        if roster is not None and commit:
+            round_ = roster.committed
+            works, model_works, new_secrets, deadline = self._round_work(roster, round_, set(deviant), forged)
+        verifier_addresses = [self.address_of[v] for v in verifiers]
+        now = self._now()
+        set_aside: list[int] = []
+        must_set_aside = self._units_to_set_aside(order_id)
+
+        def model_action() -> Expected | None:
+            expected, units = self.model.step_round(
+                order_id,
+                not wrong_key,
+                openings,
+                withheld,
+                verifier_addresses,
+                sender == "operator",
+                model_works,
+                deadline,
+                now,
+            )
+            set_aside.extend(units)
+            return expected
+
+        units_before = len(self.model.units)
+        committed_round = roster.committed if roster is not None else 0
+        outcome = self._run(
+            f"stepRound(order {order_id}, reveal={bool(openings)}, works={len(works)}, "
+            f"withheld={withheld:#x}, deviant={sorted(deviant)}, forged={forged}, tampered={tampered}, "
+            f"by {sender}, wrong_key={wrong_key})",
+            self.actors[sender],
+            "market",
+            "stepRound",
+            [order_id, providers, layout, openings, withheld, verifier_addresses, deadline, works],
+            model_action,
+        )
+        if outcome.receipt is None or roster is None:
+            return
+        if works:
+            self.round_secrets[(order_id, committed_round)] = new_secrets
+        revealed_round = committed_round - 1
+        for offset, unit in enumerate(set_aside):  # the model numbered them as the chain does
+            unit_id = units_before + 1 + offset
+            self.secrets[unit_id] = UnitSecrets()
+            self.honest[unit_id] = keccak(text=f"honest-r{order_id}-{revealed_round}-{unit}")
+            # a set-aside unit is born revealing (None -> Revealing), seen here: a phase of the same rule
+            # may settle it before the step's invariant check
+            state = UnitState(self.storage.unit(unit_id)["state"])
+            if state != UnitState.REVEALING:
+                self._fail("unit_state_machine", f"unit {unit_id} set aside as {state.name}, not REVEALING")
+            self.ghosts.unit_states[unit_id] = state
+        if set_aside:
+            self.call_stats.setdefault("stepRound (set aside)", [0, 0])[0] += 1
+        if withheld:
+            self.call_stats.setdefault("stepRound (withheld)", [0, 0])[0] += 1
+        events = [
+            int.from_bytes(_raw(log["data"])[:32], "big")
+            for log in outcome.receipt["logs"]
+            if _raw(log["topics"][0]) == UNIT_SET_ASIDE
+        ]
+        missed = sorted(set(must_set_aside) - set(events))
+        if openings and missed:
+            self._fail(
+                "drawn_never_finalized",
+                f"order {order_id} round {revealed_round}: units {missed} were drawn (a provider below the "
+                f"roster's streak, or the seed's hash gone), yet the step did not set them aside: the roster "
+                f"pays them by count, unchecked",
+            )
+
+    def _units_to_set_aside(self, order_id: int) -> list[int]:
+        """The pending round's units the draw takes, from the chain's state before the step: those worked
+        by a provider below the roster's required streak, or all when the committing block's hash is gone
+        (the spot-check rates are 0 here)."""
+        roster = self.model.rosters.get(order_id)
+        if roster is None:
+            return []
+        stored = self.storage.roster(order_id)
+        if not stored["pendingBlock"]:
+            return []
+        units = range(roster.units_per_round)
+        if self.chain.pending_block() - stored["pendingBlock"] > 256:
+            return list(units)
+        required = stored["requiredStreak"]
+        weak = {p for p, a in enumerate(roster.providers) if self.storage.account(a)[4] < required}
+        k = roster.replicas
+        return [u for u in units if any(roster.slots[u * k + r] in weak for r in range(k))]
+
+    def do_publish_opening(
+        self, order_id: int, slot: int, wrong_salt: bool = False, wrong_commitments: bool = False
+    ) -> None:
+        roster = self.model.rosters.get(order_id)
+        providers, layout = self._roster_args(order_id)
+        commitments: list[bytes] = list(roster.commitments) if roster is not None else []
+        if wrong_commitments:
+            commitments = commitments[::-1] if len(commitments) > 1 else [bytes(32)]
+        secrets = self.round_secrets.get((order_id, roster.committed - 1), []) if roster is not None else []
+        digest, salt = secrets[slot] if slot < len(secrets) else (bytes(32), bytes(32))
+        if wrong_salt:
+            salt = keccak(salt)
+        self._run(
+            f"publishOpening(order {order_id}, slot {slot}, wrong_salt={wrong_salt}, "
+            f"wrong_commitments={wrong_commitments})",
+            self.actors["operator"],
+            "market",
+            "publishOpening",
+            [order_id, providers, layout, slot, digest, salt, commitments],
+            lambda: self.model.publish_opening(order_id, True, slot, digest, salt, commitments),
+        )
+
+    def do_close_roster(self, order_id: int, sender: str = "operator", wrong_key: bool = False) -> None:
+        roster = self.model.rosters.get(order_id)
+        providers, layout = self._roster_args(order_id, wrong_key)
+        credits = {a: self.storage.account(a)[0] for a in (roster.providers if roster else [])}
+        escrow_before = self._escrow()
+        now = self._now()
+        outcome = self._run(
+            f"closeRoster(order {order_id}, by {sender}, wrong_key={wrong_key})",
+            self.actors[sender],
+            "market",
+            "closeRoster",
+            [order_id, providers, layout],
+            lambda: self.model.close_roster(order_id, not wrong_key, now),
+        )
+        if outcome.receipt is not None:
+            self._add(self.ghosts.escrow_out, order_id, escrow_before - self._escrow())
+            self._count_slot_pay(order_id, credits)
+
+    def _count_slot_pay(self, order_id: int, credits_before: dict[str, int]) -> None:
+        """Roster slots paid to each provider by one transaction: its credit gained / the order's price."""
+        price = self.model.orders[order_id].price if order_id in self.model.orders else 0
+        for provider, before in credits_before.items():
+            gained = self.storage.account(provider)[0] - before
+            if gained and price:
+                self._add(self.ghosts.slot_pay, (order_id, provider), gained // price)
+
+    def _ensure_stake(self, label: str, amount: int) -> None:
+        """Top up `label`'s free stake to `amount` (a roster's collateral, a set-aside unit's verifiers')."""
+        short = amount - self._free_stake(label)
+        if short > 0:
+            self.do_stake(label, short)
+
+    def _progress_roster(self, data: st.DataObject) -> None:
+        """The natural next phase of a roster order, or a new one: open it (its order posted if none
+        fits), commit a round (a replica sometimes deviant), reveal it (a slot sometimes withheld past the
+        reveal window, its opening sometimes published first) with the next round's commit, push one of
+        its set-aside units towards its settlement, or close it."""
+        open_rosters = [o for o, r in self.model.rosters.items() if not r.closed]
+        if not open_rosters or not _mostly(data, 4, "continue a roster"):
+            self._progress_open_roster(data)
+            return
+        order_id = data.draw(st.sampled_from(open_rosters), label="roster")
+        for _ in range(4):  # a few phases at once: a roster's life takes a step per round
+            self._roster_phase(order_id, data)
+            if self.model.rosters[order_id].closed or not _mostly(data, 2, "another phase"):
+                return
+
+    def _roster_phase(self, order_id: int, data: st.DataObject) -> None:
+        """One phase of an open roster (see `_progress_roster`)."""
+        roster, order = self.model.rosters[order_id], self.model.orders[order_id]
+        set_aside = [
+            u
+            for u, unit in self.model.units.items()
+            if unit.rostered and unit.order_id == order_id and unit.state not in SETTLED_STATES
+        ]
+        unsettled = [
+            u for u in self._verdicted() if self.model.units[u].rostered and self.model.units[u].held
+        ]
+        if (set_aside or unsettled) and _mostly(data, 2, "a set-aside unit"):
+            unit_id = data.draw(st.sampled_from(set_aside + unsettled), label="set-aside unit")
+            if unit_id in unsettled:
+                self._progress_truth(unit_id, data)
+            else:
+                self._progress_unit(unit_id, data)
+            return
+        now = self._now()
+        can_commit = roster.committed < roster.rounds and now <= order.deadline
+        if not roster.pending_block and not can_commit:
+            closer = data.draw(st.sampled_from(["operator", self.label_of[order.buyer]]), label="closer")
+            self.do_close_roster(order_id, closer)
+            return
+        slots = roster.units_per_round * roster.replicas
+        deviant = frozenset(s for s in range(slots) if not _mostly(data, 9, f"honest slot {s}"))
+        if not roster.pending_block:
+            self.do_step_round(order_id, reveal=False, deviant=deviant)
+            if not roster.pending_block or not _mostly(data, 1, "reveal at once"):
+                return
+            deviant = frozenset(s for s in range(slots) if not _mostly(data, 9, f"honest slot {s}"))
+        withheld = 0
+        if not _mostly(data, 3, "every slot opens"):
+            slot = data.draw(st.integers(0, slots - 1), label="withheld slot")
+            if _mostly(data, 1, "unpublished"):
+                withheld = 1 << slot
+            else:  # published on chain first: the step then takes its opening from there
+                self.do_publish_opening(order_id, slot)
+                withheld = 1 << slot if _mostly(data, 2, "relayer leaves it out") else 0
+            if withheld:
+                self.chain.advance(
+                    max(0, roster.pending_since + self.chain.params.reveal_window - self._now() + 1)
+                )
+        for verifier in VERIFIERS:  # a set-aside unit locks each verifier's collateral
+            self._ensure_stake(verifier, self.chain.params.verifier_collateral * roster.units_per_round)
+        commit = (
+            roster.committed < roster.rounds
+            and self._now() <= order.deadline
+            and _mostly(data, 4, "commit next")
+        )
+        self.do_step_round(order_id, commit=commit, withheld=withheld, deviant=deviant)
+
+    def _progress_open_roster(self, data: st.DataObject) -> None:
+        """Open a roster on an order that can take one (posting a fitting order when none can)."""
+        now = self._now()
+        fits = [
+            o
+            for o, order in self.model.orders.items()
+            if not order.closed
+            and o not in self.model.rosters
+            and order.deadline >= now + 500
+            and order.delivered + order.open_units < order.units
+        ]
+        if not fits or not _mostly(data, 2, "an existing order"):
+            buyer = data.draw(st.sampled_from(BUYERS), label="buyer")
+            units = data.draw(st.integers(1, 4), label="units")
+            if _mostly(data, 2, "fixed order"):
+                self.do_post_order(
+                    buyer, units, data.draw(st.integers(1, 3), label="replicas"), 100, 50, 3_000
+                )
+            else:
+                self.do_post_adaptive_order(buyer, units, (1, 3), data.draw(st.sampled_from([0, 1])), 100, 50)
+            fits = [len(self.model.orders)] if self.model.orders else []
+            if not fits:
+                return
+        order_id = data.draw(st.sampled_from(fits), label="order")
+        order = self.model.orders[order_id]
+        free_units = order.units - order.delivered - order.open_units
+        low = order.min_replicas or order.replicas
+        trusted = [
+            p for p in PROVIDERS if self.model.rep(self.address_of[p]).consecutive >= order.trusted_streak
+        ]
+        replicas = order.replicas
+        if low < order.replicas and len(trusted) >= low and _mostly(data, 2, "fewer replicas"):
+            replicas = data.draw(st.integers(low, min(order.replicas - 1, len(trusted))), label="k")
+        pool = list(PROVIDERS) if replicas == order.replicas else trusted
+        per_round = data.draw(st.integers(1, max(1, min(2, free_units))), label="units per round")
+        rounds = data.draw(st.integers(1, max(1, min(3, free_units // per_round))), label="rounds")
+        slots = [
+            list(data.draw(st.permutations(pool), label="unit providers")[:replicas])
+            for _ in range(per_round)
+        ]
+        uses: dict[str, int] = {}
+        for unit in slots:
+            for label in unit:
+                uses[label] = uses.get(label, 0) + 1
+        for label, count in uses.items():
+            self._ensure_stake(label, count * self.chain.params.provider_collateral)
+        stale = not _mostly(data, 19, "fresh nonces")
+        self.do_open_roster(order_id, slots, rounds, stale)
+
+    @rule(data=st.data())
+    def progress_roster_1(self, data: st.DataObject) -> None:
+        self._progress_roster(data)
+
+    @rule(data=st.data())
+    def progress_roster_2(self, data: st.DataObject) -> None:
+        """A second: a roster's life takes a few steps (open, a step per round, close)."""
+        self._progress_roster(data)
+
+    @rule(data=st.data())
+    def progress_roster_3(self, data: st.DataObject) -> None:
+        self._progress_roster(data)
+
+    @precondition(lambda self: bool(self.model.rosters))
+    @rule(
+        data=st.data(),
+        kind=st.sampled_from(
+            [
+                "forged",
+                "tampered",
+                "early withheld",
+                "wrong key",
+                "close",
+                "open again",
+                "publish",
+                "bad publish",
+                "empty",
+                "by a provider",
+                "thin verifiers",
+            ]
+        ),
+    )
+    def roster_misuse(self, data: st.DataObject, kind: str) -> None:
+        """A round-path call that is mostly refused: a forged work, a tampered opening, a slot given as
+        withheld inside the reveal window, another roster's layout, an early close, a second roster, a
+        bad or valid published opening, an empty step, a step by a provider or with too few verifiers
+        (refused when the round has a unit to set aside)."""
+        order_id = data.draw(st.sampled_from(sorted(self.model.rosters)), label="roster")
+        roster = self.model.rosters[order_id]
+        slots = roster.units_per_round * roster.replicas
+        slot = data.draw(st.integers(0, slots - 1), label="slot")
+        if kind == "forged":
+            self.do_step_round(order_id, forged=slot)
+        elif kind == "tampered":
+            self.do_step_round(order_id, commit=False, tampered=slot)
+        elif kind == "early withheld":
+            self.do_step_round(order_id, commit=False, withheld=1 << slot)
+        elif kind == "wrong key":
+            self.do_step_round(order_id, wrong_key=True)
+        elif kind == "close":
+            self.do_close_roster(order_id, data.draw(st.sampled_from(["operator", *BUYERS]), label="closer"))
+        elif kind == "open again":
+            unit = [self.label_of[roster.provider_of(r)] for r in range(roster.replicas)]
+            self.do_open_roster(order_id, [unit], 1)
+        elif kind in ("publish", "bad publish"):
+            self.do_publish_opening(
+                order_id,
+                slot,
+                wrong_salt=kind == "bad publish" and _mostly(data, 1, "salt"),
+                wrong_commitments=kind == "bad publish" and not _mostly(data, 1, "salt"),
+            )
+        elif kind == "empty":
+            self.do_step_round(order_id, commit=False, reveal=False)
+        elif kind == "by a provider":
+            self.do_step_round(order_id, sender=data.draw(st.sampled_from(PROVIDERS), label="sender"))
+        else:
+            self.do_step_round(order_id, commit=False, verifiers=VERIFIERS[:1])
+
+    # ------------------------------------------------------------------------------------------
     # Invariants
     # ------------------------------------------------------------------------------------------
 
@@ -1432,6 +1916,7 @@ class MarketMachine(RuleBasedStateMachine):
         self._check_slashed_not_withdrawable()
         self._compare_accounts()
         self._compare_orders()
+        self._compare_rosters()
         self._raise_failures()
 
     def _raise_failures(self) -> None:
@@ -1547,22 +2032,32 @@ class MarketMachine(RuleBasedStateMachine):
 
     def _check_collateral_locked(self) -> None:
         """Every open unit holds its providers' and verifiers' collateral, every held replica (a verdict
-        called it fraud, its truth is not settled) its provider's, every pending appeal its bond and the
+        called it fraud, its truth is not settled) its provider's, every open roster one collateral per
+        slot of a round of its providers (a set-aside unit's providers and held replicas lock nothing more:
+        theirs is the roster's, released early only before a slash), every pending appeal its bond and the
         pool its referee's stake: an account never slashed has exactly that sum locked (a slash may clamp
         the lock to the remaining stake, so those are skipped)."""
         params = self.chain.params
         want = dict.fromkeys(self.staker_addresses, 0)
         for unit_id, model_unit in self.model.units.items():
             state = self.storage.unit(unit_id)["state"]
-            if state == UnitState.VERDICTED:
+            if state == UnitState.VERDICTED and not model_unit.rostered:
                 for index in bits(self.storage.held(unit_id) & 0xFF):
                     self._add(want, model_unit.replicas[index].provider, params.provider_collateral)
             if state not in (UnitState.COMMITTING, UnitState.REVEALING):
                 continue
-            for replica in model_unit.replicas:
-                want[replica.provider] = want.get(replica.provider, 0) + params.provider_collateral
+            for replica in model_unit.replicas:  # a set-aside unit's providers: the roster's lock
+                if not model_unit.rostered:
+                    want[replica.provider] = want.get(replica.provider, 0) + params.provider_collateral
             for verifier in model_unit.verifiers:
                 want[verifier] = want.get(verifier, 0) + params.verifier_collateral
+        for order_id, roster in self.model.rosters.items():  # one collateral per slot, until close
+            if self.storage.roster(order_id)["closed"]:
+                continue
+            for provider, uses in zip(roster.providers, roster.uses, strict=True):
+                # its lock is released early only before a slash of the provider (RosterLock), and a
+                # slashed account is skipped below: so all of it
+                self._add(want, provider, uses * params.provider_collateral)
         for appeal in self.model.appeals.values():
             if appeal.state == AppealState.PENDING:
                 self._add(want, appeal.appellant, self.chain.appeal_params.appeal_bond)
@@ -1653,6 +2148,53 @@ class MarketMachine(RuleBasedStateMachine):
             if got != want:
                 self._fail("model_agreement", f"{label} nonces (market, stake) {got}, model {want}")
 
+    def _compare_rosters(self) -> None:
+        """Each roster's stored fields, per-provider set-aside slots and roster locks against the model
+        (model_agreement); and no_double_settlement on the round path: no provider is paid for more of a
+        roster's slots (by its close and by its set-aside units' settlements together) than it holds in
+        the rounds revealed so far."""
+        price_of = {o: order.price for o, order in self.model.orders.items()}
+        for order_id, roster in self.model.rosters.items():
+            stored = self.storage.roster(order_id)
+            marks = sum(mark << (8 * p) for p, mark in enumerate(roster.fault_marks))
+            want = {
+                "requiredStreak": roster.required_streak,
+                "committed": roster.committed,
+                "pendingBlock": roster.pending_block,
+                "pendingSince": roster.pending_since,
+                "closed": int(roster.closed),
+                "setAsideUnits": roster.set_aside_units,
+                "openSetAside": roster.open_set_aside,
+                "faultMarks": marks,
+            }
+            if stored != want:
+                self._fail("model_agreement", f"roster of order {order_id}: {stored}, model {want}")
+            settled = stored["committed"] - (1 if stored["pendingBlock"] else 0)
+            for index, (provider, uses) in enumerate(zip(roster.providers, roster.uses, strict=True)):
+                label = self.label_of.get(provider, provider)
+                got = (
+                    self.storage.set_aside_slots(order_id, index),
+                    *self.storage.roster_lock(order_id, provider),
+                )
+                model = (
+                    roster.set_aside_slots.get(index, 0),
+                    roster.lock_held.get(provider, 0),
+                    roster.lock_released.get(provider, 0),
+                )
+                if got != model:
+                    self._fail(
+                        "model_agreement",
+                        f"roster of order {order_id}, {label}: set-aside slots / lock held / released {got}, "
+                        f"model {model}",
+                    )
+                paid = self.ghosts.slot_pay.get((order_id, provider), 0)
+                if price_of.get(order_id) and paid > uses * settled:
+                    self._fail(
+                        "no_double_settlement",
+                        f"roster of order {order_id}: {label} was paid for {paid} slots, holds {uses} a "
+                        f"round in {settled} revealed rounds",
+                    )
+
     def _compare_orders(self) -> None:
         for order_id, order in self.model.orders.items():
             stored = self.storage.order(order_id)
@@ -1686,6 +2228,7 @@ class MarketMachine(RuleBasedStateMachine):
             [self.model.appeal_closes(u) for u in self.model.units.values()]
             + [a.vote_deadline for a in self.model.appeals.values()]
             + [o.deadline for o in self.model.orders.values()]
+            + [r.pending_since + self.chain.params.reveal_window for r in self.model.rosters.values()]
             + [0]
         )
         if horizon >= self._now():
@@ -1709,6 +2252,9 @@ class MarketMachine(RuleBasedStateMachine):
         for unit_id, unit in self.model.units.items():  # every held replica can be settled
             if storage.unit(unit_id)["state"] == UnitState.VERDICTED and storage.held(unit_id):
                 self.do_settle_verdict(unit_id, list(unit.verdict or ()))
+        for order_id in self.model.rosters:  # their set-aside units all settled above
+            if not storage.roster(order_id)["closed"]:
+                self.do_close_roster(order_id)
         for order_id in self.model.orders:
             if not storage.order(order_id)["closed"]:
                 self.do_close_order(order_id, by_buyer=False)
@@ -1740,7 +2286,10 @@ class MarketMachine(RuleBasedStateMachine):
             )
         self._compare_nonces()
         for problem in self.storage.cross_check(
-            list(self.address_of.values()), list(self.model.orders), list(self.model.units)
+            list(self.address_of.values()),
+            list(self.model.orders),
+            list(self.model.units),
+            list(self.model.rosters),
         ):
             self._fail("storage_layout", problem)
         self.check_step()

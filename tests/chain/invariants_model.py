@@ -18,7 +18,7 @@ from typing import Any
 from eth_utils import keccak
 
 from tests.chain.invariants_harness import AppealParams, MarketParams
-from veritrain.chain.eip712 import outcomes_hash
+from veritrain.chain.eip712 import commitment, outcomes_hash, round_unit_id
 
 BPS = 10_000
 PPM = 1_000_000
@@ -135,6 +135,9 @@ class Unit:
     held: int = 0
     held_signers: tuple[str, ...] = ()  # the verdict's signers, in assignment order: the bounty's payees
     held_since: int = 0  # when the verdict that holds them was recorded (the hold's appeal window opens)
+    # A round-path unit set aside for a verdict (JobMarketRounds): its providers' collateral is the roster's,
+    # so settling it releases only its verifiers' (and one slot of the roster's lock before each slash).
+    rostered: bool = False
 
     @property
     def all_committed(self) -> bool:
@@ -175,6 +178,47 @@ class Unit:
 
 
 @dataclass
+class RosterState:
+    """A round-path order's roster (JobMarket `_rosters`, plus what its storage keeps per provider)."""
+
+    order_id: int
+    providers: list[str]
+    slots: list[int]  # provider index of replica slot i = unit * replicas + replica
+    replicas: int
+    units_per_round: int
+    rounds: int
+    required_streak: int
+    fault_marks: list[int]  # per provider: (fault + fraud) mod 256 at open
+    committed: int = 0
+    pending_block: int = 0
+    pending_since: int = 0
+    commitments: list[bytes] = field(default_factory=list)  # the pending round's, per slot
+    closed: bool = False
+    set_aside_units: int = 0
+    open_set_aside: int = 0
+    set_aside_slots: dict[int, int] = field(default_factory=dict)  # provider index -> set-aside slots
+    lock_held: dict[str, int] = field(default_factory=dict)  # RosterLock.held (written at a set-aside)
+    lock_released: dict[str, int] = field(default_factory=dict)  # RosterLock.released (before slashes)
+
+    @property
+    def uses(self) -> list[int]:
+        """Replica slots of one round per provider."""
+        return [self.slots.count(p) for p in range(len(self.providers))]
+
+    @property
+    def units(self) -> int:
+        return self.units_per_round * self.rounds
+
+    @property
+    def settled_rounds(self) -> int:
+        """Rounds committed and revealed (a pending one is not)."""
+        return self.committed - (1 if self.pending_block else 0)
+
+    def provider_of(self, slot: int) -> str:
+        return self.providers[self.slots[slot]]
+
+
+@dataclass
 class Appeal:
     """A unit's appeal on VerdictAppeals. `votes[seat]` is the outcomes hash the referee voted (None: not
     yet); `decided` the outcomes a panel majority voted."""
@@ -207,6 +251,8 @@ class Model:
     accept_nonces_used: set[tuple[str, int]] = field(default_factory=set)
     orders: dict[int, Order] = field(default_factory=dict)
     units: dict[int, Unit] = field(default_factory=dict)
+    rosters: dict[int, RosterState] = field(default_factory=dict)
+    published: dict[tuple[int, int, int], bytes] = field(default_factory=dict)  # (order, round, slot)
     appeals: dict[int, Appeal] = field(default_factory=dict)
     pool: list[list[Any]] = field(default_factory=list)  # [referee, block it left (0: still in)]
     entry_of: dict[str, int] = field(default_factory=dict)  # 1 + its active pool entry's index
@@ -244,6 +290,10 @@ class Model:
             if unit.state not in SETTLED_STATES:
                 escrow += self.orders[unit.order_id].cost_of(len(unit.replicas))
             escrow += len(bits(unit.held)) * self.orders[unit.order_id].price
+        for roster in self.rosters.values():  # the budget of every roster unit not set aside, until close
+            if not roster.closed:
+                order = self.orders[roster.order_id]
+                escrow += (roster.units - roster.set_aside_units) * order.cost_of(roster.replicas)
         return escrow
 
     def held_prices(self, order_id: int) -> int:
@@ -307,6 +357,27 @@ class Model:
             return Expected("InsufficientFreeStake", (account, acc.bonded - acc.locked, amount))
         acc.locked += amount
         return None
+
+    def _unlock_replica(self, unit: Unit, provider: str, slashing: bool) -> None:
+        """JobMarket._unlockProvider: a per-unit replica's collateral is released; a set-aside one's is its
+        roster's, released at close, except one slot of the roster's lock before a slash (while any is
+        left)."""
+        if not unit.rostered:
+            self._unlock(provider)
+            return
+        if not slashing:
+            return
+        roster = self.rosters[unit.order_id]
+        released = roster.lock_released.get(provider, 0)
+        if released + self.params.provider_collateral > roster.lock_held.get(provider, 0):
+            return
+        roster.lock_released[provider] = released + self.params.provider_collateral
+        self._unlock(provider)
+
+    def _close_set_aside(self, unit: Unit) -> None:
+        """A set-aside unit settled for good: its roster may close once none is left."""
+        if unit.rostered:
+            self.rosters[unit.order_id].open_set_aside -= 1
 
     def _release_verifiers(self, unit: Unit) -> None:
         for verifier in unit.verifiers:
@@ -609,17 +680,20 @@ class Model:
                 rep.fraud += 1
                 rep.consecutive = 0
                 continue
-            self._unlock(replica.provider)
+            withheld = replica.commitment is not None and replica.digest is None
+            self._unlock_replica(unit, replica.provider, outcome == FAULT and withheld)
             if outcome == ACCEPT:
                 self._pay_accepted(replica.provider, order.price)
                 paid += 1
             else:
                 self._record_fault(replica.provider)
-                if replica.commitment is not None and replica.digest is None:
+                if withheld:
                     penalties += self._withheld(replica.provider)
         if unit.held:
             unit.held_signers = tuple(v for v in unit.verifiers if v in signers)
             unit.held_since = now
+        else:  # else when its held fraud settles
+            self._close_set_aside(unit)
         verifier_pay = order.fee + penalties * self.params.bounty_bps // BPS
         share = verifier_pay // len(signers)
         for signer in signers:
@@ -646,7 +720,8 @@ class Model:
         unit.state = UnitState.EXPIRED
         order = self.orders[unit.order_id]
         for replica in unit.replicas:
-            self._unlock(replica.provider)
+            withheld = replica.commitment is not None and replica.digest is None
+            self._unlock_replica(unit, replica.provider, withheld)
             if replica.digest is None:
                 self._record_fault(replica.provider)
                 if replica.commitment is not None:
@@ -654,6 +729,7 @@ class Model:
         self._release_verifiers(unit)
         order.balance += order.cost_of(len(unit.replicas))
         order.open_units -= 1
+        self._close_set_aside(unit)
         return None
 
     def _withheld(self, provider: str) -> int:
@@ -676,7 +752,7 @@ class Model:
             if not held >> index & 1:
                 continue
             provider = unit.replicas[index].provider
-            self._unlock(provider)
+            self._unlock_replica(unit, provider, truth[index] == FRAUD)
             if truth[index] != FRAUD:  # acquitted: the fraud counted at the accusation is taken back
                 self.rep(provider).fraud -= 1
             if truth[index] == ACCEPT:
@@ -687,6 +763,7 @@ class Model:
             else:  # confirmed: a streak built since the accusation ends too
                 self.rep(provider).consecutive = 0
                 slashed += self.slash(provider, self.params.slash_amount, slash_to)
+        self._close_set_aside(unit)
         refunds = (len(bits(held)) - paid) * order.price
         to_caller = bounty = 0
         if stands:  # the bounty to the verdict's signers, the rest to the buyer
@@ -698,6 +775,312 @@ class Model:
             to_caller, slashed = slashed, 0
         self._credit(order.buyer, refunds + slashed - bounty)
         return to_caller
+
+    # ---- JobMarketRounds: the round path ----
+
+    def _slots_error(
+        self, providers: Sequence[str], slots: Sequence[int], replicas: int, count: int
+    ) -> Expected | None:
+        """JobMarketRounds._slotsPerProvider's layout checks."""
+        n = count * replicas
+        if not providers or len(providers) > 32 or n > 51 or len(slots) > n:
+            return Expected("InvalidLayout", (n,))
+        for i, p in enumerate(slots):
+            if p >= len(providers) or p in slots[i - i % replicas : i]:
+                return Expected("InvalidLayout", (i,))
+        if any(p not in slots for p in range(len(providers))):
+            return Expected("InvalidLayout", (n,))
+        return None
+
+    def open_roster(
+        self,
+        order_id: int,
+        providers: Sequence[str],
+        slots: Sequence[int],
+        replicas: int,
+        units_per_round: int,
+        rounds: int,
+        accept_nonces: Sequence[int],
+        now: int,
+    ) -> Expected | None:
+        """JobMarketRounds.openRoster by the operator (every Accept signed by its provider)."""
+        order = self.orders.get(order_id)
+        if order is None:
+            return Expected("UnknownOrder", (order_id,))
+        if order.closed:
+            return Expected("OrderNotOpen", (order_id,))
+        if now > order.deadline:
+            return Expected("OrderExpired", (order_id, order.deadline))
+        if order_id in self.rosters:
+            return Expected("RosterExists", (order_id,))
+        if not (order.min_replicas or order.replicas) <= replicas <= order.replicas:
+            return Expected("InvalidReplicaCount", (replicas,))
+        if units_per_round == 0 or rounds == 0:
+            return Expected("ZeroUnits")
+        units = units_per_round * rounds
+        cost = units * order.cost_of(replicas)
+        if order.delivered + order.open_units + units > order.units or cost > order.balance:
+            return Expected("NoUnitBudget", (order_id,))
+        error = self._slots_error(providers, slots, replicas, units_per_round)
+        if error:
+            return error
+        uses = [list(slots).count(p) for p in range(len(providers))]
+        required = order.trusted_streak if replicas < order.replicas else 0
+        collateral = self.params.provider_collateral
+        for p, provider in enumerate(providers):
+            if provider in providers[:p]:
+                return Expected("DuplicateParty", (provider,))
+            if self.rep(provider).consecutive < required:
+                return Expected("ProviderNotTrusted", (provider, required))
+            if (provider, accept_nonces[p]) in self.accept_nonces_used:
+                return Expected("AcceptNonceUsed", (provider, accept_nonces[p]))
+            acc = self.stake_of(provider)
+            if uses[p] * collateral > acc.bonded - acc.locked:
+                return Expected(
+                    "InsufficientFreeStake", (provider, acc.bonded - acc.locked, uses[p] * collateral)
+                )
+        for p, provider in enumerate(providers):
+            self.accept_nonces_used.add((provider, accept_nonces[p]))
+            self.stake_of(provider).locked += uses[p] * collateral
+        order.balance -= cost
+        order.open_units += units
+        marks = [(self.rep(p).fault + self.rep(p).fraud) & 0xFF for p in providers]
+        self.rosters[order_id] = RosterState(
+            order_id,
+            list(providers),
+            list(slots),
+            replicas,
+            units_per_round,
+            rounds,
+            max(required, self.params.probation_streak),
+            marks,
+        )
+        return None
+
+    def _open_roster(self, order_id: int, key_ok: bool) -> RosterState | Expected:
+        roster = self.rosters.get(order_id)
+        if roster is None or roster.closed:
+            return Expected("RosterNotOpen", (order_id,))
+        if not key_ok:
+            return Expected("RosterMismatch", (order_id,))
+        return roster
+
+    def _round_drawn(self, unit_id: int, replicas: int, seed_block: int, block: int) -> bool:
+        """The round path's draw of one unit: from the hash of the block that committed its round (gone
+        after 256 blocks: drawn)."""
+        if block - seed_block > 256:
+            return True
+        rate = self.params.solo_spot_check_ppm if replicas == 1 else self.params.spot_check_ppm
+        seed = self.block_hash(seed_block) + unit_id.to_bytes(32, "big")
+        return int.from_bytes(keccak(seed), "big") % PPM < rate
+
+    def step_round(
+        self,
+        order_id: int,
+        key_ok: bool,
+        openings: Sequence[tuple[bytes, bytes]],
+        withheld: int,
+        verifiers: Sequence[str],
+        by_operator: bool,
+        works: Sequence[tuple[bytes, str]],
+        deadline: int,
+        now: int,
+    ) -> tuple[Expected | None, list[int]]:
+        """JobMarketRounds.stepRound: reveals the pending round (openings per slot: (digest, salt), or for a
+        withheld slot (its commitment, anything)) and commits the next (works per slot: (commitment, the
+        address that signed it)). Returns the expected revert, or None and the units (of the revealed
+        round) set aside."""
+        found = self._open_roster(order_id, key_ok)
+        if isinstance(found, Expected):
+            return found, []
+        roster, order = found, self.orders[order_id]
+        k, n = roster.replicas, roster.units_per_round
+        block = self.pending_block()
+        set_aside: list[tuple[int, bool, list[bytes], int]] = []  # (unit, drawn, values, unrevealed mask)
+        if roster.pending_block:
+            if len(openings) != n * k:
+                return Expected("EntryCountMismatch", (n * k, len(openings))), []
+            if block <= roster.pending_block:
+                return Expected("RoundRevealTooEarly", (order_id, roster.pending_block)), []
+            round_ = roster.committed - 1
+            if withheld:
+                if withheld >> len(openings):
+                    return Expected("InvalidLayout", (len(openings),)), []
+                window_end = roster.pending_since + self.params.reveal_window
+                if now <= window_end:
+                    return Expected("RoundRevealWindowOpen", (order_id, window_end)), []
+            weak = {
+                p
+                for p, provider in enumerate(roster.providers)
+                if roster.required_streak and self.rep(provider).consecutive < roster.required_streak
+            }
+            matches = True
+            for unit in range(n):
+                unit_id = round_unit_id(order_id, round_, unit)
+                drawn = self._round_drawn(unit_id, k, roster.pending_block, block)
+                split = False
+                values: list[bytes] = []
+                unrevealed = 0
+                for r in range(k):
+                    slot = unit * k + r
+                    digest, salt = openings[slot]
+                    provider = roster.provider_of(slot)
+                    if withheld >> slot & 1:
+                        matches &= digest == roster.commitments[slot]
+                        value = self.published.get((order_id, round_, slot), digest)
+                        if value == digest:
+                            split, unrevealed = True, unrevealed | 1 << r
+                    else:
+                        matches &= commitment(digest, salt, provider, unit_id) == roster.commitments[slot]
+                        value = digest
+                    split |= bool(values) and value != values[0]
+                    values.append(value)
+                    drawn |= roster.slots[slot] in weak
+                if drawn or split:
+                    set_aside.append((unit, not split, values, unrevealed))
+            if not matches:
+                return Expected("RoundHashMismatch", (order_id, round_)), []
+            vc = self.params.verifier_collateral
+            for j, (unit, drawn, _, _) in enumerate(set_aside):
+                if not by_operator or not self.params.min_verifiers <= len(verifiers) <= 5:
+                    return Expected("RoundUnitNeedsVerdict", (order_id, round_, unit, drawn)), []
+                unit_providers = [roster.provider_of(unit * k + r) for r in range(k)]
+                for i, verifier in enumerate(verifiers):
+                    if verifier in unit_providers or verifier in verifiers[:i]:
+                        return Expected("DuplicateParty", (verifier,)), []
+                for verifier in verifiers:
+                    acc = self.stake_of(verifier)
+                    free = acc.bonded - acc.locked - j * vc
+                    if vc > free:
+                        return Expected("InsufficientFreeStake", (verifier, free, vc)), []
+        elif not works:
+            return Expected("EmptyBatch"), []
+        if works:
+            if roster.committed == roster.rounds:
+                return Expected("NoRoundToStep", (order_id, roster.committed)), []
+            if now > order.deadline:
+                return Expected("OrderExpired", (order_id, order.deadline)), []
+            if now > deadline:
+                return Expected("SignatureExpired", (deadline, now)), []
+            if len(works) != n * k:
+                return Expected("EntryCountMismatch", (n * k, len(works))), []
+            for slot, (_, signer) in enumerate(works):
+                if signer != roster.provider_of(slot):
+                    return Expected("InvalidSigner", (roster.provider_of(slot), signer)), []
+        if roster.pending_block:
+            self._set_aside(roster, set_aside, verifiers, now)
+            roster.pending_block = roster.pending_since = 0
+            roster.commitments = []
+        if works:
+            roster.commitments = [c for c, _ in works]
+            roster.pending_block, roster.pending_since = block, now
+            roster.committed += 1
+        return None, [unit for unit, _, _, _ in set_aside]
+
+    def _set_aside(
+        self,
+        roster: RosterState,
+        units: Sequence[tuple[int, bool, list[bytes], int]],
+        verifiers: Sequence[str],
+        now: int,
+    ) -> None:
+        """Each unit becomes an ordinary unit: Revealing, every replica committed, drawn, its verdict window
+        open from now; its slots are paid by its settlement, not by the roster."""
+        k, collateral = roster.replicas, self.params.provider_collateral
+        uses = roster.uses
+        for unit, _, values, unrevealed in units:
+            replicas = []
+            for r in range(k):
+                slot = unit * k + r
+                provider = roster.provider_of(slot)
+                index = roster.slots[slot]
+                revealed = not unrevealed >> r & 1
+                replicas.append(Replica(provider, roster.commitments[slot], values[r] if revealed else None))
+                roster.set_aside_slots[index] = roster.set_aside_slots.get(index, 0) + 1
+                roster.lock_held[provider] = uses[index] * collateral
+            for verifier in verifiers:
+                self.stake_of(verifier).locked += self.params.verifier_collateral
+            unit_id = len(self.units) + 1
+            self.units[unit_id] = Unit(
+                unit_id,
+                roster.order_id,
+                replicas,
+                list(verifiers),
+                now - 1,
+                now - 1,
+                state=UnitState.REVEALING,
+                drawn=True,
+                rostered=True,
+            )
+            roster.set_aside_units += 1
+            roster.open_set_aside += 1
+
+    def publish_opening(
+        self,
+        order_id: int,
+        key_ok: bool,
+        slot: int,
+        digest: bytes,
+        salt: bytes,
+        commitments: Sequence[bytes],
+    ) -> Expected | None:
+        """JobMarketRounds.publishOpening (permissionless): one slot's opening of the pending round."""
+        found = self._open_roster(order_id, key_ok)
+        if isinstance(found, Expected):
+            return found
+        roster = found
+        if not roster.pending_block:
+            return Expected("NoRoundToStep", (order_id, roster.committed))
+        n = roster.units_per_round * roster.replicas
+        if len(commitments) != n:
+            return Expected("EntryCountMismatch", (n, len(commitments)))
+        if slot >= n:
+            return Expected("InvalidLayout", (slot,))
+        round_ = roster.committed - 1
+        if list(commitments) != roster.commitments:
+            return Expected("RoundHashMismatch", (order_id, round_))
+        provider = roster.provider_of(slot)
+        unit_id = round_unit_id(order_id, round_, slot // roster.replicas)
+        if commitment(digest, salt, provider, unit_id) != commitments[slot]:
+            return Expected("RevealMismatch", (unit_id, provider))
+        self.published[(order_id, round_, slot)] = digest
+        return None
+
+    def close_roster(self, order_id: int, key_ok: bool, now: int) -> Expected | None:
+        """JobMarketRounds.closeRoster (anyone): pays every slot of every revealed round but set-aside
+        units', counts them valid (a streak only for a provider with no fault or fraud since the roster
+        opened), releases the roster's collateral not released before slashes, returns the rest."""
+        found = self._open_roster(order_id, key_ok)
+        if isinstance(found, Expected):
+            return found
+        roster, order = found, self.orders[order_id]
+        if roster.committed != roster.rounds or roster.pending_block:
+            closable = order.deadline
+            if roster.pending_block:
+                closable = max(closable, roster.pending_since + self.params.reveal_window)
+            if now <= closable:
+                return Expected("RosterNotClosable", (order_id, closable))
+        if roster.open_set_aside:
+            return Expected("UnitsStillOpen", (order_id, roster.open_set_aside))
+        settled = roster.settled_rounds
+        paid = 0
+        for p, (provider, uses) in enumerate(zip(roster.providers, roster.uses, strict=True)):
+            count = uses * settled - roster.set_aside_slots.get(p, 0)
+            if count:
+                self._credit(provider, count * order.price)
+                rep = self.rep(provider)
+                rep.valid += count
+                if (rep.fault + rep.fraud) & 0xFF == roster.fault_marks[p]:
+                    rep.consecutive += count
+                paid += count * order.price
+            release = uses * self.params.provider_collateral - roster.lock_released.get(provider, 0)
+            self._unlock(provider, release)
+        units = roster.units - roster.set_aside_units
+        order.balance += units * order.cost_of(roster.replicas) - paid
+        order.delivered += roster.units_per_round * settled - roster.set_aside_units
+        order.open_units -= units
+        roster.closed = True
+        return None
 
     # ---- VerdictAppeals ----
 

@@ -9,6 +9,7 @@ contracts every scenario must trip nothing; on a mutant, the invariant named in 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from tests.chain.invariants_machine import REFEREE, VERIFIERS, InvariantViolation, MarketMachine
 from tests.chain.invariants_model import ACCEPT, FAULT, FRAUD
@@ -275,6 +276,123 @@ def reduced_unit(m: MarketMachine) -> None:
         _work_unit(m, 2, (False,))
 
 
+def _step(m: MarketMachine, order_id: int, **kwargs: Any) -> None:
+    m.do_step_round(order_id, **kwargs)
+    m.check_step()
+
+
+def roster_rounds(m: MarketMachine) -> None:
+    """A round-path order of 2 units x 2 replicas x 2 rounds: a step with a forged work is refused, each
+    round commits and reveals in one step each, the roster cannot close early, a slot whose opening its
+    provider published on chain counts as revealed though the step gives it as withheld; the close pays
+    every slot, releases every lock, and the order closes."""
+    _stake_everyone(m)
+    m.do_post_order("buyer0", 4, 2, 100, 50, 3_000)
+    m.check_step()
+    m.do_open_roster(1, [["provider0", "provider1"], ["provider2", "provider0"]], 2)
+    m.check_step()
+    _step(m, 1, reveal=False, forged=1)  # InvalidSigner: provider2 signed provider1's work
+    _step(m, 1, reveal=False)
+    m.do_close_roster(1)  # RosterNotClosable
+    m.check_step()
+    _step(m, 1)  # round 0 revealed, round 1 committed
+    m.do_publish_opening(1, 3)
+    m.check_step()
+    m.chain.advance(m.chain.params.reveal_window + 1)
+    _step(m, 1, commit=False, withheld=1 << 3)
+    m.do_close_roster(1)
+    m.check_step()
+    m.do_close_order(1)
+    m.check_step()
+
+
+def roster_split(m: MarketMachine) -> None:
+    """A round unit whose replicas disagree: a step by anyone but the operator cannot set it aside, the
+    operator's does (with its verifiers); the verdict accepts the honest replica (paid, its collateral
+    still the roster's) and holds the deviant one, settled as fraud after the appeal window (one slot of
+    the roster's lock released before the slash); the next round is paid by the roster at close."""
+    _stake_everyone(m)
+    m.do_post_order("buyer0", 2, 2, 100, 50, 3_000)
+    m.check_step()
+    m.do_open_roster(1, [["provider0", "provider1"]], 2)
+    m.check_step()
+    _step(m, 1, reveal=False, deviant=frozenset({1}))
+    _step(m, 1, sender="provider0")  # RoundUnitNeedsVerdict
+    _step(m, 1)  # unit 1 set aside; round 1 committed
+    m.do_submit_verdict(1, [ACCEPT, FRAUD], list(VERIFIERS))
+    m.check_step()
+    m.do_close_roster(1)  # a round pending, a set-aside unit holding fraud
+    m.check_step()
+    _settle_after_appeal_window(m, 1)
+    _step(m, 1, commit=False)
+    m.do_close_roster(1)
+    m.check_step()
+    m.do_close_order(1)
+    m.check_step()
+
+
+def roster_withheld_then_drawn(m: MarketMachine) -> None:
+    """An adaptive order (1..2 replicas, streak 1) whose roster has one replica a unit, for providers with
+    the streak: provider1 does not open round 0 in time, so the operator's step past the reveal window
+    gives its slot as withheld and sets the unit aside; the verdict calls it a fault (the withhold penalty
+    slashed, one slot of the roster's lock released first). In round 1 provider1 is below the streak: its
+    unit is drawn and set aside though unanimous, and its verdict pays it; at close the roster pays
+    provider0's two slots and none of provider1's (its set-aside units settled them)."""
+    _stake_everyone(m)
+    m.do_post_adaptive_order("buyer0", 5, (1, 2), 1, 100, 150)
+    m.check_step()
+    m.do_assign(1, ["provider0", "provider1"], list(VERIFIERS))
+    m.check_step()
+    _work_unit(m, 1, (False, False))
+    m.do_finalize(1)
+    m.check_step()
+    m.do_open_roster(1, [["provider0"], ["provider1"]], 2)
+    m.check_step()
+    _step(m, 1, reveal=False)
+    m.chain.advance(m.chain.params.reveal_window + 1)
+    _step(m, 1, withheld=1 << 1)  # unit 2: provider1's withheld slot; round 1 committed
+    m.do_submit_verdict(2, [FAULT], list(VERIFIERS))
+    m.check_step()
+    _step(m, 1, commit=False)  # unit 3: provider1 below the streak, drawn
+    m.do_submit_verdict(3, [ACCEPT], list(VERIFIERS))
+    m.check_step()
+    m.do_close_roster(1)
+    m.check_step()
+    m.do_close_order(1)
+    m.check_step()
+
+
+def roster_overturn_slashes_missed_fraud(m: MarketMachine) -> None:
+    """Not a mutation scenario (see test_invariants.py): provider0 holds one slot of a roster and works an
+    open per-unit unit (2,000 of its 2,500 locked). Its round replica is deviant; the set-aside unit's
+    verdict misses that and frames its honest partner, whose appeal overturns it: VerdictAppeals slashes
+    provider0 directly (fraud the verdict missed), without the roster lock's release that JobMarket's own
+    slashes of set-aside replicas make first (RosterLock). Then the roster closes."""
+    _stake_everyone(m)
+    m.do_post_order("buyer0", 1, 2, 100, 50, 3_000)
+    m.check_step()
+    m.do_assign(1, ["provider0", "provider2"], list(VERIFIERS))  # unit 1 stays open
+    m.check_step()
+    m.do_post_order("buyer1", 1, 2, 100, 50, 3_000)
+    m.check_step()
+    m.do_open_roster(2, [["provider0", "provider1"]], 1)
+    m.check_step()
+    _step(m, 2, reveal=False, deviant=frozenset({0}))
+    _step(m, 2, commit=False)  # unit 2: set aside, split
+    m.do_submit_verdict(2, [ACCEPT, FRAUD], list(VERIFIERS))  # wrong on both replicas
+    m.check_step()
+    m.do_appeal(2, "provider1")
+    m.check_step()
+    m.do_draw_panel(2)
+    m.check_step()
+    m.do_vote(2, [FRAUD, ACCEPT], REFEREE)
+    m.check_step()
+    m.do_resolve(2, [ACCEPT, FRAUD], [FRAUD, ACCEPT])  # overturned: provider0 slashed by VerdictAppeals
+    m.check_step()
+    m.do_close_roster(2)
+    m.check_step()
+
+
 SCENARIOS: dict[str, Scenario] = {
     "finalize_once": finalize_once,
     "finalize_twice": finalize_twice,
@@ -288,4 +406,7 @@ SCENARIOS: dict[str, Scenario] = {
     "reduced_unit": reduced_unit,
     "fraud_held": fraud_held,
     "framed_overturned": framed_overturned,
+    "roster_rounds": roster_rounds,
+    "roster_split": roster_split,
+    "roster_withheld_then_drawn": roster_withheld_then_drawn,
 }

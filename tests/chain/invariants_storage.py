@@ -14,7 +14,7 @@ reading the wrong slot.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,10 +54,14 @@ class ContractLayout:
     def slot(self, label: str) -> int:
         return int(self._var(label)["slot"])
 
-    def value_type(self, label: str) -> str:
-        """The type stored under a variable (for a mapping, its value type)."""
+    def value_type(self, label: str, depth: int = 1) -> str:
+        """The type stored under a variable (for a mapping, its value type; `depth` 2: a mapping of
+        mappings' inner value type)."""
         kind = str(self._var(label)["type"])
-        return str(self._types[kind]["value"]) if kind.startswith("t_mapping") else kind
+        for _ in range(depth):
+            if kind.startswith("t_mapping"):
+                kind = str(self._types[kind]["value"])
+        return kind
 
     def member(self, struct_type: str, name: str) -> Field:
         for member in self._types[struct_type]["members"]:
@@ -83,10 +87,35 @@ def mapping_slot(key: int | str, base: int) -> int:
     return int.from_bytes(keccak(_key(key) + base.to_bytes(32, "big")), "big")
 
 
+# getRoster's Roster tuple, in declaration order (the view returns it unnamed through Chain.view)
+ROSTER_VIEW_FIELDS = (
+    "partiesHash",
+    "unitsPerRound",
+    "requiredStreak",
+    "rounds",
+    "committed",
+    "pendingBlock",
+    "pendingSince",
+    "replicas",
+    "closed",
+    "setAsideUnits",
+    "openSetAside",
+    "faultMarks",
+)
 STAKE_FIELDS = ("bonded", "locked", "unbonding", "thawAt")
 ACCOUNT_FIELDS = ("credit", "valid", "fault", "fraud", "consecutiveValid")
 ORDER_FIELDS = ("balance", "delivered", "openUnits", "closed", "minReplicas", "trustedStreak")
 UNIT_FIELDS = ("state", "committedMask", "revealedMask", "drawn", "commitDeadline", "revealDeadline")
+ROSTER_FIELDS = (
+    "requiredStreak",
+    "committed",
+    "pendingBlock",
+    "pendingSince",
+    "closed",
+    "setAsideUnits",
+    "openSetAside",
+    "faultMarks",
+)
 
 
 class StorageReader:
@@ -116,6 +145,12 @@ class StorageReader:
         self._jm_units = market.slot("_units")
         self._jm_unit_fields = market.members("_units", UNIT_FIELDS)
         self._jm_held = market.slot("_held")
+        self._jm_rosters = market.slot("_rosters")
+        self._jm_roster_fields = market.members("_rosters", ROSTER_FIELDS)
+        self._jm_set_aside_slots = market.slot("_setAsideSlots")
+        self._jm_roster_locks = market.slot("_rosterLocks")
+        lock_type = market.value_type("_rosterLocks", depth=2)
+        self._jm_roster_lock_fields = tuple(market.member(lock_type, n) for n in ("held", "released"))
         self._words: dict[tuple[str, int], int] = {}
         self._head = chain.head
         # Every (contract, slot) read so far, in first-read order: the next step reads mostly the same ones.
@@ -183,7 +218,31 @@ class StorageReader:
         checks it after every step."""
         return self._word(self._market_address, mapping_slot(unit_id, self._jm_held))
 
-    def cross_check(self, accounts: list[str], order_ids: list[int], unit_ids: list[int]) -> list[str]:
+    def roster(self, order_id: int) -> dict[str, int]:
+        """JobMarket's `_rosters[orderId]` (ROSTER_FIELDS), as getRoster returns them."""
+        values = self._struct(
+            self._market_address, mapping_slot(order_id, self._jm_rosters), self._jm_roster_fields
+        )
+        return dict(zip(ROSTER_FIELDS, values, strict=True))
+
+    def set_aside_slots(self, order_id: int, provider_index: int) -> int:
+        """`_setAsideSlots[orderId][providerIndex]`: the provider's slots in set-aside units. No view."""
+        base = mapping_slot(order_id, self._jm_set_aside_slots)
+        return self._word(self._market_address, mapping_slot(provider_index, base))
+
+    def roster_lock(self, order_id: int, provider: str) -> tuple[int, int]:
+        """`_rosterLocks[orderId][provider]`: (held, released). No view."""
+        base = mapping_slot(provider, mapping_slot(order_id, self._jm_roster_locks))
+        held, released = self._struct(self._market_address, base, self._jm_roster_lock_fields)
+        return held, released
+
+    def cross_check(
+        self,
+        accounts: list[str],
+        order_ids: list[int],
+        unit_ids: list[int],
+        roster_ids: Sequence[int] = (),
+    ) -> list[str]:
         """Differences between these readers and the contracts' public views (empty when the layout holds)."""
         chain = self.chain
         problems: list[str] = []
@@ -224,4 +283,13 @@ class StorageReader:
         for unit_id in unit_ids:
             unit = chain.view_struct(chain.market, "getUnit", unit_id)
             compare(f"unit {unit_id}", self.unit(unit_id), {name: int(unit[name]) for name in UNIT_FIELDS})
+        for order_id in roster_ids:
+            roster = dict(
+                zip(ROSTER_VIEW_FIELDS, chain.view(chain.market, "getRoster", order_id)[0], strict=True)
+            )
+            compare(
+                f"roster {order_id}",
+                self.roster(order_id),
+                {name: int(roster[name]) for name in ROSTER_FIELDS},
+            )
         return problems
