@@ -550,18 +550,14 @@ class MarketMachine(RuleBasedStateMachine):
         stale_nonce = data.draw(st.sampled_from([False] * 9 + [True]), label="stale nonce")
         self.do_assign(order_id, list(providers), list(verifiers), stale_nonce)
 
-    def do_assign(
-        self, order_id: int, providers: list[str], verifiers: list[str], stale_nonce: bool = False
-    ) -> None:
-        now = self._now()
-        deadline = now + SIG_LIFETIME
-        unit_key = keccak(text=f"unit-{len(self.model.units)}-{now}")
-        provider_addresses = [self.address_of[p] for p in providers]
-        verifier_addresses = [self.address_of[v] for v in verifiers]
-        accepts = []
-        nonces = []
-        for label, address in zip(providers, provider_addresses, strict=True):
-            # Unordered nonces, spread over several bitmap words (37 apart); a stale one reuses the last.
+    def _sign_accepts(
+        self, order_id: int, unit_key: bytes, labels: Sequence[str], deadline: int, stale_nonce: bool
+    ) -> tuple[list[tuple[int, int, bytes]], list[int]]:
+        """Each labelled provider's `Accept` of `unit_key` (a unit's key or a roster's) and its nonce:
+        unordered nonces spread over several bitmap words (37 apart); a stale one reuses the last."""
+        accepts, nonces = [], []
+        for label in labels:
+            address = self.address_of[label]
             drawn = self.accept_draws.get(address, 0)
             if stale_nonce and drawn:
                 nonce = (drawn - 1) * 37
@@ -577,6 +573,17 @@ class MarketMachine(RuleBasedStateMachine):
             }
             accepts.append((nonce, deadline, self.chain.sign_market(self.actors[label], "Accept", message)))
             nonces.append(nonce)
+        return accepts, nonces
+
+    def do_assign(
+        self, order_id: int, providers: list[str], verifiers: list[str], stale_nonce: bool = False
+    ) -> None:
+        now = self._now()
+        deadline = now + SIG_LIFETIME
+        unit_key = keccak(text=f"unit-{len(self.model.units)}-{now}")
+        provider_addresses = [self.address_of[p] for p in providers]
+        verifier_addresses = [self.address_of[v] for v in verifiers]
+        accepts, nonces = self._sign_accepts(order_id, unit_key, providers, deadline, stale_nonce)
         units_before = len(self.model.units)
         outcome = self._run(
             f"assign(order {order_id}, {providers}, {verifiers}, stale={stale_nonce})",
@@ -1482,23 +1489,7 @@ class MarketMachine(RuleBasedStateMachine):
         layout = sum(index << (5 * slot) for slot, index in enumerate(layout_slots))
         key = eip712.roster_key(providers, layout, replicas, per_round, rounds)
         deadline = self._sig_deadline()
-        accepts, nonces = [], []
-        for label, address in zip(labels, providers, strict=True):
-            drawn = self.accept_draws.get(address, 0)
-            if stale_nonce and drawn:
-                nonce = (drawn - 1) * 37
-            else:
-                nonce = drawn * 37
-                self.accept_draws[address] = drawn + 1
-            message = {
-                "orderId": order_id,
-                "unitKey": key,
-                "provider": address,
-                "nonce": nonce,
-                "deadline": deadline,
-            }
-            accepts.append((nonce, deadline, self.chain.sign_market(self.actors[label], "Accept", message)))
-            nonces.append(nonce)
+        accepts, nonces = self._sign_accepts(order_id, key, labels, deadline, stale_nonce)
         now = self._now()
         self._run(
             f"openRoster(order {order_id}, {slots} x {rounds} rounds, stale={stale_nonce})",
