@@ -345,6 +345,18 @@ class Model:
         self._move(self.token_holder_sm, recipient, slashed)
         return slashed
 
+    @staticmethod
+    def _order_taking_units_error(order_id: int, order: Order | None, now: int) -> Expected | None:
+        """What `assign` and `openRoster` check first, in the contract's order: the order exists, is open
+        and before its deadline."""
+        if order is None:
+            return Expected("UnknownOrder", (order_id,))
+        if order.closed:
+            return Expected("OrderNotOpen", (order_id,))
+        if now > order.deadline:
+            return Expected("OrderExpired", (order_id, order.deadline))
+        return None
+
     def _unlock(self, account: str, amount: int | None = None) -> None:
         """StakeManager.unlock (saturating); a provider's collateral by default."""
         acc = self.stake_of(account)
@@ -449,12 +461,9 @@ class Model:
         """`accept_nonces` are the unordered nonces the providers' signatures carry (deadlines are always
         valid)."""
         order = self.orders.get(order_id)
-        if order is None:
-            return Expected("UnknownOrder", (order_id,))
-        if order.closed:
-            return Expected("OrderNotOpen", (order_id,))
-        if now > order.deadline:
-            return Expected("OrderExpired", (order_id, order.deadline))
+        refused = self._order_taking_units_error(order_id, order, now)
+        if refused is not None or order is None:
+            return refused
         if not (order.min_replicas or order.replicas) <= len(providers) <= order.replicas:
             return Expected("ProviderCountMismatch", (order.replicas, len(providers)))
         cost = order.cost_of(len(providers))
@@ -805,12 +814,9 @@ class Model:
     ) -> Expected | None:
         """JobMarketRounds.openRoster by the operator (every Accept signed by its provider)."""
         order = self.orders.get(order_id)
-        if order is None:
-            return Expected("UnknownOrder", (order_id,))
-        if order.closed:
-            return Expected("OrderNotOpen", (order_id,))
-        if now > order.deadline:
-            return Expected("OrderExpired", (order_id, order.deadline))
+        refused = self._order_taking_units_error(order_id, order, now)
+        if refused is not None or order is None:
+            return refused
         if order_id in self.rosters:
             return Expected("RosterExists", (order_id,))
         if not (order.min_replicas or order.replicas) <= replicas <= order.replicas:
