@@ -368,6 +368,8 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
     error VerdictWindowClosed(uint256 unitId, uint64 deadline);
     /// @notice A verdict needs one outcome per replica.
     error OutcomeCountMismatch(uint256 expected, uint256 given);
+    /// @notice The outcomes given as the unit's verdict are not the ones that settled it ({verdictHashOf}).
+    error VerdictMismatch(uint256 unitId);
     /// @notice Outcome at `index` is unknown, or accept/fraud for a replica that never revealed.
     error InvalidOutcome(uint256 index, uint8 outcome);
     /// @notice Fewer than a majority of the unit's assigned verifiers signed.
@@ -981,9 +983,7 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
             address provider = _partyAt(unitId, i);
             uint8 outcome = outcomes[i];
             if (outcome == OUTCOME_FRAUD && slashTo == address(0)) {
-                Account storage accused = _accounts[provider];
-                accused.fraud += 1;
-                accused.consecutiveValid = 0;
+                _recordFraud(provider);
                 continue;
             }
             bool withheld = (u.committedMask & ~u.revealedMask) & (1 << i) != 0;
@@ -1044,6 +1044,12 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
     function _recordFault(address provider) internal {
         Account storage acc = _accounts[provider];
         acc.fault += 1;
+        acc.consecutiveValid = 0;
+    }
+
+    function _recordFraud(address provider) internal {
+        Account storage acc = _accounts[provider];
+        acc.fraud += 1;
         acc.consecutiveValid = 0;
     }
 
@@ -1167,39 +1173,69 @@ abstract contract JobMarketVerdicts is JobMarketDelegate {
         emit VerdictRecorded(unitId, outcomes, outcomesHash, signers);
     }
 
-    /// @notice Settles the replicas a verdict called fraud by the unit's truth, once {VerdictAppeals} fixed
-    /// it (the verdict unappealed past its appeal window or appealed and lapsed, or a panel's decision).
+    /// @notice Settles a verdicted unit by its truth, once {VerdictAppeals} fixed it (the verdict unappealed
+    /// past its appeal window or appealed and lapsed, or a panel's decision); `verdict`: the outcomes that
+    /// settled the unit ({VerdictMismatch}). The replicas the verdict called fraud are held until then.
     /// Why held: a colluding verifier majority could otherwise slash an honest replica and take the bounty
     /// before the honest minority's appeal is decided. Until then such a replica keeps its collateral locked,
     /// its price in escrow, its streak reset and one fraud counted (taken back if the truth acquits it). By `truth`: fraud is slashed `slashAmount` (the bounty to
     /// the verdict's signers when `truth` is the verdict, all of it to the caller, which pays the deciding
     /// referees, when a panel overturned it), accept is paid its price, fault is unpaid; every held
-    /// replica's collateral is released and unpaid prices are credited to the buyer. A no-op when nothing
-    /// is held. Returns what was slashed to the caller.
-    function settleHeld(uint256 unitId, uint8[] calldata truth)
+    /// replica's collateral is released and unpaid prices are credited to the buyer. When `truth` overturns
+    /// the verdict, every replica it calls fraud that the verdict did not (accepted and paid, or a fault) is
+    /// slashed `slashAmount` to the caller too, its fraud counted and its streak ended ({_slashMissed}).
+    /// Nothing held and the verdict standing: a no-op. Returns what was slashed to the caller.
+    function settleHeld(uint256 unitId, uint8[] calldata verdict, uint8[] calldata truth)
         external
         onlyDelegated
         onlyRole(APPEALS_ROLE)
         nonReentrant
         returns (uint256 toCaller)
     {
+        bytes32 verdictHash = _verdictHashes[unitId];
+        if (keccak256(abi.encodePacked(verdict)) != verdictHash) revert VerdictMismatch(unitId);
+        bool verdictStands = keccak256(abi.encodePacked(truth)) == verdictHash;
         uint256 held = _held[unitId];
-        if (held == 0) return 0;
-        delete _held[unitId];
-        bool verdictStands = keccak256(abi.encodePacked(truth)) == _verdictHashes[unitId];
-        toCaller = _settleHeld(unitId, truth, held, verdictStands ? address(this) : msg.sender);
-        emit HeldSettled(unitId, truth);
+        if (held == 0 && verdictStands) return 0;
+        Unit memory u = _units[unitId];
+        if (held != 0) {
+            delete _held[unitId];
+            toCaller = _settleHeld(unitId, u, truth, held, verdictStands ? address(this) : msg.sender);
+            emit HeldSettled(unitId, truth);
+        }
+        if (!verdictStands) toCaller += _slashMissed(unitId, u, verdict, truth);
     }
 
     /// @dev {settleHeld}'s replicas; the stake slashed goes to `slashTo`. Returns what the caller received.
-    function _settleHeld(uint256 unitId, uint8[] calldata truth, uint256 held, address slashTo)
+    function _settleHeld(uint256 unitId, Unit memory u, uint8[] calldata truth, uint256 held, address slashTo)
         private
         returns (uint256)
     {
-        Unit memory u = _units[unitId];
         (uint256 paidCount, uint256 slashed) = _applyOutcomes(unitId, u, truth, held, slashTo);
         _closeSetAside(u);
         return _creditHeld(unitId, u, held, paidCount, slashed, slashTo == address(this));
+    }
+
+    /// @dev {settleHeld}'s fraud the overturned verdict missed, slashed to the caller. Such a replica's
+    /// collateral is no longer its unit's: a per-unit replica's was released by the verdict, so none is
+    /// released again; a set-aside replica's is its roster's, so while the roster is open one slot of the
+    /// roster's lock is released first, as before any slash of a set-aside replica ({_unlockProvider}:
+    /// otherwise StakeManager's cap of `locked` at what stays bonded would let the roster's close release
+    /// the locks of the provider's other units). A closed roster released its lock already.
+    function _slashMissed(uint256 unitId, Unit memory u, uint8[] calldata verdict, uint8[] calldata truth)
+        private
+        returns (uint256 slashed)
+    {
+        bool rosterLocked = u.rostered && !_rosters[u.orderId].closed;
+        for (uint256 i; i < verdict.length; ++i) {
+            if (truth[i] != OUTCOME_FRAUD || verdict[i] == OUTCOME_FRAUD) continue;
+            address provider = _partyAt(unitId, i);
+            if (rosterLocked) _unlockProvider(u, provider, true);
+            _recordFraud(provider);
+            uint256 taken = stakes.slash(provider, _slashAmount, msg.sender);
+            slashed += taken;
+            emit ReplicaSlashed(unitId, provider, taken);
+        }
     }
 
     /// @dev {settleHeld}'s money: prices to the accepted, refunds to the buyer and, when the verdict stands,
@@ -2164,7 +2200,7 @@ contract JobMarket is JobMarketBase {
 
     /// @notice Settles a verdict's held fraud by the unit's truth (VerdictAppeals only); see
     /// {JobMarketVerdicts-settleHeld}.
-    function settleHeld(uint256, uint8[] calldata) external returns (uint256) {
+    function settleHeld(uint256, uint8[] calldata, uint8[] calldata) external returns (uint256) {
         _delegate();
     }
 

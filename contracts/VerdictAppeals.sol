@@ -220,8 +220,6 @@ contract VerdictAppeals is EIP712, ReentrancyGuardTransient {
     event AppealResolved(uint256 indexed unitId, bool overturned, uint256 slashed);
     /// @notice Nobody decided the appeal by its deadline; the bond was released.
     event AppealLapsedEvent(uint256 indexed unitId);
-    /// @notice A provider the panel judged fraud, and the overturned verdict did not, lost `amount` of stake.
-    event ReplicaSlashed(uint256 indexed unitId, address indexed provider, uint256 amount);
     /// @notice An assigned verifier whose signed outcomes contradict the unit's truth lost `amount` of
     /// stake; `reporter` presented the signature and earned the bounty.
     event VerifierSlashed(uint256 indexed unitId, address indexed verifier, uint256 amount, address reporter);
@@ -368,7 +366,9 @@ contract VerdictAppeals is EIP712, ReentrancyGuardTransient {
     /// settled the unit and `decided` the panel's. The replicas the verdict called fraud are settled by the
     /// decision ({JobMarket-settleHeld}). Confirmed: the appellant's bond goes to the referees who voted the
     /// decision. Overturned: the bond is released and every provider the panel judges fraud is slashed
-    /// JobMarket's `slashAmount` (`bountyBps` to the deciding referees, the rest to the buyer).
+    /// JobMarket's `slashAmount` by JobMarket ({JobMarket-settleHeld}: the held ones and those the verdict
+    /// missed, through its own collateral locks), the stake coming here: `bountyBps` to the deciding
+    /// referees, the rest to the buyer.
     function resolve(uint256 unitId, uint8[] calldata verdict, uint8[] calldata decided) external nonReentrant {
         Appeal storage a = _requirePending(unitId);
         bytes32 decidedHash = a.decided;
@@ -383,20 +383,12 @@ contract VerdictAppeals is EIP712, ReentrancyGuardTransient {
         address buyer = market.getOrder(market.getUnit(unitId).orderId).buyer;
         if (decidedHash == verdictHash) {
             a.state = AppealState.Confirmed;
-            market.settleHeld(unitId, decided);
+            market.settleHeld(unitId, verdict, decided);
             slashed = stakes.slash(appellant, _appealBond, address(this));
             _pay(winners, slashed, buyer);
         } else {
             a.state = AppealState.Overturned;
-            slashed = market.settleHeld(unitId, decided);
-            uint256 slashAmount = market.params().slashAmount;
-            for (uint256 i; i < verdict.length; ++i) {
-                if (decided[i] != OUTCOME_FRAUD || verdict[i] == OUTCOME_FRAUD) continue;
-                (address provider,,,) = market.replicaOf(unitId, i);
-                uint256 taken = stakes.slash(provider, slashAmount, address(this));
-                slashed += taken;
-                emit ReplicaSlashed(unitId, provider, taken);
-            }
+            slashed = market.settleHeld(unitId, verdict, decided); // every replica the decision calls fraud
             uint256 bounty = (slashed * _bountyBps) / BPS;
             _pay(winners, bounty, buyer);
             if (slashed != bounty) token.safeTransfer(buyer, slashed - bounty);
@@ -419,7 +411,7 @@ contract VerdictAppeals is EIP712, ReentrancyGuardTransient {
             (, uint64 since) = market.heldOf(unitId);
             if (block.timestamp <= since + _appealWindow) revert TruthNotFixed(unitId);
         }
-        market.settleHeld(unitId, verdict);
+        market.settleHeld(unitId, verdict, verdict);
     }
 
     /// @notice Closes an appeal that no majority decided by its vote deadline: the bond is released and

@@ -105,7 +105,7 @@ describe("JobMarket: re-entrancy", function () {
       "withdrawCreditWithSig", [sys.providers[0].address, s.nonce, s.deadline, s.signature]));
     await expect(sys.market.submitVerdict(unitId, outcomes, sigs)).to.emit(sys.market, "FraudHeld");
     expect(await sys.token.hookCalls()).to.equal(0n); // the verdict moved no token: the fraud is held
-    await expect(sys.market.connect(appeals).settleHeld(unitId, outcomes)).to.emit(sys.market, "ReplicaSlashed");
+    await expect(sys.market.connect(appeals).settleHeld(unitId, outcomes, outcomes)).to.emit(sys.market, "ReplicaSlashed");
     expect(await sys.token.hookCalls()).to.equal(1n);
     expect(await sys.token.lastHookSucceeded()).to.equal(false);
     expect(await sys.token.lastHookReturn()).to.equal(sys.market.interface.getError("ReentrancyGuardReentrantCall").selector);

@@ -1302,6 +1302,90 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       expect((await market.getUnit(open.unitId)).state).to.equal(h.UNIT_STATE.Committing);
       expect(await stakes.stakeOf(c.address)).to.deep.equal([240n * E18, COLLATERAL, 0n, 0n]);
     });
+
+    /** c (2 roster slots: 200 locked) also works an open per-unit unit (100 locked) on 300 bonded; its replica
+     * of the round's unit 0 is wrong, the unit is set aside and the verifiers accept it anyway (paid, nothing
+     * held); p4 appeals and the panel decides accept/accept/fraud. */
+    async function missedFraudFixture() {
+      const f = await openedFixture();
+      const { sys, R } = f;
+      const appeals = await h.deployAppeals(sys);
+      const referees = (await ethers.getSigners()).slice(11, 16);
+      for (const r of referees) {
+        await sys.token.mint(r.address, 1_000n * E18);
+        await sys.token.connect(r).approve(await sys.stakes.getAddress(), ethers.MaxUint256);
+        await sys.stakes.connect(r).stake(200n * E18);
+        await appeals.connect(r).joinPool();
+      }
+      const [, , c] = R.signers;
+      const [v1, v2] = sys.verifiers;
+      await sys.stakes.connect(c).stake(COLLATERAL);
+      const solo = (await h.postOrder(sys, { units: 1, replicas: 1 })).orderId;
+      const open = await h.assignUnit(sys, solo, { providers: [c] });
+      const digests = R.slots.map((_, i) => h.digestOf(`u${Math.floor(i / 3)}`));
+      digests[2] = h.digestOf("cheat"); // unit 0, replica 2: c
+      await step(R, { commit: 0, digests });
+      const [{ unitId }] = await setAsideOf(R, await opStep(R, [v1, v2], { reveal: 0 }));
+      await verdict(sys, unitId, [0, 0, 0], [v1, v2]);
+      await appeals.connect(sys.providers[3]).appeal(unitId);
+      await appeals.drawPanel(unitId);
+      const panel = (await appeals.getAppeal(unitId)).panel.map((a) => referees.find((r) => r.address === a));
+      const { chainId } = await ethers.provider.getNetwork();
+      const domain = { name: "Veritrain VerdictAppeals", version: "1", chainId, verifyingContract: await appeals.getAddress() };
+      const deadline = await h.farDeadline();
+      for (const r of panel.slice(0, 2)) {
+        const signature = await r.signTypedData(domain, { RefereeVote: h.TYPES.Verdict },
+          { unitId, outcomesHash: h.outcomesHashOf([0, 0, 2]), deadline });
+        await appeals.vote(unitId, [0, 0, 2], { referee: r.address, deadline, signature });
+      }
+      return { ...f, appeals, unitId, open, winners: panel.slice(0, 2) };
+    }
+
+    it("an appeal that finds fraud a set-aside unit's verdict missed: JobMarket slashes it after releasing one slot of the roster's lock, so the provider's other unit keeps its collateral",
+      async function () {
+      const { sys, orderId, R, appeals, unitId, open, winners } = await load(missedFraudFixture);
+      const { market, stakes, token, buyer } = sys;
+      const [a, , c] = R.signers;
+      expect(await rosterState(sys, orderId)).to.include({ openSetAside: 0n, closed: false }); // nothing held
+      expect(await market.reputationOf(c.address)).to.deep.equal([1n, 0n, 0n, 1n]); // paid by the verdict
+      expect(await stakes.stakeOf(c.address)).to.deep.equal([300n * E18, 300n * E18, 0n, 0n]);
+      const before = await Promise.all([buyer, ...winners].map((x) => token.balanceOf(x.address)));
+      const tx = appeals.resolve(unitId, [0, 0, 0], [0, 0, 2]);
+      await expect(tx).to.emit(market, "ReplicaSlashed").withArgs(unitId, c.address, PARAMS.slashAmount);
+      await expect(tx).to.emit(appeals, "AppealResolved").withArgs(unitId, true, PARAMS.slashAmount);
+      await expect(tx).to.not.emit(market, "HeldSettled");
+      // the money as on the per-unit path: the bounty to the deciding referees, the rest to the buyer
+      const bounty = (PARAMS.slashAmount * BigInt(h.APPEAL_PARAMS.bountyBps)) / 10_000n;
+      expect(await token.balanceOf(buyer.address)).to.equal(before[0] + PARAMS.slashAmount - bounty);
+      for (const [i, r] of winners.entries()) expect(await token.balanceOf(r.address)).to.equal(before[i + 1] + bounty / 2n);
+      expect(await token.balanceOf(await appeals.getAddress())).to.equal(0n);
+      // one slot of the roster's lock released before the slash: its other slot and the open unit stay locked
+      expect(await stakes.stakeOf(c.address)).to.deep.equal([240n * E18, 200n * E18, 0n, 0n]);
+      expect(await market.reputationOf(c.address)).to.deep.equal([1n, 0n, 1n, 0n]); // the fraud counted, streak ended
+      await time.increaseTo((await market.getOrder(orderId)).deadline + 1n);
+      await closeTx(R);
+      expect((await market.getUnit(open.unitId)).state).to.equal(h.UNIT_STATE.Committing);
+      expect(await stakes.stakeOf(c.address)).to.deep.equal([240n * E18, COLLATERAL, 0n, 0n]);
+      // the close pays c's other slot of round 0 but adds no streak: its fraud count moved since the roster opened
+      expect(await market.reputationOf(c.address)).to.deep.equal([2n, 0n, 1n, 0n]);
+      expect(await market.reputationOf(a.address)).to.deep.equal([2n, 0n, 0n, 2n]);
+      await expectSolventLoose(sys);
+    });
+
+    it("the same appeal resolved after the roster closed releases nothing more: the close released the roster's lock",
+      async function () {
+      const { sys, orderId, R, appeals, unitId, open } = await load(missedFraudFixture);
+      const { market, stakes } = sys;
+      const [, , c] = R.signers;
+      await time.increaseTo((await market.getOrder(orderId)).deadline + 1n);
+      await closeTx(R);
+      expect(await stakes.stakeOf(c.address)).to.deep.equal([300n * E18, COLLATERAL, 0n, 0n]);
+      await expect(appeals.resolve(unitId, [0, 0, 0], [0, 0, 2])).to.emit(market, "ReplicaSlashed")
+        .withArgs(unitId, c.address, PARAMS.slashAmount);
+      expect((await market.getUnit(open.unitId)).state).to.equal(h.UNIT_STATE.Committing);
+      expect(await stakes.stakeOf(c.address)).to.deep.equal([240n * E18, COLLATERAL, 0n, 0n]);
+      await expectSolventLoose(sys);
+    });
   });
 
   describe("withheld slots and published openings", function () {

@@ -285,8 +285,8 @@ describe("JobMarket: submitVerdict", function () {
       const outcomes = [ACCEPT, ACCEPT, FRAUD];
       await verdict(sys, unitId, outcomes, [v1, v2]);
       await sys.market.connect(sys.admin).grantRole(await sys.market.APPEALS_ROLE(), sys.admin.address);
-      expect(await sys.market.connect(sys.admin).settleHeld.staticCall(unitId, outcomes)).to.equal(0n);
-      const tx = sys.market.connect(sys.admin).settleHeld(unitId, outcomes);
+      expect(await sys.market.connect(sys.admin).settleHeld.staticCall(unitId, outcomes, outcomes)).to.equal(0n);
+      const tx = sys.market.connect(sys.admin).settleHeld(unitId, outcomes, outcomes);
       await expect(tx).to.emit(sys.market, "ReplicaSlashed").withArgs(unitId, p3.address, PARAMS.slashAmount);
       await expect(tx).to.emit(sys.market, "HeldSettled").withArgs(unitId, outcomes);
       await expect(tx).to.changeTokenBalances(sys.token, [sys.admin, sys.market], [0n, PARAMS.slashAmount]);
@@ -304,8 +304,8 @@ describe("JobMarket: submitVerdict", function () {
       expect(await sys.market.totalCredits()).to.equal(3n * PRICE + FEE + PARAMS.slashAmount);
       expect(await sys.market.totalEscrow()).to.equal(UNIT_COST);
       await h.expectSolvent(sys);
-      // settled once: a second call (by any truth) is a no-op
-      await expect(sys.market.connect(sys.admin).settleHeld(unitId, [ACCEPT, ACCEPT, ACCEPT]))
+      // settled once: a second call (by a truth with no fraud) is a no-op
+      await expect(sys.market.connect(sys.admin).settleHeld(unitId, outcomes, [ACCEPT, ACCEPT, ACCEPT]))
         .to.not.emit(sys.market, "HeldSettled");
       expect(await sys.market.credits(p3.address)).to.equal(0n);
     });
@@ -321,8 +321,8 @@ describe("JobMarket: submitVerdict", function () {
       const appeals = sys.other; // stands in for VerdictAppeals
       await sys.market.connect(sys.admin).grantRole(await sys.market.APPEALS_ROLE(), appeals.address);
       const truth = [ACCEPT, ACCEPT, FRAUD];
-      expect(await sys.market.connect(appeals).settleHeld.staticCall(unitId, truth)).to.equal(PARAMS.slashAmount);
-      const tx = sys.market.connect(appeals).settleHeld(unitId, truth);
+      expect(await sys.market.connect(appeals).settleHeld.staticCall(unitId, framed, truth)).to.equal(PARAMS.slashAmount);
+      const tx = sys.market.connect(appeals).settleHeld(unitId, framed, truth);
       await expect(tx).to.emit(sys.market, "ReplicaSlashed").withArgs(unitId, p3.address, PARAMS.slashAmount);
       await expect(tx).to.emit(sys.market, "HeldSettled").withArgs(unitId, truth);
       await expect(tx).to.changeTokenBalances(sys.token, [appeals, sys.market], [PARAMS.slashAmount, 0n]);
@@ -335,20 +335,30 @@ describe("JobMarket: submitVerdict", function () {
       await h.expectSolvent(sys);
     });
 
-  it("settleHeld: only APPEALS_ROLE, and a no-op for a unit with nothing held", async function () {
+  it("settleHeld: only APPEALS_ROLE, only with the unit's verdict, and a no-op for a standing verdict with nothing held",
+    async function () {
     const { sys, unitId } = await loadFixture(h.disputedFixture);
-    await verdict(sys, unitId, [ACCEPT, ACCEPT, FRAUD]);
+    const outcomes = [ACCEPT, ACCEPT, FRAUD];
+    await verdict(sys, unitId, outcomes);
     const role = await sys.market.APPEALS_ROLE();
     for (const caller of [sys.other, sys.admin, sys.operator]) {
-      await expect(sys.market.connect(caller).settleHeld(unitId, [ACCEPT, ACCEPT, FRAUD]))
+      await expect(sys.market.connect(caller).settleHeld(unitId, outcomes, outcomes))
         .to.be.revertedWithCustomError(sys.market, "AccessControlUnauthorizedAccount").withArgs(caller.address, role);
     }
     await sys.market.connect(sys.admin).grantRole(role, sys.admin.address);
+    await expect(sys.market.connect(sys.admin).settleHeld(unitId, [ACCEPT, ACCEPT, ACCEPT], outcomes))
+      .to.be.revertedWithCustomError(sys.market, "VerdictMismatch").withArgs(unitId);
     const { sys: s2, unitId: u2 } = await loadFixture(h.revealedFixture);
     await s2.market.connect(s2.admin).grantRole(role, s2.admin.address);
-    await s2.market.connect(s2.operator).finalize(u2);
-    expect(await s2.market.connect(s2.admin).settleHeld.staticCall(u2, [ACCEPT, ACCEPT, ACCEPT])).to.equal(0n);
-    await expect(s2.market.connect(s2.admin).settleHeld(u2, [ACCEPT, ACCEPT, ACCEPT])).to.not.emit(s2.market, "HeldSettled");
+    await s2.market.connect(s2.operator).finalize(u2); // no verdict: nothing to settle by
+    await expect(s2.market.connect(s2.admin).settleHeld(u2, [ACCEPT, ACCEPT, ACCEPT], [ACCEPT, ACCEPT, ACCEPT]))
+      .to.be.revertedWithCustomError(s2.market, "VerdictMismatch").withArgs(u2);
+    const { sys: s3, unitId: u3 } = await loadFixture(h.disputedFixture);
+    await s3.market.connect(s3.admin).grantRole(role, s3.admin.address);
+    await verdict(s3, u3, [ACCEPT, ACCEPT, ACCEPT]); // nothing held
+    const all = [ACCEPT, ACCEPT, ACCEPT];
+    expect(await s3.market.connect(s3.admin).settleHeld.staticCall(u3, all, all)).to.equal(0n);
+    await expect(s3.market.connect(s3.admin).settleHeld(u3, all, all)).to.not.emit(s3.market, "HeldSettled");
   });
 
   it("settles a drawn unit: all accepted, the verifier fee goes to the signers", async function () {
@@ -557,7 +567,7 @@ describe("JobMarket: the verdict path's own contract", function () {
       // one at a time: a call is sent when its thunk runs, so no rejection is left unawaited
       for (const call of [
         () => verdicts.submitVerdict(unit.unitId, [ACCEPT, ACCEPT, ACCEPT], []),
-        () => verdicts.settleHeld(unit.unitId, [ACCEPT, ACCEPT, ACCEPT]),
+        () => verdicts.settleHeld(unit.unitId, [ACCEPT, ACCEPT, ACCEPT], [ACCEPT, ACCEPT, ACCEPT]),
         () => verdicts.expireUnit(unit.unitId),
       ]) {
         await expect(call()).to.be.revertedWithCustomError(verdicts, "NotDelegated");

@@ -615,6 +615,11 @@ class Model:
         rep.fault += 1
         rep.consecutive = 0
 
+    def _record_fraud(self, provider: str) -> None:
+        rep = self.rep(provider)
+        rep.fraud += 1
+        rep.consecutive = 0
+
     def finalize(self, unit_id: int, by_operator: bool, now: int) -> Expected | None:
         error = self._open_error(unit_id)
         if error:
@@ -685,9 +690,7 @@ class Model:
         for index, (replica, outcome) in enumerate(zip(unit.replicas, outcomes, strict=True)):
             if outcome == FRAUD:  # held: no slash, no bounty, collateral locked, price in escrow; counted
                 unit.held |= 1 << index  # (the accusation: matching declines it at once), streak ends
-                rep = self.rep(replica.provider)
-                rep.fraud += 1
-                rep.consecutive = 0
+                self._record_fraud(replica.provider)
                 continue
             withheld = replica.commitment is not None and replica.digest is None
             self._unlock_replica(unit, replica.provider, outcome == FAULT and withheld)
@@ -745,13 +748,38 @@ class Model:
         """Slashes the withhold penalty of a replica that committed and never revealed, into JobMarket."""
         return self.slash(provider, self.params.withhold_penalty, self.token_holder_jm)
 
-    def settle_held(self, unit_id: int, truth: Sequence[int], caller: str) -> int:
-        """JobMarket.settleHeld (only VerdictAppeals calls it, with a truth of one outcome per replica):
-        each held replica is released and settled by `truth`; returns what was slashed to the caller."""
+    def settle_held(self, unit_id: int, verdict: Sequence[int], truth: Sequence[int], caller: str) -> int:
+        """JobMarket.settleHeld (only VerdictAppeals calls it, with the unit's verdict, which it checked, and
+        a truth of one outcome per replica): each held replica is released and settled by `truth`; a truth
+        that overturns the verdict also slashes the fraud the verdict missed (_slash_missed). Returns what
+        was slashed to the caller."""
         unit = self.units[unit_id]
+        stands = tuple(truth) == unit.verdict
+        to_caller = self._settle_held(unit, truth, caller) if unit.held else 0
+        if not stands:
+            to_caller += self._slash_missed(unit, verdict, truth, caller)
+        return to_caller
+
+    def _slash_missed(self, unit: Unit, verdict: Sequence[int], truth: Sequence[int], caller: str) -> int:
+        """JobMarketVerdicts._slashMissed: every replica the truth calls fraud and the overturned verdict did
+        not is slashed to the caller, its fraud counted and its streak ended. Its collateral was released
+        by the verdict (per-unit) or is its roster's: while the roster is open, one slot of the roster's
+        lock is released first (as before any slash of a set-aside replica); a closed roster released it."""
+        roster = self.rosters.get(unit.order_id) if unit.rostered else None
+        slashed = 0
+        for index, (said, fixed) in enumerate(zip(verdict, truth, strict=True)):
+            if fixed != FRAUD or said == FRAUD:
+                continue
+            provider = unit.replicas[index].provider
+            if roster is not None and not roster.closed:
+                self._unlock_replica(unit, provider, True)
+            self._record_fraud(provider)
+            slashed += self.slash(provider, self.params.slash_amount, caller)
+        return slashed
+
+    def _settle_held(self, unit: Unit, truth: Sequence[int], caller: str) -> int:
+        """settleHeld's held replicas, settled by `truth`; returns what was slashed to the caller."""
         held = unit.held
-        if not held:
-            return 0
         unit.held = 0
         stands = tuple(truth) == unit.verdict
         slash_to = self.token_holder_jm if stands else caller
@@ -1225,14 +1253,11 @@ class Model:
         buyer = self.orders[unit.order_id].buyer
         if decided_hash == verdict_hash:  # confirmed: the bond to the referees who voted it
             appeal.state = AppealState.CONFIRMED
-            self.settle_held(unit_id, decided, va)
+            self.settle_held(unit_id, verdict, decided, va)
             self._pay(winners, self.slash(appeal.appellant, bond, va), buyer)
-        else:  # overturned: fraud the verdict missed is slashed too; a bounty to the deciding referees
+        else:  # overturned: settleHeld slashes the fraud (held or missed) to us; a bounty to the deciders
             appeal.state = AppealState.OVERTURNED
-            slashed = self.settle_held(unit_id, decided, va)
-            for i, (said, truth) in enumerate(zip(verdict, decided, strict=True)):
-                if truth == FRAUD and said != FRAUD:
-                    slashed += self.slash(unit.replicas[i].provider, self.params.slash_amount, va)
+            slashed = self.settle_held(unit_id, verdict, decided, va)
             bounty = slashed * self.appeal_params.bounty_bps // BPS
             self._pay(winners, bounty, buyer)
             if slashed != bounty:
@@ -1261,7 +1286,7 @@ class Model:
             return None  # resolve settled them
         if state == AppealState.NONE and now <= self.hold_ends(self.units[unit_id]):
             return Expected("TruthNotFixed", (unit_id,))
-        self.settle_held(unit_id, verdict, self.token_holder_va)
+        self.settle_held(unit_id, verdict, verdict, self.token_holder_va)
         return None
 
     def lapse(self, unit_id: int, now: int) -> Expected | None:

@@ -363,11 +363,11 @@ def roster_withheld_then_drawn(m: MarketMachine) -> None:
 
 
 def roster_overturn_slashes_missed_fraud(m: MarketMachine) -> None:
-    """Not a mutation scenario (see test_invariants.py): provider0 holds one slot of a roster and works an
-    open per-unit unit (2,000 of its 2,500 locked). Its round replica is deviant; the set-aside unit's
-    verdict misses that and frames its honest partner, whose appeal overturns it: VerdictAppeals slashes
-    provider0 directly (fraud the verdict missed), without the roster lock's release that JobMarket's own
-    slashes of set-aside replicas make first (RosterLock). Then the roster closes."""
+    """provider0 holds one slot of a roster and works an open per-unit unit (2,000 of its 2,500 locked). Its
+    round replica is deviant; the set-aside unit's verdict misses that and frames its honest partner, whose
+    appeal overturns it: JobMarket.settleHeld slashes provider0 for the fraud the verdict missed after
+    releasing one slot of its roster lock (RosterLock), as for its own slashes of set-aside replicas. Then
+    the roster closes; provider0's open unit keeps its collateral (test_invariants.py asserts it)."""
     _stake_everyone(m)
     m.do_post_order("buyer0", 1, 2, 100, 50, 3_000)
     m.check_step()
@@ -387,7 +387,7 @@ def roster_overturn_slashes_missed_fraud(m: MarketMachine) -> None:
     m.check_step()
     m.do_vote(2, [FRAUD, ACCEPT], REFEREE)
     m.check_step()
-    m.do_resolve(2, [ACCEPT, FRAUD], [FRAUD, ACCEPT])  # overturned: provider0 slashed by VerdictAppeals
+    m.do_resolve(2, [ACCEPT, FRAUD], [FRAUD, ACCEPT])  # overturned: provider0 slashed by settleHeld
     m.check_step()
     m.do_close_roster(2)
     m.check_step()
@@ -409,4 +409,5 @@ SCENARIOS: dict[str, Scenario] = {
     "roster_rounds": roster_rounds,
     "roster_split": roster_split,
     "roster_withheld_then_drawn": roster_withheld_then_drawn,
+    "roster_overturn_slashes_missed_fraud": roster_overturn_slashes_missed_fraud,
 }

@@ -185,17 +185,11 @@ def test_scenarios_pass_on_real_contracts_and_each_mutant_trips_its_invariant() 
     print("\n" + "\n".join(report))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="JobMarket bug found by the round-path model: VerdictAppeals.resolve slashes a set-aside "
-    "replica's provider for fraud the verdict missed without releasing a slot of its roster lock first "
-    "(RosterLock), so StakeManager's cap of locked at bonded eats the provider's other units' collateral "
-    "once closeRoster releases the roster's lock",
-)
 def test_an_appeal_slashing_a_set_aside_replica_leaves_the_providers_other_locks() -> None:
-    """provider0's open per-unit unit must keep its collateral locked after VerdictAppeals slashed it for
-    a set-aside round replica's missed fraud and the roster closed (collateral_locked skips slashed
-    accounts, so the random machine cannot see this: the scenario asserts it)."""
+    """provider0's open per-unit unit must keep its collateral locked after an appeal had it slashed for a
+    set-aside round replica's missed fraud and the roster closed: TRUST.md gap 6, closed by
+    JobMarket.settleHeld releasing one slot of the roster's lock before that slash (collateral_locked skips
+    slashed accounts, so the random machine cannot see this: the scenario asserts it)."""
     variant = compile_variant(None)
     machine = machine_for(build_chain(variant, _layouts(variant)))()
     tripped: list[Any] = []

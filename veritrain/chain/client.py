@@ -1215,8 +1215,9 @@ class ChainClient:
         sender: LocalAccount | None = None,
     ) -> Receipt:
         """Move a decided appeal's stakes: the replicas the verdict held as fraud settled by the decision
-        (`HeldSettled`), then the bond to the referees (confirmed) or the cheats the verdict missed slashed
-        (overturned). `verdict` and `decided` are the settled and the panel's outcomes."""
+        (`HeldSettled`), then the bond to the referees (confirmed) or, overturned, the cheats the verdict
+        missed slashed too (by JobMarket: `ReplicaSlashed` comes from the market, as for held fraud).
+        `verdict` and `decided` are the settled and the panel's outcomes."""
         return self._send(
             sender,
             self.appeals,

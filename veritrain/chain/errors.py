@@ -410,6 +410,12 @@ class OutcomeCountMismatch(ContractReverted):
     error_name = "OutcomeCountMismatch"
 
 
+class VerdictMismatch(ContractReverted):
+    """settleHeld was given outcomes other than the ones that settled the unit."""
+
+    error_name = "VerdictMismatch"
+
+
 class InvalidOutcome(ContractReverted):
     """Unknown outcome, or accept/fraud for a replica that never revealed."""
 
