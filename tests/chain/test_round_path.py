@@ -95,7 +95,7 @@ def test_the_clients_roster_key_and_round_unit_ids_are_the_contracts(world: Any)
     roster = _roster(world)
     market = world.client.market
     on_chain = market.functions.rosterKey(
-        list(roster.providers), roster.layout, roster.replicas, roster.units_per_round, roster.rounds
+        list(roster.providers), roster.layout, roster.replicas, roster.units_per_round, roster.rounds, []
     ).call()
     assert bytes(on_chain) == roster.key
     assert market.functions.roundUnitId(7, 3, 2).call() == eip712.round_unit_id(7, 3, 2)

@@ -140,8 +140,8 @@ NOTES = {
     "withdraw": "withdrawCredit of a provider's credit at the end of an order, mean of the 3",
     "stake": "first stake of a fresh account (cold storage)",
     "deploy": (
-        "VeriToken + StakeManager + JobMarketExtension + JobMarket + VerdictAppeals + grantRole(MARKET_ROLE) "
-        "for both"
+        "VeriToken + StakeManager + JobMarketExtension + JobMarketRoundsExtension + JobMarket + "
+        "VerdictAppeals + grantRole(MARKET_ROLE) for both"
     ),
     "diloco_m8": (
         f"{DILOCO_ROUNDS} rounds of {DILOCO_SHARDS} shard units + 1 aggregate unit; every transaction of the "
@@ -542,6 +542,7 @@ def measure(backend: Backend) -> dict[str, Any]:
                 "VeriToken",
                 "StakeManager",
                 "JobMarketExtension",
+                "JobMarketRoundsExtension",
                 "JobMarket",
                 "VerdictAppeals",
                 "grantRole",
