@@ -1714,9 +1714,11 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         bytes32[] memory digests = new bytes32[](unitCount); // replica 0's of each unit
         uint256 setAside; // bit u: unit u needs a verdict
         uint256 split; // bit u: its replicas disagree, or one did not reveal
+        uint256 auditable; // bit u: drawn by the seed alone (not split, no weak provider): a round audit may pay it
         for (uint256 unit; unit < unitCount; ++unit) {
             uint256 unitId = _roundUnitId(orderId, round, unit);
             bool drawn = _drawnBy(unitId, uint8(k), seed);
+            if (drawn) auditable |= 1 << unit;
             for (uint256 i = unit * k; i < (unit + 1) * k; ++i) {
                 uint256 index = (layout >> (5 * i)) & 31;
                 bytes32 commitment = openings[i].resultDigest; // a withheld slot's entry carries it
@@ -1730,26 +1732,20 @@ abstract contract JobMarketRounds is JobMarketDelegate {
                 chained = _chain(chained, commitment);
                 if (i == unit * k) digests[unit] = digest;
                 else if (digest != digests[unit]) split |= 1 << unit;
-                if (weak & (1 << index) != 0) drawn = true;
+                if (weak & (1 << index) != 0) {
+                    drawn = true;
+                    auditable &= ~(1 << unit);
+                }
             }
             if (drawn || split & (1 << unit) != 0) setAside |= 1 << unit;
         }
         if (chained != _roundHashes[orderId]) revert RoundHashMismatch(orderId, round);
         emit RoundRevealed(orderId, round, digests);
-        if (setAside == 0) return;
-        if (audit.signatures.length != 0) {
-            // the units set aside only for the seed's draw (unanimous, every provider at the streak)
-            uint256 auditable;
-            for (uint256 unit; unit < unitCount; ++unit) {
-                if ((setAside & ~split) & (1 << unit) == 0) continue;
-                if (!_drawnBy(_roundUnitId(orderId, round, unit), uint8(k), seed)) continue;
-                uint256 i = unit * k;
-                while (i < (unit + 1) * k && weak & (1 << ((layout >> (5 * i)) & 31)) == 0) ++i;
-                if (i == (unit + 1) * k) auditable |= 1 << unit;
-            }
-            if (auditable != 0 && _auditRound(orderId, round, auditable, digests, audit)) setAside &= ~auditable;
-            if (setAside == 0) return;
+        auditable &= ~split;
+        if (auditable != 0 && audit.signatures.length != 0 && _auditRound(orderId, round, auditable, digests, audit)) {
+            setAside &= ~auditable;
         }
+        if (setAside == 0) return;
         uint256[] memory uses = _slotsPerProvider(providers, layout, k, unitCount);
         uint256 verifierCount = verifiers.length;
         bytes32[] memory values = new bytes32[](k);
