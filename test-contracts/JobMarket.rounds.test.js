@@ -1845,7 +1845,7 @@ describe("JobMarket: round audits (roster verifiers, RoundAudit, challenges)", f
     await expectSolventLoose(sys);
   });
 
-  it("a quorum's RoundAudit pays the drawn units at close (anyone relays); forged, duplicate, replayed, wrong-mask and wrong-digest audits revert; a split unit is always set aside",
+  it("a quorum's RoundAudit pays the drawn units at close (anyone relays); forged, duplicate, replayed, wrong-mask and wrong-digest audits revert; a split unit is always set aside; a roster without verifiers takes no audit",
     async function () {
     const { sys, orderId, R } = await load(auditedFixture);
     const { market } = sys;
@@ -1911,6 +1911,35 @@ describe("JobMarket: round audits (roster verifiers, RoundAudit, challenges)", f
     expect(await orderFields(sys, orderId)).to.deep.equal({ balance: 3n * FEE - 8n * share, delivered: 4n, openUnits: 0n,
       closed: false });
     await expectSolventLoose(sys);
+
+    // a roster opened without verifiers takes no audit, however well signed
+    const plain = await h.postOrder(sys, { units: 4 });
+    const P = rosterOf(sys, plain.orderId, sys.providers.slice(0, 3), { rounds: 2 });
+    await openRoster(P);
+    await step(P, { commit: 0 });
+    P.auditors = R.auditors;
+    await expect(step(P, { reveal: 0, audit: await auditOf(P, 0, 3n, [v1, v2]) })).to.be.revertedWithCustomError(
+      market, "AuditorsMismatch").withArgs(plain.orderId);
+  });
+
+  it("a unit with a provider below the roster's streak is never audited: set aside whatever the audit",
+    async function () {
+    const sys = await h.fundedSystem({ ...PARAMS, spotCheckPpm: 1_000_000, probationStreak: 1 });
+    const { market } = sys;
+    const [v1, v2, v3] = sys.verifiers;
+    const { orderId } = await h.postOrder(sys, { units: 4 });
+    const R = rosterOf(sys, orderId, sys.providers.slice(0, 3), { rounds: 2 });
+    R.auditors = addrsOf(sys.verifiers);
+    await openRoster(R);
+    await step(R, { commit: 0 });
+    // every provider is on probation: both units need the operator's verifiers, a full audit changes nothing
+    const full = await auditOf(R, 0, 3n, [v1, v2, v3]);
+    await expect(step(R, { reveal: 0, audit: full })).to.be.revertedWithCustomError(market, "RoundUnitNeedsVerdict")
+      .withArgs(orderId, 0, 0, true);
+    const tx = await opStep(R, [v1, v2], { reveal: 0, audit: full });
+    await expect(tx).to.not.emit(market, "RoundAudited");
+    expect((await setAsideOf(R, tx)).length).to.equal(2);
+    expect(await auditCounts(sys, orderId)).to.deep.equal([0n, 0n, 0n]);
   });
 
   it("a lazy audit of a planted cheat: the operator's challenge sets the unit aside, its verdict and truth have fraud, and every signer is slashed",
