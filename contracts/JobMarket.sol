@@ -43,6 +43,8 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
         keccak256("WithdrawCredit(address account,uint256 nonce,uint256 deadline)");
     bytes32 internal constant UNIT_COMMIT_TYPEHASH =
         keccak256("UnitCommit(uint256 unitId,address provider,bytes32 commitment,uint256 deadline)");
+    bytes32 internal constant ROUND_AUDIT_TYPEHASH =
+        keccak256("RoundAudit(uint256 orderId,uint256 round,uint256 auditedMask,bytes32 digestsHash)");
     uint256 internal constant BPS = 10_000;
     uint256 internal constant PPM = 1_000_000;
     /// @dev A unit's parties are stored as 24-bit party ids, ten of which fill one slot.
@@ -227,6 +229,19 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
         uint128 released;
     }
 
+    /// @dev A roster's verifiers ({JobMarketRounds-openRoster}), who audit its drawn units by `RoundAudit`
+    /// signatures: the hash of their addresses (they travel in calldata; zero: a roster without verifiers,
+    /// whose drawn units are set aside), their number, the end of the last audited round's challenge window
+    /// (the roster cannot close before it), and per verifier `i` (bits [32i, 32i + 32) of `counts`) the
+    /// audited units it signed that no challenge took back: its fee is `verifierFeePerUnit / verifierCount`
+    /// for each, paid at close. Two slots, written at open and by steps that audit.
+    struct RosterAudits {
+        bytes32 verifiersHash;
+        uint40 challengeableUntil;
+        uint8 verifierCount;
+        uint160 counts;
+    }
+
     /// @dev One slot: the two liabilities (solvency: token balance >= escrow + credits).
     struct Totals {
         uint128 escrow;
@@ -298,6 +313,14 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
     /// the round's commitments when published. Zero: none.
     mapping(uint256 slotKey => bytes32) internal _publishedOpenings;
     mapping(uint256 orderId => mapping(address provider => RosterLock)) internal _rosterLocks;
+    mapping(uint256 orderId => RosterAudits) internal _rosterAudits;
+    /// @dev Per audited round: keccak256(abi.encode(info, digestsHash)), `info` as in {RoundAudited} (updated
+    /// by each challenge), `digestsHash` the keccak of the audited units' agreed digests. Zero: not audited.
+    mapping(uint256 orderId => mapping(uint256 round => bytes32)) internal _roundAudits;
+    /// @dev A unit set aside by a challenge of its round audit ({JobMarketRounds-challengeAudit}): the party
+    /// ids (24 bits each) of the roster verifiers who signed that audit, and their number in bits 240..:
+    /// VerdictAppeals slashes them when the unit's truth has fraud.
+    mapping(uint256 unitId => uint256) internal _auditSigners;
 
     /// @notice A constructor argument is unusable.
     error InvalidParameter(string name);
@@ -413,8 +436,16 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
     /// @notice A round's slots may be given as withheld only once its reveal window has passed.
     error RoundRevealWindowOpen(uint256 orderId, uint64 until);
     /// @notice The roster still has rounds to settle until `closableAfter` (the order's deadline, or the end
-    /// of a pending round's reveal window when later).
+    /// of a pending round's reveal window, or of an audited round's challenge window, when later).
     error RosterNotClosable(uint256 orderId, uint64 closableAfter);
+    /// @notice The roster's verifiers given are not its own (or it has none).
+    error AuditorsMismatch(uint256 orderId);
+    /// @notice The round's audit record given does not match the one stored (or the round was not audited).
+    error AuditMismatch(uint256 orderId, uint256 round);
+    /// @notice The unit was not paid by the round's audit, or was already challenged.
+    error NotAudited(uint256 orderId, uint256 round, uint256 unit);
+    /// @notice Challenges of the round's audit closed at `until` (the step's time plus `verdictWindow`).
+    error AuditChallengeClosed(uint256 orderId, uint256 round, uint64 until);
 
     /// @notice A buyer posted an order and escrowed `escrow` tokens.
     event OrderPosted(
@@ -482,6 +513,17 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
     event OpeningPublished(uint256 indexed orderId, uint32 indexed round, uint256 slot, bytes32 resultDigest);
     /// @notice The roster closed: `settledRounds` rounds paid, `paid` credited to its providers.
     event RosterClosed(uint256 indexed orderId, uint32 settledRounds, uint256 paid);
+    /// @notice The roster's verifiers, each locking `verifierCollateral` for the order.
+    event RosterVerifiers(uint256 indexed orderId, address[] verifiers);
+    /// @notice A quorum of the roster's verifiers signed `RoundAudit(orderId, round, auditedMask, digestsHash)`,
+    /// so the round's drawn unanimous units are paid at close like undrawn ones. `info`: bits 0..63 the
+    /// audited units (`auditedMask`), 64..71 the signers (roster verifier indices), 72..111 the step's time,
+    /// 112..175 the units challenged since ({challengeAudit} takes `info` as last emitted, by this event or
+    /// {AuditChallenged}).
+    event RoundAudited(uint256 indexed orderId, uint32 indexed round, uint256 info, bytes32 digestsHash);
+    /// @notice The operator challenged unit `unit` of an audited round: it was set aside as `unitId`
+    /// ({UnitSetAside}), and its audit's signers answer for its truth. `info`: the round's audit record now.
+    event AuditChallenged(uint256 indexed orderId, uint32 indexed round, uint256 unit, uint256 unitId, uint256 info);
 
     /// @param token_ Payment token (must equal the stake manager's token).
     /// @param stakes_ Stake registry (it grants {JobMarket} its MARKET_ROLE after deployment).
@@ -550,6 +592,11 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
         uint32 rounds
     ) internal pure returns (bytes32) {
         return keccak256(abi.encode(providers, layout, replicas, unitsPerRound, rounds));
+    }
+
+    /// @dev See {JobMarket-rosterKey}: a roster with verifiers binds them too; one without keeps its parties' key.
+    function _acceptKey(bytes32 partiesKey, address[] calldata verifiers) internal pure returns (bytes32) {
+        return verifiers.length == 0 ? partiesKey : keccak256(abi.encode(partiesKey, verifiers));
     }
 
     /// @dev See {JobMarket-roundUnitId}. keccak256(abi.encode(...)) without allocating, as {_commitmentOf}.
@@ -880,13 +927,9 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
     }
 
     /// @dev Checks one known outcome per replica (accept and fraud only for revealed replicas) and returns
-    /// the signed `outcomesHash` = keccak256(abi.encodePacked(outcomes)) (one 32-byte word per outcome)
-    /// and the replicas judged fraud, as a bit mask.
-    function _checkOutcomes(Unit memory u, uint8[] calldata outcomes)
-        internal
-        pure
-        returns (bytes32 outcomesHash, uint256 fraudMask)
-    {
+    /// the replicas judged fraud, as a bit mask. (The signed `outcomesHash` is keccak256(abi.encodePacked(
+    /// outcomes)): one 32-byte word per outcome.)
+    function _checkOutcomes(Unit memory u, uint8[] calldata outcomes) internal pure returns (uint256 fraudMask) {
         if (outcomes.length != u.replicas) revert OutcomeCountMismatch(u.replicas, outcomes.length);
         for (uint256 i; i < outcomes.length; ++i) {
             uint8 outcome = outcomes[i];
@@ -896,7 +939,6 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
             }
             if (outcome == OUTCOME_FRAUD) fraudMask |= 1 << i;
         }
-        outcomesHash = keccak256(abi.encodePacked(outcomes));
     }
 
     /// @dev Checks every signature is a distinct assigned verifier's valid `Verdict` signature and that
@@ -1159,9 +1201,12 @@ abstract contract JobMarketVerdicts is JobMarketDelegate {
         Unit memory u = unit;
         _requireOpen(unitId, u.state);
         _checkVerdictWindow(unitId, u);
-        (bytes32 outcomesHash, uint256 fraudMask) = _checkOutcomes(u, outcomes);
+        // the signatures before the outcomes' check: its fraud mask live through their loop is a stack slot
+        // too many for the verdict path alone in its extension
+        bytes32 outcomesHash = keccak256(abi.encodePacked(outcomes));
         (address[] memory signers, uint256 signerMask) =
             _checkVerdictSignatures(unitId, u.replicas, u.verifierCount, outcomesHash, signatures);
+        uint256 fraudMask = _checkOutcomes(u, outcomes);
         unit.state = UnitState.Verdicted;
         _verdictHashes[unitId] = outcomesHash;
         _unpage(unitId, u);
@@ -1347,12 +1392,30 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         bytes32 salt;
     }
 
+    /// @notice Roster verifier `verifier`'s (its index among the roster's verifiers) compact (EIP-2098)
+    /// signature over `RoundAudit(orderId, round, auditedMask, digestsHash)`.
+    struct AuditSignature {
+        uint256 verifier;
+        bytes32 r;
+        bytes32 vs;
+    }
+
+    /// @notice A step's round audit: the roster's verifiers (checked against the roster; empty when
+    /// `signatures` is) and their signatures.
+    struct RoundAudit {
+        address[] verifiers;
+        AuditSignature[] signatures;
+    }
+
     /// @notice Opens the roster of `orderId`: `rounds` rounds of `unitsPerRound` units of `replicas` replicas
     /// each, replica slot `i = unit * replicas + replica` worked by `providers[(layout >> 5 * i) & 31]`
     /// (distinct providers within a unit, every provider used). Each provider signs
     /// `Accept(orderId, rosterKey, provider, nonce, deadline)`. For fewer replicas than the order's most,
     /// every provider needs the order's trusted streak; a provider on probation is taken, and every unit it
-    /// works is set aside for a verdict.
+    /// works is set aside for a verdict. `verifiers` (none, or `minVerifiers` to MAX_VERIFIERS distinct
+    /// accounts that are not providers of the roster) audit the units the chain draws ({stepRound}); each
+    /// locks `verifierCollateral` until the roster closes, and the providers' `Accept` key covers them
+    /// ({JobMarket-rosterKey}).
     function openRoster(
         uint256 orderId,
         address[] calldata providers,
@@ -1360,6 +1423,7 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         uint8 replicas,
         uint32 unitsPerRound,
         uint32 rounds,
+        address[] calldata verifiers,
         SignedApproval[] calldata accepts
     ) external onlyDelegated onlyRole(OPERATOR_ROLE) nonReentrant {
         Order storage order = _orders[orderId];
@@ -1378,7 +1442,9 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         uint256[] memory uses = _slotsPerProvider(providers, layout, replicas, unitsPerRound);
         uint256 required = replicas < order.replicas ? order.trustedStreak : 0;
         uint16 requiredStreak = required < _probationStreak ? _probationStreak : uint16(required);
-        bytes32 key = _rosterKey(providers, layout, replicas, unitsPerRound, rounds);
+        bytes32 partiesKey = _rosterKey(providers, layout, replicas, unitsPerRound, rounds);
+        bytes32 key = _acceptKey(partiesKey, verifiers);
+        if (verifiers.length != 0) _lockAuditors(orderId, providers, verifiers);
         uint256 faultMarks;
         for (uint256 p; p < providers.length; ++p) {
             address provider = providers[p];
@@ -1394,7 +1460,7 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         order.balance -= uint128(cost); // <= balance
         order.openUnits += uint32(units); // <= order.units
         _rosters[orderId] = Roster({
-            partiesHash: key,
+            partiesHash: partiesKey,
             unitsPerRound: uint8(unitsPerRound), // <= 51: checked by _slotsPerProvider
             requiredStreak: requiredStreak,
             rounds: rounds,
@@ -1423,6 +1489,16 @@ abstract contract JobMarketRounds is JobMarketDelegate {
     /// its provider published its opening ({publishOpening}). With no round pending, `openings` are
     /// ignored: whoever revealed it first (anyone may copy openings from a pending transaction) does not
     /// make the relayer's reveal-and-commit fail.
+    ///
+    /// Round audits: the units of the revealed round drawn by the seed, unanimous and with no provider below
+    /// the roster's streak (`auditedMask`, bit `u` for unit `u`) are paid at close like undrawn ones, not set
+    /// aside, when `audit` carries signatures of a majority of the roster's verifiers (`audit.verifiers`, as
+    /// opened) over `RoundAudit(orderId, round, auditedMask, digestsHash)`, `digestsHash` the keccak of those
+    /// units' agreed digests in unit order: each signer is counted those units (its share of their fee is
+    /// paid at close), and the operator may challenge each of them for `verdictWindow` ({challengeAudit}).
+    /// Without such a quorum they are set aside; a signature that is not its roster verifier's over exactly
+    /// that message reverts the step. Split units and units of a provider below the streak are always set
+    /// aside.
     function stepRound(
         uint256 orderId,
         address[] calldata providers,
@@ -1431,11 +1507,12 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         uint256 withheld,
         address[] calldata verifiers,
         uint256 deadline,
-        RoundWork[] calldata works
+        RoundWork[] calldata works,
+        RoundAudit calldata audit
     ) external onlyDelegated {
         Roster memory roster = _openRoster(orderId, providers, layout);
         if (roster.pendingBlock != 0) {
-            _revealRound(orderId, roster, providers, layout, openings, withheld, verifiers);
+            _revealRound(orderId, roster, providers, layout, openings, withheld, verifiers, audit);
             roster.pendingBlock = 0;
             roster.pendingSince = 0;
         } else if (works.length == 0) {
@@ -1491,8 +1568,10 @@ abstract contract JobMarketRounds is JobMarketDelegate {
     /// paid (a round left pending, rounds never committed) and every unit's verifier fee return to the
     /// order. Anyone may close once every round is revealed, or after the order's deadline and, when a round
     /// is pending, the reveal window after its commit (so that a buyer closing at the deadline cannot cut
-    /// off a round its providers are revealing).
-    function closeRoster(uint256 orderId, address[] calldata providers, uint256 layout)
+    /// off a round its providers are revealing). Never while an audited round's challenge window is open;
+    /// then each roster verifier (`verifiers`, as opened) is credited `verifierFeePerUnit / verifierCount` for
+    /// every audited unit it signed that no challenge took back, and its collateral is released.
+    function closeRoster(uint256 orderId, address[] calldata providers, uint256 layout, address[] calldata verifiers)
         external
         onlyDelegated
         nonReentrant
@@ -1505,6 +1584,7 @@ abstract contract JobMarketRounds is JobMarketDelegate {
             if (roster.pendingBlock != 0 && revealEnds > closableAfter) closableAfter = revealEnds;
             if (block.timestamp <= closableAfter) revert RosterNotClosable(orderId, closableAfter);
         }
+        uint256 auditFees = _payAuditors(orderId, verifiers, order.verifierFeePerUnit);
         if (roster.openSetAside != 0) revert UnitsStillOpen(orderId, roster.openSetAside);
         uint32 settled = roster.committed - (roster.pendingBlock != 0 ? 1 : 0);
         uint256[] memory uses = _slotsPerProvider(providers, layout, roster.replicas, roster.unitsPerRound);
@@ -1532,16 +1612,99 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         }
         uint256 units = uint256(roster.unitsPerRound) * roster.rounds - roster.setAsideUnits; // the rest settle alone
         uint256 reserved = units * (roster.replicas * uint256(price) + order.verifierFeePerUnit);
-        order.balance += uint128(reserved - paid);
+        order.balance += uint128(reserved - paid - auditFees);
         order.delivered += roster.unitsPerRound * settled - roster.setAsideUnits;
         order.openUnits -= uint32(units);
         roster.closed = true;
         _rosters[orderId] = roster;
         Totals memory totals = _totals;
-        totals.escrow -= uint128(paid);
-        totals.credits += uint128(paid);
+        totals.escrow -= uint128(paid + auditFees);
+        totals.credits += uint128(paid + auditFees);
         _totals = totals;
         emit RosterClosed(orderId, settled, paid);
+    }
+
+    /// @notice Challenges the round audit of unit `unit` of `round` (operator only, within `verdictWindow` of
+    /// the step that audited it): for a known answer the unit missed (a canary) or any doubt of the audit. The
+    /// unit is set aside as a step sets one aside (with the operator's `verifiers`, none of whom signed the
+    /// audit), so it settles on the per-unit path (verdict, held fraud, {VerdictAppeals}) instead of at
+    /// close, and its audit's signers lose their count of it; when the unit's truth has fraud, VerdictAppeals
+    /// slashes each of them ({auditSignersOf}). `info` and `digests` are the round's audit record as last
+    /// emitted ({RoundAudited} / {AuditChallenged}, and the audited units' digests of {RoundRevealed}),
+    /// `auditors` the roster's verifiers.
+    function challengeAudit(
+        uint256 orderId,
+        address[] calldata providers,
+        uint256 layout,
+        uint32 round,
+        uint256 unit,
+        uint256 info,
+        bytes32[] calldata digests,
+        address[] calldata auditors,
+        address[] calldata verifiers
+    ) external onlyDelegated onlyRole(OPERATOR_ROLE) nonReentrant {
+        Roster memory roster = _openRoster(orderId, providers, layout);
+        if (keccak256(abi.encode(info, keccak256(abi.encodePacked(digests)))) != _roundAudits[orderId][round]) {
+            revert AuditMismatch(orderId, round);
+        }
+        uint64 until = uint64(uint40(info >> 72)) + _verdictWindow;
+        if (block.timestamp > until) revert AuditChallengeClosed(orderId, round, until);
+        uint256 audited = uint64(info);
+        uint256 bit = 1 << unit;
+        if (unit >= 64 || audited & bit == 0 || (info >> 112) & bit != 0) revert NotAudited(orderId, round, unit);
+        RosterAudits memory ra = _rosterAudits[orderId];
+        if (keccak256(abi.encode(auditors)) != ra.verifiersHash) revert AuditorsMismatch(orderId);
+        if (verifiers.length < _minVerifiers || verifiers.length > MAX_VERIFIERS) {
+            revert InvalidVerifierCount(verifiers.length, _minVerifiers, MAX_VERIFIERS);
+        }
+        uint256 signerMask = uint8(info >> 64);
+        uint256 signerIds;
+        uint256 signers;
+        for (uint256 i; i < auditors.length; ++i) {
+            if (signerMask & (1 << i) == 0) continue;
+            for (uint256 j; j < verifiers.length; ++j) {
+                if (verifiers[j] == auditors[i]) revert DuplicateParty(auditors[i]);
+            }
+            ra.counts -= uint160(1 << (32 * i));
+            signerIds |= uint256(_parties[auditors[i]].id) << (PARTY_ID_BITS * signers++);
+        }
+        _rosterAudits[orderId] = ra;
+        uint256 k = roster.replicas;
+        bytes32[] memory values = new bytes32[](k);
+        bytes32 digest = digests[_countBits(audited & (bit - 1))];
+        for (uint256 r; r < k; ++r) {
+            values[r] = digest;
+        }
+        uint256[] memory uses = _slotsPerProvider(providers, layout, k, roster.unitsPerRound);
+        uint256 unitId = _setAside(orderId, round, unit, providers, layout, values, 0, verifiers, uses);
+        _auditSigners[unitId] = signerIds | (signers << 240);
+        roster.setAsideUnits += 1;
+        roster.openSetAside += 1;
+        _rosters[orderId] = roster;
+        info |= bit << 112;
+        _roundAudits[orderId][round] = keccak256(abi.encode(info, keccak256(abi.encodePacked(digests))));
+        emit AuditChallenged(orderId, round, unit, unitId, info);
+    }
+
+    /// @dev At close: checks `verifiers` are the roster's (none when it has none) and that no audited round
+    /// can still be challenged, credits each its audit fees and releases its collateral. Returns the fees.
+    function _payAuditors(uint256 orderId, address[] calldata verifiers, uint256 fee) private returns (uint256 total) {
+        RosterAudits memory ra = _rosterAudits[orderId];
+        if (ra.verifiersHash == 0) {
+            if (verifiers.length != 0) revert AuditorsMismatch(orderId);
+            return 0;
+        }
+        if (keccak256(abi.encode(verifiers)) != ra.verifiersHash) revert AuditorsMismatch(orderId);
+        if (block.timestamp <= ra.challengeableUntil) revert RosterNotClosable(orderId, ra.challengeableUntil);
+        uint256 share = fee / verifiers.length;
+        for (uint256 i; i < verifiers.length; ++i) {
+            uint256 amount = ((ra.counts >> (32 * i)) & type(uint32).max) * share;
+            if (amount != 0) {
+                _accounts[verifiers[i]].credit += uint128(amount); // <= the roster's escrowed fees
+                total += amount;
+            }
+        }
+        stakes.unlockBatch(verifiers, _verifierCollateral);
     }
 
     /// @dev The open roster of `orderId`, after checking `providers` and `layout` are its own.
@@ -1556,8 +1719,8 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         if (key != roster.partiesHash) revert RosterMismatch(orderId);
     }
 
-    /// @dev Checks the round's openings against its chained commitments, then sets aside every unit that
-    /// needs a verdict.
+    /// @dev Checks the round's openings against its chained commitments, pays the drawn unanimous units a
+    /// quorum of the roster's verifiers audited ({_auditRound}), then sets aside every unit that needs a verdict.
     function _revealRound(
         uint256 orderId,
         Roster memory roster,
@@ -1565,7 +1728,8 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         uint256 layout,
         Opening[] calldata openings,
         uint256 withheld,
-        address[] calldata verifiers
+        address[] calldata verifiers,
+        RoundAudit calldata audit
     ) private {
         uint256 k = roster.replicas;
         uint256 unitCount = roster.unitsPerRound;
@@ -1584,9 +1748,11 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         bytes32[] memory digests = new bytes32[](unitCount); // replica 0's of each unit
         uint256 setAside; // bit u: unit u needs a verdict
         uint256 split; // bit u: its replicas disagree, or one did not reveal
+        uint256 auditable; // bit u: drawn by the seed alone (not split, no weak provider): a round audit may pay it
         for (uint256 unit; unit < unitCount; ++unit) {
             uint256 unitId = _roundUnitId(orderId, round, unit);
             bool drawn = _drawnBy(unitId, uint8(k), seed);
+            if (drawn) auditable |= 1 << unit;
             for (uint256 i = unit * k; i < (unit + 1) * k; ++i) {
                 uint256 index = (layout >> (5 * i)) & 31;
                 bytes32 commitment = openings[i].resultDigest; // a withheld slot's entry carries it
@@ -1600,24 +1766,109 @@ abstract contract JobMarketRounds is JobMarketDelegate {
                 chained = _chain(chained, commitment);
                 if (i == unit * k) digests[unit] = digest;
                 else if (digest != digests[unit]) split |= 1 << unit;
-                if (weak & (1 << index) != 0) drawn = true;
+                if (weak & (1 << index) != 0) {
+                    drawn = true;
+                    auditable &= ~(1 << unit);
+                }
             }
             if (drawn || split & (1 << unit) != 0) setAside |= 1 << unit;
         }
         if (chained != _roundHashes[orderId]) revert RoundHashMismatch(orderId, round);
         emit RoundRevealed(orderId, round, digests);
+        auditable &= ~split;
+        if (auditable != 0 && audit.signatures.length != 0 && _auditRound(orderId, round, auditable, digests, audit)) {
+            setAside &= ~auditable;
+        }
         if (setAside == 0) return;
         uint256[] memory uses = _slotsPerProvider(providers, layout, k, unitCount);
         uint256 verifierCount = verifiers.length;
+        bytes32[] memory values = new bytes32[](k);
         for (uint256 unit; unit < unitCount; ++unit) {
             if (setAside & (1 << unit) == 0) continue;
             if (!hasRole(OPERATOR_ROLE, msg.sender) || verifierCount < _minVerifiers || verifierCount > MAX_VERIFIERS) {
                 revert RoundUnitNeedsVerdict(orderId, round, unit, split & (1 << unit) == 0);
             }
-            _setAside(orderId, round, unit, k, providers, layout, openings, withheld, verifiers, uses);
+            uint256 unrevealed; // bit r: replica r did not open
+            for (uint256 r; r < k; ++r) {
+                uint256 slot = unit * k + r;
+                bytes32 value = openings[slot].resultDigest;
+                if (withheld & (1 << slot) != 0) {
+                    value = _slotValue(orderId, round, slot, value);
+                    if (value == openings[slot].resultDigest) unrevealed |= 1 << r;
+                }
+                values[r] = value;
+            }
+            _setAside(orderId, round, unit, providers, layout, values, unrevealed, verifiers, uses);
             roster.setAsideUnits += 1;
             roster.openSetAside += 1;
         }
+    }
+
+    /// @dev Checks a step's round audit of the `audited` units: the roster's verifiers, each signature a
+    /// distinct one's `RoundAudit` over exactly these units and their agreed digests (a wrong one reverts).
+    /// With a quorum (a majority of the roster's verifiers), counts the units to each signer, records the
+    /// round's audit for challenges and moves the roster's challenge window, and returns true; without one,
+    /// changes nothing and returns false (the units are set aside).
+    function _auditRound(
+        uint256 orderId,
+        uint32 round,
+        uint256 audited,
+        bytes32[] memory digests,
+        RoundAudit calldata audit
+    ) private returns (bool) {
+        RosterAudits memory ra = _rosterAudits[orderId];
+        address[] calldata auditors = audit.verifiers;
+        if (ra.verifiersHash == 0 || keccak256(abi.encode(auditors)) != ra.verifiersHash) {
+            revert AuditorsMismatch(orderId);
+        }
+        uint256 n = _countBits(audited);
+        bytes32[] memory picked = new bytes32[](n);
+        uint256 count;
+        for (uint256 unit; count < n; ++unit) {
+            if (audited & (1 << unit) != 0) picked[count++] = digests[unit];
+        }
+        bytes32 digestsHash = keccak256(abi.encodePacked(picked));
+        bytes32 typed =
+            _hashTypedDataV4(keccak256(abi.encode(ROUND_AUDIT_TYPEHASH, orderId, uint256(round), audited, digestsHash)));
+        uint256 signerMask;
+        AuditSignature[] calldata signatures = audit.signatures;
+        for (uint256 s; s < signatures.length; ++s) {
+            uint256 index = signatures[s].verifier;
+            if (index >= auditors.length) revert InvalidLayout(index);
+            address auditor = auditors[index];
+            if (signerMask & (1 << index) != 0) revert DuplicateParty(auditor);
+            signerMask |= 1 << index;
+            (address signer,,) = ECDSA.tryRecover(typed, signatures[s].r, signatures[s].vs);
+            if (signer != auditor) revert InvalidSigner(auditor, signer);
+        }
+        if (signatures.length < auditors.length / 2 + 1) return false;
+        uint160 counts = ra.counts;
+        for (uint256 i; i < auditors.length; ++i) {
+            if (signerMask & (1 << i) != 0) counts += uint160(n << (32 * i)); // < 2**32 units per roster
+        }
+        ra.counts = counts;
+        ra.challengeableUntil = uint40(block.timestamp + _verdictWindow);
+        _rosterAudits[orderId] = ra;
+        uint256 info = audited | (signerMask << 64) | (block.timestamp << 72);
+        _roundAudits[orderId][round] = keccak256(abi.encode(info, digestsHash));
+        emit RoundAudited(orderId, round, info, digestsHash);
+        return true;
+    }
+
+    /// @dev Checks the roster's verifiers (count, distinct, not its providers) and locks their collateral.
+    function _lockAuditors(uint256 orderId, address[] calldata providers, address[] calldata verifiers) private {
+        if (verifiers.length < _minVerifiers || verifiers.length > MAX_VERIFIERS) {
+            revert InvalidVerifierCount(verifiers.length, _minVerifiers, MAX_VERIFIERS);
+        }
+        _checkVerifiers(providers, verifiers);
+        stakes.lockBatch(verifiers, _verifierCollateral);
+        _rosterAudits[orderId] = RosterAudits({
+            verifiersHash: keccak256(abi.encode(verifiers)),
+            challengeableUntil: 0,
+            verifierCount: uint8(verifiers.length),
+            counts: 0
+        });
+        emit RosterVerifiers(orderId, verifiers);
     }
 
     /// @dev A withheld slot's value: its published opening's digest, or (none published) its commitment.
@@ -1640,38 +1891,32 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         }
     }
 
-    /// @dev Makes unit `unit` of `round` an ordinary unit in state Revealing, every replica committed, each
-    /// revealed digest (or an unrevealed replica's commitment) stored as the per-unit path stores them,
-    /// drawn, its reveal deadline a second ago so that its verdict window is open from now (until
-    /// `verdictWindow` later): the per-unit dispute path takes it from here.
+    /// @dev Makes unit `unit` of `round` an ordinary unit in state Revealing, every replica committed, replica
+    /// `r`'s revealed digest (or an unrevealed replica's commitment: bit `r` of `unrevealed`) `values[r]`
+    /// stored as the per-unit path stores them, drawn, its reveal deadline a second ago so that its verdict
+    /// window is open from now (until `verdictWindow` later): the per-unit dispute path takes it from here.
+    /// Returns its unit id.
     function _setAside(
         uint256 orderId,
         uint32 round,
         uint256 unit,
-        uint256 k,
         address[] calldata providers,
         uint256 layout,
-        Opening[] calldata openings,
-        uint256 withheld,
+        bytes32[] memory values,
+        uint256 unrevealed,
         address[] calldata verifiers,
         uint256[] memory uses
-    ) private {
-        uint256 unitId = _unitCounter.count + 1;
+    ) private returns (uint256 unitId) {
+        uint256 k = values.length;
+        unitId = _unitCounter.count + 1;
         _unitCounter.count = uint128(unitId);
         address[] memory unitProviders = new address[](k);
         uint256 partyIds;
-        uint256 unrevealed; // bit r: replica r did not open
         for (uint256 r; r < k; ++r) {
-            uint256 slot = unit * k + r;
-            uint256 index = (layout >> (5 * slot)) & 31;
+            uint256 index = (layout >> (5 * (unit * k + r))) & 31;
             unitProviders[r] = providers[index];
             partyIds |= _partyIdOf(providers[index]) << (r * PARTY_ID_BITS);
-            bytes32 value = openings[slot].resultDigest;
-            if (withheld & (1 << slot) != 0) {
-                value = _slotValue(orderId, round, slot, value);
-                if (value == openings[slot].resultDigest) unrevealed |= 1 << r;
-            }
-            _digests[unitId][r] = value;
+            _digests[unitId][r] = values[r];
             _setAsideSlots[orderId][index] += 1;
             _rosterLocks[orderId][providers[index]].held = uint128(uses[index] * _providerCollateral);
         }
@@ -1803,7 +2048,15 @@ abstract contract JobMarketRounds is JobMarketDelegate {
 /// @notice The code of {JobMarket} that does not fit its 24,576 bytes (EIP-170): the verdict path and the
 /// round path, in one contract deployed before JobMarket, which takes its address (checking its token, stake
 /// manager and parameters are its own) and reaches it by delegatecall.
-contract JobMarketExtension is JobMarketVerdicts, JobMarketRounds {
+contract JobMarketExtension is JobMarketVerdicts {
+    constructor(IERC20 token_, StakeManager stakes_, Params memory params_) JobMarketBase(token_, stakes_, params_) {}
+}
+
+/// @title JobMarketRoundsExtension
+/// @notice {JobMarket}'s round path ({JobMarketRounds}) in a contract of its own, deployed before JobMarket
+/// as {JobMarketExtension} is and checked the same way: with round audits the two paths no longer fit one
+/// contract's 24,576 bytes (EIP-170).
+contract JobMarketRoundsExtension is JobMarketRounds {
     constructor(IERC20 token_, StakeManager stakes_, Params memory params_) JobMarketBase(token_, stakes_, params_) {}
 }
 
@@ -1902,9 +2155,11 @@ contract JobMarketExtension is JobMarketVerdicts, JobMarketRounds {
 /// an account's nonce and party id share a slot. Pipelined by {multicall} (reveal unit k, commit unit
 /// k+1 and assign unit k+2 in one transaction): about 329k a unit (313k before verifier collateral).
 contract JobMarket is JobMarketBase {
-    /// @notice The contract holding the verdict and round paths ({JobMarketExtension}), which this one runs
-    /// by delegatecall.
+    /// @notice The contract holding the verdict path ({JobMarketExtension}), which this one runs by
+    /// delegatecall.
     address public immutable extension;
+    /// @notice The contract holding the round path ({JobMarketRoundsExtension}), run by delegatecall likewise.
+    address public immutable roundsExtension;
 
     /// @param token_ Payment token (must equal the stake manager's token).
     /// @param stakes_ Stake registry; grant this contract its MARKET_ROLE after deployment.
@@ -1916,18 +2171,24 @@ contract JobMarket is JobMarketBase {
     /// (checked: its code runs in this contract's storage with its own immutables). Deployed on its own, not
     /// by this constructor: with its creation code inside this one's, JobMarket's creation code was 566
     /// bytes under EIP-3860's 49,152.
+    /// @param roundsExtension_ A {JobMarketRoundsExtension} deployed likewise (checked likewise).
     constructor(
         IERC20 token_,
         StakeManager stakes_,
         address operator,
         Params memory params_,
-        JobMarketExtension extension_
+        JobMarketExtension extension_,
+        JobMarketRoundsExtension roundsExtension_
     ) JobMarketBase(token_, stakes_, params_) {
         if (operator == address(0)) revert InvalidParameter("operator");
         if (address(extension_).code.length == 0 || extension_.configHash() != configHash) {
             revert InvalidParameter("extension");
         }
+        if (address(roundsExtension_).code.length == 0 || roundsExtension_.configHash() != configHash) {
+            revert InvalidParameter("roundsExtension");
+        }
         extension = address(extension_);
+        roundsExtension = address(roundsExtension_);
         _grantRole(DEFAULT_ADMIN_ROLE, msg.sender);
         _grantRole(OPERATOR_ROLE, operator);
     }
@@ -2214,10 +2475,17 @@ contract JobMarket is JobMarketBase {
     // ----------------------------------------------------------------------------------------------
 
     /// @notice Fixes a round-path order's roster; see {JobMarketRounds-openRoster}.
-    function openRoster(uint256, address[] calldata, uint256, uint8, uint32, uint32, SignedApproval[] calldata)
-        external
-    {
-        _delegate();
+    function openRoster(
+        uint256,
+        address[] calldata,
+        uint256,
+        uint8,
+        uint32,
+        uint32,
+        address[] calldata,
+        SignedApproval[] calldata
+    ) external {
+        _delegateRounds();
     }
 
     /// @notice Reveals a roster's pending round and commits its next; see {JobMarketRounds-stepRound}.
@@ -2229,27 +2497,51 @@ contract JobMarket is JobMarketBase {
         uint256,
         address[] calldata,
         uint256,
-        JobMarketRounds.RoundWork[] calldata
+        JobMarketRounds.RoundWork[] calldata,
+        JobMarketRounds.RoundAudit calldata
     ) external {
-        _delegate();
+        _delegateRounds();
     }
 
     /// @notice Publishes a provider's opening of the pending round; see {JobMarketRounds-publishOpening}.
     function publishOpening(uint256, address[] calldata, uint256, uint256, bytes32, bytes32, bytes32[] calldata)
         external
     {
-        _delegate();
+        _delegateRounds();
     }
 
     /// @notice Pays a roster's revealed rounds and releases it; see {JobMarketRounds-closeRoster}.
-    function closeRoster(uint256, address[] calldata, uint256) external {
-        _delegate();
+    function closeRoster(uint256, address[] calldata, uint256, address[] calldata) external {
+        _delegateRounds();
+    }
+
+    /// @notice Sets aside a unit a round audit paid (operator); see {JobMarketRounds-challengeAudit}.
+    function challengeAudit(
+        uint256,
+        address[] calldata,
+        uint256,
+        uint32,
+        uint256,
+        uint256,
+        bytes32[] calldata,
+        address[] calldata,
+        address[] calldata
+    ) external {
+        _delegateRounds();
     }
 
     /// @dev Runs this call's calldata in {extension} within this contract's storage and returns or reverts
     /// with its result (the stubs above name no parameters: the calldata is passed on as it came).
     function _delegate() private {
-        address target = extension;
+        _delegateTo(extension);
+    }
+
+    /// @dev {_delegate} to {roundsExtension}.
+    function _delegateRounds() private {
+        _delegateTo(roundsExtension);
+    }
+
+    function _delegateTo(address target) private {
         assembly ("memory-safe") {
             calldatacopy(0, 0, calldatasize())
             let ok := delegatecall(gas(), target, 0, calldatasize(), 0, 0)
@@ -2389,15 +2681,39 @@ contract JobMarket is JobMarketBase {
     }
 
     /// @notice The key a round-path order's roster is accepted under (the `unitKey` of each provider's
-    /// `Accept`) and recorded by: it binds the providers, their slots and the roster's shape.
+    /// `Accept`): it binds the providers, their slots, the roster's shape and its verifiers. Without verifiers
+    /// it is keccak256(abi.encode(providers, layout, replicas, unitsPerRound, rounds)), the key the roster is
+    /// recorded by; with them, keccak256(abi.encode(that key, verifiers)).
     function rosterKey(
         address[] calldata providers,
         uint256 layout,
         uint8 replicas,
         uint32 unitsPerRound,
-        uint32 rounds
+        uint32 rounds,
+        address[] calldata verifiers
     ) external pure returns (bytes32) {
-        return _rosterKey(providers, layout, replicas, unitsPerRound, rounds);
+        return _acceptKey(_rosterKey(providers, layout, replicas, unitsPerRound, rounds), verifiers);
+    }
+
+    /// @notice A roster's audit state: the hash of its verifiers (zero: none), when its last audited round's
+    /// challenge window ends, and each verifier's count of audited units (bits [32i, 32i + 32)).
+    function rosterAuditsOf(uint256 orderId) external view returns (RosterAudits memory) {
+        return _rosterAudits[orderId];
+    }
+
+    /// @notice keccak256(abi.encode(info, digestsHash)) of an audited round ({RoundAudited}); zero if none.
+    function roundAuditOf(uint256 orderId, uint256 round) external view returns (bytes32) {
+        return _roundAudits[orderId][round];
+    }
+
+    /// @notice The roster verifiers who signed the round audit of a unit set aside by {challengeAudit} (none
+    /// for any other unit): VerdictAppeals slashes them when the unit's truth has fraud.
+    function auditSignersOf(uint256 unitId) external view returns (address[] memory signers) {
+        uint256 packed = _auditSigners[unitId];
+        signers = new address[](packed >> 240);
+        for (uint256 i; i < signers.length; ++i) {
+            signers[i] = _partyAddresses[_idAt(packed, i)];
+        }
     }
 
     /// @notice The unit id a round-path unit's commitments and `UnitCommit` signatures name ({commitmentOf}):

@@ -193,6 +193,8 @@ contract VerdictAppeals is EIP712, ReentrancyGuardTransient {
     error VerdictNotContradicted(uint256 unitId, address verifier);
     /// @notice The verifier was already slashed for contradicting this unit.
     error VerifierAlreadySlashed(uint256 unitId, address verifier);
+    /// @notice The unit's truth has no fraud, so the signers of its round audit told the truth.
+    error AuditNotContradicted(uint256 unitId);
     /// @notice The account already has an active pool entry.
     error AlreadyInPool(address account);
     /// @notice The account has no active pool entry.
@@ -453,6 +455,37 @@ contract VerdictAppeals is EIP712, ReentrancyGuardTransient {
             token.safeTransfer(market.getOrder(market.getUnit(unitId).orderId).buyer, slashed - bounty);
         }
         emit VerifierSlashed(unitId, verifier, slashed, msg.sender);
+    }
+
+    /// @notice Slashes `verifierSlash` from each roster verifier that signed the round audit of `unitId` (a
+    /// unit the operator set aside by challenging that audit, {JobMarket-challengeAudit}; its signers are
+    /// {JobMarket-auditSignersOf}, recorded when the step checked their `RoundAudit` signatures) once the
+    /// unit's truth is fixed and calls a replica fraud: the audit attested the replicas' agreed digest.
+    /// `truth`: the unit's truth ({truthOf}). Permissionless, `bountyBps` to the caller and the rest to the
+    /// buyer, as {slashContradiction}; once per signer and unit (even if it also signed the unit's verdict).
+    function slashRoundAudit(uint256 unitId, uint8[] calldata truth) external nonReentrant returns (uint256 slashed) {
+        _requireHash(unitId, truthOf(unitId), truth);
+        uint256 i;
+        while (i < truth.length && truth[i] != OUTCOME_FRAUD) ++i;
+        if (i == truth.length) revert AuditNotContradicted(unitId);
+        address[] memory signers = market.auditSignersOf(unitId);
+        uint256 before = _slashedVerifiers[unitId];
+        uint256 mask = before;
+        for (uint256 s; s < signers.length; ++s) {
+            uint256 bit = 1 << (8 + s); // bits 0..7: the unit's verdict verifiers ({slashContradiction})
+            if (mask & bit != 0) continue;
+            mask |= bit;
+            uint256 taken = stakes.slash(signers[s], _verifierSlash, address(this));
+            slashed += taken;
+            emit VerifierSlashed(unitId, signers[s], taken, msg.sender);
+        }
+        if (mask == before) revert VerifierAlreadySlashed(unitId, address(0));
+        _slashedVerifiers[unitId] = mask;
+        uint256 bounty = (slashed * _bountyBps) / BPS;
+        if (bounty != 0) token.safeTransfer(msg.sender, bounty);
+        if (slashed != bounty) {
+            token.safeTransfer(market.getOrder(market.getUnit(unitId).orderId).buyer, slashed - bounty);
+        }
     }
 
     // ----------------------------------------------------------------------------------------------

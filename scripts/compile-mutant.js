@@ -31,7 +31,7 @@ process.env.HARDHAT_DISABLE_TELEMETRY_PROMPT = "true";
 
 const ROOT = path.resolve(__dirname, "..");
 // contract name -> the source file (contracts/<file>.sol) that defines it
-const SOURCES = { VeriToken: "VeriToken", StakeManager: "StakeManager", JobMarket: "JobMarket", JobMarketExtension: "JobMarket" };
+const SOURCES = { VeriToken: "VeriToken", StakeManager: "StakeManager", JobMarket: "JobMarket", JobMarketExtension: "JobMarket", JobMarketRoundsExtension: "JobMarket" };
 const CONTRACTS = Object.keys(SOURCES);
 const ORIGINAL = "--original";
 const DEFAULT_MUTANTS = path.join(ROOT, "tests", "chain", "mutants", "mutants.json");

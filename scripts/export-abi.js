@@ -22,6 +22,7 @@ const CONTRACTS = {
   StakeManager: "StakeManager",
   JobMarket: "JobMarket",
   JobMarketExtension: "JobMarket",
+  JobMarketRoundsExtension: "JobMarket",
   AdminTimelock: "AdminTimelock",
   VerdictAppeals: "VerdictAppeals",
 };

@@ -30,7 +30,8 @@ describe("JobMarket: deployment", function () {
     const s = await stakes.getAddress();
     // a valid extension, so that each refusal is JobMarket's own check of the named parameter
     const extension = await ethers.deployContract("JobMarketExtension", [t, s, PARAMS]);
-    const F = { deploy: (...args) => ethers.deployContract("JobMarket", [...args, extension.target]) };
+    const rounds = await ethers.deployContract("JobMarketRoundsExtension", [t, s, PARAMS]);
+    const F = { deploy: (...args) => ethers.deployContract("JobMarket", [...args, extension.target, rounds.target]) };
     const cases = [
       [[await otherToken.getAddress(), s, operator.address, PARAMS], "token"],
       [[t, s, ethers.ZeroAddress, PARAMS], "operator"],
@@ -67,6 +68,13 @@ describe("JobMarket: deployment", function () {
     const noCode = { getAddress: async () => operator.address };
     await expect(h.deployMarket(t, s, operator.address, PARAMS, noCode))
       .to.be.revertedWithCustomError(market, "InvalidParameter").withArgs("extension");
+    // the round path's extension is checked the same way
+    const otherRounds = await ethers.deployContract("JobMarketRoundsExtension",
+      [t, s, { ...PARAMS, verdictWindow: PARAMS.verdictWindow + 1n }]);
+    await expect(h.deployMarket(t, s, operator.address, PARAMS, undefined, otherRounds))
+      .to.be.revertedWithCustomError(market, "InvalidParameter").withArgs("roundsExtension");
+    await expect(h.deployMarket(t, s, operator.address, PARAMS, undefined, noCode))
+      .to.be.revertedWithCustomError(market, "InvalidParameter").withArgs("roundsExtension");
     const ok = await h.deployMarket(t, s, operator.address, PARAMS);
     expect(await ok.extension()).to.properAddress;
     expect(await ok.extension()).to.not.equal(await market.extension());

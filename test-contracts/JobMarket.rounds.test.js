@@ -10,6 +10,8 @@ const h = require("./helpers");
 const { E18, PARAMS, PRICE, FEE } = h;
 const COLLATERAL = PARAMS.providerCollateral;
 const coder = ethers.AbiCoder.defaultAbiCoder();
+/** A step's round audit with no signatures (the round's drawn units are set aside). */
+const NO_AUDIT = { verifiers: [], signatures: [] };
 
 // ------------------------------------------------------------------------------------------------
 // Off-chain mirror of the round path's encodings
@@ -40,14 +42,14 @@ function rosterOf(sys, orderId, signers, opts = {}) {
 }
 
 async function acceptsFor(R, opts = {}) {
-  const key = await R.sys.market.rosterKey(R.addrs, R.layout, R.replicas, R.unitsPerRound, R.rounds);
+  const key = await R.sys.market.rosterKey(R.addrs, R.layout, R.replicas, R.unitsPerRound, R.rounds, R.auditors ?? []);
   const accepts = [];
   for (const s of R.signers) accepts.push(await h.signAccept(R.sys.market, s, R.orderId, key, opts));
   return accepts;
 }
 
 const openTx = (R, accepts, caller = R.sys.operator) => R.sys.market.connect(caller)
-  .openRoster(R.orderId, R.addrs, R.layout, R.replicas, R.unitsPerRound, R.rounds, accepts);
+  .openRoster(R.orderId, R.addrs, R.layout, R.replicas, R.unitsPerRound, R.rounds, R.auditors ?? [], accepts);
 
 async function openRoster(R) {
   return openTx(R, await acceptsFor(R));
@@ -103,17 +105,17 @@ const givenOpenings = (R, round, withheld = 0n) => openingsFor(R, round).map((o,
 /** stepRound revealing `reveal` (a round, or null; the slots in bit mask `withheld` given as withheld) and
  * committing `commit` (a round, or null), with `verifiers` (signers or addresses) for the units the reveal sets
  * aside; `overrides` go to the transaction. */
-async function step(R, { reveal = null, commit = null, caller, verifiers = [], withheld = 0n, overrides = {}, ...opts } = {}) {
+async function step(R, { reveal = null, commit = null, caller, verifiers = [], withheld = 0n, audit = NO_AUDIT, overrides = {}, ...opts } = {}) {
   const openings = reveal === null ? [] : givenOpenings(R, reveal, withheld);
   const { works, deadline } = commit === null ? { works: [], deadline: 0n } : await worksFor(R, commit, opts);
   return R.sys.market.connect(caller ?? R.sys.other)
-    .stepRound(R.orderId, R.addrs, R.layout, openings, withheld, addrsOf(verifiers), deadline, works, overrides);
+    .stepRound(R.orderId, R.addrs, R.layout, openings, withheld, addrsOf(verifiers), deadline, works, audit, overrides);
 }
 
 /** The operator's step, with `verifiers` for the units it sets aside. */
 const opStep = (R, verifiers, args = {}) => step(R, { ...args, caller: R.sys.operator, verifiers });
 
-const closeTx = (R, caller) => R.sys.market.connect(caller ?? R.sys.other).closeRoster(R.orderId, R.addrs, R.layout);
+const closeTx = (R, caller) => R.sys.market.connect(caller ?? R.sys.other).closeRoster(R.orderId, R.addrs, R.layout, R.auditors ?? []);
 
 async function lockedOf(sys, account) {
   return (await sys.stakes.stakeOf(account.address ?? account))[1];
@@ -246,7 +248,7 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       const { market, token, stakes, buyer } = sys;
       const [a, b, c] = R.signers;
       expect(R.layout).to.equal(layoutOf([0, 1, 2, 0, 1, 2]));
-      const key = await market.rosterKey(R.addrs, R.layout, 3, 2, 3);
+      const key = await market.rosterKey(R.addrs, R.layout, 3, 2, 3, []);
       expect(key).to.equal(rosterKeyOf(R.addrs, R.layout, 3, 2, 3));
       expect(await market.roundUnitId(orderId, 2, 1)).to.equal(roundUnitIdOf(orderId, 2, 1));
       expect(await market.commitmentOf(h.digestOf("x"), h.saltOf("y"), a.address, roundUnitIdOf(orderId, 0, 0)))
@@ -513,7 +515,7 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       const dup = rosterOf(sys, orderId, [a, a, b]);
       await expect(openRoster(dup)).to.be.revertedWithCustomError(market, "DuplicateParty").withArgs(a.address);
       // accepts signed by another key, for another roster, or expired
-      const key = await market.rosterKey(R.addrs, R.layout, 3, 2, 3);
+      const key = await market.rosterKey(R.addrs, R.layout, 3, 2, 3, []);
       const forged = [await h.signAccept(market, a, orderId, key, { signer: other }),
         await h.signAccept(market, b, orderId, key), await h.signAccept(market, c, orderId, key)];
       await expect(openTx(R, forged)).to.be.revertedWithCustomError(market, "InvalidSigner").withArgs(a.address, other.address);
@@ -531,7 +533,7 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       const second = (await h.postOrder(sys, { units: 6 })).orderId;
       for (const p of [a, b, c]) await sys.stakes.connect(p).stake(200n * E18);
       const R2 = rosterOf(sys, second, [a, b, c]);
-      const key2 = await market.rosterKey(R2.addrs, R2.layout, 3, 2, 3);
+      const key2 = await market.rosterKey(R2.addrs, R2.layout, 3, 2, 3, []);
       const replayed = [];
       for (let i = 0; i < 3; i++) replayed.push(await h.signAccept(market, R2.signers[i], second, key2, { nonce: accepts[i].nonce }));
       await expect(openTx(R2, replayed)).to.be.revertedWithCustomError(market, "AcceptNonceUsed").withArgs(a.address, accepts[0].nonce);
@@ -634,19 +636,19 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
         .withArgs(orderId);
       await expect(step({ ...R, layout: layoutOf([0, 1, 2, 1, 2, 0]) }, { commit: 0 }))
         .to.be.revertedWithCustomError(market, "RosterMismatch").withArgs(orderId);
-      await expect(market.stepRound(orderId, R.addrs, R.layout, [], 0, [], 0, [])).to.be.revertedWithCustomError(market, "EmptyBatch");
+      await expect(market.stepRound(orderId, R.addrs, R.layout, [], 0, [], 0, [], NO_AUDIT)).to.be.revertedWithCustomError(market, "EmptyBatch");
       // nothing pending: openings alone are nothing to do (they are ignored, see the copied-reveal test)
-      await expect(market.stepRound(orderId, R.addrs, R.layout, openingsFor(R, 0), 0, [], 0, []))
+      await expect(market.stepRound(orderId, R.addrs, R.layout, openingsFor(R, 0), 0, [], 0, [], NO_AUDIT))
         .to.be.revertedWithCustomError(market, "EmptyBatch");
       const { works, deadline } = await worksFor(R, 0);
-      await expect(market.stepRound(orderId, R.addrs, R.layout, [], 0, [], deadline, works.slice(0, 5)))
+      await expect(market.stepRound(orderId, R.addrs, R.layout, [], 0, [], deadline, works.slice(0, 5), NO_AUDIT))
         .to.be.revertedWithCustomError(market, "EntryCountMismatch").withArgs(6, 5);
-      await market.stepRound(orderId, R.addrs, R.layout, [], 0, [], deadline, works);
+      await market.stepRound(orderId, R.addrs, R.layout, [], 0, [], deadline, works, NO_AUDIT);
       // pending: its openings are required, all of them
       const next = await worksFor(R, 1);
-      await expect(market.stepRound(orderId, R.addrs, R.layout, [], 0, [], next.deadline, next.works))
+      await expect(market.stepRound(orderId, R.addrs, R.layout, [], 0, [], next.deadline, next.works, NO_AUDIT))
         .to.be.revertedWithCustomError(market, "EntryCountMismatch").withArgs(6, 0);
-      await expect(market.stepRound(orderId, R.addrs, R.layout, openingsFor(R, 0).slice(1), 0, [], 0, []))
+      await expect(market.stepRound(orderId, R.addrs, R.layout, openingsFor(R, 0).slice(1), 0, [], 0, [], NO_AUDIT))
         .to.be.revertedWithCustomError(market, "EntryCountMismatch").withArgs(6, 5);
     });
 
@@ -661,7 +663,7 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       // a malformed compact signature recovers nobody
       const { works, deadline } = await worksFor(R, 0);
       works[0] = { ...works[0], r: ethers.ZeroHash };
-      await expect(market.stepRound(R.orderId, R.addrs, R.layout, [], 0, [], deadline, works))
+      await expect(market.stepRound(R.orderId, R.addrs, R.layout, [], 0, [], deadline, works, NO_AUDIT))
         .to.be.revertedWithCustomError(market, "InvalidSigner").withArgs(R.addrs[0], ethers.ZeroAddress);
     });
 
@@ -675,14 +677,14 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       // round 0's very works (same commitments, same signatures) resent for round 1
       const again = { ...R, digests: {} };
       const round0 = await worksFor(again, 0);
-      await expect(market.stepRound(orderId, R.addrs, R.layout, openingsFor(R, 0), 0, [], round0.deadline, round0.works))
+      await expect(market.stepRound(orderId, R.addrs, R.layout, openingsFor(R, 0), 0, [], round0.deadline, round0.works, NO_AUDIT))
         .to.be.revertedWithCustomError(market, "InvalidSigner").withArgs(R.addrs[0], anyValue);
       // another order with the same providers and shape: order 1's round 0 works do not pass for it
       for (const p of R.signers) await sys.stakes.connect(p).stake(200n * E18);
       const second = (await h.postOrder(sys, { units: 6 })).orderId;
       const R2 = rosterOf(sys, second, R.signers);
       await openRoster(R2);
-      await expect(market.stepRound(second, R2.addrs, R2.layout, [], 0, [], round0.deadline, round0.works))
+      await expect(market.stepRound(second, R2.addrs, R2.layout, [], 0, [], round0.deadline, round0.works, NO_AUDIT))
         .to.be.revertedWithCustomError(market, "InvalidSigner").withArgs(R.addrs[0], anyValue);
       await expect(step(R2, { commit: 0 })).to.emit(market, "RoundCommitted").withArgs(second, 0);
     });
@@ -692,17 +694,17 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       const { market } = sys;
       const good = openingsFor(R, 0);
       const badSalt = good.map((o, i) => (i === 2 ? { ...o, salt: h.saltOf("other") } : o));
-      await expect(market.stepRound(orderId, R.addrs, R.layout, badSalt, 0, [], 0, [])).to.be.revertedWithCustomError(market,
+      await expect(market.stepRound(orderId, R.addrs, R.layout, badSalt, 0, [], 0, [], NO_AUDIT)).to.be.revertedWithCustomError(market,
         "RoundHashMismatch").withArgs(orderId, 0);
       // a changed digest, even the same one for the whole unit
       const badDigest = good.map((o, i) => (i < 3 ? { ...o, resultDigest: h.digestOf("forged") } : o));
-      await expect(market.stepRound(orderId, R.addrs, R.layout, badDigest, 0, [], 0, [])).to.be.revertedWithCustomError(market,
+      await expect(market.stepRound(orderId, R.addrs, R.layout, badDigest, 0, [], 0, [], NO_AUDIT)).to.be.revertedWithCustomError(market,
         "RoundHashMismatch").withArgs(orderId, 0);
       // the right openings in another slot order
       const swapped = [good[1], good[0], ...good.slice(2)];
-      await expect(market.stepRound(orderId, R.addrs, R.layout, swapped, 0, [], 0, [])).to.be.revertedWithCustomError(market,
+      await expect(market.stepRound(orderId, R.addrs, R.layout, swapped, 0, [], 0, [], NO_AUDIT)).to.be.revertedWithCustomError(market,
         "RoundHashMismatch").withArgs(orderId, 0);
-      await expect(market.stepRound(orderId, R.addrs, R.layout, good, 0, [], 0, [])).to.emit(market, "RoundRevealed");
+      await expect(market.stepRound(orderId, R.addrs, R.layout, good, 0, [], 0, [], NO_AUDIT)).to.emit(market, "RoundRevealed");
     });
 
     it("a non-unanimous unit needs the operator with verifiers (RoundUnitNeedsVerdict drawn=false); not set aside, the round stays pending and unpaid",
@@ -728,7 +730,7 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       expect(await chainState(sys, orderId)).to.deep.equal(pendingBefore);
       // the operator with verifiers would set it aside (see "set-aside units"); nobody does here
       await market.connect(sys.operator).stepRound.staticCall(orderId, R.addrs, R.layout, openingsFor(R, 0), 0,
-        [v1.address, v2.address], 0, []);
+        [v1.address, v2.address], 0, [], NO_AUDIT);
       await expect(closeTx(R)).to.be.revertedWithCustomError(market, "RosterNotClosable").withArgs(orderId, deadline);
       await time.increaseTo(deadline + 1n);
       await expect(closeTx(R)).to.emit(market, "RosterClosed").withArgs(orderId, 0, 0);
@@ -813,13 +815,13 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       const { sys, orderId, R } = await load(openedFixture);
       const { market } = sys;
       const { works, deadline } = await worksFor(R, 0);
-      const commit = market.interface.encodeFunctionData("stepRound", [orderId, R.addrs, R.layout, [], 0, [], deadline, works]);
-      const reveal = market.interface.encodeFunctionData("stepRound", [orderId, R.addrs, R.layout, openingsFor(R, 0), 0, [], 0, []]);
+      const commit = market.interface.encodeFunctionData("stepRound", [orderId, R.addrs, R.layout, [], 0, [], deadline, works, NO_AUDIT]);
+      const reveal = market.interface.encodeFunctionData("stepRound", [orderId, R.addrs, R.layout, openingsFor(R, 0), 0, [], 0, [], NO_AUDIT]);
       const nextBlock = BigInt(await ethers.provider.getBlockNumber()) + 1n;
       await expect(market.connect(sys.other).multicall([commit, reveal])).to.be.revertedWithCustomError(market,
         "RoundRevealTooEarly").withArgs(orderId, nextBlock);
       const seedBlock = (await (await market.connect(sys.other).multicall([commit])).wait()).blockNumber;
-      await expect(market.stepRound.staticCall(orderId, R.addrs, R.layout, openingsFor(R, 0), 0, [], 0, [], { blockTag: seedBlock }))
+      await expect(market.stepRound.staticCall(orderId, R.addrs, R.layout, openingsFor(R, 0), 0, [], 0, [], NO_AUDIT, { blockTag: seedBlock }))
         .to.be.revertedWithCustomError(market, "RoundRevealTooEarly").withArgs(orderId, seedBlock);
       // two transactions in one block (automine off): the reveal fails, the commit stands
       const R2 = { ...R, digests: {} };
@@ -827,9 +829,9 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       const next = await worksFor(R2, 1);
       await network.provider.send("evm_setAutomine", [false]);
       try {
-        const commitTx = await market.connect(sys.other).stepRound(orderId, R.addrs, R.layout, [], 0, [], next.deadline, next.works,
+        const commitTx = await market.connect(sys.other).stepRound(orderId, R.addrs, R.layout, [], 0, [], next.deadline, next.works, NO_AUDIT,
           { gasLimit: 2_000_000 });
-        const revealTx = await market.connect(sys.other).stepRound(orderId, R.addrs, R.layout, openingsFor(R2, 1), 0, [], 0, [],
+        const revealTx = await market.connect(sys.other).stepRound(orderId, R.addrs, R.layout, openingsFor(R2, 1), 0, [], 0, [], NO_AUDIT,
           { gasLimit: 2_000_000 });
         await network.provider.send("evm_mine", []);
         expect((await commitTx.wait()).status).to.equal(1);
@@ -862,7 +864,7 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       const far = deadline + 100_000n;
       const next = await worksFor(L, 1, { deadline: far });
       await time.increaseTo(deadline + 1n);
-      await expect(market.stepRound(late, L.addrs, L.layout, openingsFor(L, 0), 0, [], far, next.works))
+      await expect(market.stepRound(late, L.addrs, L.layout, openingsFor(L, 0), 0, [], far, next.works, NO_AUDIT))
         .to.be.revertedWithCustomError(market, "OrderExpired").withArgs(late, deadline);
       // revealing the pending round is still allowed after the deadline, and then paid at close
       await expect(step(L, { reveal: 0 })).to.emit(market, "RoundRevealed");
@@ -882,10 +884,10 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       await expect(closeTx(R)).to.be.revertedWithCustomError(market, "RosterNotClosable").withArgs(orderId, deadline);
       await expect(market.connect(sys.buyer).closeOrder(orderId)).to.be.revertedWithCustomError(market, "UnitsStillOpen")
         .withArgs(orderId, 6);
-      await expect(market.closeRoster(orderId, R.addrs, layoutOf([1, 2, 0, 1, 2, 0])))
+      await expect(market.closeRoster(orderId, R.addrs, layoutOf([1, 2, 0, 1, 2, 0]), []))
         .to.be.revertedWithCustomError(market, "RosterMismatch").withArgs(orderId);
       const none = (await h.postOrder(sys, { units: 1 })).orderId;
-      await expect(market.closeRoster(none, R.addrs, R.layout)).to.be.revertedWithCustomError(market, "RosterNotOpen")
+      await expect(market.closeRoster(none, R.addrs, R.layout, [])).to.be.revertedWithCustomError(market, "RosterNotOpen")
         .withArgs(none);
     });
 
@@ -925,7 +927,7 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       await step(R, { reveal: 0, commit: 1 }); // round 1 committed 10 s before the order's deadline
       const revealEnds = BigInt(await time.latest()) + PARAMS.revealWindow;
       await time.increaseTo(deadline + 1n);
-      await expect(market.connect(sys.buyer).closeRoster(orderId, R.addrs, R.layout))
+      await expect(market.connect(sys.buyer).closeRoster(orderId, R.addrs, R.layout, []))
         .to.be.revertedWithCustomError(market, "RosterNotClosable").withArgs(orderId, revealEnds);
       await step(R, { reveal: 1 }); // its providers reveal in time: the round is paid
       await expect(closeTx(R)).to.emit(market, "RosterClosed").withArgs(orderId, 2, 2n * 3n * 2n * PRICE);
@@ -938,9 +940,9 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       await step(R, { commit: 0 });
       const { works, deadline } = await worksFor(R, 1);
       // a third party reveals round 0 first with the relayer's openings ...
-      await market.connect(sys.other).stepRound(orderId, R.addrs, R.layout, openingsFor(R, 0), 0, [], 0, []);
+      await market.connect(sys.other).stepRound(orderId, R.addrs, R.layout, openingsFor(R, 0), 0, [], 0, [], NO_AUDIT);
       // ... and the relayer's reveal-and-commit still commits round 1
-      await expect(market.stepRound(orderId, R.addrs, R.layout, openingsFor(R, 0), 0, [], deadline, works))
+      await expect(market.stepRound(orderId, R.addrs, R.layout, openingsFor(R, 0), 0, [], deadline, works, NO_AUDIT))
         .to.emit(market, "RoundCommitted").withArgs(orderId, 1)
         .and.not.to.emit(market, "RoundRevealed");
       expect(await rosterState(sys, orderId)).to.include({ committed: 2n });
@@ -1448,7 +1450,7 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       await expect(step(R, { reveal: 0, withheld: WITHHELD })).to.be.revertedWithCustomError(market,
         "RoundRevealWindowOpen").withArgs(orderId, until);
       // a step with every opening needs no window
-      await market.stepRound.staticCall(orderId, R.addrs, R.layout, openingsFor(R, 0), 0, [], 0, []);
+      await market.stepRound.staticCall(orderId, R.addrs, R.layout, openingsFor(R, 0), 0, [], 0, [], NO_AUDIT);
       // the window's last second is still inside it (sent with a gas limit: mined at exactly `until`)
       await time.setNextBlockTimestamp(until);
       await expect(opStep(R, [v1, v2], { reveal: 0, withheld: WITHHELD, overrides: { gasLimit: 3_000_000 } }))
@@ -1687,7 +1689,7 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       // a withheld entry carrying anything but the slot's commitment (its digest, its opening) fails the round's hash
       const wrong = givenOpenings(R, 0, WITHHELD).map((o, i) => (i === SLOT ? openingsFor(R, 0)[SLOT] : o));
       await expect(market.connect(sys.operator).stepRound(orderId, R.addrs, R.layout, wrong, WITHHELD, [v1.address, v2.address],
-        0, [])).to.be.revertedWithCustomError(market, "RoundHashMismatch").withArgs(orderId, 0);
+        0, [], NO_AUDIT)).to.be.revertedWithCustomError(market, "RoundHashMismatch").withArgs(orderId, 0);
       expect(await chainState(sys, orderId)).to.deep.equal(before);
       // the operator with verifiers sets both units aside, b's and c's replicas unrevealed
       const tx = await opStep(R, [v1, v2], { reveal: 0, withheld: (1n << 1n) | WITHHELD });
@@ -1702,16 +1704,15 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
   describe("the round path's own contract", function () {
     it("called on its own address, each action reverts NotDelegated; a non-operator openRoster is refused", async function () {
       const { sys, orderId, R } = await load(orderFixture);
-      // the round path lives in JobMarket's delegate (JobMarketExtension at `extension()`; formerly `rounds()`)
-      const [getter, artifact] = sys.market.interface.getFunction("extension")
-        ? ["extension", "JobMarketExtension"] : ["rounds", "JobMarketRounds"];
+      // the round path lives in JobMarket's delegate (JobMarketRoundsExtension at `roundsExtension()`)
+      const [getter, artifact] = ["roundsExtension", "JobMarketRoundsExtension"];
       const rounds = await ethers.getContractAt(artifact, await sys.market[getter]());
       expect(await ethers.provider.getCode(await rounds.getAddress())).to.not.equal("0x");
       const accepts = await acceptsFor(R);
       for (const call of [
-        () => rounds.connect(sys.operator).openRoster(orderId, R.addrs, R.layout, 3, 2, 3, accepts),
-        () => rounds.stepRound(orderId, R.addrs, R.layout, [], 0, [], 0, []),
-        () => rounds.closeRoster(orderId, R.addrs, R.layout),
+        () => rounds.connect(sys.operator).openRoster(orderId, R.addrs, R.layout, 3, 2, 3, [], accepts),
+        () => rounds.stepRound(orderId, R.addrs, R.layout, [], 0, [], 0, [], NO_AUDIT),
+        () => rounds.closeRoster(orderId, R.addrs, R.layout, []),
       ]) {
         await expect(call()).to.be.revertedWithCustomError(rounds, "NotDelegated");
       }
@@ -1834,3 +1835,310 @@ async function expectWithheldOrderClosed(R, { honestSlots, refund, delivered, bu
   expect(await market.totalCredits()).to.equal(ESCROW + PENALTY);
   await expectSolventLoose(sys);
 }
+
+// ------------------------------------------------------------------------------------------------
+// Round audits: roster verifiers sign RoundAudit for the units the chain draws; a challenge holds them to it
+// ------------------------------------------------------------------------------------------------
+
+const MASK64 = (1n << 64n) - 1n;
+/** The agreed digests of the units in `mask` of `round`, in unit order (what `digestsHash` hashes). */
+const auditDigestsOf = (R, round, mask) => unitDigests(R, round).filter((_, u) => (BigInt(mask) >> BigInt(u)) & 1n);
+const digestsHashOf = (digests) => ethers.keccak256(digests.length ? ethers.concat(digests) : "0x");
+
+/** A step's `RoundAudit` for `round`'s units in `mask`, signed by `signers` (roster verifiers). opts: digestsHash,
+ * roundSigned (the round the signatures name), signerOf(s) (who really signs), indexOf(s), verifiers (the list given). */
+async function auditOf(R, round, mask, signers, opts = {}) {
+  const digestsHash = opts.digestsHash ?? digestsHashOf(auditDigestsOf(R, round, mask));
+  const signatures = [];
+  for (const s of signers) {
+    const sig = ethers.Signature.from(await h.signMarket(opts.signerOf?.(s) ?? s, R.sys.market, "RoundAudit",
+      { orderId: R.orderId, round: opts.roundSigned ?? round, auditedMask: mask, digestsHash }));
+    signatures.push({ verifier: opts.indexOf?.(s) ?? R.auditors.indexOf(s.address), r: sig.r, vs: sig.yParityAndS });
+  }
+  return { verifiers: opts.verifiers ?? R.auditors, signatures };
+}
+
+/** The `info` of a step's RoundAudited, or of a challenge's AuditChallenged. */
+async function auditInfoOf(R, tx) {
+  const receipt = await tx.wait();
+  const e = receipt.logs.map((l) => R.sys.market.interface.parseLog(l))
+    .find((x) => x && (x.name === "RoundAudited" || x.name === "AuditChallenged"));
+  return e.args.info;
+}
+
+const challengeTx = (R, round, unit, info, verifiers, caller) => R.sys.market.connect(caller ?? R.sys.operator)
+  .challengeAudit(R.orderId, R.addrs, R.layout, round, unit, info, auditDigestsOf(R, round, BigInt(info) & MASK64),
+    R.auditors, addrsOf(verifiers));
+
+async function auditCounts(sys, orderId) {
+  const a = await sys.market.rosterAuditsOf(orderId);
+  return [0n, 1n, 2n, 3n, 4n].slice(0, Number(a.verifierCount)).map((i) => (a.counts >> (32n * i)) & 0xffffffffn);
+}
+
+/** An order of 4 units (k = 3) with every unit drawn (spotCheckPpm 1e6), its roster of 2 rounds of 2 units on
+ * p1..p3 audited by v1..v3, opened. */
+async function auditedFixture() {
+  const sys = await h.fundedSystem({ ...PARAMS, spotCheckPpm: 1_000_000 });
+  const appeals = await h.deployAppeals(sys);
+  const { orderId } = await h.postOrder(sys, { units: 4 });
+  const R = rosterOf(sys, orderId, sys.providers.slice(0, 3), { rounds: 2 });
+  R.auditors = addrsOf(sys.verifiers);
+  await openRoster(R);
+  return { sys, appeals, orderId, R };
+}
+
+describe("JobMarket: round audits (roster verifiers, RoundAudit, challenges)", function () {
+  it("openRoster: the providers' Accept covers the verifiers; verifiers are 2..5 distinct non-providers, each locking verifierCollateral",
+    async function () {
+    const { sys, orderId, R } = await load(orderFixture);
+    const { market } = sys;
+    const [v1, v2, v3] = sys.verifiers;
+    const [a] = R.signers;
+    R.auditors = [v1.address, v2.address];
+    const partiesKey = rosterKeyOf(R.addrs, R.layout, 3, 2, 3);
+    expect(await market.rosterKey(R.addrs, R.layout, 3, 2, 3, R.auditors))
+      .to.equal(ethers.keccak256(coder.encode(["bytes32", "address[]"], [partiesKey, R.auditors])));
+    expect(await market.rosterKey(R.addrs, R.layout, 3, 2, 3, [])).to.equal(partiesKey);
+    const accepts = await acceptsFor(R);
+    // the operator cannot swap a verifier the providers accepted
+    R.auditors = [v1.address, v3.address];
+    await expect(openTx(R, accepts)).to.be.revertedWithCustomError(market, "InvalidSigner");
+    R.auditors = [v1.address, a.address];
+    await expect(openTx(R, await acceptsFor(R))).to.be.revertedWithCustomError(market, "DuplicateParty").withArgs(a.address);
+    R.auditors = [v1.address, v1.address];
+    await expect(openTx(R, await acceptsFor(R))).to.be.revertedWithCustomError(market, "DuplicateParty").withArgs(v1.address);
+    R.auditors = [v1.address];
+    await expect(openTx(R, await acceptsFor(R))).to.be.revertedWithCustomError(market, "InvalidVerifierCount")
+      .withArgs(1, 2, 5);
+    R.auditors = [v1.address, v2.address];
+    const tx = await openTx(R, accepts);
+    await expect(tx).to.emit(market, "RosterVerifiers").withArgs(orderId, R.auditors);
+    for (const v of [v1, v2]) expect(await lockedOf(sys, v)).to.equal(PARAMS.verifierCollateral);
+    expect(await lockedOf(sys, v3)).to.equal(0n);
+    const audits = await market.rosterAuditsOf(orderId);
+    expect([audits.verifiersHash, audits.verifierCount, audits.counts, audits.challengeableUntil]).to.deep.equal(
+      [ethers.keccak256(coder.encode(["address[]"], [R.auditors])), 2n, 0n, 0n]);
+    // the close needs the roster's verifiers (and a roster without them takes none)
+    await time.increaseTo((await market.getOrder(orderId)).deadline + 1n);
+    await expect(market.closeRoster(orderId, R.addrs, R.layout, [])).to.be.revertedWithCustomError(market,
+      "AuditorsMismatch").withArgs(orderId);
+    await expect(market.closeRoster(orderId, R.addrs, R.layout, [v2.address, v1.address]))
+      .to.be.revertedWithCustomError(market, "AuditorsMismatch").withArgs(orderId);
+    await closeTx(R);
+    for (const v of [v1, v2]) expect(await lockedOf(sys, v)).to.equal(0n);
+    await expectSolventLoose(sys);
+  });
+
+  it("a quorum's RoundAudit pays the drawn units at close (anyone relays); forged, duplicate, replayed, wrong-mask and wrong-digest audits revert; a split unit is always set aside; a roster without verifiers takes no audit",
+    async function () {
+    const { sys, orderId, R } = await load(auditedFixture);
+    const { market } = sys;
+    const [v1, v2, v3] = sys.verifiers;
+    const p4 = sys.providers[3];
+    const digests = R.slots.map((_, i) => h.digestOf(`u${Math.floor(i / 3)}`));
+    digests[5] = h.digestOf("other"); // unit 1 split
+    await step(R, { commit: 0, digests });
+    const before = await chainState(sys, orderId);
+    const reveal = (audit, caller) => step(R, { reveal: 0, commit: 1, audit, caller });
+    // unit 1 is split, so the audit covers unit 0 only: one over both units is not what the contract checks
+    await expect(reveal(await auditOf(R, 0, 3n, [v1, v2]))).to.be.revertedWithCustomError(market, "InvalidSigner")
+      .withArgs(v1.address, anyValue);
+    // a non-verifier's signature under a verifier's index; one verifier twice; an index out of range
+    await expect(reveal(await auditOf(R, 0, 1n, [v1, v2], { signerOf: (s) => (s === v2 ? p4 : s) })))
+      .to.be.revertedWithCustomError(market, "InvalidSigner").withArgs(v2.address, p4.address);
+    await expect(reveal(await auditOf(R, 0, 1n, [v1, v1]))).to.be.revertedWithCustomError(market, "DuplicateParty")
+      .withArgs(v1.address);
+    await expect(reveal(await auditOf(R, 0, 1n, [v1, v2], { indexOf: (s) => (s === v2 ? 3 : 0) })))
+      .to.be.revertedWithCustomError(market, "InvalidLayout").withArgs(3);
+    // the roster's verifiers, as opened; another round's audit; a digest the replicas did not reveal
+    await expect(reveal(await auditOf(R, 0, 1n, [v1, v2], { verifiers: [v1.address, v2.address] })))
+      .to.be.revertedWithCustomError(market, "AuditorsMismatch").withArgs(orderId);
+    await expect(reveal(await auditOf(R, 0, 1n, [v1, v2], { roundSigned: 1 })))
+      .to.be.revertedWithCustomError(market, "InvalidSigner").withArgs(v1.address, anyValue);
+    await expect(reveal(await auditOf(R, 0, 1n, [v1, v2], { digestsHash: digestsHashOf([h.digestOf("lazy")]) })))
+      .to.be.revertedWithCustomError(market, "InvalidSigner").withArgs(v1.address, anyValue);
+    // one signature of three is no quorum: the drawn unit needs the operator's verifiers, as without audits
+    await expect(reveal(await auditOf(R, 0, 1n, [v1]))).to.be.revertedWithCustomError(market, "RoundUnitNeedsVerdict")
+      .withArgs(orderId, 0, 0, true);
+    expect(await chainState(sys, orderId)).to.deep.equal(before);
+    // a quorum: unit 0 is paid at close, the split unit 1 still needs the operator (its verifiers set it aside)
+    await expect(reveal(await auditOf(R, 0, 1n, [v1, v3]))).to.be.revertedWithCustomError(market,
+      "RoundUnitNeedsVerdict").withArgs(orderId, 0, 1, false);
+    const tx = await opStep(R, [v1, v2], { reveal: 0, commit: 1, audit: await auditOf(R, 0, 1n, [v1, v3]) });
+    const at = await timestampOf(tx);
+    const info = 1n | (0b101n << 64n) | (at << 72n);
+    await expect(tx).to.emit(market, "RoundAudited").withArgs(orderId, 0, info, digestsHashOf([digests[0]]));
+    expect(await setAsideOf(R, tx)).to.deep.equal([{ round: 0n, unit: 1n, unitId: 1n }]);
+    expect(await auditCounts(sys, orderId)).to.deep.equal([1n, 0n, 1n]);
+    expect((await market.rosterAuditsOf(orderId)).challengeableUntil).to.equal(at + PARAMS.verdictWindow);
+    expect(await market.roundAuditOf(orderId, 0)).to.equal(ethers.keccak256(coder.encode(["uint256", "bytes32"],
+      [info, digestsHashOf([digests[0]])])));
+    // round 1: every verifier signs both units, relayed by a third party
+    const tx1 = await step(R, { reveal: 1, audit: await auditOf(R, 1, 3n, [v1, v2, v3]) });
+    await expect(tx1).to.not.emit(market, "UnitSetAside");
+    expect(await auditCounts(sys, orderId)).to.deep.equal([3n, 2n, 3n]);
+    await verdict(sys, 1n, [0, 0, 0], [v1, v2]);
+    // the close waits for round 1's challenge window, then pays each signer FEE / 3 per audited unit
+    const until = (await timestampOf(tx1)) + PARAMS.verdictWindow;
+    await expect(closeTx(R)).to.be.revertedWithCustomError(market, "RosterNotClosable").withArgs(orderId, until);
+    await time.setNextBlockTimestamp(until + 1n);
+    const credits = [];
+    for (const v of [v1, v2, v3]) credits.push(await market.credits(v.address));
+    await closeTx(R);
+    const share = FEE / 3n;
+    expect(await market.credits(v1.address)).to.equal(credits[0] + 3n * share);
+    expect(await market.credits(v2.address)).to.equal(credits[1] + 2n * share);
+    expect(await market.credits(v3.address)).to.equal(credits[2] + 3n * share);
+    for (const v of [v1, v2, v3]) expect(await lockedOf(sys, v)).to.equal(0n);
+    for (const p of R.signers) expect(await lockedOf(sys, p)).to.equal(0n);
+    // 3 units paid at close (one set aside, paid by its verdict), the audited units' unpaid fee shares refunded
+    expect(await orderFields(sys, orderId)).to.deep.equal({ balance: 3n * FEE - 8n * share, delivered: 4n, openUnits: 0n,
+      closed: false });
+    await expectSolventLoose(sys);
+
+    // a roster opened without verifiers takes no audit, however well signed
+    const plain = await h.postOrder(sys, { units: 4 });
+    const P = rosterOf(sys, plain.orderId, sys.providers.slice(0, 3), { rounds: 2 });
+    await openRoster(P);
+    await step(P, { commit: 0 });
+    P.auditors = R.auditors;
+    await expect(step(P, { reveal: 0, audit: await auditOf(P, 0, 3n, [v1, v2]) })).to.be.revertedWithCustomError(
+      market, "AuditorsMismatch").withArgs(plain.orderId);
+  });
+
+  it("a unit with a provider below the roster's streak is never audited: set aside whatever the audit",
+    async function () {
+    const sys = await h.fundedSystem({ ...PARAMS, spotCheckPpm: 1_000_000, probationStreak: 1 });
+    const { market } = sys;
+    const [v1, v2, v3] = sys.verifiers;
+    const { orderId } = await h.postOrder(sys, { units: 4 });
+    const R = rosterOf(sys, orderId, sys.providers.slice(0, 3), { rounds: 2 });
+    R.auditors = addrsOf(sys.verifiers);
+    await openRoster(R);
+    await step(R, { commit: 0 });
+    // every provider is on probation: both units need the operator's verifiers, a full audit changes nothing
+    const full = await auditOf(R, 0, 3n, [v1, v2, v3]);
+    await expect(step(R, { reveal: 0, audit: full })).to.be.revertedWithCustomError(market, "RoundUnitNeedsVerdict")
+      .withArgs(orderId, 0, 0, true);
+    const tx = await opStep(R, [v1, v2], { reveal: 0, audit: full });
+    await expect(tx).to.not.emit(market, "RoundAudited");
+    expect((await setAsideOf(R, tx)).length).to.equal(2);
+    expect(await auditCounts(sys, orderId)).to.deep.equal([0n, 0n, 0n]);
+  });
+
+  it("a lazy audit of a planted cheat: the operator's challenge sets the unit aside, its verdict and truth have fraud, and every signer is slashed",
+    async function () {
+    const { sys, appeals, orderId, R } = await load(auditedFixture);
+    const { market, stakes, buyer } = sys;
+    const [v1, v2, v3] = sys.verifiers;
+    const p4 = sys.providers[3];
+    // a canary: the operator knows unit 0's answer; all three replicas return the same wrong digest
+    const digests = R.slots.map((_, i) => (i < 3 ? h.digestOf("planted cheat") : h.digestOf("u1")));
+    await step(R, { commit: 0, digests });
+    // v1 and v2 sign without re-executing; v3 does not sign
+    const tx0 = await step(R, { reveal: 0, commit: 1, audit: await auditOf(R, 0, 3n, [v1, v2]) });
+    await expect(tx0).to.not.emit(market, "UnitSetAside");
+    const info0 = await auditInfoOf(R, tx0);
+    const until0 = (await timestampOf(tx0)) + PARAMS.verdictWindow;
+    const tx1 = await step(R, { reveal: 1, audit: await auditOf(R, 1, 3n, [v1, v2, v3]) });
+    expect(await auditCounts(sys, orderId)).to.deep.equal([4n, 4n, 2n]);
+
+    // refusals: not the operator, a record that is not the round's, a signer as the unit's verifier, too few verifiers
+    await expect(challengeTx(R, 0, 0, info0, [v3, p4], sys.other)).to.be.revertedWithCustomError(market,
+      "AccessControlUnauthorizedAccount").withArgs(sys.other.address, await market.OPERATOR_ROLE());
+    await expect(challengeTx(R, 0, 0, info0 ^ (1n << 72n), [v3, p4])).to.be.revertedWithCustomError(market,
+      "AuditMismatch").withArgs(orderId, 0);
+    await expect(challengeTx(R, 1, 0, info0, [v3, p4])).to.be.revertedWithCustomError(market, "AuditMismatch")
+      .withArgs(orderId, 1);
+    await expect(challengeTx(R, 0, 0, info0, [v1, p4])).to.be.revertedWithCustomError(market, "DuplicateParty")
+      .withArgs(v1.address);
+    await expect(challengeTx(R, 0, 0, info0, [p4])).to.be.revertedWithCustomError(market, "InvalidVerifierCount");
+    await expect(challengeTx(R, 0, 2, info0, [v3, p4])).to.be.revertedWithCustomError(market, "NotAudited")
+      .withArgs(orderId, 0, 2);
+
+    const unitId = (await market.unitCount()) + 1n;
+    const ctx = await challengeTx(R, 0, 0, info0, [v3, p4]);
+    const info0b = info0 | (1n << 112n);
+    await expect(ctx).to.emit(market, "AuditChallenged").withArgs(orderId, 0, 0, unitId, info0b);
+    await expectSetAside(R, ctx, 0, 0, unitId, [v3, p4]);
+    expect(await market.auditSignersOf(unitId)).to.deep.equal([v1.address, v2.address]);
+    expect(await market.auditSignersOf(unitId - 1n)).to.deep.equal([]);
+    expect(await auditCounts(sys, orderId)).to.deep.equal([3n, 3n, 2n]);
+    expect(await rosterState(sys, orderId)).to.include({ setAsideUnits: 1n, openSetAside: 1n });
+    await expect(challengeTx(R, 0, 0, info0b, [v3, p4])).to.be.revertedWithCustomError(market, "NotAudited")
+      .withArgs(orderId, 0, 0);
+    await expect(challengeTx(R, 0, 0, info0, [v3, p4])).to.be.revertedWithCustomError(market, "AuditMismatch");
+    await expectSolventLoose(sys);
+
+    // the challenged unit's verifiers re-execute and call every replica fraud; nobody appeals
+    await verdict(sys, unitId, [2, 2, 2], [v3, p4]);
+    await expect(appeals.slashRoundAudit(unitId, [2, 2, 2])).to.be.revertedWithCustomError(appeals, "TruthNotFixed");
+    await time.increaseTo((await market.getUnit(unitId)).verdictDeadline + h.APPEAL_PARAMS.appealWindow + 1n);
+    await appeals.settleVerdict(unitId, [2, 2, 2]);
+    expect(await rosterState(sys, orderId)).to.include({ openSetAside: 0n });
+    await expect(appeals.slashRoundAudit(unitId, [2, 2, 0])).to.be.revertedWithCustomError(appeals, "OutcomesMismatch");
+    const slash = h.APPEAL_PARAMS.verifierSlash;
+    const bounty = slash * BigInt(h.APPEAL_PARAMS.bountyBps) / 10_000n;
+    const buyerTokens = await sys.token.balanceOf(buyer.address);
+    const stx = await appeals.connect(sys.other).slashRoundAudit(unitId, [2, 2, 2]);
+    await expect(stx).to.emit(appeals, "VerifierSlashed").withArgs(unitId, v1.address, slash, sys.other.address);
+    await expect(stx).to.emit(appeals, "VerifierSlashed").withArgs(unitId, v2.address, slash, sys.other.address);
+    expect(await sys.token.balanceOf(sys.other.address)).to.equal(2n * bounty);
+    expect(await sys.token.balanceOf(buyer.address)).to.equal(buyerTokens + 2n * (slash - bounty));
+    expect(await stakes.bondedOf(v1.address)).to.equal(200n * E18 - slash);
+    expect(await stakes.bondedOf(v3.address)).to.equal(200n * E18);
+    await expect(appeals.slashRoundAudit(unitId, [2, 2, 2])).to.be.revertedWithCustomError(appeals,
+      "VerifierAlreadySlashed");
+
+    // the challenge window of round 0 is long over, round 1's too: the roster closes; v1, v2 are not paid the
+    // challenged unit, v3 (who refused to sign it) is paid only what it audited
+    expect(until0).to.be.lessThan(BigInt(await time.latest()));
+    const credits = [];
+    for (const v of [v1, v2, v3]) credits.push(await market.credits(v.address));
+    await closeTx(R);
+    const share = FEE / 3n;
+    expect(await market.credits(v1.address)).to.equal(credits[0] + 3n * share);
+    expect(await market.credits(v3.address)).to.equal(credits[2] + 2n * share);
+    for (const v of [v1, v2, v3]) expect(await lockedOf(sys, v)).to.equal(0n);
+    await expectSolventLoose(sys);
+    expect((await tx1.wait()).status).to.equal(1);
+  });
+
+  it("a challenge is refused after the round's window (step time + verdictWindow), which the close waits for; a truth without fraud slashes no signer",
+    async function () {
+    const { sys, appeals, orderId, R } = await load(auditedFixture);
+    const { market } = sys;
+    const [v1, v2, v3] = sys.verifiers;
+    const p4 = sys.providers[3];
+    await step(R, { commit: 0 });
+    const tx0 = await step(R, { reveal: 0, commit: 1, audit: await auditOf(R, 0, 3n, [v1, v2]) });
+    const info0 = await auditInfoOf(R, tx0);
+    const until0 = (await timestampOf(tx0)) + PARAMS.verdictWindow;
+    // a challenge of an honest unit (in the window's last second): its verdict accepts, its truth has no fraud
+    const unitId = (await market.unitCount()) + 1n;
+    await time.setNextBlockTimestamp(until0);
+    const ctx = await challengeTx(R, 0, 1, info0, [v3, p4]);
+    await expect(ctx).to.emit(market, "AuditChallenged").withArgs(orderId, 0, 1, unitId, info0 | (2n << 112n));
+    await verdict(sys, unitId, [0, 0, 0], [v3, p4]);
+    // one second after the window no unit of the round can be challenged
+    await time.setNextBlockTimestamp(until0 + 1n);
+    await expect(challengeTx(R, 0, 0, info0 | (2n << 112n), [v3, p4])).to.be.revertedWithCustomError(market,
+      "AuditChallengeClosed").withArgs(orderId, 0, until0);
+    await time.increaseTo((await market.getUnit(unitId)).verdictDeadline + h.APPEAL_PARAMS.appealWindow + 1n);
+    await expect(appeals.slashRoundAudit(unitId, [0, 0, 0])).to.be.revertedWithCustomError(appeals,
+      "AuditNotContradicted").withArgs(unitId);
+    expect(await market.auditSignersOf(unitId)).to.deep.equal([v1.address, v2.address]);
+    // round 1 audited late: the close waits for its window, to the second
+    const tx1 = await step(R, { reveal: 1, audit: await auditOf(R, 1, 3n, [v2, v3]) });
+    const until1 = (await timestampOf(tx1)) + PARAMS.verdictWindow;
+    await time.setNextBlockTimestamp(until1);
+    await expect(closeTx(R, sys.other)).to.be.revertedWithCustomError(market, "RosterNotClosable")
+      .withArgs(orderId, until1);
+    await time.setNextBlockTimestamp(until1 + 1n);
+    await expect(closeTx(R)).to.emit(market, "RosterClosed").withArgs(orderId, 2, 9n * PRICE);
+    // v1: unit 0 of round 0; v2: units 0 of round 0 and both of round 1; v3: both of round 1
+    expect(await auditCounts(sys, orderId)).to.deep.equal([1n, 3n, 2n]);
+    await expectSolventLoose(sys);
+  });
+
+});

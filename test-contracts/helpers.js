@@ -53,6 +53,12 @@ const TYPES = {
     { name: "outcomesHash", type: "bytes32" },
     { name: "deadline", type: "uint256" },
   ],
+  RoundAudit: [
+    { name: "orderId", type: "uint256" },
+    { name: "round", type: "uint256" },
+    { name: "auditedMask", type: "uint256" },
+    { name: "digestsHash", type: "bytes32" },
+  ],
   WithdrawCredit: [
     { name: "account", type: "address" },
     { name: "nonce", type: "uint256" },
@@ -135,11 +141,12 @@ function commitmentOf(digest, salt, provider, unitId) {
 const digestOf = (label) => ethers.id(`digest:${label}`);
 const saltOf = (label) => ethers.id(`salt:${label}`);
 
-/** Deploys a JobMarketExtension with `token`, `stakes` and `params`, then the JobMarket that runs it
- * (`extension`: another one to pass instead). */
-async function deployMarket(token, stakes, operator, params, extension = undefined) {
+/** Deploys a JobMarketExtension and a JobMarketRoundsExtension with `token`, `stakes` and `params`, then the
+ * JobMarket that runs them (`extension`, `roundsExtension`: others to pass instead). */
+async function deployMarket(token, stakes, operator, params, extension = undefined, roundsExtension = undefined) {
   const ext = extension ?? await ethers.deployContract("JobMarketExtension", [token, stakes, params]);
-  return ethers.deployContract("JobMarket", [token, stakes, operator, params, await ext.getAddress()]);
+  const rounds = roundsExtension ?? await ethers.deployContract("JobMarketRoundsExtension", [token, stakes, params]);
+  return ethers.deployContract("JobMarket", [token, stakes, operator, params, await ext.getAddress(), await rounds.getAddress()]);
 }
 
 /** Deploys token, stake manager and market (with `tokenFactoryName` as the token, VeriToken by default). */

@@ -39,7 +39,7 @@ from veritrain.chain.errors import ContractReverted, UnknownRevert
 from veritrain.chain.revert import RevertDecoder, abi_signature, canonical_type
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-CONTRACT_NAMES = ("VeriToken", "StakeManager", "JobMarket", "JobMarketExtension")
+CONTRACT_NAMES = ("VeriToken", "StakeManager", "JobMarket", "JobMarketExtension", "JobMarketRoundsExtension")
 # Deployed too (it alone settles JobMarket's held fraud: settleHeld), but never mutated: compile-mutant.js
 # compiles CONTRACT_NAMES only, so every variant runs the shipped VerdictAppeals bytecode, which depends
 # on JobMarket's ABI, not its code.
@@ -345,9 +345,19 @@ class Chain:
         extension = self._deploy_one(
             artifacts["JobMarketExtension"], [token.address, stakes.address, market_params]
         )
+        rounds_extension = self._deploy_one(
+            artifacts["JobMarketRoundsExtension"], [token.address, stakes.address, market_params]
+        )
         market = self._deploy_one(
             artifacts["JobMarket"],
-            [token.address, stakes.address, operator, market_params, extension.address],
+            [
+                token.address,
+                stakes.address,
+                operator,
+                market_params,
+                extension.address,
+                rounds_extension.address,
+            ],
         )
         a = self.appeal_params
         appeal_params = (

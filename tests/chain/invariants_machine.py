@@ -1496,7 +1496,7 @@ class MarketMachine(RuleBasedStateMachine):
             self.actors["operator"],
             "market",
             "openRoster",
-            [order_id, providers, layout, replicas, per_round, rounds, accepts],
+            [order_id, providers, layout, replicas, per_round, rounds, [], accepts],
             lambda: self.model.open_roster(
                 order_id, providers, layout_slots, replicas, per_round, rounds, nonces, now
             ),
@@ -1597,7 +1597,7 @@ class MarketMachine(RuleBasedStateMachine):
             self.actors[sender],
             "market",
             "stepRound",
-            [order_id, providers, layout, openings, withheld, verifier_addresses, deadline, works],
+            [order_id, providers, layout, openings, withheld, verifier_addresses, deadline, works, ([], [])],
             model_action,
         )
         if outcome.receipt is None or roster is None:
@@ -1684,7 +1684,7 @@ class MarketMachine(RuleBasedStateMachine):
             self.actors[sender],
             "market",
             "closeRoster",
-            [order_id, providers, layout],
+            [order_id, providers, layout, []],
             lambda: self.model.close_roster(order_id, not wrong_key, now),
         )
         if outcome.receipt is not None:

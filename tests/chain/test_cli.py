@@ -114,6 +114,18 @@ def test_bench_chain_writes_the_gas_schema(tmp_path: Path, capsys: pytest.Captur
         assert (
             report[f"gas_per_settled_unit_round_path_{k}_m8_r10_two_step_with_audits"] == audit["with_audits"]
         )
+    # Round audits: the audited order set nothing aside (the bench refuses otherwise) and a round with drawn
+    # units costs far less than setting them aside; the figure at the default rates follows its formula.
+    for k, audit in report["round_path_round_audits"].items():
+        round_audited = rounds[f"{k}_m8_r2_two_step_round_audited"]["round_path_gas"]
+        assert not any(name.startswith("submitVerdict#") for name in round_audited)
+        assert 0 < audit["gas_per_audited_round"] < report["round_path_audits"][k]["audit_gas_per_unit"]
+        without = report[f"gas_per_settled_unit_round_path_{k}_m8_r10_two_step"]
+        per_order = audit["fixed_gas_per_order"]
+        per_rounds = 10 * audit["audited_round_ppm"] * audit["gas_per_audited_round"] // 10**6
+        assert audit["with_round_audits"] == without + (per_order + per_rounds) // 80
+        key = f"gas_per_settled_unit_round_path_{k}_m8_r10_two_step"
+        assert report[f"{key}_round_audits"] == audit["with_round_audits"] < report[f"{key}_with_audits"]
     printed = capsys.readouterr().out
     assert "issue 9 target at k = 3, M = 8" in printed
     assert "per settled unit (batched)" in printed and "single-unit order, all transactions" in printed

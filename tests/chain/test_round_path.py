@@ -4,11 +4,14 @@ transaction each, its pure helpers agree with the contract, and bad steps are ty
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
+from tests.chain.conftest import TEST_PARAMS, build_world, reverted
 from veritrain.chain import eip712, errors
+from veritrain.chain.backends import InProcessBackend
 from veritrain.chain.client import Outcome, Reveal, Roster, RoundWork
 from veritrain.errors import InvalidInput
 
@@ -95,7 +98,7 @@ def test_the_clients_roster_key_and_round_unit_ids_are_the_contracts(world: Any)
     roster = _roster(world)
     market = world.client.market
     on_chain = market.functions.rosterKey(
-        list(roster.providers), roster.layout, roster.replicas, roster.units_per_round, roster.rounds
+        list(roster.providers), roster.layout, roster.replicas, roster.units_per_round, roster.rounds, []
     ).call()
     assert bytes(on_chain) == roster.key
     assert market.functions.roundUnitId(7, 3, 2).call() == eip712.round_unit_id(7, 3, 2)
@@ -270,3 +273,86 @@ def test_a_roster_refuses_bad_shapes_before_sending() -> None:
     with pytest.raises(InvalidInput):
         Roster(providers, (0, 2), 2, 1, 1)  # provider index 2 of 2
     assert Roster(providers, (1, 0), 2, 1, 1).layout == 1
+
+
+@pytest.fixture(scope="module")
+def drawing_world() -> Any:
+    """A market whose audit rates draw every unit, so every revealed round has units to audit."""
+    params = replace(TEST_PARAMS, spot_check_ppm=1_000_000, solo_spot_check_ppm=1_000_000)
+    with InProcessBackend() as backend:
+        yield from reverted(build_world(backend, params))
+
+
+def test_round_audits_pay_drawn_units_and_a_challenge_sets_one_aside(drawing_world: Any) -> None:
+    world = drawing_world
+    client, verifiers = world.client, world.verifiers
+    roster = Roster(
+        tuple(p.address for p in world.providers[:3]),
+        (0, 1, 2, 0, 1, 2),
+        3,
+        2,
+        2,
+        verifiers=tuple(v.address for v in verifiers),
+    )
+    on_chain = client.market.functions.rosterKey(
+        list(roster.providers), roster.layout, 3, 2, 2, list(roster.verifiers)
+    ).call()
+    assert bytes(on_chain) == roster.key != replace(roster, verifiers=()).key
+    order_id = _open(world, roster)
+    assert all(client.stake_of(v.address).locked == client.params.verifier_collateral for v in verifiers)
+    deadline = client.now() + 3600
+    digests0 = [os.urandom(32), os.urandom(32)]
+    works0, openings0 = _round(world, roster, order_id, 0, digests0, deadline)
+    client.step_round(order_id, roster, [], deadline, works0)
+    works1, openings1 = _round(world, roster, order_id, 1, [os.urandom(32), os.urandom(32)], deadline)
+    with pytest.raises(errors.RoundUnitNeedsVerdict):  # drawn, and no audit
+        client.step_round(order_id, roster, openings0, deadline, works1, sender=world.outsider)
+    with pytest.raises(InvalidInput):
+        client.sign_round_audit(world.outsider, roster, order_id, 0, 0b11, digests0)
+    audits = [client.sign_round_audit(v, roster, order_id, 0, 0b11, digests0) for v in verifiers[:2]]
+    receipt = client.step_round(
+        order_id, roster, openings0, deadline, works1, audits=audits, sender=world.outsider
+    )
+    assert receipt.events_named("UnitSetAside") == []
+    audited = receipt.event("RoundAudited").args
+    info = audited["info"]
+    assert (info & (2**64 - 1), (info >> 64) & 0xFF) == (0b11, 0b011)
+    assert bytes(audited["digestsHash"]) == eip712.digests_hash(digests0)
+
+    # the operator challenges unit 1: set aside with verifiers that did not sign, its signers recorded
+    challenge_verifiers = [verifiers[2], world.providers[3]]
+    receipt = client.challenge_audit(order_id, roster, 0, 1, info, digests0, challenge_verifiers)
+    (set_aside,) = receipt.events_named("UnitSetAside")
+    unit = set_aside.args["unitId"]
+    assert client.market.functions.auditSignersOf(unit).call() == list(roster.verifiers[:2])
+    with pytest.raises(errors.NotAudited):
+        client.challenge_audit(
+            order_id,
+            roster,
+            0,
+            1,
+            receipt.event("AuditChallenged").args["info"],
+            digests0,
+            challenge_verifiers,
+        )
+    accept = (Outcome.ACCEPT,) * 3
+    client.submit_verdict(
+        unit, accept, [client.sign_verdict(v, unit, accept, deadline) for v in challenge_verifiers]
+    )
+
+    digests1 = [o.result_digest for o in openings1[0::3]]
+    audits = [client.sign_round_audit(v, roster, order_id, 1, 0b11, digests1) for v in verifiers[1:]]
+    client.step_round(order_id, roster, openings1, deadline, [], audits=audits)
+    with pytest.raises(errors.RosterNotClosable):
+        client.close_roster(order_id, roster)
+    credits = [client.credits(v.address) for v in verifiers]
+    world.backend.advance_time(client.params.verdict_window + 1)
+    client.close_roster(order_id, roster)
+    share = FEE // 3
+    # verifier 0: unit 0 of round 0; verifier 1: unit 0 of round 0 and round 1; verifier 2: round 1
+    assert [client.credits(v.address) - c for v, c in zip(verifiers, credits, strict=True)] == [
+        share,
+        3 * share,
+        2 * share,
+    ]
+    assert all(client.stake_of(v.address).locked == 0 for v in verifiers)

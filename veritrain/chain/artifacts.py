@@ -21,6 +21,7 @@ CONTRACT_SOURCES = {
     "StakeManager": "StakeManager",
     "JobMarket": "JobMarket",
     "JobMarketExtension": "JobMarket",
+    "JobMarketRoundsExtension": "JobMarket",
     "AdminTimelock": "AdminTimelock",
     "VerdictAppeals": "VerdictAppeals",
 }

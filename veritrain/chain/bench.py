@@ -140,8 +140,8 @@ NOTES = {
     "withdraw": "withdrawCredit of a provider's credit at the end of an order, mean of the 3",
     "stake": "first stake of a fresh account (cold storage)",
     "deploy": (
-        "VeriToken + StakeManager + JobMarketExtension + JobMarket + VerdictAppeals + grantRole(MARKET_ROLE) "
-        "for both"
+        "VeriToken + StakeManager + JobMarketExtension + JobMarketRoundsExtension + JobMarket + "
+        "VerdictAppeals + grantRole(MARKET_ROLE) for both"
     ),
     "diloco_m8": (
         f"{DILOCO_ROUNDS} rounds of {DILOCO_SHARDS} shard units + 1 aggregate unit; every transaction of the "
@@ -163,6 +163,13 @@ NOTES = {
         "order's, per unit; ..._two_step_with_audits = the R = 10 two-step figure + audit rate x "
         "audit_gas_per_unit at the deployed default rates (spotCheckPpm for k > 1, soloSpotCheckPpm for "
         "k = 1); the other round-path and per-unit figures draw no unit"
+    ),
+    "round_path_round_audits": (
+        "..._two_step_round_audits: the R = 10 two-step figure with the roster's verifiers (fixed: "
+        "..._r2_two_step_verifiers minus ..._r2_two_step) and round audits (per audited round: "
+        "..._r2_two_step_round_audited, every unit drawn and paid by both verifiers' RoundAudit, minus "
+        "..._verifiers, / R) at the deployed default rates: a round is audited with probability "
+        "1 - (1 - rate)^M; split or withheld units (set aside as before) are not counted"
     ),
 }
 
@@ -205,6 +212,35 @@ def _audited_unit_figures(audit_gas: int, replicas: int, round_path: dict[str, A
         "rounds": ROUND_PATH_ROUNDS[-1],
         "without_audits": base,
         "with_audits": base + audit_gas * rate_ppm // 1_000_000,
+    }
+
+
+def _round_audit_figures(
+    fixed_gas: int, round_gas: int, replicas: int, round_path: dict[str, Any]
+) -> dict[str, Any]:
+    """What round audits add to the two-step round path at the deployed default audit rates: the roster's
+    verifiers cost `fixed_gas` per order (lock at open, release and fees at close), and a round with at
+    least one drawn unit `round_gas` more (its verifiers' signatures, the round's audit record; measured with
+    all M units drawn, so a little more than a round with one). A unit is drawn at `spotCheckPpm` (k > 1)
+    or `soloSpotCheckPpm` (k = 1), so a round has one with probability 1 - (1 - rate)^M, and per settled
+    unit with_round_audits = the R-round two-step figure + (fixed_gas + R x that probability x
+    round_gas) / (R x M). Split and withheld units, still set aside, are not counted (none in the bench)."""
+    from veritrain.chain.deployment import MarketParams
+
+    defaults = MarketParams()
+    rate_ppm = defaults.solo_spot_check_ppm if replicas == 1 else defaults.spot_check_ppm
+    rounds = ROUND_PATH_ROUNDS[-1]
+    base = round_path[f"k{replicas}_m8_r{rounds}_two_step"]["per_shard_unit"]
+    audited_round_ppm = 10**6 - (10**6 - rate_ppm) ** DILOCO_SHARDS // 10 ** (6 * (DILOCO_SHARDS - 1))
+    extra = (fixed_gas + rounds * audited_round_ppm * round_gas // 10**6) // (rounds * DILOCO_SHARDS)
+    return {
+        "fixed_gas_per_order": fixed_gas,
+        "gas_per_audited_round": round_gas,
+        "audit_rate_ppm": rate_ppm,
+        "audited_round_ppm": audited_round_ppm,
+        "rounds": rounds,
+        "without_audits": base,
+        "with_round_audits": base + extra,
     }
 
 
@@ -396,7 +432,12 @@ class _Parties:
         }
 
     def round_path_order(
-        self, replicas: int, rounds: int, two_step: bool = False, audited: bool = False
+        self,
+        replicas: int,
+        rounds: int,
+        two_step: bool = False,
+        audited: bool = False,
+        round_audits: bool = False,
     ) -> dict[str, Any]:
         """A whole M = 8 order of `rounds` rounds on the round path (JobMarketRounds): openRoster with
         provider r on replica r of every unit, one stepRound per round (the previous round's openings and
@@ -409,11 +450,18 @@ class _Parties:
         shards: no unit of a round depends on another of the same round).
 
         ``audited`` (two-step only, on a market whose audit rates draw every unit): every unit is drawn,
-        set aside by the revealing step and settled by its verifiers' accepting verdict."""
+        set aside by the revealing step and settled by its verifiers' accepting verdict.
+
+        ``round_audits`` (two-step only): the roster names the verifiers, and on a market whose audit rates
+        draw every unit each revealing step carries both verifiers' `RoundAudit` of all its units (paid at
+        close, nothing set aside); on a market that draws none, the roster's verifiers cost only their lock
+        at open and release at close."""
         from veritrain.chain.client import Outcome, Reveal, Roster
 
-        if audited and not two_step:
+        if (audited or round_audits) and not two_step:
             raise ValueError("an audited round-path order is measured on the two-step flow")
+        params = self.client.deployment.params
+        draws_all = (params.solo_spot_check_ppm if replicas == 1 else params.spot_check_ppm) == 1_000_000
         units_per_round = DILOCO_SHARDS if two_step else DILOCO_SHARDS + 1
         order_id, post_gas = self.post(rounds * units_per_round, replicas)
         providers = self.providers[:replicas]
@@ -423,6 +471,7 @@ class _Parties:
             replicas=replicas,
             units_per_round=units_per_round,
             rounds=rounds,
+            verifiers=tuple(v.address for v in self.verifiers) if round_audits else (),
         )
         accepts = [self.client.sign_accept(p, order_id, roster.key, FAR_DEADLINE) for p in providers]
         gas = {"openRoster": self.client.open_roster(order_id, roster, accepts).gas_used}
@@ -448,8 +497,21 @@ class _Parties:
                 receipt = self.client.step_round(order_id, roster, [], FAR_DEADLINE, works)
                 gas[f"stepRound#{round_index}:commit"] = receipt.gas_used
                 verifiers = self.verifiers if audited else ()
+                audits = []
+                if round_audits and draws_all:
+                    digests = [pending[unit * replicas].result_digest for unit in range(units_per_round)]
+                    audits = [
+                        self.client.sign_round_audit(
+                            v, roster, order_id, round_index, (1 << units_per_round) - 1, digests
+                        )
+                        for v in self.verifiers
+                    ]
                 receipt = self.client.step_round(
-                    order_id, roster, pending, FAR_DEADLINE, [], verifiers=verifiers
+                    order_id, roster, pending, FAR_DEADLINE, [], verifiers=verifiers, audits=audits
+                )
+                _require(
+                    len(receipt.events_named("RoundAudited")) == (1 if audits else 0),
+                    f"order {order_id} round {round_index}: round audit not recorded",
                 )
                 gas[f"stepRound#{round_index}:reveal"] = receipt.gas_used
                 set_aside = [event.args["unitId"] for event in receipt.events_named("UnitSetAside")]
@@ -468,6 +530,8 @@ class _Parties:
             receipt = self.client.step_round(order_id, roster, openings, FAR_DEADLINE, works)
             gas[f"stepRound#{round_index}"] = receipt.gas_used
             openings = pending if round_index < rounds else []
+        if round_audits and draws_all:  # the last round's challenge window must pass before the close
+            self.client.backend.advance_time(params.verdict_window + 1)
         gas["closeRoster"] = self.client.close_roster(order_id, roster).gas_used
         info = self.client.get_roster(order_id)
         _require(info.closed and info.committed == rounds, f"roster of order {order_id} did not settle")
@@ -542,6 +606,7 @@ def measure(backend: Backend) -> dict[str, Any]:
                 "VeriToken",
                 "StakeManager",
                 "JobMarketExtension",
+                "JobMarketRoundsExtension",
                 "JobMarket",
                 "VerdictAppeals",
                 "grantRole",
@@ -618,8 +683,14 @@ def measure(backend: Backend) -> dict[str, Any]:
     backend.advance_time(windows + client.deployment.appeal_params.appeal_window + 1)
     settle_verdict_gas = client.settle_verdict(verdict_unit, VERDICT_OUTCOMES).gas_used
 
-    # Audits, on a second market (its own clients' transaction nonces): after the first's last transaction.
+    # Round audits' fixed cost (the roster's verifiers locked at open, released at close) on the first
+    # market, which draws no unit: after its last transaction, so no earlier figure moves.
     audit_rounds = ROUND_PATH_ROUNDS[0]
+    with_verifiers = {
+        k: parties.round_path_order(k, audit_rounds, two_step=True, round_audits=True) for k in (REPLICAS, 1)
+    }
+
+    # Audits, on a second market (its own clients' transaction nonces): after the first's last transaction.
     auditing = _auditing_parties(backend, deployer, parties)
     audits = {}
     for k in (REPLICAS, 1):
@@ -628,6 +699,20 @@ def measure(backend: Backend) -> dict[str, Any]:
         plain = round_path[f"k{k}_m8_r{audit_rounds}_two_step"]
         extra = sum(audited["round_path_gas"].values()) - sum(plain["round_path_gas"].values())
         audits[k] = _audited_unit_figures(extra // audited["units"], k, round_path)
+    # Round audits (step 5b): the same R = 2 two-step order with every unit drawn and paid by both
+    # verifiers' RoundAudit in each revealing step (nothing set aside); its extra gas over the order with
+    # the roster's verifiers but no draw, per round, is what a round with drawn units adds.
+    round_audits = {}
+    for k in (REPLICAS, 1):
+        round_audited = auditing.round_path_order(k, audit_rounds, two_step=True, round_audits=True)
+        round_path[f"k{k}_m8_r{audit_rounds}_two_step_verifiers"] = with_verifiers[k]
+        round_path[f"k{k}_m8_r{audit_rounds}_two_step_round_audited"] = round_audited
+        plain = round_path[f"k{k}_m8_r{audit_rounds}_two_step"]
+        fixed = sum(with_verifiers[k]["round_path_gas"].values()) - sum(plain["round_path_gas"].values())
+        extra = sum(round_audited["round_path_gas"].values()) - sum(
+            with_verifiers[k]["round_path_gas"].values()
+        )
+        round_audits[k] = _round_audit_figures(fixed, extra // audit_rounds, k, round_path)
 
     commit_single = [value for key, value in single.items() if key.startswith("commitWithSig")]
     reveal_single = [value for key, value in single.items() if key.startswith("reveal#")]
@@ -671,6 +756,14 @@ def measure(backend: Backend) -> dict[str, Any]:
             for k, figures in audits.items()
         },
         "round_path_audits": {f"k{k}": figures for k, figures in audits.items()},
+        **{
+            f"gas_per_settled_unit_round_path_k{k}_m8_r{last}_two_step_round_audits": figures[
+                "with_round_audits"
+            ]
+            for k, figures in round_audits.items()
+            for last in (ROUND_PATH_ROUNDS[-1],)
+        },
+        "round_path_round_audits": {f"k{k}": figures for k, figures in round_audits.items()},
         "target_gas_per_settled_unit_k3_m8": GAS_TARGET_K3_M8,
         "target_gas_per_settled_unit_k1_m8": GAS_TARGET_K1_M8,
         "included": INCLUDED,
@@ -741,5 +834,12 @@ def format_table(report: dict[str, Any]) -> str:
         rows.append(
             f"  {k}: an audited unit costs {audit['audit_gas_per_unit']:,} more; at "
             f"{audit['audit_rate_ppm'] / 10_000:g} % audits, R = {audit['rounds']}: {audit['with_audits']:,}"
+        )
+    for k, audit in report["round_path_round_audits"].items():
+        rows.append(
+            f"  {k} with round audits: {audit['fixed_gas_per_order']:,} per order, "
+            f"{audit['gas_per_audited_round']:,} per audited round; at "
+            f"{audit['audit_rate_ppm'] / 10_000:g} % audits, R = {audit['rounds']}: "
+            f"{audit['with_round_audits']:,}"
         )
     return "\n".join(rows)

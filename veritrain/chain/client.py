@@ -86,6 +86,7 @@ GAS_LIMITS: dict[str, int] = {
     "stepRound": 4_000_000,
     "closeRoster": 1_500_000,
     "publishOpening": 500_000,
+    "challengeAudit": 1_000_000,
     # VerdictAppeals (measured: appeal 90k, drawPanel 209k with 3 seats / 283k with 5, vote 80-116k, resolve
     # 149-165k or 408k settling 5 held fraud replicas, slashContradiction 155k, joinPool 84-101k,
     # settleVerdict 161k for 1 held replica of 3 / 355k for 5 of 5 with 5 signers); drawPanel's limit
@@ -99,6 +100,7 @@ GAS_LIMITS: dict[str, int] = {
     "resolve": 900_000,
     "lapse": 150_000,
     "slashContradiction": 400_000,
+    "slashRoundAudit": 600_000,
     "settleVerdict": 750_000,
     "expireUnit": 500_000,
     "withdrawCredit": 150_000,
@@ -243,13 +245,15 @@ class Reveal:
 @dataclass(frozen=True)
 class Roster:
     """A round-path order's fixed assignment (JobMarket `openRoster`): replica slot
-    `i = unit * replicas + replica` of every round is worked by `providers[slots[i]]`."""
+    `i = unit * replicas + replica` of every round is worked by `providers[slots[i]]`; `verifiers` (none, or
+    minVerifiers..5) audit the units the chain draws (`sign_round_audit`)."""
 
     providers: tuple[str, ...]
     slots: tuple[int, ...]
     replicas: int
     units_per_round: int
     rounds: int
+    verifiers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not 1 <= len(self.providers) <= 32:
@@ -271,7 +275,7 @@ class Roster:
     def key(self) -> bytes:
         """What each provider's `Accept` signs as its unitKey (JobMarket `rosterKey`)."""
         return eip712.roster_key(
-            self.providers, self.layout, self.replicas, self.units_per_round, self.rounds
+            self.providers, self.layout, self.replicas, self.units_per_round, self.rounds, self.verifiers
         )
 
     def provider_of(self, unit: int, replica: int) -> str:
@@ -289,6 +293,19 @@ class RoundWork:
 
     def as_tuple(self) -> tuple[bytes, bytes, bytes]:
         return (self.commitment, self.r, self.vs)
+
+
+@dataclass(frozen=True)
+class AuditSignature:
+    """A roster verifier's compact `RoundAudit` signature (JobMarket `AuditSignature`): `verifier` is its
+    index among the roster's verifiers."""
+
+    verifier: int
+    r: bytes
+    vs: bytes
+
+    def as_tuple(self) -> tuple[int, bytes, bytes]:
+        return (self.verifier, self.r, self.vs)
 
 
 @dataclass(frozen=True)
@@ -446,7 +463,7 @@ class ChainClient:
         contracts: dict[str, ContractData] | None = None,
         admin_delay: int | None = None,
     ) -> ChainClient:
-        """Deploy token, stake manager, job market (its extension first) and verdict appeals; grant the
+        """Deploy token, stake manager, job market (its two extensions first) and verdict appeals; grant the
         market and the appeals contract MARKET_ROLE; optionally write the file.
 
         `operator` (default: the deployer) is the market service's relayer key that proposes assignments.
@@ -470,8 +487,16 @@ class ChainClient:
         stake_manager = _created(stake_receipt, "StakeManager")
         extension_receipt = create("JobMarketExtension", token, stake_manager, market_params.as_tuple())
         extension = _created(extension_receipt, "JobMarketExtension")
+        rounds_receipt = create("JobMarketRoundsExtension", token, stake_manager, market_params.as_tuple())
+        rounds_extension = _created(rounds_receipt, "JobMarketRoundsExtension")
         market_receipt = create(
-            "JobMarket", token, stake_manager, operator_address, market_params.as_tuple(), extension
+            "JobMarket",
+            token,
+            stake_manager,
+            operator_address,
+            market_params.as_tuple(),
+            extension,
+            rounds_extension,
         )
         job_market = _created(market_receipt, "JobMarket")
         appeal = appeal_params or AppealParams()
@@ -494,6 +519,7 @@ class ChainClient:
             token_receipt,
             stake_receipt,
             extension_receipt,
+            rounds_receipt,
             market_receipt,
             appeals_receipt,
         )
@@ -989,8 +1015,33 @@ class ChainClient:
             roster.replicas,
             roster.units_per_round,
             roster.rounds,
+            list(roster.verifiers),
             [accept.as_args() for accept in accepts],
         )
+
+    def sign_round_audit(
+        self,
+        verifier: LocalAccount,
+        roster: Roster,
+        order_id: int,
+        round_index: int,
+        audited_mask: int,
+        digests: Sequence[bytes],
+    ) -> AuditSignature:
+        """A roster verifier's `RoundAudit` of a round: `audited_mask` the units the chain drew that are
+        unanimous and have no provider below the roster's streak, `digests` their agreed digests in unit
+        order (sign only after re-executing them)."""
+        if verifier.address not in roster.verifiers:
+            raise InvalidInput(f"{verifier.address} is not one of the roster's verifiers")
+        message = {
+            "orderId": order_id,
+            "round": round_index,
+            "auditedMask": audited_mask,
+            "digestsHash": eip712.digests_hash(digests),
+        }
+        signature = eip712.sign_typed(verifier, self.market_domain, "RoundAudit", message)
+        r, vs = eip712.compact_signature(signature)
+        return AuditSignature(roster.verifiers.index(verifier.address), r, vs)
 
     def step_round(
         self,
@@ -1002,6 +1053,7 @@ class ChainClient:
         *,
         withheld: int = 0,
         verifiers: Sequence[str | LocalAccount] = (),
+        audits: Sequence[AuditSignature] = (),
         sender: LocalAccount | None = None,
     ) -> Receipt:
         """Reveal the pending round (`openings` per slot in slot order; their `provider` is not sent: the
@@ -1009,7 +1061,8 @@ class ChainClient:
         but a unit that needs a verdict is set aside only by the operator with `verifiers` (the receipt's
         `UnitSetAside` events name the units it became). Bit i of `withheld` gives slot i as not opened
         (after the round's reveal window only): its opening's `result_digest` is then the slot's
-        commitment, its salt is ignored."""
+        commitment, its salt is ignored. `audits`: roster verifiers' `sign_round_audit` of the revealed
+        round; with a majority of them, its drawn unanimous units are paid at close instead of set aside."""
         return self._send(
             sender,
             self.market,
@@ -1022,6 +1075,7 @@ class ChainClient:
             sequence_of_addresses(verifiers),
             deadline,
             [work.as_tuple() for work in works],
+            (list(roster.verifiers) if audits else [], [audit.as_tuple() for audit in audits]),
         )
 
     def publish_opening(
@@ -1051,7 +1105,45 @@ class ChainClient:
     def close_roster(self, order_id: int, roster: Roster, *, sender: LocalAccount | None = None) -> Receipt:
         """Pay a roster's revealed rounds and release its collateral (anyone once every round is
         revealed, or after the order's deadline)."""
-        return self._send(sender, self.market, "closeRoster", order_id, list(roster.providers), roster.layout)
+        return self._send(
+            sender,
+            self.market,
+            "closeRoster",
+            order_id,
+            list(roster.providers),
+            roster.layout,
+            list(roster.verifiers),
+        )
+
+    def challenge_audit(
+        self,
+        order_id: int,
+        roster: Roster,
+        round_index: int,
+        unit: int,
+        info: int,
+        digests: Sequence[bytes],
+        verifiers: Sequence[str | LocalAccount],
+        *,
+        operator: LocalAccount | None = None,
+    ) -> Receipt:
+        """Set aside a unit a round audit paid (operator only, within verdictWindow of the step): `info` as
+        last emitted (`RoundAudited` / `AuditChallenged`), `digests` the audited units' agreed digests in
+        unit order, `verifiers` the unit's verdict verifiers (none of the audit's signers)."""
+        return self._send(
+            operator,
+            self.market,
+            "challengeAudit",
+            order_id,
+            list(roster.providers),
+            roster.layout,
+            round_index,
+            unit,
+            info,
+            [eip712.as_bytes32(d, "digest") for d in digests],
+            list(roster.verifiers),
+            sequence_of_addresses(verifiers),
+        )
 
     def get_roster(self, order_id: int) -> RosterInfo:
         raw, round_hash = self._view(self.market, "getRoster", order_id)
@@ -1161,6 +1253,16 @@ class ChainClient:
             unit_id,
             [int(outcome) for outcome in outcomes],
             evidence.as_tuple(),
+        )
+
+    def slash_round_audit(
+        self, unit_id: int, truth: Sequence[int], *, sender: LocalAccount | None = None
+    ) -> Receipt:
+        """Slash every roster verifier that signed the round audit of a unit `challenge_audit` set aside,
+        once the unit's `truth` (fixed as for `slash_contradicting_verifier`) calls a replica fraud
+        (VerdictAppeals `slashRoundAudit`). The sender earns the bounty in tokens. Permissionless."""
+        return self._send(
+            sender, self.appeals, "slashRoundAudit", unit_id, [int(outcome) for outcome in truth]
         )
 
     def expire_unit(self, unit_id: int, *, sender: LocalAccount | None = None) -> Receipt:

@@ -61,6 +61,13 @@ TYPES: dict[str, tuple[tuple[str, str], ...]] = {
         ("outcomesHash", "bytes32"),
         ("deadline", "uint256"),
     ),
+    # A roster verifier's audit of a round's drawn units (stepRound): no nonce, a round is revealed once.
+    "RoundAudit": (
+        ("orderId", "uint256"),
+        ("round", "uint256"),
+        ("auditedMask", "uint256"),
+        ("digestsHash", "bytes32"),
+    ),
     "WithdrawCredit": (
         ("account", "address"),
         ("nonce", "uint256"),
@@ -264,16 +271,33 @@ def round_unit_id(order_id: int, round_index: int, unit: int) -> int:
 
 
 def roster_key(
-    providers: Sequence[str], layout: int, replicas: int, units_per_round: int, rounds: int
+    providers: Sequence[str],
+    layout: int,
+    replicas: int,
+    units_per_round: int,
+    rounds: int,
+    verifiers: Sequence[str] = (),
 ) -> bytes:
-    """keccak256(abi.encode(providers, layout, replicas, unitsPerRound, rounds)): the `unitKey` each roster
-    provider's `Accept` signs (JobMarket `rosterKey`)."""
-    return keccak(
+    """The `unitKey` each roster provider's `Accept` signs (JobMarket `rosterKey`):
+    keccak256(abi.encode(providers, layout, replicas, unitsPerRound, rounds)) for a roster without
+    verifiers (the key the roster is recorded by), keccak256(abi.encode(that key, verifiers)) with them."""
+    parties = keccak(
         abi_encode(
             ["address[]", "uint256", "uint8", "uint32", "uint32"],
             [[to_checksum_address(p) for p in providers], layout, replicas, units_per_round, rounds],
         )
     )
+    if not verifiers:
+        return parties
+    return keccak(
+        abi_encode(["bytes32", "address[]"], [parties, [to_checksum_address(v) for v in verifiers]])
+    )
+
+
+def digests_hash(digests: Sequence[bytes]) -> bytes:
+    """keccak256(abi.encodePacked(bytes32[] digests)): a `RoundAudit`'s digestsHash, the audited units'
+    agreed digests in unit order."""
+    return keccak(b"".join(as_bytes32(d, "digest") for d in digests))
 
 
 def outcomes_hash(outcomes: Sequence[int]) -> bytes:

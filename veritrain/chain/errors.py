@@ -653,8 +653,39 @@ class RosterNotClosable(ContractReverted):
     error_name = "RosterNotClosable"
 
 
+class AuditorsMismatch(ContractReverted):
+    """The roster verifiers given are not the roster's own (or it has none)."""
+
+    error_name = "AuditorsMismatch"
+
+
+class AuditMismatch(ContractReverted):
+    """The round audit record given (info, digests) is not the one stored, or the round was not audited."""
+
+    error_name = "AuditMismatch"
+
+
+class NotAudited(ContractReverted):
+    """The unit was not paid by its round's audit, or was already challenged."""
+
+    error_name = "NotAudited"
+
+
+class AuditChallengeClosed(ContractReverted):
+    """Challenges of the round's audit closed (the auditing step's time plus verdictWindow)."""
+
+    error_name = "AuditChallengeClosed"
+
+
+class AuditNotContradicted(ContractReverted):
+    """The challenged unit's truth has no fraud: the signers of its round audit told the truth."""
+
+    error_name = "AuditNotContradicted"
+
+
 class NotDelegated(ContractReverted):
-    """JobMarketExtension called on its own address: its code runs only inside JobMarket (delegatecall)."""
+    """An extension (JobMarketExtension, JobMarketRoundsExtension) called on its own address: its code runs
+    only inside JobMarket (delegatecall)."""
 
     error_name = "NotDelegated"
 
