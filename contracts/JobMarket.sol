@@ -926,10 +926,9 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
         if (block.timestamp > verdictDeadline) revert VerdictWindowClosed(unitId, verdictDeadline);
     }
 
-    /// @dev Checks one known outcome per replica (accept and fraud only for revealed replicas) and returns
-    /// the replicas judged fraud, as a bit mask. (The signed `outcomesHash` is keccak256(abi.encodePacked(
-    /// outcomes)): one 32-byte word per outcome.)
-    function _checkOutcomes(Unit memory u, uint8[] calldata outcomes) internal pure returns (uint256 fraudMask) {
+    /// @dev Checks one known outcome per replica (accept and fraud only for revealed replicas). (The signed
+    /// `outcomesHash` is keccak256(abi.encodePacked(outcomes)): one 32-byte word per outcome.)
+    function _checkOutcomes(Unit memory u, uint8[] calldata outcomes) internal pure {
         if (outcomes.length != u.replicas) revert OutcomeCountMismatch(u.replicas, outcomes.length);
         for (uint256 i; i < outcomes.length; ++i) {
             uint8 outcome = outcomes[i];
@@ -937,7 +936,13 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
             if (outcome > OUTCOME_FRAUD || (outcome != OUTCOME_FAULT && !revealed)) {
                 revert InvalidOutcome(i, outcome);
             }
-            if (outcome == OUTCOME_FRAUD) fraudMask |= 1 << i;
+        }
+    }
+
+    /// @dev The replicas `outcomes` judge fraud, as a bit mask.
+    function _fraudMask(uint8[] calldata outcomes) internal pure returns (uint256 mask) {
+        for (uint256 i; i < outcomes.length; ++i) {
+            if (outcomes[i] == OUTCOME_FRAUD) mask |= 1 << i;
         }
     }
 
@@ -1201,12 +1206,12 @@ abstract contract JobMarketVerdicts is JobMarketDelegate {
         Unit memory u = unit;
         _requireOpen(unitId, u.state);
         _checkVerdictWindow(unitId, u);
-        // the signatures before the outcomes' check: its fraud mask live through their loop is a stack slot
-        // too many for the verdict path alone in its extension
+        _checkOutcomes(u, outcomes);
         bytes32 outcomesHash = keccak256(abi.encodePacked(outcomes));
         (address[] memory signers, uint256 signerMask) =
             _checkVerdictSignatures(unitId, u.replicas, u.verifierCount, outcomesHash, signatures);
-        uint256 fraudMask = _checkOutcomes(u, outcomes);
+        uint256 fraudMask = _fraudMask(outcomes); // after the signatures: live through their loop, a stack
+        // slot too many for the verdict path alone in its extension
         unit.state = UnitState.Verdicted;
         _verdictHashes[unitId] = outcomesHash;
         _unpage(unitId, u);

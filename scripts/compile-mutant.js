@@ -7,9 +7,11 @@
 // process (loading the wasm compiler and Hardhat's config once is most of the cost of a small compile).
 // The storage layout lets the Python invariant machine read contract state straight from EVM storage.
 //
-// Only what a patch can change is compiled again: a contract is compiled for a mutant when its file or a
-// file it imports (./ imports, transitively) is patched, and the others are the original's (their sources,
-// and so their bytecode, are unchanged). viaIR optimisation of JobMarket is most of the time.
+// Only what a patch can change is compiled again: a contract is compiled for a mutant when a file it imports
+// (./ imports, transitively) is patched, or its own file inside its own body or a base's (a file with
+// several contracts: see patchReaches), and the others are the original's (their code is unchanged; only the
+// metadata hash of the sources would differ). viaIR optimisation of JobMarket.sol's three contracts is most
+// of the time.
 //
 // --reuse-shipped: the unmutated contracts (--original, and a mutant's untouched ones) are not compiled to
 // bytecode at all: their bytecode is the shipped veritrain/contracts_data/<Name>.json (which
@@ -135,6 +137,38 @@ function touchedBy(sources, file, patched, seen = new Set()) {
   return imports.some((imported) => touchedBy(sources, imported, patched, seen));
 }
 
+const HEADER = /^(?:abstract\s+)?contract\s+(\w+)(?:\s+is\s+([^{]+))?\{/gm;
+
+// The contracts of one source text in order: name, where its header starts, and its direct bases.
+function contractsOf(text) {
+  return [...text.matchAll(HEADER)].map((m) => ({
+    name: m[1],
+    start: m.index,
+    bases: m[2] ? m[2].split(",").map((base) => base.trim().match(/^\w+/)[0]) : [],
+  }));
+}
+
+// Whether a patch of the file that defines `name` can change `name`'s code. A file holding several
+// contracts (JobMarket.sol: JobMarket and its two extensions) need not recompile all of them for a patch
+// inside one contract's body: only the contracts that are it or inherit it (transitively) run that body.
+// A patch before the file's first contract (imports, file-level declarations) changes them all.
+function patchReaches(original, mutant, name) {
+  const contracts = contractsOf(original);
+  const bases = Object.fromEntries(contracts.map((c) => [c.name, c.bases]));
+  const closure = new Set();
+  const visit = (contract) => {
+    if (closure.has(contract)) return;
+    closure.add(contract);
+    for (const base of bases[contract] || []) visit(base);
+  };
+  visit(name);
+  return mutant.patches.some((patch) => {
+    const at = original.indexOf(patch.find);
+    const enclosing = contracts.filter((c) => c.start <= at).pop();
+    return enclosing === undefined || closure.has(enclosing.name);
+  });
+}
+
 // The shipped creation bytecode of `name`, refused if the shipped ABI is not the one the sources give.
 function shippedBytecode(name, abi) {
   const file = path.join(SHIPPED, `${name}.json`);
@@ -174,7 +208,14 @@ function main() {
     const sources = readSources();
     applyPatches(sources, mutant);
     const patched = new Set(mutant.patches.map((patch) => patch.file));
-    const changed = CONTRACTS.filter((name) => touchedBy(sources, `${SOURCES[name]}.sol`, patched));
+    const reaches = (name) => {
+      const file = `${SOURCES[name]}.sol`;
+      if (!patched.has(file)) return touchedBy(sources, file, patched); // an imported file was patched
+      const own = { patches: mutant.patches.filter((patch) => patch.file === file) };
+      const others = new Set([...patched].filter((other) => other !== file));
+      return patchReaches(readSources()[`contracts/${file}`], own, name) || touchedBy(sources, file, others);
+    };
+    const changed = CONTRACTS.filter(reaches);
     const kept = CONTRACTS.filter((name) => !changed.includes(name));
     const compiled = { ...originalOf(kept), ...compile(sources, settings, id, changed) };
     result[id] = Object.fromEntries(CONTRACTS.map((name) => [name, compiled[name]]));
