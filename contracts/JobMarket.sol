@@ -234,12 +234,15 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
     /// whose drawn units are set aside), their number, the end of the last audited round's challenge window
     /// (the roster cannot close before it), and per verifier `i` (bits [32i, 32i + 32) of `counts`) the
     /// audited units it signed that no challenge took back: its fee is `verifierFeePerUnit / verifierCount`
-    /// for each, paid at close. Two slots, written at open and by steps that audit.
+    /// for each, paid at close; `released` (bit `i`): verifier `i`'s collateral was released before a slash
+    /// of its audit ({JobMarketRounds-releaseAuditSigners}), so the close releases it no more. Two slots,
+    /// written at open, by steps that audit, by challenges and by those releases.
     struct RosterAudits {
         bytes32 verifiersHash;
         uint40 challengeableUntil;
         uint8 verifierCount;
         uint160 counts;
+        uint8 released;
     }
 
     /// @dev One slot: the two liabilities (solvency: token balance >= escrow + credits).
@@ -318,8 +321,8 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
     /// by each challenge), `digestsHash` the keccak of the audited units' agreed digests. Zero: not audited.
     mapping(uint256 orderId => mapping(uint256 round => bytes32)) internal _roundAudits;
     /// @dev A unit set aside by a challenge of its round audit ({JobMarketRounds-challengeAudit}): the party
-    /// ids (24 bits each) of the roster verifiers who signed that audit, and their number in bits 240..:
-    /// VerdictAppeals slashes them when the unit's truth has fraud.
+    /// ids (24 bits each) of the roster verifiers who signed that audit, their roster indexes as a mask in
+    /// bits 232..239 and their number in bits 240..: VerdictAppeals slashes them when the unit's truth has fraud.
     mapping(uint256 unitId => uint256) internal _auditSigners;
 
     /// @notice A constructor argument is unusable.
@@ -1682,7 +1685,7 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         }
         uint256[] memory uses = _slotsPerProvider(providers, layout, k, roster.unitsPerRound);
         uint256 unitId = _setAside(orderId, round, unit, providers, layout, values, 0, verifiers, uses);
-        _auditSigners[unitId] = signerIds | (signers << 240);
+        _auditSigners[unitId] = signerIds | (signerMask << 232) | (signers << 240);
         roster.setAsideUnits += 1;
         roster.openSetAside += 1;
         _rosters[orderId] = roster;
@@ -1709,7 +1712,36 @@ abstract contract JobMarketRounds is JobMarketDelegate {
                 total += amount;
             }
         }
-        stakes.unlockBatch(verifiers, _verifierCollateral);
+        if (ra.released == 0) {
+            stakes.unlockBatch(verifiers, _verifierCollateral);
+            return total;
+        }
+        for (uint256 i; i < verifiers.length; ++i) {
+            if (ra.released & (1 << i) == 0) stakes.unlock(verifiers[i], _verifierCollateral);
+        }
+    }
+
+    /// @notice Releases, once per roster verifier, the roster collateral of each signer of the round audit of
+    /// `unitId` (a unit {challengeAudit} set aside) while the roster is open (VerdictAppeals only, before it
+    /// slashes them, {VerdictAppeals-slashRoundAudit}): StakeManager caps a slashed account's `locked` at what
+    /// stays bonded, which would otherwise eat into the signer's other locks once the close released the
+    /// roster's. The close then skips them ({RosterAudits-released}); once it closed, nothing is left to release.
+    function releaseAuditSigners(uint256 unitId) external onlyDelegated onlyRole(APPEALS_ROLE) nonReentrant {
+        uint256 packed = _auditSigners[unitId];
+        uint256 orderId = _units[unitId].orderId;
+        if (packed == 0 || _rosters[orderId].closed) return;
+        RosterAudits memory ra = _rosterAudits[orderId];
+        uint256 mask = (packed >> 232) & 0xff;
+        uint256 fresh = mask & ~uint256(ra.released);
+        if (fresh == 0) return;
+        ra.released |= uint8(fresh);
+        _rosterAudits[orderId] = ra;
+        uint256 s;
+        for (uint256 i; mask >> i != 0; ++i) {
+            if (mask & (1 << i) == 0) continue;
+            if (fresh & (1 << i) != 0) stakes.unlock(_partyAddresses[_idAt(packed, s)], _verifierCollateral);
+            ++s;
+        }
     }
 
     /// @dev The open roster of `orderId`, after checking `providers` and `layout` are its own.
@@ -1871,7 +1903,8 @@ abstract contract JobMarketRounds is JobMarketDelegate {
             verifiersHash: keccak256(abi.encode(verifiers)),
             challengeableUntil: 0,
             verifierCount: uint8(verifiers.length),
-            counts: 0
+            counts: 0,
+            released: 0
         });
         emit RosterVerifiers(orderId, verifiers);
     }
@@ -2532,6 +2565,12 @@ contract JobMarket is JobMarketBase {
         address[] calldata,
         address[] calldata
     ) external {
+        _delegateRounds();
+    }
+
+    /// @notice Releases the roster collateral of a challenged audit's signers before VerdictAppeals slashes
+    /// them; see {JobMarketRounds-releaseAuditSigners}.
+    function releaseAuditSigners(uint256) external {
         _delegateRounds();
     }
 

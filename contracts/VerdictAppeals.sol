@@ -471,6 +471,7 @@ contract VerdictAppeals is EIP712, ReentrancyGuardTransient {
         address[] memory signers = market.auditSignersOf(unitId);
         uint256 before = _slashedVerifiers[unitId];
         uint256 mask = before;
+        market.releaseAuditSigners(unitId); // their roster collateral first, while the roster holds it
         for (uint256 s; s < signers.length; ++s) {
             uint256 bit = 1 << (8 + s); // bits 0..7: the unit's verdict verifiers ({slashContradiction})
             if (mask & bit != 0) continue;

@@ -2104,6 +2104,78 @@ describe("JobMarket: round audits (roster verifiers, RoundAudit, challenges)", f
     expect((await tx1.wait()).status).to.equal(1);
   });
 
+  /** The lazy audit of auditedFixture's planted cheat, challenged and judged fraud (its truth fixed, nothing
+   * held), where v1 also verifies an open per-unit unit (10 more locked) and unstaked down to 30 bonded: its two
+   * locks (20) stay backed by a slash of verifierSlash (20) only if the roster's lock is released first. */
+  async function slashableAuditFixture() {
+    const f = await auditedFixture();
+    const { sys, appeals, R } = f;
+    const { market, stakes } = sys;
+    const [v1, v2, v3] = sys.verifiers;
+    const p4 = sys.providers[3];
+    const solo = (await h.postOrder(sys, { units: 1, replicas: 1 })).orderId;
+    const open = await h.assignUnit(sys, solo, { providers: [p4], verifiers: [v1, v2] });
+    await stakes.connect(v1).requestUnstake(170n * E18);
+    expect((await stakes.stakeOf(v1.address)).slice(0, 2)).to.deep.equal([30n * E18, 20n * E18]);
+    const digests = R.slots.map((_, i) => (i < 3 ? h.digestOf("planted cheat") : h.digestOf("u1")));
+    await step(R, { commit: 0, digests });
+    const tx0 = await step(R, { reveal: 0, commit: 1, audit: await auditOf(R, 0, 3n, [v1, v2]) });
+    await step(R, { reveal: 1, audit: await auditOf(R, 1, 3n, [v1, v2, v3]) });
+    const unitId = (await market.unitCount()) + 1n;
+    await challengeTx(R, 0, 0, await auditInfoOf(R, tx0), [v3, p4]);
+    await verdict(sys, unitId, [2, 2, 2], [v3, p4]);
+    await time.increaseTo((await market.getUnit(unitId)).verdictDeadline + h.APPEAL_PARAMS.appealWindow + 1n);
+    await appeals.settleVerdict(unitId, [2, 2, 2]);
+    return { ...f, unitId, open };
+  }
+
+  const bondedLocked = async (sys, v) => (await sys.stakes.stakeOf(v.address)).slice(0, 2);
+
+  it("slashRoundAudit before the close releases each signer's roster lock first, once: a signer slashed down to its locks keeps its other unit's lock backed",
+    async function () {
+    const { sys, appeals, orderId, R, unitId, open } = await load(slashableAuditFixture);
+    const { market } = sys;
+    const [v1, v2, v3] = sys.verifiers;
+    expect(await rosterState(sys, orderId)).to.include({ openSetAside: 0n, closed: false });
+    await appeals.slashRoundAudit(unitId, [2, 2, 2]);
+    // v1: 30 - 20 bonded; 10 locked, the open unit's (the roster's 10 was released before the slash)
+    expect(await bondedLocked(sys, v1)).to.deep.equal([10n * E18, 10n * E18]);
+    await closeTx(R);
+    // the close releases v3's roster lock only: v1 and v2 keep the open unit's lock, fully backed (before the
+    // fix StakeManager capped v1's 20 locked at its 10 bonded and the close released 10 of it: 0 locked)
+    expect((await market.getUnit(open.unitId)).state).to.equal(h.UNIT_STATE.Committing);
+    expect(await bondedLocked(sys, v1)).to.deep.equal([10n * E18, PARAMS.verifierCollateral]);
+    expect(await bondedLocked(sys, v2)).to.deep.equal([180n * E18, PARAMS.verifierCollateral]);
+    expect(await bondedLocked(sys, v3)).to.deep.equal([200n * E18, 0n]);
+    expect((await market.rosterAuditsOf(orderId)).released).to.equal(3n); // v1, v2
+    await expectSolventLoose(sys);
+  });
+
+  it("slashRoundAudit after the close releases nothing more: the close released every roster lock", async function () {
+    const { sys, appeals, orderId, R, unitId, open } = await load(slashableAuditFixture);
+    const { market } = sys;
+    const [v1, v2] = sys.verifiers;
+    await closeTx(R);
+    expect(await bondedLocked(sys, v1)).to.deep.equal([30n * E18, PARAMS.verifierCollateral]);
+    await appeals.slashRoundAudit(unitId, [2, 2, 2]);
+    expect((await market.getUnit(open.unitId)).state).to.equal(h.UNIT_STATE.Committing);
+    expect(await bondedLocked(sys, v1)).to.deep.equal([10n * E18, PARAMS.verifierCollateral]);
+    expect(await bondedLocked(sys, v2)).to.deep.equal([180n * E18, PARAMS.verifierCollateral]);
+    expect((await market.rosterAuditsOf(orderId)).released).to.equal(0n);
+    await expectSolventLoose(sys);
+  });
+
+  it("releaseAuditSigners is VerdictAppeals' alone and runs only delegated",
+    async function () {
+    const { sys, orderId, unitId } = await load(slashableAuditFixture);
+    const { market } = sys;
+    await expect(market.connect(sys.other).releaseAuditSigners(unitId)).to.be.revertedWithCustomError(market,
+      "AccessControlUnauthorizedAccount").withArgs(sys.other.address, await market.APPEALS_ROLE());
+    const rounds = await ethers.getContractAt("JobMarketRoundsExtension", await market.roundsExtension());
+    await expect(rounds.releaseAuditSigners(unitId)).to.be.revertedWithCustomError(rounds, "NotDelegated");
+    expect((await market.rosterAuditsOf(orderId)).released).to.equal(0n);
+  });
+
   it("a challenge is refused after the round's window (step time + verdictWindow), which the close waits for; a truth without fraud slashes no signer",
     async function () {
     const { sys, appeals, orderId, R } = await load(auditedFixture);
