@@ -1870,6 +1870,16 @@ const challengeTx = (R, round, unit, info, verifiers, caller) => R.sys.market.co
   .challengeAudit(R.orderId, R.addrs, R.layout, round, unit, info, auditDigestsOf(R, round, BigInt(info) & MASK64),
     R.auditors, addrsOf(verifiers));
 
+// Closes the roster; returns what the close credited each of `verifiers` (their audit fees).
+async function closeCrediting(R, verifiers) {
+  const before = [];
+  for (const v of verifiers) before.push(await R.sys.market.credits(v.address));
+  await closeTx(R);
+  const credited = [];
+  for (const [i, v] of verifiers.entries()) credited.push((await R.sys.market.credits(v.address)) - before[i]);
+  return credited;
+}
+
 async function auditCounts(sys, orderId) {
   const a = await sys.market.rosterAuditsOf(orderId);
   return [0n, 1n, 2n, 3n, 4n].slice(0, Number(a.verifierCount)).map((i) => (a.counts >> (32n * i)) & 0xffffffffn);
@@ -1982,13 +1992,8 @@ describe("JobMarket: round audits (roster verifiers, RoundAudit, challenges)", f
     const until = (await timestampOf(tx1)) + PARAMS.verdictWindow;
     await expect(closeTx(R)).to.be.revertedWithCustomError(market, "RosterNotClosable").withArgs(orderId, until);
     await time.setNextBlockTimestamp(until + 1n);
-    const credits = [];
-    for (const v of [v1, v2, v3]) credits.push(await market.credits(v.address));
-    await closeTx(R);
     const share = FEE / 3n;
-    expect(await market.credits(v1.address)).to.equal(credits[0] + 3n * share);
-    expect(await market.credits(v2.address)).to.equal(credits[1] + 2n * share);
-    expect(await market.credits(v3.address)).to.equal(credits[2] + 3n * share);
+    expect(await closeCrediting(R, [v1, v2, v3])).to.deep.equal([3n * share, 2n * share, 3n * share]);
     for (const v of [v1, v2, v3]) expect(await lockedOf(sys, v)).to.equal(0n);
     for (const p of R.signers) expect(await lockedOf(sys, p)).to.equal(0n);
     // 3 units paid at close (one set aside, paid by its verdict), the audited units' unpaid fee shares refunded
@@ -2093,12 +2098,9 @@ describe("JobMarket: round audits (roster verifiers, RoundAudit, challenges)", f
     // the challenge window of round 0 is long over, round 1's too: the roster closes; v1, v2 are not paid the
     // challenged unit, v3 (who refused to sign it) is paid only what it audited
     expect(until0).to.be.lessThan(BigInt(await time.latest()));
-    const credits = [];
-    for (const v of [v1, v2, v3]) credits.push(await market.credits(v.address));
-    await closeTx(R);
     const share = FEE / 3n;
-    expect(await market.credits(v1.address)).to.equal(credits[0] + 3n * share);
-    expect(await market.credits(v3.address)).to.equal(credits[2] + 2n * share);
+    const [credited1, , credited3] = await closeCrediting(R, [v1, v2, v3]);
+    expect([credited1, credited3]).to.deep.equal([3n * share, 2n * share]);
     for (const v of [v1, v2, v3]) expect(await lockedOf(sys, v)).to.equal(0n);
     await expectSolventLoose(sys);
     expect((await tx1.wait()).status).to.equal(1);
