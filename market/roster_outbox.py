@@ -17,7 +17,7 @@ from typing import Any
 from market.context import Lifecycle, MarketContext, row_id
 from market.domain.rosters import CLOSE_ACTION, OPEN_ACTION, predict_set_aside, step_landed
 from market.outbox import OUTBOX_LEASE_S, OutboxResult, backoff_s
-from market.ports import RevealForm, RosterChainState, SignedAccept, SignedCommit
+from market.ports import RevealForm, RosterChainState, RosterPort, SignedAccept, SignedCommit
 from market.rosters import RosterBook, roster_of, roster_port
 from market.store import RosterRow
 from veritrain.chain.client import Roster
@@ -33,6 +33,16 @@ class RosterOutbox(Lifecycle):
     def __init__(self, ctx: MarketContext, rosters: RosterBook) -> None:
         super().__init__(ctx)
         self.rosters = rosters
+
+    def run(self) -> int:
+        """One pass of the round path (the worker's tick): draw the rosters waiting for providers, queue
+        each roster's next action, send what is due; how many sends landed. Nothing on a chain that does not
+        serve the round path (a test double)."""
+        if not isinstance(self.chain, RosterPort):
+            return 0
+        self.rosters.draw_pending()
+        self.rosters.plan()
+        return sum(1 for action_id in self.pending() if self.send(action_id).sent)
 
     def pending(self, limit: int = 100) -> list[int]:
         """Roster actions to send now (those backing off wait for their time)."""

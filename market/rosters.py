@@ -252,16 +252,10 @@ class RosterBook(Lifecycle):
                 "nonce": nonce,
                 "deadline": deadline,
             }
-            require_signer(self._domain(), "Accept", message, signature, provider)
-            session.add(
-                RosterAcceptRow(
-                    roster_id=row_id(row),
-                    provider=provider,
-                    nonce=nonce,
-                    deadline=deadline,
-                    signature=signature,
-                )
+            accepted = RosterAcceptRow(
+                roster_id=row_id(row), provider=provider, nonce=nonce, deadline=deadline, signature=signature
             )
+            self._add_signed(session, accepted, "Accept", message)
         self.triggers.settle()
 
     def submit_work(
@@ -287,17 +281,15 @@ class RosterBook(Lifecycle):
                 "commitment": bytes.fromhex(commitment.removeprefix("0x")),
                 "deadline": row.works_deadline,
             }
-            require_signer(self._domain(), "UnitCommit", message, signature, provider)
-            session.add(
-                RosterWorkRow(
-                    roster_id=row_id(row),
-                    round_index=round_index,
-                    slot=slot,
-                    provider=provider,
-                    commitment=commitment.lower(),
-                    signature=signature,
-                )
+            work = RosterWorkRow(
+                roster_id=row_id(row),
+                round_index=round_index,
+                slot=slot,
+                provider=provider,
+                commitment=commitment.lower(),
+                signature=signature,
             )
+            self._add_signed(session, work, "UnitCommit", message)
         self.triggers.settle()
 
     def submit_opening(
@@ -338,8 +330,13 @@ class RosterBook(Lifecycle):
                 return unit * row.replicas + replica
         raise InvalidInput(f"{provider} holds no slot of unit {unit} of the roster of order {row.order_id}")
 
-    def _domain(self) -> Any:
-        return market_domain(self.config.chain_id, self.ctx.job_market())
+    def _add_signed(
+        self, session: Session, row: RosterAcceptRow | RosterWorkRow, primary: str, message: dict[str, Any]
+    ) -> None:
+        """Store `row` once its signature is its provider's over `message` (`primary`)."""
+        domain = market_domain(self.config.chain_id, self.ctx.job_market())
+        require_signer(domain, primary, message, row.signature, row.provider)
+        session.add(row)
 
     # --- planning: the roster outbox's intents ---
 
@@ -354,14 +351,11 @@ class RosterBook(Lifecycle):
                     queued += self._plan_open(session, row, now)
                     continue
                 action = next_roster_action(self._progress(session, row))
-                if action is None or self.store.roster_action(session, row_id(row), str(action)) is not None:
+                name = action.action if isinstance(action, StepPlan) else action
+                if name is None or self.store.roster_action(session, row_id(row), name) is not None:
                     continue
-                if isinstance(action, StepPlan):
-                    self.store.enqueue_roster_action(
-                        session, row_id(row), action.action, self._step(session, row, action), now
-                    )
-                elif self.store.roster_action(session, row_id(row), action) is None:
-                    self.store.enqueue_roster_action(session, row_id(row), action, {}, now)
+                payload = self._step(session, row, action) if isinstance(action, StepPlan) else {}
+                self.store.enqueue_roster_action(session, row_id(row), name, payload, now)
                 queued += 1
         if queued:
             self.triggers.settle()
@@ -454,8 +448,10 @@ class RosterBook(Lifecycle):
         """Apply one round-path event to its roster (none: not this market's order, ignored); returns the
         accounts whose stake it changed. Never raises for an event it does not expect: the sync goes on."""
         args = event.args
-        row = self.store.roster_by_chain_order(session, int(args.get("orderId", -1)))
-        if row is None or not row.providers_json or row.providers_json == "[]":
+        if not isinstance(args.get("orderId"), int) or args["orderId"] < 0:
+            return set()
+        row = self.store.roster_by_chain_order(session, args["orderId"])
+        if row is None or row.providers_json == "[]":
             return set()
         providers = set(json.loads(row.providers_json))
         if event.name == "RosterOpened":

@@ -237,7 +237,7 @@ class OutboxRow(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     unit_id: int = Field(foreign_key="units.id", index=True)
     action: str = Field(max_length=80)
-    payload_json: str
+    payload_json: str = "{}"  # written by _add_intent, as are the times
     # pending -> sending -> sent -> confirmed; reverted (the chain settled the unit otherwise);
     # back to pending (no answer) or retrying (refused while the unit is open), each after a backoff
     state: str = Field(default="pending", index=True, max_length=16)
@@ -245,8 +245,8 @@ class OutboxRow(SQLModel, table=True):
     next_attempt_at: int = 0  # a failed send waits until then (exponential backoff)
     tx_hash: str | None = Field(default=None, max_length=66)
     last_error: str | None = None
-    created_at: int
-    updated_at: int
+    created_at: int = 0
+    updated_at: int = 0
 
 
 class RosterRow(SQLModel, table=True):
@@ -318,14 +318,14 @@ class RosterActionRow(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     roster_id: int = Field(foreign_key="rosters.id", index=True)
     action: str = Field(max_length=32)
-    payload_json: str
+    payload_json: str = "{}"  # written by _add_intent, as are the times
     state: str = Field(default="pending", index=True, max_length=16)
     attempts: int = 0
     next_attempt_at: int = 0
     tx_hash: str | None = Field(default=None, max_length=66)
     last_error: str | None = None
-    created_at: int
-    updated_at: int
+    created_at: int = 0
+    updated_at: int = 0
 
 
 class LossPointRow(SQLModel, table=True):
@@ -670,18 +670,7 @@ class MarketStore:
     ) -> OutboxRow:
         """Add a settlement intent unless (unit, action) already has one; returns the existing or new row."""
         existing = self.outbox_entry(session, unit_id, action)
-        if existing is not None:
-            return existing
-        row = OutboxRow(
-            unit_id=unit_id,
-            action=action,
-            payload_json=json.dumps(payload, sort_keys=True),
-            created_at=now,
-            updated_at=now,
-        )
-        session.add(row)
-        session.flush()
-        return row
+        return existing or _add_intent(session, OutboxRow(unit_id=unit_id, action=action), payload, now)
 
     def outbox_entry(self, session: Session, unit_id: int, action: str) -> OutboxRow | None:
         query = select(OutboxRow).where(OutboxRow.unit_id == unit_id, OutboxRow.action == action)
@@ -847,18 +836,9 @@ class MarketStore:
     ) -> RosterActionRow:
         """Add a roster intent unless (roster, action) already has one; returns the existing or new row."""
         existing = self.roster_action(session, roster_id, action)
-        if existing is not None:
-            return existing
-        row = RosterActionRow(
-            roster_id=roster_id,
-            action=action,
-            payload_json=json.dumps(payload, sort_keys=True),
-            created_at=now,
-            updated_at=now,
+        return existing or _add_intent(
+            session, RosterActionRow(roster_id=roster_id, action=action), payload, now
         )
-        session.add(row)
-        session.flush()
-        return row
 
     def get_roster_action(
         self, session: Session, action_id: int, *, for_update: bool = False
@@ -884,6 +864,16 @@ class MarketStore:
 
 
 Row = TypeVar("Row", OrderRow, UnitRow, OutboxRow, CanaryRow, RosterRow, RosterActionRow)
+Intent = TypeVar("Intent", OutboxRow, RosterActionRow)
+
+
+def _add_intent(session: Session, row: Intent, payload: dict[str, Any], now: int) -> Intent:
+    """Write a new settlement intent (its owner and action set on `row`) and flush it for its id."""
+    row.payload_json = json.dumps(payload, sort_keys=True)
+    row.created_at = row.updated_at = now
+    session.add(row)
+    session.flush()
+    return row
 
 
 def _by_id(session: Session, model: type[Row], row_id: int, what: str, for_update: bool) -> Row:

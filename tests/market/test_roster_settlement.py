@@ -14,6 +14,7 @@ from eth_account.signers.local import LocalAccount
 from sqlmodel import select
 
 from apps.protocol_harness import ChainMarket
+from market.ports import ChainEvent
 from market.rosters import RosterView
 from market.store import RosterActionRow
 from tests.market.test_chain_settlement import chain_market
@@ -40,16 +41,15 @@ def digest(label: str) -> str:
 
 
 def drive(market: ChainMarket) -> list[str]:
-    """The market's worker until nothing moves: plan the rosters' actions, send them, apply chain events;
-    the states of the actions sent."""
+    """The worker's round-path pass (draw, plan, send) and the chain sync until nothing more lands; one
+    "sent" per action that landed."""
     states: list[str] = []
     for _ in range(10):
-        market.service.rosters.plan()
-        results = [market.service.roster_outbox.send(a) for a in market.service.roster_outbox.pending()]
+        sent = market.service.roster_outbox.run()
         market.service.sync.sync_chain_events()
-        if not any(r.sent for r in results):
+        if not sent:
             return states
-        states += [r.state for r in results]
+        states += ["sent"] * sent
     raise AssertionError("the roster outbox did not settle")
 
 
@@ -216,3 +216,24 @@ def test_a_step_already_on_chain_is_confirmed_not_sent_again(market: ChainMarket
     again = market.service.roster_outbox.send(step)
     assert (again.state, again.sent) == ("confirmed", False)
     assert client.w3.eth.block_number == block  # nothing was sent
+
+
+def test_round_path_events_the_market_does_not_expect_change_nothing_and_never_stall_the_sync(
+    market: ChainMarket,
+) -> None:
+    order_id, view, _ = opened(market)
+    strange = [
+        ChainEvent(1, 0, "UnitSetAside", {"orderId": 10**9, "round": 0, "unit": 0, "unitId": 5}),
+        ChainEvent(1, 1, "RoundCommitted", {"round": 0}),  # no order id
+        ChainEvent(1, 2, "RosterClosed", {"orderId": "0xzz"}),
+        ChainEvent(
+            1,
+            3,
+            "OpeningPublished",
+            {"orderId": view.chain_order_id, "round": 7, "slot": 99, "resultDigest": "0x" + "00" * 32},
+        ),
+    ]
+    with market.store.transaction() as session:
+        for event in strange:
+            assert market.service.rosters.apply_event(session, event, market.now()) == set()
+    assert market.service.rosters.view(order_id).state == "open"

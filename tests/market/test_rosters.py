@@ -17,6 +17,7 @@ from market.domain.rosters import (
     roster_shape,
     step_landed,
 )
+from tests.market.test_domain import spec
 from veritrain.chain.client import Roster
 from veritrain.errors import InvalidInput, InvalidOrderSpec, MarketError
 from veritrain.messages import OrderSpec
@@ -101,20 +102,9 @@ def test_the_draw_is_per_round_unit_and_a_bad_slot_count_is_refused() -> None:
 
 
 def _spec(**fields: object) -> OrderSpec:
-    base: dict[str, object] = {
-        "buyer": "0x" + "11" * 20,
-        "recipe": "digits-mlp",
-        "dataset_digest": "0x" + "cd" * 32,
-        "total_steps": 30,
-        "unit_steps": 10,
-        "replicas": 3,
-        "seed": 1,
-        "max_price_per_pflop": 1,
-        "deadline": 2**40,
-        "shards": 4,
-        "outer_step": "folded",
-    }
-    return OrderSpec.model_validate({**base, **fields})
+    """tests/market/test_domain.py's spec as a folded 4-shard order of 3 rounds."""
+    folded: dict[str, object] = {"total_steps": 30, "unit_steps": 10, "shards": 4, "outer_step": "folded"}
+    return spec(**{**folded, **fields})
 
 
 def test_a_round_path_order_is_folded_fixed_k_and_fits_the_layout() -> None:
