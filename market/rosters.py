@@ -138,6 +138,9 @@ class RosterBook(Lifecycle):
         (its error kept in ``last_error``). Returns how many were drawn."""
         roster_port(self.chain)
         assert self.chain is not None
+        with self.store.transaction() as session:
+            if not self.store.rosters_in(session, ["drawing"]):
+                return 0  # no chain read for nothing: this runs at every tick
         head = self.chain.block_number()
         block_hash = self.chain.block_hash(head)
         collateral = self.chain.terms().provider_collateral
