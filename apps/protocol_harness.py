@@ -130,9 +130,9 @@ class ChainMarket:
             )
             self.service.agents.post_offer(sign_message(offer, account.key, self.client.chain_id))
 
-    def post_order(self, rounds: int = 2, **spec_fields: Any) -> int:
+    def post_order(self, rounds: int = 2, settlement: str = "units", **spec_fields: Any) -> int:
         """A buyer's order of ``rounds`` one-unit rounds with 3 replicas (``spec_fields`` override the
-        spec's); returns the market's order id."""
+        spec's), settled per unit or by ``settlement`` "rounds"; returns the market's order id."""
         spec = OrderSpec.model_validate({**self.order_spec(rounds).model_dump(), **spec_fields})
         plan = escrow_plan(spec, RegistryRecipeCatalog().lookup("digits-mlp").flops_per_step)
         self.client.approve(self.buyer, self.client.deployment.job_market, plan.total)
@@ -147,7 +147,10 @@ class ChainMarket:
             min_replicas=plan.min_replicas,
             trusted_streak=plan.trusted_streak,
         )
-        order = self.service.orders.post_order(OrderRequest(spec=spec, chain_order_id=chain_order))
+        request = OrderRequest.model_validate(
+            {"spec": spec, "chain_order_id": chain_order, "settlement": settlement}
+        )
+        order = self.service.orders.post_order(request)
         return order.id or 0
 
     def order_spec(self, rounds: int) -> OrderSpec:

@@ -21,13 +21,14 @@ from market.ports import (
     ChainOrder,
     MarketTerms,
     RevealForm,
+    RosterChainState,
     SignedAccept,
     SignedCommit,
     SignedVerdict,
 )
 from veritrain.chain import client as chain
-from veritrain.chain.client import ChainClient, Signed, VerifierSignature
-from veritrain.chain.eip712 import as_bytes32, outcomes_hash
+from veritrain.chain.client import ChainClient, Roster, RoundWork, Signed, VerifierSignature
+from veritrain.chain.eip712 import as_bytes32, compact_signature, outcomes_hash
 from veritrain.chain.errors import VerdictNotContradicted
 from veritrain.chain.tx import Receipt
 from veritrain.errors import MarketError
@@ -170,6 +171,52 @@ class ChainClientSettlement:
         # sent, and a wait that sends nothing would never see its window pass (the demo's held fraud did).
         self.client.check_settle_verdict(unit_id, list(verdict))
         return _mined("settle_held", self.client.settle_verdict(unit_id, list(verdict)))
+
+    # --- the round path (market.ports.RosterPort) ---
+
+    def roster_state(self, order_id: int) -> RosterChainState:
+        info = self.client.get_roster(order_id)
+        return RosterChainState(
+            key="0x" + info.key.hex(),
+            committed=info.committed,
+            pending_block=info.pending_block,
+            closed=info.closed,
+            open_set_aside=info.open_set_aside,
+            required_streak=info.required_streak,
+        )
+
+    def open_roster(self, order_id: int, roster: Roster, accepts: Sequence[SignedAccept]) -> str:
+        signed = [Signed(a.provider, _sig(a.signature), a.nonce, a.deadline) for a in accepts]
+        return _mined("open_roster", self.client.open_roster(order_id, roster, signed))
+
+    def step_round(
+        self,
+        order_id: int,
+        roster: Roster,
+        openings: Sequence[RevealForm],
+        deadline: int,
+        works: Sequence[SignedCommit],
+        verifiers: Sequence[str],
+    ) -> str:
+        reveals = [
+            chain.Reveal(o.provider, as_bytes32(o.result_digest, "result_digest"), as_bytes32(o.salt, "salt"))
+            for o in openings
+        ]
+        compact = [
+            RoundWork(as_bytes32(w.commitment, "commitment"), *compact_signature(_sig(w.signature)))
+            for w in works
+        ]
+        receipt = self.client.step_round(
+            order_id, roster, reveals, deadline, compact, verifiers=list(verifiers)
+        )
+        return _mined("step_round", receipt)
+
+    def close_roster(self, order_id: int, roster: Roster) -> str:
+        return _mined("close_roster", self.client.close_roster(order_id, roster))
+
+    def spot_check_ppm(self, replicas: int) -> int:
+        params = self.client.params
+        return params.solo_spot_check_ppm if replicas == 1 else params.spot_check_ppm
 
     def unit_state(self, unit_id: int) -> str:
         return self.client.get_unit(unit_id).state.name.lower()

@@ -15,6 +15,7 @@ from market.context import Lifecycle, MarketContext, row_id
 from market.custody import CustodyBook, producers_of_state
 from market.domain.binding import is_bound
 from market.domain.pricing import escrow_plan
+from market.domain.rosters import SETTLE_BY_ROUNDS, roster_shape
 from market.domain.rounds import (
     AcceptedReplica,
     UnitPlan,
@@ -27,6 +28,7 @@ from market.domain.rounds import (
     plan_round,
 )
 from market.domain.states import OrderState, ReplicaState, RoundState, UnitState, advance
+from market.rosters import RosterBook
 from market.store import OrderRow, ReplicaRow, RoundRow, UnitRow
 from veritrain.errors import InvalidInput, MarketError, OrderMismatch, UnderfundedOrder
 from veritrain.messages import (
@@ -50,15 +52,18 @@ def unit_key_for(chain_order_id: int, round_index: int, shard: int, attempt: int
 
 
 class OrderBook(Lifecycle):
-    def __init__(self, ctx: MarketContext) -> None:
+    def __init__(self, ctx: MarketContext, rosters: RosterBook | None = None) -> None:
         super().__init__(ctx)
         self.custody = CustodyBook(ctx)
+        self.rosters = rosters or RosterBook(ctx)
 
     def post_order(self, request: OrderRequest) -> OrderRow:
         """Register a buyer's order after checking its on-chain escrow covers it at the max price."""
         spec = request.spec
         recipe = self.recipes.lookup(spec.recipe)
         now = self.clock()
+        # the round path's shape, checked before anything else (InvalidOrderSpec: not folded, adaptive ...)
+        shape = roster_shape(spec) if request.settlement == SETTLE_BY_ROUNDS else None
         if spec.total_steps % spec.unit_steps:
             raise InvalidInput(
                 f"total_steps {spec.total_steps} must be a multiple of unit_steps {spec.unit_steps}"
@@ -116,6 +121,9 @@ class OrderBook(Lifecycle):
             )
             session.add(order)
             session.flush()
+            if shape is not None:  # matched once as a roster (market/rosters.py), not unit by unit
+                self.rosters.register(session, order, shape, now)
+                return order
             self._open_round(session, order, spec, 0, None, now)
         self.triggers.match(False)
         return order
@@ -214,6 +222,8 @@ class OrderBook(Lifecycle):
 
     def _advance_order(self, session: Session, order: OrderRow, now: int) -> int:
         spec = OrderSpec.model_validate_json(order.spec_json)
+        if self.store.roster_of_order(session, row_id(order)) is not None:
+            return 0  # a round-path order: its roster (market/rosters.py) drives it, its deadline the chain's
         if now > order.deadline:
             order.state = advance(OrderState(order.state), OrderState.EXPIRED, what=f"order {order.id}")
             current = self.store.round_of(session, row_id(order), order.rounds_accepted)

@@ -10,10 +10,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from market.domain.pricing import EscrowPlan
 from market.domain.replication import Reputation
+
+if TYPE_CHECKING:
+    from veritrain.chain.client import Roster
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +162,49 @@ class SettlementPort(Protocol):
     def block_number(self) -> int: ...
     def block_hash(self, block_number: int) -> str: ...
     def events(self, from_block: int, to_block: int) -> list[ChainEvent]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RosterChainState:
+    """A roster as the JobMarket holds it (`getRoster`); `key` is zero when the order has none."""
+
+    key: str
+    committed: int  # rounds committed; all but a pending one are revealed
+    pending_block: int  # the block that committed the round awaiting its reveal (0: none)
+    closed: bool
+    open_set_aside: int  # set-aside units not settled yet: the roster cannot close while any is
+    required_streak: int  # a provider below it has each of its units set aside
+
+    @property
+    def exists(self) -> bool:
+        return int(self.key, 16) != 0
+
+
+@runtime_checkable
+class RosterPort(Protocol):
+    """What the round path (market/rosters.py, market/roster_outbox.py) needs from the chain besides the
+    SettlementPort: the roster transactions (each returns its transaction hash; a revert raises a
+    ContractReverted subclass) and the reads that make them safe to retry."""
+
+    def roster_state(self, order_id: int) -> RosterChainState: ...
+    def open_roster(self, order_id: int, roster: Roster, accepts: Sequence[SignedAccept]) -> str: ...
+    def step_round(
+        self,
+        order_id: int,
+        roster: Roster,
+        openings: Sequence[RevealForm],
+        deadline: int,
+        works: Sequence[SignedCommit],
+        verifiers: Sequence[str],
+    ) -> str:
+        """Reveal the pending round (`openings` in slot order; none when nothing is pending) and commit the
+        next (`works` in slot order; none for the last step), setting aside with `verifiers`."""
+        ...
+
+    def close_roster(self, order_id: int, roster: Roster) -> str: ...
+    def spot_check_ppm(self, replicas: int) -> int:
+        """The chain's draw rate for a unit of `replicas` replicas (the solo rate for one)."""
+        ...
 
 
 class CanaryAccount(Protocol):

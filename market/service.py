@@ -12,6 +12,8 @@ tests hold. It only composes; each lifecycle lives in its own module:
 - ``custody`` (:mod:`market.custody`, kept by ``orders``): agents asked to keep live states beside their
   producers.
 - ``canaries`` (:mod:`market.canary`): verified units replayed as known-answer canary orders.
+- ``rosters`` (:mod:`market.rosters`) and ``roster_outbox`` (:mod:`market.roster_outbox`): the round path
+  of an order that opts in (a roster per order, one step per round), its intents sent like the outbox's.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from market.outbox import SettlementOutbox
 from market.ports import CanaryAccount, RecipeCatalog, SettlementPort
 from market.progress import ProgressReports
 from market.registry import AgentRegistry
+from market.roster_outbox import RosterOutbox
+from market.rosters import RosterBook
 from market.store import MarketStore
 from market.sync import ChainSync
 from market.verification import VerificationJobs
@@ -52,12 +56,14 @@ class MarketService(Lifecycle):
             )
         )
         self.matching = Matchmaker(self.ctx)
-        self.orders = OrderBook(self.ctx)
+        self.rosters = RosterBook(self.ctx)
+        self.roster_outbox = RosterOutbox(self.ctx, self.rosters)
+        self.orders = OrderBook(self.ctx, self.rosters)
         self.custody = self.orders.custody
         self.assignments = Assignments(self.ctx, self.orders, self.matching)
         self.agents = AgentRegistry(self.ctx, self.matching, self.assignments)
         self.verification = VerificationJobs(self.ctx, self.orders)
         self.outbox = SettlementOutbox(self.ctx, self.assignments, self.agents)
-        self.sync = ChainSync(self.ctx, self.assignments, self.agents)
+        self.sync = ChainSync(self.ctx, self.assignments, self.agents, self.rosters)
         self.progress = ProgressReports(self.ctx)
         self.canaries = CanaryBook(self.ctx, self.orders, canary)

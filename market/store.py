@@ -237,7 +237,7 @@ class OutboxRow(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     unit_id: int = Field(foreign_key="units.id", index=True)
     action: str = Field(max_length=80)
-    payload_json: str
+    payload_json: str = "{}"  # written by _add_intent, as are the times
     # pending -> sending -> sent -> confirmed; reverted (the chain settled the unit otherwise);
     # back to pending (no answer) or retrying (refused while the unit is open), each after a backoff
     state: str = Field(default="pending", index=True, max_length=16)
@@ -245,8 +245,87 @@ class OutboxRow(SQLModel, table=True):
     next_attempt_at: int = 0  # a failed send waits until then (exponential backoff)
     tx_hash: str | None = Field(default=None, max_length=66)
     last_error: str | None = None
+    created_at: int = 0
+    updated_at: int = 0
+
+
+class RosterRow(SQLModel, table=True):
+    """A round-path order's roster (market/rosters.py): who works each replica slot of every round, drawn
+    once. ``state``: drawing -> accepting (drawn, collecting each provider's Accept of ``roster_key``) ->
+    opening (open_roster in the roster outbox) -> open (on chain) -> closed; failed (its open can never
+    land). The round counters are the chain's (RoundCommitted, RoundRevealed), never the market's guess."""
+
+    __tablename__ = "rosters"
+
+    id: int | None = Field(default=None, primary_key=True)
+    order_id: int = Field(foreign_key="orders.id", unique=True)
+    chain_order_id: int = Field(sa_type=Uint256Text, unique=True)
+    state: str = Field(default="drawing", index=True, max_length=16)
+    replicas: int
+    units_per_round: int
+    rounds: int
+    providers_json: str = "[]"
+    slots_json: str = "[]"
+    roster_key: str | None = Field(default=None, max_length=66)
+    selection_block: int | None = None
+    works_deadline: int = Field(default=0, sa_type=Uint256Text)  # every round's UnitCommit deadline
+    committed: int = 0  # rounds committed on chain
+    revealed: int = 0  # rounds revealed on chain
+    last_error: str | None = None
     created_at: int
     updated_at: int
+
+
+class RosterAcceptRow(SQLModel, table=True):
+    """A roster provider's Accept signature over the roster key (one per provider, whatever its slots)."""
+
+    __tablename__ = "roster_accepts"
+    __table_args__ = (UniqueConstraint("roster_id", "provider"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    roster_id: int = Field(foreign_key="rosters.id", index=True)
+    provider: str = Field(max_length=42)
+    nonce: int = Field(sa_type=Uint256Text)
+    deadline: int = Field(sa_type=Uint256Text)
+    signature: str = Field(max_length=132)
+
+
+class RosterWorkRow(SQLModel, table=True):
+    """One replica slot of one round: its provider's signed commitment (UnitCommit for the round unit id),
+    then its opening (the commitment's preimage), which the market keeps until the step that reveals it."""
+
+    __tablename__ = "roster_works"
+    __table_args__ = (UniqueConstraint("roster_id", "round_index", "slot"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    roster_id: int = Field(foreign_key="rosters.id", index=True)
+    round_index: int
+    slot: int
+    provider: str = Field(max_length=42)
+    commitment: str = Field(max_length=66)
+    signature: str = Field(max_length=132)
+    result_digest: str | None = Field(default=None, max_length=66)
+    salt: str | None = Field(default=None, max_length=66)
+
+
+class RosterActionRow(SQLModel, table=True):
+    """The roster outbox (market/roster_outbox.py): ``open``, ``step:<r>`` (reveal round r-1, commit round
+    r), ``close``; one row per (roster, action), states as the unit outbox's (OutboxRow)."""
+
+    __tablename__ = "roster_actions"
+    __table_args__ = (UniqueConstraint("roster_id", "action"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    roster_id: int = Field(foreign_key="rosters.id", index=True)
+    action: str = Field(max_length=32)
+    payload_json: str = "{}"  # written by _add_intent, as are the times
+    state: str = Field(default="pending", index=True, max_length=16)
+    attempts: int = 0
+    next_attempt_at: int = 0
+    tx_hash: str | None = Field(default=None, max_length=66)
+    last_error: str | None = None
+    created_at: int = 0
+    updated_at: int = 0
 
 
 class LossPointRow(SQLModel, table=True):
@@ -591,18 +670,7 @@ class MarketStore:
     ) -> OutboxRow:
         """Add a settlement intent unless (unit, action) already has one; returns the existing or new row."""
         existing = self.outbox_entry(session, unit_id, action)
-        if existing is not None:
-            return existing
-        row = OutboxRow(
-            unit_id=unit_id,
-            action=action,
-            payload_json=json.dumps(payload, sort_keys=True),
-            created_at=now,
-            updated_at=now,
-        )
-        session.add(row)
-        session.flush()
-        return row
+        return existing or _add_intent(session, OutboxRow(unit_id=unit_id, action=action), payload, now)
 
     def outbox_entry(self, session: Session, unit_id: int, action: str) -> OutboxRow | None:
         query = select(OutboxRow).where(OutboxRow.unit_id == unit_id, OutboxRow.action == action)
@@ -726,6 +794,64 @@ class MarketStore:
         )
         return session.exec(query.order_by(col(CustodyRow.id))).all()
 
+    # --- rosters (the round path) ---
+
+    def roster_of_order(
+        self, session: Session, order_id: int, *, for_update: bool = False
+    ) -> RosterRow | None:
+        query = select(RosterRow).where(RosterRow.order_id == order_id)
+        if for_update:
+            query = query.with_for_update()
+        return session.exec(query).first()
+
+    def roster_by_chain_order(self, session: Session, chain_order_id: int) -> RosterRow | None:
+        return session.exec(select(RosterRow).where(RosterRow.chain_order_id == chain_order_id)).first()
+
+    def get_roster(self, session: Session, roster_id: int, *, for_update: bool = False) -> RosterRow:
+        return _by_id(session, RosterRow, roster_id, f"roster {roster_id}", for_update)
+
+    def rosters_in(self, session: Session, states: Sequence[str]) -> Sequence[RosterRow]:
+        query = select(RosterRow).where(col(RosterRow.state).in_(states))
+        return session.exec(query.order_by(col(RosterRow.id))).all()
+
+    def roster_accepts(self, session: Session, roster_id: int) -> Sequence[RosterAcceptRow]:
+        query = select(RosterAcceptRow).where(RosterAcceptRow.roster_id == roster_id)
+        return session.exec(query.order_by(col(RosterAcceptRow.id))).all()
+
+    def roster_works(self, session: Session, roster_id: int, round_index: int) -> Sequence[RosterWorkRow]:
+        """The round's slots the market holds, by slot."""
+        query = select(RosterWorkRow).where(
+            RosterWorkRow.roster_id == roster_id, RosterWorkRow.round_index == round_index
+        )
+        return session.exec(query.order_by(col(RosterWorkRow.slot))).all()
+
+    def roster_action(self, session: Session, roster_id: int, action: str) -> RosterActionRow | None:
+        query = select(RosterActionRow).where(
+            RosterActionRow.roster_id == roster_id, RosterActionRow.action == action
+        )
+        return session.exec(query).first()
+
+    def enqueue_roster_action(
+        self, session: Session, roster_id: int, action: str, payload: dict[str, Any], now: int
+    ) -> RosterActionRow:
+        """Add a roster intent unless (roster, action) already has one; returns the existing or new row."""
+        existing = self.roster_action(session, roster_id, action)
+        return existing or _add_intent(
+            session, RosterActionRow(roster_id=roster_id, action=action), payload, now
+        )
+
+    def get_roster_action(
+        self, session: Session, action_id: int, *, for_update: bool = False
+    ) -> RosterActionRow:
+        return _by_id(session, RosterActionRow, action_id, f"roster action {action_id}", for_update)
+
+    def roster_actions_due(self, session: Session, now: int, limit: int = 100) -> Sequence[RosterActionRow]:
+        query = select(RosterActionRow).where(
+            col(RosterActionRow.state).in_(["pending", "sending", "retrying"]),
+            col(RosterActionRow.next_attempt_at) <= now,
+        )
+        return session.exec(query.order_by(col(RosterActionRow.id)).limit(limit)).all()
+
     # --- chain cursor ---
 
     def cursor(self, session: Session, name: str = "job_market") -> ChainCursorRow:
@@ -737,7 +863,17 @@ class MarketStore:
         return row
 
 
-Row = TypeVar("Row", OrderRow, UnitRow, OutboxRow, CanaryRow)
+Row = TypeVar("Row", OrderRow, UnitRow, OutboxRow, CanaryRow, RosterRow, RosterActionRow)
+Intent = TypeVar("Intent", OutboxRow, RosterActionRow)
+
+
+def _add_intent(session: Session, row: Intent, payload: dict[str, Any], now: int) -> Intent:
+    """Write a new settlement intent (its owner and action set on `row`) and flush it for its id."""
+    row.payload_json = json.dumps(payload, sort_keys=True)
+    row.created_at = row.updated_at = now
+    session.add(row)
+    session.flush()
+    return row
 
 
 def _by_id(session: Session, model: type[Row], row_id: int, what: str, for_update: bool) -> Row:

@@ -14,6 +14,7 @@ from market.context import Lifecycle, MarketContext, row_id
 from market.domain.states import ReplicaState, UnitState
 from market.outbox import SETTLE_HELD, SLASH_VERIFIER
 from market.registry import AgentRegistry
+from market.rosters import ROSTER_EVENTS, RosterBook
 from market.store import UnitRow
 from veritrain.errors import MarketError
 from veritrain.messages import ReplicaOutcome
@@ -33,10 +34,17 @@ UNIT_SETTLEMENT_EVENTS = SETTLED_EVENTS | {"UnitAssigned", "HeldSettled"}
 
 
 class ChainSync(Lifecycle):
-    def __init__(self, ctx: MarketContext, assignments: Assignments, agents: AgentRegistry) -> None:
+    def __init__(
+        self,
+        ctx: MarketContext,
+        assignments: Assignments,
+        agents: AgentRegistry,
+        rosters: RosterBook | None = None,
+    ) -> None:
         super().__init__(ctx)
         self.assignments = assignments
         self.agents = agents
+        self.rosters = rosters or RosterBook(ctx)
 
     def sync_chain_events(self, max_blocks: int = 2000) -> int:
         """Apply JobMarket events since the cursor up to ``confirmations`` blocks below the head; confirms
@@ -53,6 +61,9 @@ class ChainSync(Lifecycle):
             events = self.chain.events(cursor.next_block, to_block)
             touched: set[str] = set()
             for chain_event in events:
+                if chain_event.name in ROSTER_EVENTS:  # the round path's (market/rosters.py)
+                    touched |= self.rosters.apply_event(session, chain_event, now)
+                    continue
                 touched |= self._accounts_touched(session, chain_event.name, chain_event.args)
                 self._apply_event(session, chain_event.name, chain_event.args, now)
             cursor.next_block = to_block + 1
@@ -60,8 +71,8 @@ class ChainSync(Lifecycle):
         self.agents.refresh_chain_facts(touched)
         if any(e.name in SETTLED_EVENTS for e in events):  # a unit settled: its round may close
             self.triggers.advance()
-        if any(e.name in ("VerdictRecorded", "AppealDecided") for e in events):  # evidence may be queued
-            self.triggers.settle()
+        if any(e.name in ("VerdictRecorded", "AppealDecided") or e.name in ROSTER_EVENTS for e in events):
+            self.triggers.settle()  # evidence may be queued, or a roster's next action
         return len(events)
 
     def _accounts_touched(self, session: Session, name: str, args: dict[str, Any]) -> set[str]:

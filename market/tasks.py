@@ -105,10 +105,25 @@ def run_canaries() -> int:
     return service().canaries.run()
 
 
+@app.task(name="market.run_rosters")
+def run_rosters() -> int:
+    """The round path's pass: draw rosters, queue and send their actions (each send is idempotent)."""
+    svc = service()
+    return svc.roster_outbox.run() if svc.chain is not None else 0
+
+
 @app.task(name="market.tick", ignore_result=True)
 def tick() -> None:
     """Periodic heartbeat of the control plane (celery beat): each step is its own task; nobody reads
     their results, so none are stored."""
-    steps = (sweep_heartbeats, sync_chain_events, match_units, advance_orders, drain_outbox, run_canaries)
+    steps = (
+        sweep_heartbeats,
+        sync_chain_events,
+        match_units,
+        advance_orders,
+        drain_outbox,
+        run_canaries,
+        run_rosters,
+    )
     for task in steps:
         task.apply_async(ignore_result=True)

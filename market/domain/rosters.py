@@ -13,6 +13,7 @@ roster's required streak, replicas that disagree, a replica that did not open.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 
 from eth_hash.auto import keccak
@@ -21,9 +22,110 @@ from market.domain.replication import spot_check_drawn
 from market.domain.selection import ROLE_REPLICAS, sample, selection_seed
 from veritrain.chain.client import Roster
 from veritrain.chain.eip712 import round_unit_id
-from veritrain.errors import InvalidInput, MarketError
+from veritrain.errors import InvalidInput, InvalidOrderSpec, MarketError
+from veritrain.messages import OrderSpec
 
 MAX_ROSTER_PROVIDERS = 32  # the contract's layout gives each slot a 5-bit provider index
+MAX_ROSTER_SLOTS = 51  # units_per_round x replicas: the layout's 5-bit indices in one 256-bit word
+SETTLE_BY_UNITS = "units"  # the per-unit path (assign, commitBatch, revealBatch, finalize / verdict)
+SETTLE_BY_ROUNDS = "rounds"  # the round path (openRoster, stepRound, closeRoster)
+
+
+@dataclass(frozen=True)
+class RosterShape:
+    """What a round-path order's roster covers: `rounds` rounds of `units_per_round` units, `replicas` each
+    (the order's last aggregate unit is not in it: it settles on the per-unit path)."""
+
+    replicas: int
+    units_per_round: int
+    rounds: int
+
+
+def roster_shape(spec: OrderSpec) -> RosterShape:
+    """The roster a spec that opts into the round path needs; InvalidOrderSpec when the spec cannot have
+    one: the outer step must be folded (no aggregate unit between rounds, whose inputs a step could not
+    carry), replication fixed (an adaptive order's k changes per unit; a roster's is fixed), k in 1..5 and
+    at most 51 replica slots per round."""
+    if spec.outer_step != "folded":
+        raise InvalidOrderSpec(
+            f"settlement {SETTLE_BY_ROUNDS!r} needs outer_step 'folded' (shards >= 2), got "
+            f"{spec.outer_step!r} with {spec.shards} shard(s)"
+        )
+    if spec.adaptive_replication:
+        raise InvalidOrderSpec(f"settlement {SETTLE_BY_ROUNDS!r} needs fixed replication, not adaptive")
+    if not 1 <= spec.replicas <= 5:
+        raise InvalidOrderSpec(f"a roster unit has 1 to 5 replicas, got {spec.replicas}")
+    if spec.shards * spec.replicas > MAX_ROSTER_SLOTS:
+        raise InvalidOrderSpec(
+            f"a roster has at most {MAX_ROSTER_SLOTS} replica slots per round, got {spec.shards} shards x "
+            f"{spec.replicas} replicas"
+        )
+    return RosterShape(spec.replicas, spec.shards, spec.rounds)
+
+
+@dataclass(frozen=True)
+class RosterProgress:
+    """What the roster's next action depends on: the chain's counters (rounds committed, whether the last
+    committed one awaits its reveal, closed) and what the market holds off chain (the rounds whose every
+    slot's signed work, resp. opening, it has; set-aside units not settled yet)."""
+
+    rounds: int
+    committed: int
+    pending: bool
+    closed: bool
+    works_ready: frozenset[int]
+    openings_ready: frozenset[int]
+    open_set_aside: int = 0
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """Step `index`: reveal round `reveal` (None: none pending) and commit round `commit` (None: the last
+    round was committed) in one transaction. Its outbox action is `step:<index>`; it landed once the chain
+    committed `index + 1` rounds (or, for the last step, revealed all)."""
+
+    index: int
+    reveal: int | None
+    commit: int | None
+
+    @property
+    def action(self) -> str:
+        return f"step:{self.index}"
+
+
+CLOSE_ACTION = "close"
+OPEN_ACTION = "open"
+
+
+def next_roster_action(progress: RosterProgress) -> StepPlan | str | None:
+    """The roster's next outbox action, or None while it waits (for works, openings or set-aside units).
+
+    One step per round (PLAN "Step 5 revised", finding 3): step r reveals round r-1 and commits round r
+    together, so it waits until the market holds both round r-1's openings and round r's works; the last
+    step only reveals. Then the close, once no set-aside unit is open (the chain refuses it before)."""
+    if progress.closed:
+        return None
+    if not 0 <= progress.committed <= progress.rounds or (progress.pending and progress.committed == 0):
+        raise MarketError(f"roster progress out of range: {progress}")
+    revealed = progress.committed - (1 if progress.pending else 0)
+    if revealed == progress.rounds:
+        return CLOSE_ACTION if progress.open_set_aside == 0 else None
+    reveal = progress.committed - 1 if progress.pending else None
+    commit = progress.committed if progress.committed < progress.rounds else None
+    if reveal is not None and reveal not in progress.openings_ready:
+        return None
+    if commit is not None and commit not in progress.works_ready:
+        return None
+    return StepPlan(progress.committed, reveal, commit)
+
+
+def step_landed(plan_index: int, rounds: int, committed: int, pending: bool) -> bool:
+    """Whether the chain already shows step `plan_index` done (so it must not be sent again): a committing
+    step once `plan_index + 1` rounds are committed, the last (reveal-only) step once nothing is pending
+    after the last round."""
+    if plan_index < rounds:
+        return committed > plan_index
+    return committed == rounds and not pending
 
 
 class SetAsideReason(StrEnum):

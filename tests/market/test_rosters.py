@@ -5,9 +5,22 @@ from __future__ import annotations
 
 import pytest
 
-from market.domain.rosters import MAX_ROSTER_PROVIDERS, SetAsideReason, draw_roster, predict_set_aside
+from market.domain.rosters import (
+    CLOSE_ACTION,
+    MAX_ROSTER_PROVIDERS,
+    RosterProgress,
+    SetAsideReason,
+    StepPlan,
+    draw_roster,
+    next_roster_action,
+    predict_set_aside,
+    roster_shape,
+    step_landed,
+)
+from tests.market.test_domain import spec
 from veritrain.chain.client import Roster
-from veritrain.errors import InvalidInput, MarketError
+from veritrain.errors import InvalidInput, InvalidOrderSpec, MarketError
+from veritrain.messages import OrderSpec
 
 BLOCK = "0x" + "ab" * 32
 ORDER_KEY = "0x" + "cd" * 32
@@ -86,3 +99,64 @@ def test_the_draw_is_per_round_unit_and_a_bad_slot_count_is_refused() -> None:
     assert len({frozenset(d) for d in draws}) > 1  # the unit id names the round: draws differ by round
     with pytest.raises(InvalidInput, match="slot values"):
         predict_set_aside(roster, 7, 0, BLOCK, 0, values[:3])
+
+
+def _spec(**fields: object) -> OrderSpec:
+    """tests/market/test_domain.py's spec as a folded 4-shard order of 3 rounds."""
+    folded: dict[str, object] = {"total_steps": 30, "unit_steps": 10, "shards": 4, "outer_step": "folded"}
+    return spec(**{**folded, **fields})
+
+
+def test_a_round_path_order_is_folded_fixed_k_and_fits_the_layout() -> None:
+    shape = roster_shape(_spec())
+    assert (shape.replicas, shape.units_per_round, shape.rounds) == (3, 4, 3)
+    with pytest.raises(InvalidOrderSpec, match="folded"):
+        roster_shape(_spec(outer_step="unit"))
+    with pytest.raises(InvalidOrderSpec, match="fixed replication"):
+        roster_shape(_spec(adaptive_replication=True))
+    with pytest.raises(InvalidOrderSpec, match="1 to 5 replicas"):  # past the spec's own check
+        roster_shape(_spec().model_copy(update={"replicas": 6}))
+    with pytest.raises(InvalidOrderSpec, match="51 replica slots"):
+        roster_shape(_spec(shards=13, replicas=4))
+
+
+def test_more_than_32_providers_is_a_typed_error() -> None:
+    providers = tuple(f"0x{i + 1:040x}" for i in range(33))
+    with pytest.raises(InvalidInput, match="1 to 32 providers"):
+        Roster(providers, tuple(range(33)) + (0,) * 3, 3, 12, 1)
+
+
+def _progress(
+    committed: int, pending: bool, works: set[int], openings: set[int], **rest: int
+) -> RosterProgress:
+    return RosterProgress(
+        rounds=3,
+        committed=committed,
+        pending=pending,
+        closed=bool(rest.get("closed", 0)),
+        works_ready=frozenset(works),
+        openings_ready=frozenset(openings),
+        open_set_aside=rest.get("open_set_aside", 0),
+    )
+
+
+def test_one_step_per_round_reveals_the_last_round_and_commits_the_next_together() -> None:
+    assert next_roster_action(_progress(0, False, set(), set())) is None  # no works yet
+    assert next_roster_action(_progress(0, False, {0}, set())) == StepPlan(0, None, 0)
+    assert next_roster_action(_progress(1, True, {0}, {0})) is None  # round 1's works not in
+    assert next_roster_action(_progress(1, True, {0, 1}, set())) is None  # round 0's openings not in
+    assert next_roster_action(_progress(1, True, {0, 1}, {0})) == StepPlan(1, 0, 1)
+    assert next_roster_action(_progress(3, True, {2}, {2})) == StepPlan(3, 2, None)  # the last step
+    assert next_roster_action(_progress(3, False, set(), set())) == CLOSE_ACTION
+    assert next_roster_action(_progress(3, False, set(), set(), open_set_aside=1)) is None
+    assert next_roster_action(_progress(3, False, set(), set(), closed=1)) is None
+    assert StepPlan(1, 0, 1).action == "step:1"
+    with pytest.raises(MarketError):
+        next_roster_action(_progress(0, True, set(), set()))
+
+
+def test_a_step_landed_once_the_chain_committed_past_it_or_revealed_the_last_round() -> None:
+    assert not step_landed(1, 3, 1, True)
+    assert step_landed(1, 3, 2, True)
+    assert not step_landed(3, 3, 3, True)
+    assert step_landed(3, 3, 3, False)

@@ -1,0 +1,236 @@
+"""The roster outbox: the round path's intents (`open`, `step:<r>`, `close`, queued by market/rosters.py)
+sent to the chain one claim at a time, as the unit outbox (market/outbox.py) sends a unit's.
+
+Each send first reads the roster on chain (a free call): an action the chain already shows done (by this
+market before a crash, or by anyone: steps and the close are permissionless) is confirmed, never sent
+again. A revert is never a success: the roster is read again and the action is confirmed only if the chain
+shows it done; a step refused for `RoundUnitNeedsVerdict` (a unit the market did not predict set aside)
+goes again with verifiers; an open refused for an expired or untrusted Accept fails its roster; any other
+refusal or an RPC error is retried after a backoff.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from market.context import Lifecycle, MarketContext, row_id
+from market.domain.rosters import CLOSE_ACTION, OPEN_ACTION, predict_set_aside, step_landed
+from market.outbox import OUTBOX_LEASE_S, OutboxResult, backoff_s
+from market.ports import RevealForm, RosterChainState, RosterPort, SignedAccept, SignedCommit
+from market.rosters import RosterBook, roster_of, roster_port
+from market.store import RosterRow
+from veritrain.chain.client import Roster
+from veritrain.chain.eip712 import round_unit_id
+
+# An open refused for these can never land (an Accept past its deadline, a provider whose streak or stake
+# no longer holds): the roster fails rather than retrying for good. Redrawing it is left (PLAN, Progress).
+OPEN_FINAL_ERRORS = frozenset({"SignatureExpired", "ProviderNotTrusted", "InvalidSigner", "RosterExists"})
+NEEDS_VERIFIERS = "RoundUnitNeedsVerdict"
+
+
+class RosterOutbox(Lifecycle):
+    def __init__(self, ctx: MarketContext, rosters: RosterBook) -> None:
+        super().__init__(ctx)
+        self.rosters = rosters
+
+    def run(self) -> int:
+        """One pass of the round path (the worker's tick): draw the rosters waiting for providers, queue
+        each roster's next action, send what is due; how many sends landed. Nothing on a chain that does not
+        serve the round path (a test double)."""
+        if not isinstance(self.chain, RosterPort):
+            return 0
+        self.rosters.draw_pending()
+        self.rosters.plan()
+        return sum(1 for action_id in self.pending() if self.send(action_id).sent)
+
+    def pending(self, limit: int = 100) -> list[int]:
+        """Roster actions to send now (those backing off wait for their time)."""
+        with self.store.transaction() as session:
+            return [row_id(row) for row in self.store.roster_actions_due(session, self.clock(), limit)]
+
+    def send(self, action_id: int) -> OutboxResult:
+        """Send one roster action at most once per claim; safe to run twice or concurrently."""
+        port = roster_port(self.chain)
+        now = self.clock()
+        with self.store.transaction() as session:
+            entry = self.store.get_roster_action(session, action_id, for_update=True)
+            if entry.state in ("sent", "confirmed", "reverted"):
+                return OutboxResult(action_id, entry.state, False, "already done")
+            if entry.state == "sending" and now - entry.updated_at < OUTBOX_LEASE_S:
+                return OutboxResult(action_id, entry.state, False, "claimed by another run")
+            if entry.state != "sending" and entry.next_attempt_at > now:
+                return OutboxResult(action_id, entry.state, False, f"waiting until {entry.next_attempt_at}")
+            entry.state, entry.attempts, entry.updated_at = "sending", entry.attempts + 1, now
+            session.add(entry)
+            row = self.store.get_roster(session, entry.roster_id)
+            action, payload = entry.action, json.loads(entry.payload_json)
+        roster = roster_of(row)
+        try:
+            before = port.roster_state(row.chain_order_id)
+        except Exception as exc:  # RPC down: retry later
+            return self._record(action_id, "failed", f"roster read failed: {type(exc).__name__}: {exc}")
+        done = self._done(action, row, before)
+        if done is not None:
+            return self._record(
+                action_id, done, "the chain shows it done" if done == "confirmed" else "", before
+            )
+        if action == CLOSE_ACTION and before.open_set_aside:
+            return self._record(
+                action_id, "retrying", f"{before.open_set_aside} set-aside unit(s) still open"
+            )
+        from veritrain.chain.errors import ContractReverted
+
+        try:
+            tx_hash = self._send(action, row, roster, payload, before, action_id)
+        except ContractReverted as exc:
+            return self._after_revert(action_id, action, row, exc)
+        except Exception as exc:  # RPC down, timeout: retry after a backoff
+            return self._record(action_id, "failed", f"{type(exc).__name__}: {exc}")
+        try:
+            after: RosterChainState | None = port.roster_state(row.chain_order_id)
+        except Exception:  # the sync's events bring the same facts
+            after = None
+        return self._record(action_id, "sent", "", after, tx_hash)
+
+    def _done(self, action: str, row: RosterRow, chain: RosterChainState) -> str | None:
+        """ "confirmed" when the chain shows `action` done, "reverted" when it shows it can no longer be (an
+        other roster opened for the order), else None."""
+        if action == OPEN_ACTION:
+            if not chain.exists:
+                return None
+            return "confirmed" if chain.key.lower() == (row.roster_key or "").lower() else "reverted"
+        if action == CLOSE_ACTION:
+            return "confirmed" if chain.closed else None
+        index = int(action.split(":", 1)[1])
+        if chain.exists and step_landed(index, row.rounds, chain.committed, chain.pending_block != 0):
+            return "confirmed"
+        return None
+
+    def _send(
+        self,
+        action: str,
+        row: RosterRow,
+        roster: Roster,
+        payload: dict[str, Any],
+        chain: RosterChainState,
+        action_id: int,
+    ) -> str:
+        port = roster_port(self.chain)
+        if action == OPEN_ACTION:
+            accepts = [
+                SignedAccept(a["provider"], a["nonce"], a["deadline"], a["signature"])
+                for a in payload["accepts"]
+            ]
+            return port.open_roster(row.chain_order_id, roster, accepts)
+        if action == CLOSE_ACTION:
+            return port.close_roster(row.chain_order_id, roster)
+        openings = [
+            RevealForm(o["provider"], o["result_digest"], o["salt"]) for o in payload.get("openings", [])
+        ]
+        works = [
+            SignedCommit(w["provider"], w["commitment"], payload["deadline"], w["signature"])
+            for w in payload.get("works", [])
+        ]
+        verifiers: list[str] = []
+        if payload.get("reveal") is not None:
+            verifiers = self._verifiers(row, roster, payload, chain, action_id)
+        return port.step_round(
+            row.chain_order_id, roster, openings, int(payload["deadline"]), works, verifiers
+        )
+
+    def _verifiers(
+        self, row: RosterRow, roster: Roster, payload: dict[str, Any], chain: RosterChainState, action_id: int
+    ) -> list[str]:
+        """The verifiers the revealing step carries: none when no unit will be set aside (predicted from the
+        chain's own inputs: the commit block's hash, its rate, the providers' streaks), else the draw's; a
+        step the chain refused for a unit needing a verdict carries them anyway. Recorded in the action, so
+        that the set-aside units' verifiers are known when their events arrive."""
+        assert self.chain is not None
+        round_index = int(payload["reveal"])
+        block_hash = self.chain.block_hash(chain.pending_block)
+        weak = frozenset(
+            p
+            for p in roster.providers
+            if self.chain.reputation_of(p).consecutive_valid < chain.required_streak
+        )
+        values: list[str | None] = [o["result_digest"] for o in payload["openings"]]
+        reasons = predict_set_aside(
+            roster,
+            row.chain_order_id,
+            round_index,
+            block_hash,
+            roster_port(self.chain).spot_check_ppm(roster.replicas),
+            values,
+            weak,
+        )
+        if not reasons and not payload.get("force_verifiers"):
+            return []
+        seed_key = f"0x{round_unit_id(row.chain_order_id, round_index, 0):064x}"
+        verifiers = self.rosters.choose_verifiers(roster, block_hash, seed_key)
+        with self.store.transaction() as session:
+            entry = self.store.get_roster_action(session, action_id, for_update=True)
+            stored = json.loads(entry.payload_json)
+            stored["verifiers"] = verifiers
+            stored["reasons"] = {str(unit): reason.value for unit, reason in reasons.items()}
+            entry.payload_json = json.dumps(stored, sort_keys=True)
+            session.add(entry)
+        return verifiers
+
+    def _after_revert(self, action_id: int, action: str, row: RosterRow, exc: Exception) -> OutboxResult:
+        """Re-read the roster: confirmed only if the chain shows the action done, else retried (with
+        verifiers for a step that needs them), or reverted for an open that can never land."""
+        error = f"{type(exc).__name__}: {exc}"
+        name = getattr(exc, "name", "")
+        try:
+            chain = roster_port(self.chain).roster_state(row.chain_order_id)
+        except Exception as read_error:
+            return self._record(action_id, "failed", f"{error}; re-read failed: {read_error}")
+        done = self._done(action, row, chain)
+        if done is not None:
+            return self._record(action_id, done, error, chain)
+        if action == OPEN_ACTION and name in OPEN_FINAL_ERRORS:
+            with self.store.transaction() as session:
+                roster_row = self.store.get_roster(session, row_id(row), for_update=True)
+                roster_row.state, roster_row.last_error = "failed", error
+                session.add(roster_row)
+            return self._record(action_id, "reverted", error, chain)
+        if name == NEEDS_VERIFIERS:
+            with self.store.transaction() as session:
+                entry = self.store.get_roster_action(session, action_id, for_update=True)
+                stored = json.loads(entry.payload_json)
+                stored["force_verifiers"] = True
+                entry.payload_json = json.dumps(stored, sort_keys=True)
+                session.add(entry)
+        return self._record(action_id, "retrying", error, chain)
+
+    def _record(
+        self,
+        action_id: int,
+        outcome: str,
+        error: str,
+        chain: RosterChainState | None = None,
+        tx_hash: str | None = None,
+    ) -> OutboxResult:
+        """Record a send's outcome (failed and retrying back off) and adopt the chain's roster, if read."""
+        now = self.clock()
+        with self.store.transaction() as session:
+            entry = self.store.get_roster_action(session, action_id, for_update=True)
+            if outcome in ("failed", "retrying") and entry.state != "sending":
+                return OutboxResult(action_id, entry.state, False, error)  # the sync confirmed it meanwhile
+            entry.updated_at = now
+            entry.last_error = error or None
+            if outcome in ("failed", "retrying"):
+                entry.state = "pending" if outcome == "failed" else "retrying"
+                entry.next_attempt_at = now + backoff_s(entry.attempts)
+            else:
+                entry.state = "confirmed" if entry.state == "confirmed" else outcome
+                entry.tx_hash = tx_hash or entry.tx_hash
+            session.add(entry)
+            if chain is not None:
+                row = self.store.get_roster(session, entry.roster_id, for_update=True)
+                self.rosters.reconcile(session, row, chain, now)
+            result = OutboxResult(action_id, entry.state, outcome == "sent", error)
+        if outcome in ("sent", "confirmed"):
+            self.triggers.settle()
+        return result

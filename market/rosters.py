@@ -1,0 +1,579 @@
+"""Rosters, the round path's lifecycle (docs/studies/round-settlement/PLAN.md step 5d): an order that opts in
+(`OrderRequest.settlement == "rounds"`, folded, fixed k) is matched once, its providers accept the roster,
+and each round settles in one `stepRound` instead of per unit.
+
+- draw: the roster's providers per slot by the stake-weighted draw (market/domain/rosters.py), from the
+  registered, online providers that serve the order's recipe, each within the slots its free stake can
+  collateralize; seeded by the head block's hash and the chain order id.
+- accept: each provider signs `Accept(orderId, rosterKey)` once (whatever its slots); with every one in
+  hand the roster outbox opens the roster (market/roster_outbox.py).
+- works and openings: per round, each slot's provider hands its `UnitCommit` for `roundUnitId(order, round,
+  unit)` signed up to the roster's works deadline (one deadline per step: the contract takes one for every
+  work of a step), then its opening, which the market checks against the commitment and keeps off chain.
+- plan: one step per round (reveal round r-1 and commit round r together) once the market holds both, then
+  the close once the last round is revealed and no set-aside unit is open; each an idempotent outbox row.
+- events (called by the chain sync, market/sync.py): the chain's counters replace the market's; a unit the
+  step set aside (`UnitSetAside`) becomes an ordinary unit in VERIFYING with a verification job, and
+  settles on the per-unit path (verdict, held fraud, expiry) like any other.
+
+Why the providers' signing code needs no new message: the roster key is an Accept's unit key and a round
+unit's id is a UnitCommit's unit id (PLAN, Progress, step 1).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from eth_utils import to_checksum_address
+from sqlmodel import Session
+
+from market.context import Lifecycle, MarketContext, require_signer, row_id
+from market.domain.rosters import (
+    OPEN_ACTION,
+    RosterProgress,
+    RosterShape,
+    SetAsideReason,
+    StepPlan,
+    draw_roster,
+    next_roster_action,
+)
+from market.domain.rounds import plan_round
+from market.domain.selection import ROLE_VERIFIERS, sample, selection_seed
+from market.domain.states import OrderState, ReplicaState, UnitState
+from market.ports import ChainEvent, RosterChainState, RosterPort
+from market.store import (
+    OrderRow,
+    ReplicaRow,
+    RosterAcceptRow,
+    RosterRow,
+    RosterWorkRow,
+    RoundRow,
+    UnitRow,
+    VerificationJobRow,
+)
+from veritrain.chain.client import Roster
+from veritrain.chain.eip712 import commitment as commitment_of
+from veritrain.chain.eip712 import market_domain, round_unit_id
+from veritrain.errors import IllegalTransition, InvalidInput, MarketError, NotFound
+from veritrain.messages import AgentRole, OrderSpec, UnitKind
+
+# Events of the round path the chain sync hands to :meth:`RosterBook.apply_event`.
+ROSTER_EVENTS = frozenset(
+    {"RosterOpened", "RoundCommitted", "RoundRevealed", "UnitSetAside", "OpeningPublished", "RosterClosed"}
+)
+# Roster states in which the market still has something to do.
+LIVE_ROSTER_STATES = ("drawing", "accepting", "opening", "open")
+
+
+def roster_port(chain: object) -> RosterPort:
+    """The chain as a RosterPort, or MarketError when the market's chain cannot serve the round path."""
+    if chain is None or not isinstance(chain, RosterPort):
+        raise MarketError("the market's chain does not serve the round path (no RosterPort)")
+    return chain
+
+
+def roster_of(row: RosterRow) -> Roster:
+    """The drawn roster of a row (MarketError before the draw)."""
+    providers = tuple(json.loads(row.providers_json))
+    if not providers:
+        raise MarketError(f"roster {row.id} is not drawn yet")
+    return Roster(providers, tuple(json.loads(row.slots_json)), row.replicas, row.units_per_round, row.rounds)
+
+
+@dataclass(frozen=True)
+class RosterView:
+    """What a roster's provider is handed: the Accept's unit key, its slots (unit, replica) of every round,
+    and the deadline each of its UnitCommit signatures must carry."""
+
+    order_id: int
+    chain_order_id: int
+    state: str
+    roster_key: str
+    providers: tuple[str, ...]
+    slots: tuple[int, ...]
+    replicas: int
+    units_per_round: int
+    rounds: int
+    works_deadline: int
+    committed: int
+    revealed: int
+
+    def units_of(self, provider: str) -> list[tuple[int, int]]:
+        """(unit, replica) of every slot `provider` holds, in slot order."""
+        return [
+            (slot // self.replicas, slot % self.replicas)
+            for slot, index in enumerate(self.slots)
+            if self.providers[index].lower() == provider.lower()
+        ]
+
+
+class RosterBook(Lifecycle):
+    def __init__(self, ctx: MarketContext) -> None:
+        super().__init__(ctx)
+
+    # --- registration (OrderBook.post_order) ---
+
+    def register(self, session: Session, order: OrderRow, shape: RosterShape, now: int) -> RosterRow:
+        """The roster row of a round-path order, to be drawn by :meth:`draw_pending`."""
+        row = RosterRow(
+            order_id=row_id(order),
+            chain_order_id=order.chain_order_id,
+            replicas=shape.replicas,
+            units_per_round=shape.units_per_round,
+            rounds=shape.rounds,
+            works_deadline=order.deadline,
+            created_at=now,
+            updated_at=now,
+        )
+        session.add(row)
+        session.flush()
+        return row
+
+    # --- draw ---
+
+    def draw_pending(self) -> int:
+        """Draw every roster still waiting for its providers; a roster that finds too few waits for more
+        (its error kept in ``last_error``). Returns how many were drawn."""
+        roster_port(self.chain)
+        assert self.chain is not None
+        with self.store.transaction() as session:
+            if not self.store.rosters_in(session, ["drawing"]):
+                return 0  # no chain read for nothing: this runs at every tick
+        head = self.chain.block_number()
+        block_hash = self.chain.block_hash(head)
+        collateral = self.chain.terms().provider_collateral
+        drawn = 0
+        now = self.clock()
+        with self.store.transaction() as session:
+            for row in self.store.rosters_in(session, ["drawing"]):
+                order = self.store.get_order(session, row.order_id)
+                stakes, capacity = self._provider_pool(session, order, collateral)
+                try:
+                    roster = draw_roster(
+                        block_hash,
+                        f"0x{row.chain_order_id:064x}",
+                        stakes,
+                        capacity,
+                        row.replicas,
+                        row.units_per_round,
+                        row.rounds,
+                    )
+                except MarketError as exc:
+                    row.last_error = str(exc)
+                    row.updated_at = now
+                    session.add(row)
+                    continue
+                row.providers_json = json.dumps(list(roster.providers))
+                row.slots_json = json.dumps(list(roster.slots))
+                row.roster_key = "0x" + roster.key.hex()
+                row.selection_block = head
+                row.state = "accepting"
+                row.last_error = None
+                row.updated_at = now
+                session.add(row)
+                if order.state == OrderState.OPEN.value:
+                    order.state = OrderState.RUNNING.value
+                    session.add(order)
+                drawn += 1
+        return drawn
+
+    def _provider_pool(
+        self, session: Session, order: OrderRow, collateral: int
+    ) -> tuple[dict[str, int], dict[str, int]]:
+        """Draw weights (bonded stake) and slot capacity (free stake / collateral) of the online providers
+        that serve the order's recipe with enough memory."""
+        stakes: dict[str, int] = {}
+        capacity: dict[str, int] = {}
+        for agent in self.store.agents(session, AgentRole.PROVIDER.value):
+            if not agent.online or order.recipe not in agent.recipes or agent.memory_mb < order.min_memory_mb:
+                continue
+            if self.ctx.is_plant(agent.address):  # plants work planted canaries only
+                continue
+            stakes[agent.address] = agent.bonded_stake
+            capacity[agent.address] = agent.free_stake // collateral if collateral else 1 << 32
+        return stakes, capacity
+
+    def choose_verifiers(self, roster: Roster, block_hash: str, seed_key: str) -> list[str]:
+        """The verifiers a step sets its units aside with: registered online verifiers that are none of the
+        roster's providers, by the stake-weighted draw seeded by `block_hash` (the revealed round's commit
+        block) and `seed_key`, as many as the config asks (at least the contract's minimum)."""
+        count = max(self.config.verifiers_per_unit, self.config.min_verifiers)
+        providers = {p.lower() for p in roster.providers}
+        with self.store.transaction() as session:
+            pool = {
+                agent.address: agent.bonded_stake
+                for agent in self.store.agents(session, AgentRole.VERIFIER.value)
+                if agent.online and agent.address.lower() not in providers
+            }
+        chosen = sample(block_hash, selection_seed(block_hash, seed_key), ROLE_VERIFIERS, pool, count)
+        if len(chosen) < max(self.config.min_verifiers, 1):
+            raise MarketError(f"only {len(chosen)} verifiers can take a set-aside unit of this roster")
+        return list(chosen)
+
+    # --- what providers see and sign ---
+
+    def view(self, order_id: int) -> RosterView:
+        with self.store.transaction() as session:
+            row = self._roster(session, order_id)
+            roster = roster_of(row)
+            return RosterView(
+                order_id=order_id,
+                chain_order_id=row.chain_order_id,
+                state=row.state,
+                roster_key=row.roster_key or "",
+                providers=roster.providers,
+                slots=roster.slots,
+                replicas=row.replicas,
+                units_per_round=row.units_per_round,
+                rounds=row.rounds,
+                works_deadline=row.works_deadline,
+                committed=row.committed,
+                revealed=row.revealed,
+            )
+
+    def accept(self, order_id: int, provider: str, nonce: int, deadline: int, signature: str) -> None:
+        """A roster provider's Accept of the roster key (checked before anything is stored); a second one
+        from the same provider is refused."""
+        now = self.clock()
+        with self.store.transaction() as session:
+            row = self._roster(session, order_id, for_update=True)
+            roster = roster_of(row)
+            if row.state != "accepting":
+                raise IllegalTransition(f"roster of order {order_id} is {row.state}; it takes no Accept")
+            if provider not in roster.providers:
+                raise InvalidInput(f"{provider} is not a provider of the roster of order {order_id}")
+            if deadline <= now:
+                raise InvalidInput(f"the Accept's deadline {deadline} has passed (market clock {now})")
+            if any(a.provider == provider for a in self.store.roster_accepts(session, row_id(row))):
+                raise InvalidInput(f"{provider} already accepted the roster of order {order_id}")
+            message = {
+                "orderId": row.chain_order_id,
+                "unitKey": bytes.fromhex(roster.key.hex()),
+                "provider": provider,
+                "nonce": nonce,
+                "deadline": deadline,
+            }
+            accepted = RosterAcceptRow(
+                roster_id=row_id(row), provider=provider, nonce=nonce, deadline=deadline, signature=signature
+            )
+            self._add_signed(session, accepted, "Accept", message)
+        self.triggers.settle()
+
+    def submit_work(
+        self, order_id: int, provider: str, round_index: int, unit: int, commitment: str, signature: str
+    ) -> None:
+        """A slot's signed commitment for a round: the provider's `UnitCommit(roundUnitId(order, round, unit),
+        provider, commitment, works_deadline)`. A slot takes one; the same again is a no-op."""
+        with self.store.transaction() as session:
+            row = self._roster(session, order_id, for_update=True)
+            slot = self._slot(row, provider, round_index, unit)
+            if row.state not in ("accepting", "opening", "open"):
+                raise IllegalTransition(f"roster of order {order_id} is {row.state}; it takes no work")
+            if round_index < row.committed:
+                raise IllegalTransition(f"round {round_index} of order {order_id} is committed already")
+            held = {w.slot: w for w in self.store.roster_works(session, row_id(row), round_index)}
+            if slot in held:
+                if held[slot].commitment == commitment.lower() and held[slot].signature == signature:
+                    return
+                raise InvalidInput(f"slot {slot} of round {round_index} has another commitment already")
+            message = {
+                "unitId": round_unit_id(row.chain_order_id, round_index, unit),
+                "provider": provider,
+                "commitment": bytes.fromhex(commitment.removeprefix("0x")),
+                "deadline": row.works_deadline,
+            }
+            work = RosterWorkRow(
+                roster_id=row_id(row),
+                round_index=round_index,
+                slot=slot,
+                provider=provider,
+                commitment=commitment.lower(),
+                signature=signature,
+            )
+            self._add_signed(session, work, "UnitCommit", message)
+        self.triggers.settle()
+
+    def submit_opening(
+        self, order_id: int, provider: str, round_index: int, unit: int, result_digest: str, salt: str
+    ) -> None:
+        """A slot's opening (its commitment's preimage): kept off chain until the step that reveals it."""
+        with self.store.transaction() as session:
+            row = self._roster(session, order_id, for_update=True)
+            slot = self._slot(row, provider, round_index, unit)
+            held = {w.slot: w for w in self.store.roster_works(session, row_id(row), round_index)}
+            work = held.get(slot)
+            if work is None:
+                raise IllegalTransition(f"slot {slot} of round {round_index} has no commitment to open")
+            unit_id = round_unit_id(row.chain_order_id, round_index, unit)
+            expected = "0x" + commitment_of(result_digest, salt, provider, unit_id).hex()
+            if expected != work.commitment:
+                raise InvalidInput(
+                    f"the opening of slot {slot} of round {round_index} is not its commitment's"
+                )
+            work.result_digest, work.salt = result_digest.lower(), salt.lower()
+            session.add(work)
+        self.triggers.settle()
+
+    def _roster(self, session: Session, order_id: int, *, for_update: bool = False) -> RosterRow:
+        row = self.store.roster_of_order(session, order_id, for_update=for_update)
+        if row is None:
+            raise NotFound(f"order {order_id} has no roster (it settles per unit)")
+        return row
+
+    def _slot(self, row: RosterRow, provider: str, round_index: int, unit: int) -> int:
+        roster = roster_of(row)
+        if not 0 <= round_index < row.rounds or not 0 <= unit < row.units_per_round:
+            raise InvalidInput(
+                f"no unit {unit} of round {round_index} in a {row.rounds} x {row.units_per_round} roster"
+            )
+        for replica in range(row.replicas):
+            if roster.provider_of(unit, replica) == provider:
+                return unit * row.replicas + replica
+        raise InvalidInput(f"{provider} holds no slot of unit {unit} of the roster of order {row.order_id}")
+
+    def _add_signed(
+        self, session: Session, row: RosterAcceptRow | RosterWorkRow, primary: str, message: dict[str, Any]
+    ) -> None:
+        """Store `row` once its signature is its provider's over `message` (`primary`)."""
+        domain = market_domain(self.config.chain_id, self.ctx.job_market())
+        require_signer(domain, primary, message, row.signature, row.provider)
+        session.add(row)
+
+    # --- planning: the roster outbox's intents ---
+
+    def plan(self) -> int:
+        """Queue each live roster's next action (open, step, close); returns how many were queued. Safe to
+        run any number of times: (roster, action) has one row."""
+        now = self.clock()
+        queued = 0
+        with self.store.transaction() as session:
+            for row in self.store.rosters_in(session, ["accepting", "open"]):
+                if row.state == "accepting":
+                    queued += self._plan_open(session, row, now)
+                    continue
+                action = next_roster_action(self._progress(session, row))
+                name = action.action if isinstance(action, StepPlan) else action
+                if name is None or self.store.roster_action(session, row_id(row), name) is not None:
+                    continue
+                payload = self._step(session, row, action) if isinstance(action, StepPlan) else {}
+                self.store.enqueue_roster_action(session, row_id(row), name, payload, now)
+                queued += 1
+        if queued:
+            self.triggers.settle()
+        return queued
+
+    def _plan_open(self, session: Session, row: RosterRow, now: int) -> int:
+        roster = roster_of(row)
+        accepts = {a.provider: a for a in self.store.roster_accepts(session, row_id(row))}
+        if set(accepts) != set(roster.providers):
+            return 0
+        payload = {
+            "accepts": [
+                {
+                    "provider": p,
+                    "nonce": accepts[p].nonce,
+                    "deadline": accepts[p].deadline,
+                    "signature": accepts[p].signature,
+                }
+                for p in roster.providers
+            ]
+        }
+        self.store.enqueue_roster_action(session, row_id(row), OPEN_ACTION, payload, now)
+        row.state = "opening"
+        row.updated_at = now
+        session.add(row)
+        return 1
+
+    def _progress(self, session: Session, row: RosterRow) -> RosterProgress:
+        slots = row.units_per_round * row.replicas
+        works: set[int] = set()
+        openings: set[int] = set()
+        for index in range(max(row.committed - 1, 0), min(row.committed + 1, row.rounds)):
+            held = self.store.roster_works(session, row_id(row), index)
+            if len(held) == slots:
+                works.add(index)
+                if all(w.salt is not None for w in held):
+                    openings.add(index)
+        open_set_aside = sum(
+            1
+            for unit in self.store.units_of_order(session, row.order_id)
+            if unit.state not in (UnitState.ACCEPTED.value, UnitState.FAILED.value)
+        )
+        return RosterProgress(
+            rounds=row.rounds,
+            committed=row.committed,
+            pending=row.committed > row.revealed,
+            closed=row.state == "closed",
+            works_ready=frozenset(works),
+            openings_ready=frozenset(openings),
+            open_set_aside=open_set_aside,
+        )
+
+    def _step(self, session: Session, row: RosterRow, plan: StepPlan) -> dict[str, Any]:
+        """The step's payload, fixed when queued: the revealed round's openings and the committed round's
+        works, each in slot order."""
+        payload: dict[str, Any] = {
+            "reveal": plan.reveal,
+            "commit": plan.commit,
+            "deadline": row.works_deadline,
+        }
+        if plan.reveal is not None:
+            payload["openings"] = [
+                {"provider": w.provider, "result_digest": w.result_digest, "salt": w.salt}
+                for w in self.store.roster_works(session, row_id(row), plan.reveal)
+            ]
+        if plan.commit is not None:
+            payload["works"] = [
+                {"provider": w.provider, "commitment": w.commitment, "signature": w.signature}
+                for w in self.store.roster_works(session, row_id(row), plan.commit)
+            ]
+        return payload
+
+    # --- the chain's facts ---
+
+    def reconcile(self, session: Session, row: RosterRow, chain: RosterChainState, now: int) -> None:
+        """Adopt the chain's counters (re-read after a send or a revert): the chain is the source of truth,
+        and its counters only grow."""
+        if not chain.exists:
+            return
+        if row.state in ("accepting", "opening"):
+            row.state = "open"
+        row.committed = max(row.committed, chain.committed)
+        row.revealed = max(row.revealed, chain.committed - (1 if chain.pending_block else 0))
+        if chain.closed:
+            row.state = "closed"
+        row.updated_at = now
+        session.add(row)
+
+    def apply_event(self, session: Session, event: ChainEvent, now: int) -> set[str]:
+        """Apply one round-path event to its roster (none: not this market's order, ignored); returns the
+        accounts whose stake it changed. Never raises for an event it does not expect: the sync goes on."""
+        args = event.args
+        if not isinstance(args.get("orderId"), int) or args["orderId"] < 0:
+            return set()
+        row = self.store.roster_by_chain_order(session, args["orderId"])
+        if row is None or row.providers_json == "[]":
+            return set()
+        providers = set(json.loads(row.providers_json))
+        if event.name == "RosterOpened":
+            if row.state in ("accepting", "opening"):
+                row.state = "open"
+            self._confirm(session, row, OPEN_ACTION, now)
+            touched = providers
+        elif event.name == "RoundCommitted":
+            round_index = int(args["round"])
+            row.committed = max(row.committed, round_index + 1)
+            self._confirm(session, row, f"step:{round_index}", now)
+            touched = set()
+        elif event.name == "RoundRevealed":
+            round_index = int(args["round"])
+            row.revealed = max(row.revealed, round_index + 1)
+            if round_index + 1 == row.rounds:
+                self._confirm(session, row, f"step:{row.rounds}", now)
+            touched = set()
+        elif event.name == "UnitSetAside":
+            touched = self._set_aside(
+                session, row, int(args["round"]), int(args["unit"]), int(args["unitId"]), event, now
+            )
+        elif event.name == "OpeningPublished":
+            self._published(session, row, int(args["round"]), int(args["slot"]), str(args["resultDigest"]))
+            touched = set()
+        elif event.name == "RosterClosed":
+            row.state = "closed"
+            self._confirm(session, row, "close", now)
+            touched = providers
+        else:
+            return set()
+        row.updated_at = now
+        session.add(row)
+        return touched
+
+    def _confirm(self, session: Session, row: RosterRow, action: str, now: int) -> None:
+        entry = self.store.roster_action(session, row_id(row), action)
+        if entry is not None and entry.state != "confirmed":
+            entry.state = "confirmed"
+            entry.updated_at = now
+            session.add(entry)
+
+    def _published(self, session: Session, row: RosterRow, round_index: int, slot: int, digest: str) -> None:
+        """A provider published its opening on chain: the slot's result is known (its salt is not, and the
+        step that reveals the round no longer needs it from the market)."""
+        for work in self.store.roster_works(session, row_id(row), round_index):
+            if work.slot == slot and work.result_digest is None:
+                work.result_digest = digest.lower()
+                session.add(work)
+
+    def _set_aside(
+        self,
+        session: Session,
+        row: RosterRow,
+        round_index: int,
+        unit: int,
+        chain_unit_id: int,
+        event: ChainEvent,
+        now: int,
+    ) -> set[str]:
+        """The step set unit `unit` of `round_index` aside as chain unit `chain_unit_id`: an ordinary unit in
+        VERIFYING (its replicas as the step revealed them, its verifiers the step's) with a verification job,
+        so it settles on the per-unit path. A repeated event changes nothing."""
+        if self.store.unit_by_chain_id(session, chain_unit_id) is not None:
+            return set()
+        order = self.store.get_order(session, row.order_id)
+        spec = OrderSpec.model_validate_json(order.spec_json)
+        round_row = self.store.round_of(session, row_id(order), round_index)
+        if round_row is None:
+            round_row = RoundRow(order_id=row_id(order), index=round_index)
+            session.add(round_row)
+            session.flush()
+        step = self.store.roster_action(session, row_id(row), f"step:{round_index + 1}")
+        sent = json.loads(step.payload_json) if step is not None else {}
+        plan = plan_round(spec, round_index)[unit]
+        unit_row = UnitRow(
+            order_id=row_id(order),
+            round_id=row_id(round_row),
+            round_index=round_index,
+            shard=unit,
+            kind=UnitKind.TRAIN.value,
+            unit_key=f"0x{round_unit_id(row.chain_order_id, round_index, unit):064x}",
+            state=UnitState.VERIFYING.value,
+            k=row.replicas,
+            start_step=plan.start_step,
+            steps=plan.steps,
+            chain_unit_id=chain_unit_id,
+            # the per-unit sweep expires it a verdict window after now, as the chain allows
+            commit_deadline=now - self.config.reveal_window_s,
+            verifiers_json=json.dumps(sent.get("verifiers", [])),
+            updated_at=now,
+        )
+        session.add(unit_row)
+        session.flush()
+        works = {w.slot: w for w in self.store.roster_works(session, row_id(row), round_index)}
+        providers: set[str] = set()
+        for replica in range(row.replicas):
+            work = works.get(unit * row.replicas + replica)
+            provider = roster_of(row).provider_of(unit, replica)
+            providers.add(provider)
+            opened = work is not None and work.result_digest is not None
+            session.add(
+                ReplicaRow(
+                    unit_id=row_id(unit_row),
+                    index=replica,
+                    provider=to_checksum_address(provider),
+                    state=(ReplicaState.REVEALED if opened else ReplicaState.COMMITTED).value,
+                    commitment=work.commitment if work else None,
+                    commit_signature=work.signature if work else None,
+                    result_digest=work.result_digest if work else None,
+                    salt=work.salt if work else None,
+                )
+            )
+        randomness = self.ctx.chain.block_hash(event.block_number) if self.ctx.chain else "0x" + "00" * 32
+        unit_row.randomness = randomness
+        reason = sent.get("reasons", {}).get(str(unit), SetAsideReason.DRAWN.value)
+        session.add(
+            VerificationJobRow(
+                unit_id=row_id(unit_row), reason=f"roster_{reason}", randomness=randomness, created_at=now
+            )
+        )
+        return providers
