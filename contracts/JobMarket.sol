@@ -230,19 +230,28 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
     }
 
     /// @dev A roster's verifiers ({JobMarketRounds-openRoster}), who audit its drawn units by `RoundAudit`
-    /// signatures: the hash of their addresses (they travel in calldata; zero: a roster without verifiers,
-    /// whose drawn units are set aside), their number, the end of the last audited round's challenge window
-    /// (the roster cannot close before it), and per verifier `i` (bits [32i, 32i + 32) of `counts`) the
-    /// audited units it signed that no challenge took back: its fee is `verifierFeePerUnit / verifierCount`
-    /// for each, paid at close; `released` (bit `i`): verifier `i`'s collateral was released before a slash
-    /// of its audit ({JobMarketRounds-releaseAuditSigners}), so the close releases it no more. Two slots,
-    /// written at open, by steps that audit, by challenges and by those releases.
+    /// signatures. `key` = keccak256(verifiersHash, auditChain): `verifiersHash` the keccak of their addresses
+    /// (abi-encoded; they travel in calldata), `auditChain` the roster's audit records ({AuditRecord}) chained
+    /// in order, each `keccak256(abi.encode(previous, info, digestsHash))` from zero. Zero: a roster without
+    /// verifiers, whose drawn units are set aside. One slot, written at open, by each step that audits a round
+    /// and by each challenge: the records travel in calldata (a step gives the chain so far, a challenge the
+    /// records from the challenged one on, the close all of them), so each signer's count of audited units
+    /// (its fee: `verifierFeePerUnit / verifiers` each, paid at close) and the end of the last round's
+    /// challenge window are computed from them at close. `released` (bit `i`): verifier `i`'s collateral was
+    /// released before a slash of its audit ({JobMarketRounds-releaseAuditSigners}), so the close releases it
+    /// no more; a second slot, written only by those releases.
     struct RosterAudits {
-        bytes32 verifiersHash;
-        uint40 challengeableUntil;
-        uint8 verifierCount;
-        uint160 counts;
+        bytes32 key;
         uint8 released;
+    }
+
+    /// @notice One audited round's record, as {RoundAudited} emitted it and each {AuditChallenged} since
+    /// updated it: `info` bits 0..63 the audited units, 64..71 the signers (roster verifier indexes), 72..111
+    /// the step's time, 112..175 the units challenged since, 176..207 the round; `digestsHash` the keccak of
+    /// the audited units' agreed digests in unit order.
+    struct AuditRecord {
+        uint256 info;
+        bytes32 digestsHash;
     }
 
     /// @dev One slot: the two liabilities (solvency: token balance >= escrow + credits).
@@ -317,9 +326,6 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
     mapping(uint256 slotKey => bytes32) internal _publishedOpenings;
     mapping(uint256 orderId => mapping(address provider => RosterLock)) internal _rosterLocks;
     mapping(uint256 orderId => RosterAudits) internal _rosterAudits;
-    /// @dev Per audited round: keccak256(abi.encode(info, digestsHash)), `info` as in {RoundAudited} (updated
-    /// by each challenge), `digestsHash` the keccak of the audited units' agreed digests. Zero: not audited.
-    mapping(uint256 orderId => mapping(uint256 round => bytes32)) internal _roundAudits;
     /// @dev A unit set aside by a challenge of its round audit ({JobMarketRounds-challengeAudit}): the party
     /// ids (24 bits each) of the roster verifiers who signed that audit, their roster indexes as a mask in
     /// bits 232..239 and their number in bits 240..: VerdictAppeals slashes them when the unit's truth has fraud.
@@ -521,8 +527,9 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
     /// @notice A quorum of the roster's verifiers signed `RoundAudit(orderId, round, auditedMask, digestsHash)`,
     /// so the round's drawn unanimous units are paid at close like undrawn ones. `info`: bits 0..63 the
     /// audited units (`auditedMask`), 64..71 the signers (roster verifier indices), 72..111 the step's time,
-    /// 112..175 the units challenged since ({challengeAudit} takes `info` as last emitted, by this event or
-    /// {AuditChallenged}).
+    /// 112..175 the units challenged since (zero here; {AuditChallenged} emits the record's `info` updated),
+    /// 176..207 the round. `(info, digestsHash)` is the round's {AuditRecord}, chained into the roster's
+    /// audit key: later steps, challenges and the close are given the records.
     event RoundAudited(uint256 indexed orderId, uint32 indexed round, uint256 info, bytes32 digestsHash);
     /// @notice The operator challenged unit `unit` of an audited round: it was set aside as `unitId`
     /// ({UnitSetAside}), and its audit's signers answer for its truth. `info`: the round's audit record now.
@@ -681,9 +688,7 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
         if (acceptCount != providerCount) revert ProviderCountMismatch(providerCount, acceptCount);
         replicas = uint8(providerCount);
         trustedStreak = providerCount < maxReplicas ? order.trustedStreak : 0;
-        if (verifierCount < _minVerifiers || verifierCount > MAX_VERIFIERS) {
-            revert InvalidVerifierCount(verifierCount, _minVerifiers, MAX_VERIFIERS);
-        }
+        _checkVerifierCount(verifierCount);
         uint32 openUnits = order.openUnits;
         if (order.delivered + openUnits >= order.units) revert NoUnitBudget(orderId);
         uint128 unitCost = order.pricePerReplica * replicas + order.verifierFeePerUnit;
@@ -709,6 +714,11 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
             accept.deadline,
             accept.signature
         );
+    }
+
+    /// @dev Reverts {InvalidVerifierCount} unless `minVerifiers <= count <= MAX_VERIFIERS`.
+    function _checkVerifierCount(uint256 count) internal view {
+        if (count < _minVerifiers || count > MAX_VERIFIERS) revert InvalidVerifierCount(count, _minVerifiers, MAX_VERIFIERS);
     }
 
     /// @dev Checks the unit's verifiers are distinct from each other and from the providers (their stake is
@@ -1097,6 +1107,7 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
         acc.consecutiveValid = 0;
     }
 
+    /// @dev Counts a fraud against `provider` and ends its streak of consecutive valid units.
     function _recordFraud(address provider) internal {
         Account storage acc = _accounts[provider];
         acc.fraud += 1;
@@ -1408,10 +1419,11 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         bytes32 vs;
     }
 
-    /// @notice A step's round audit: the roster's verifiers (checked against the roster; empty when
-    /// `signatures` is) and their signatures.
+    /// @notice A step's round audit: the roster's verifiers and its audit chain so far (checked against the
+    /// roster's audit key, {RosterAudits}; ignored when `signatures` is empty) and their signatures.
     struct RoundAudit {
         address[] verifiers;
+        bytes32 chain;
         AuditSignature[] signatures;
     }
 
@@ -1502,8 +1514,10 @@ abstract contract JobMarketRounds is JobMarketDelegate {
     /// the roster's streak (`auditedMask`, bit `u` for unit `u`) are paid at close like undrawn ones, not set
     /// aside, when `audit` carries signatures of a majority of the roster's verifiers (`audit.verifiers`, as
     /// opened) over `RoundAudit(orderId, round, auditedMask, digestsHash)`, `digestsHash` the keccak of those
-    /// units' agreed digests in unit order: each signer is counted those units (its share of their fee is
-    /// paid at close), and the operator may challenge each of them for `verdictWindow` ({challengeAudit}).
+    /// units' agreed digests in unit order, `audit.chain` the roster's audit chain so far ({RosterAudits}): the
+    /// round's record is chained into the roster's audit key, each signer is counted those units at close
+    /// (its share of their fee), and the operator may challenge each of them for `verdictWindow`
+    /// ({challengeAudit}).
     /// Without such a quorum they are set aside; a signature that is not its roster verifier's over exactly
     /// that message reverts the step. Split units and units of a provider below the streak are always set
     /// aside.
@@ -1577,13 +1591,17 @@ abstract contract JobMarketRounds is JobMarketDelegate {
     /// order. Anyone may close once every round is revealed, or after the order's deadline and, when a round
     /// is pending, the reveal window after its commit (so that a buyer closing at the deadline cannot cut
     /// off a round its providers are revealing). Never while an audited round's challenge window is open;
-    /// then each roster verifier (`verifiers`, as opened) is credited `verifierFeePerUnit / verifierCount` for
-    /// every audited unit it signed that no challenge took back, and its collateral is released.
-    function closeRoster(uint256 orderId, address[] calldata providers, uint256 layout, address[] calldata verifiers)
-        external
-        onlyDelegated
-        nonReentrant
-    {
+    /// then each roster verifier (`verifiers`, as opened) is credited `verifierFeePerUnit / verifiers.length`
+    /// for every audited unit it signed that no challenge took back, and its collateral is released.
+    /// `records`: every audit record of the roster in order ({RoundAudited} as updated by {AuditChallenged});
+    /// with `verifiers` they must hash to the roster's audit key ({AuditorsMismatch} otherwise).
+    function closeRoster(
+        uint256 orderId,
+        address[] calldata providers,
+        uint256 layout,
+        address[] calldata verifiers,
+        AuditRecord[] calldata records
+    ) external onlyDelegated nonReentrant {
         Roster memory roster = _openRoster(orderId, providers, layout);
         Order storage order = _orders[orderId];
         if (roster.committed != roster.rounds || roster.pendingBlock != 0) {
@@ -1592,7 +1610,7 @@ abstract contract JobMarketRounds is JobMarketDelegate {
             if (roster.pendingBlock != 0 && revealEnds > closableAfter) closableAfter = revealEnds;
             if (block.timestamp <= closableAfter) revert RosterNotClosable(orderId, closableAfter);
         }
-        uint256 auditFees = _payAuditors(orderId, verifiers, order.verifierFeePerUnit);
+        uint256 auditFees = _payAuditors(orderId, verifiers, records, order.verifierFeePerUnit);
         if (roster.openSetAside != 0) revert UnitsStillOpen(orderId, roster.openSetAside);
         uint32 settled = roster.committed - (roster.pendingBlock != 0 ? 1 : 0);
         uint256[] memory uses = _slotsPerProvider(providers, layout, roster.replicas, roster.unitsPerRound);
@@ -1632,39 +1650,41 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         emit RosterClosed(orderId, settled, paid);
     }
 
-    /// @notice Challenges the round audit of unit `unit` of `round` (operator only, within `verdictWindow` of
-    /// the step that audited it): for a known answer the unit missed (a canary) or any doubt of the audit. The
-    /// unit is set aside as a step sets one aside (with the operator's `verifiers`, none of whom signed the
-    /// audit), so it settles on the per-unit path (verdict, held fraud, {VerdictAppeals}) instead of at
-    /// close, and its audit's signers lose their count of it; when the unit's truth has fraud, VerdictAppeals
-    /// slashes each of them ({auditSignersOf}). `info` and `digests` are the round's audit record as last
-    /// emitted ({RoundAudited} / {AuditChallenged}, and the audited units' digests of {RoundRevealed}),
-    /// `auditors` the roster's verifiers.
+    /// @notice Challenges the round audit of unit `unit` of an audited round (operator only, within
+    /// `verdictWindow` of the step that audited it): for a known answer the unit missed (a canary) or any doubt
+    /// of the audit. The unit is set aside as a step sets one aside (with the operator's `verifiers`, none of
+    /// whom signed the audit), so it settles on the per-unit path (verdict, held fraud, {VerdictAppeals})
+    /// instead of at close, and its audit's signers are not counted it at close; when the unit's truth has
+    /// fraud, VerdictAppeals slashes each of them ({auditSignersOf}). `records` are the roster's audit records
+    /// from the round's own (`records[0]`) to the last, as last emitted ({RoundAudited} / {AuditChallenged}),
+    /// `prefix` the audit chain before them ({RosterAudits}), `digests` the round's audited units' digests
+    /// (of {RoundRevealed}), `auditors` the roster's verifiers: with them they must hash to the roster's audit
+    /// key ({AuditMismatch} otherwise), and the round's record is updated in it.
     function challengeAudit(
         uint256 orderId,
         address[] calldata providers,
         uint256 layout,
-        uint32 round,
         uint256 unit,
-        uint256 info,
+        bytes32 prefix,
+        AuditRecord[] calldata records,
         bytes32[] calldata digests,
         address[] calldata auditors,
         address[] calldata verifiers
     ) external onlyDelegated onlyRole(OPERATOR_ROLE) nonReentrant {
         Roster memory roster = _openRoster(orderId, providers, layout);
-        if (keccak256(abi.encode(info, keccak256(abi.encodePacked(digests)))) != _roundAudits[orderId][round]) {
-            revert AuditMismatch(orderId, round);
-        }
+        bytes32 verifiersHash = keccak256(abi.encode(auditors));
+        uint256 info = records.length != 0 ? records[0].info : 0;
+        uint32 round = uint32(info >> 176);
+        if (
+            _chain(verifiersHash, _foldRecords(prefix, records)) != _rosterAudits[orderId].key
+                || (records.length != 0 && keccak256(abi.encodePacked(digests)) != records[0].digestsHash)
+        ) revert AuditMismatch(orderId, round);
         uint64 until = uint64(uint40(info >> 72)) + _verdictWindow;
         if (block.timestamp > until) revert AuditChallengeClosed(orderId, round, until);
         uint256 audited = uint64(info);
         uint256 bit = 1 << unit;
         if (unit >= 64 || audited & bit == 0 || (info >> 112) & bit != 0) revert NotAudited(orderId, round, unit);
-        RosterAudits memory ra = _rosterAudits[orderId];
-        if (keccak256(abi.encode(auditors)) != ra.verifiersHash) revert AuditorsMismatch(orderId);
-        if (verifiers.length < _minVerifiers || verifiers.length > MAX_VERIFIERS) {
-            revert InvalidVerifierCount(verifiers.length, _minVerifiers, MAX_VERIFIERS);
-        }
+        _checkVerifierCount(verifiers.length);
         uint256 signerMask = uint8(info >> 64);
         uint256 signerIds;
         uint256 signers;
@@ -1673,10 +1693,8 @@ abstract contract JobMarketRounds is JobMarketDelegate {
             for (uint256 j; j < verifiers.length; ++j) {
                 if (verifiers[j] == auditors[i]) revert DuplicateParty(auditors[i]);
             }
-            ra.counts -= uint160(1 << (32 * i));
             signerIds |= uint256(_parties[auditors[i]].id) << (PARTY_ID_BITS * signers++);
         }
-        _rosterAudits[orderId] = ra;
         uint256 k = roster.replicas;
         bytes32[] memory values = new bytes32[](k);
         bytes32 digest = digests[_countBits(audited & (bit - 1))];
@@ -1690,34 +1708,54 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         roster.openSetAside += 1;
         _rosters[orderId] = roster;
         info |= bit << 112;
-        _roundAudits[orderId][round] = keccak256(abi.encode(info, keccak256(abi.encodePacked(digests))));
+        bytes32 chain = _foldRecords(_chainRecord(prefix, info, records[0].digestsHash), records[1:]);
+        _rosterAudits[orderId].key = _chain(verifiersHash, chain);
         emit AuditChallenged(orderId, round, unit, unitId, info);
     }
 
-    /// @dev At close: checks `verifiers` are the roster's (none when it has none) and that no audited round
-    /// can still be challenged, credits each its audit fees and releases its collateral. Returns the fees.
-    function _payAuditors(uint256 orderId, address[] calldata verifiers, uint256 fee) private returns (uint256 total) {
-        RosterAudits memory ra = _rosterAudits[orderId];
-        if (ra.verifiersHash == 0) {
-            if (verifiers.length != 0) revert AuditorsMismatch(orderId);
+    /// @dev At close: checks `verifiers` and `records` are the roster's (none when it has no verifiers) and that
+    /// no audited round can still be challenged, credits each verifier its audit fees (per record, the units
+    /// it signed that were not challenged) and releases its collateral. Returns the fees.
+    function _payAuditors(uint256 orderId, address[] calldata verifiers, AuditRecord[] calldata records, uint256 fee)
+        private
+        returns (uint256 total)
+    {
+        bytes32 key = _rosterAudits[orderId].key;
+        if (key == 0) {
+            if (verifiers.length != 0 || records.length != 0) revert AuditorsMismatch(orderId);
             return 0;
         }
-        if (keccak256(abi.encode(verifiers)) != ra.verifiersHash) revert AuditorsMismatch(orderId);
-        if (block.timestamp <= ra.challengeableUntil) revert RosterNotClosable(orderId, ra.challengeableUntil);
+        if (_chain(keccak256(abi.encode(verifiers)), _foldRecords(0, records)) != key) revert AuditorsMismatch(orderId);
+        uint256[] memory counts = new uint256[](verifiers.length);
+        uint256 challenged; // some unit was challenged: its signers' collateral may have been released
+        for (uint256 j; j < records.length; ++j) {
+            uint256 info = records[j].info;
+            challenged |= uint64(info >> 112);
+            uint256 units = _countBits(uint64(info) & ~(info >> 112));
+            for (uint256 i; i < counts.length; ++i) {
+                if ((info >> (64 + i)) & 1 != 0) counts[i] += units;
+            }
+        }
+        if (records.length != 0) {
+            uint64 until = uint64(uint40(records[records.length - 1].info >> 72)) + _verdictWindow;
+            if (block.timestamp <= until) revert RosterNotClosable(orderId, until);
+        }
         uint256 share = fee / verifiers.length;
         for (uint256 i; i < verifiers.length; ++i) {
-            uint256 amount = ((ra.counts >> (32 * i)) & type(uint32).max) * share;
+            uint256 amount = counts[i] * share;
             if (amount != 0) {
                 _accounts[verifiers[i]].credit += uint128(amount); // <= the roster's escrowed fees
                 total += amount;
             }
         }
-        if (ra.released == 0) {
+        if (challenged == 0) {
+            // nothing challenged, nothing released ({releaseAuditSigners} runs only for a challenged unit)
             stakes.unlockBatch(verifiers, _verifierCollateral);
             return total;
         }
+        uint256 released = _rosterAudits[orderId].released;
         for (uint256 i; i < verifiers.length; ++i) {
-            if (ra.released & (1 << i) == 0) stakes.unlock(verifiers[i], _verifierCollateral);
+            if (released & (1 << i) == 0) stakes.unlock(verifiers[i], _verifierCollateral);
         }
     }
 
@@ -1730,12 +1768,11 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         uint256 packed = _auditSigners[unitId];
         uint256 orderId = _units[unitId].orderId;
         if (packed == 0 || _rosters[orderId].closed) return;
-        RosterAudits memory ra = _rosterAudits[orderId];
+        uint8 released = _rosterAudits[orderId].released;
         uint256 mask = (packed >> 232) & 0xff;
-        uint256 fresh = mask & ~uint256(ra.released);
+        uint256 fresh = mask & ~uint256(released);
         if (fresh == 0) return;
-        ra.released |= uint8(fresh);
-        _rosterAudits[orderId] = ra;
+        _rosterAudits[orderId].released = released | uint8(fresh);
         uint256 s;
         for (uint256 i; mask >> i != 0; ++i) {
             if (mask & (1 << i) == 0) continue;
@@ -1841,11 +1878,11 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         }
     }
 
-    /// @dev Checks a step's round audit of the `audited` units: the roster's verifiers, each signature a
-    /// distinct one's `RoundAudit` over exactly these units and their agreed digests (a wrong one reverts).
-    /// With a quorum (a majority of the roster's verifiers), counts the units to each signer, records the
-    /// round's audit for challenges and moves the roster's challenge window, and returns true; without one,
-    /// changes nothing and returns false (the units are set aside).
+    /// @dev Checks a step's round audit of the `audited` units: the roster's verifiers and audit chain, each
+    /// signature a distinct verifier's `RoundAudit` over exactly these units and their agreed digests (a wrong
+    /// one reverts). With a quorum (a majority of the roster's verifiers), chains the round's record into the
+    /// roster's audit key (the close counts its units to each signer, a challenge takes it back) and returns
+    /// true; without one, changes nothing and returns false (the units are set aside).
     function _auditRound(
         uint256 orderId,
         uint32 round,
@@ -1853,11 +1890,10 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         bytes32[] memory digests,
         RoundAudit calldata audit
     ) private returns (bool) {
-        RosterAudits memory ra = _rosterAudits[orderId];
         address[] calldata auditors = audit.verifiers;
-        if (ra.verifiersHash == 0 || keccak256(abi.encode(auditors)) != ra.verifiersHash) {
-            revert AuditorsMismatch(orderId);
-        }
+        bytes32 verifiersHash = keccak256(abi.encode(auditors));
+        bytes32 key = _rosterAudits[orderId].key;
+        if (key == 0 || _chain(verifiersHash, audit.chain) != key) revert AuditorsMismatch(orderId);
         uint256 n = _countBits(audited);
         bytes32[] memory picked = new bytes32[](n);
         uint256 count;
@@ -1879,33 +1915,18 @@ abstract contract JobMarketRounds is JobMarketDelegate {
             if (signer != auditor) revert InvalidSigner(auditor, signer);
         }
         if (signatures.length < auditors.length / 2 + 1) return false;
-        uint160 counts = ra.counts;
-        for (uint256 i; i < auditors.length; ++i) {
-            if (signerMask & (1 << i) != 0) counts += uint160(n << (32 * i)); // < 2**32 units per roster
-        }
-        ra.counts = counts;
-        ra.challengeableUntil = uint40(block.timestamp + _verdictWindow);
-        _rosterAudits[orderId] = ra;
-        uint256 info = audited | (signerMask << 64) | (block.timestamp << 72);
-        _roundAudits[orderId][round] = keccak256(abi.encode(info, digestsHash));
+        uint256 info = audited | (signerMask << 64) | (block.timestamp << 72) | (uint256(round) << 176);
+        _rosterAudits[orderId].key = _chain(verifiersHash, _chainRecord(audit.chain, info, digestsHash));
         emit RoundAudited(orderId, round, info, digestsHash);
         return true;
     }
 
     /// @dev Checks the roster's verifiers (count, distinct, not its providers) and locks their collateral.
     function _lockAuditors(uint256 orderId, address[] calldata providers, address[] calldata verifiers) private {
-        if (verifiers.length < _minVerifiers || verifiers.length > MAX_VERIFIERS) {
-            revert InvalidVerifierCount(verifiers.length, _minVerifiers, MAX_VERIFIERS);
-        }
+        _checkVerifierCount(verifiers.length);
         _checkVerifiers(providers, verifiers);
         stakes.lockBatch(verifiers, _verifierCollateral);
-        _rosterAudits[orderId] = RosterAudits({
-            verifiersHash: keccak256(abi.encode(verifiers)),
-            challengeableUntil: 0,
-            verifierCount: uint8(verifiers.length),
-            counts: 0,
-            released: 0
-        });
+        _rosterAudits[orderId].key = _chain(keccak256(abi.encode(verifiers)), 0); // no record yet
         emit RosterVerifiers(orderId, verifiers);
     }
 
@@ -2080,12 +2101,26 @@ abstract contract JobMarketRounds is JobMarketDelegate {
             hashed := keccak256(0x00, 0x40)
         }
     }
+
+    /// @dev An audit chain extended by one record: keccak256(abi.encode(chain, info, digestsHash)) (the same
+    /// three-word hash as {_roundUnitId}, without allocating).
+    function _chainRecord(bytes32 chain, uint256 info, bytes32 digestsHash) private pure returns (bytes32) {
+        return bytes32(_roundUnitId(uint256(chain), info, uint256(digestsHash)));
+    }
+
+    /// @dev An audit chain extended by `records` in order.
+    function _foldRecords(bytes32 chain, AuditRecord[] calldata records) private pure returns (bytes32) {
+        for (uint256 i; i < records.length; ++i) {
+            chain = _chainRecord(chain, records[i].info, records[i].digestsHash);
+        }
+        return chain;
+    }
 }
 
 /// @title JobMarketExtension
-/// @notice The code of {JobMarket} that does not fit its 24,576 bytes (EIP-170): the verdict path and the
-/// round path, in one contract deployed before JobMarket, which takes its address (checking its token, stake
-/// manager and parameters are its own) and reaches it by delegatecall.
+/// @notice The code of {JobMarket} that does not fit its 24,576 bytes (EIP-170): the verdict path, in a
+/// contract deployed before JobMarket, which takes its address (checking its token, stake manager and
+/// parameters are its own) and reaches it by delegatecall. The round path is {JobMarketRoundsExtension}.
 contract JobMarketExtension is JobMarketVerdicts {
     constructor(IERC20 token_, StakeManager stakes_, Params memory params_) JobMarketBase(token_, stakes_, params_) {}
 }
@@ -2549,7 +2584,7 @@ contract JobMarket is JobMarketBase {
     }
 
     /// @notice Pays a roster's revealed rounds and releases it; see {JobMarketRounds-closeRoster}.
-    function closeRoster(uint256, address[] calldata, uint256, address[] calldata) external {
+    function closeRoster(uint256, address[] calldata, uint256, address[] calldata, AuditRecord[] calldata) external {
         _delegateRounds();
     }
 
@@ -2558,9 +2593,9 @@ contract JobMarket is JobMarketBase {
         uint256,
         address[] calldata,
         uint256,
-        uint32,
         uint256,
-        uint256,
+        bytes32,
+        AuditRecord[] calldata,
         bytes32[] calldata,
         address[] calldata,
         address[] calldata
@@ -2739,15 +2774,10 @@ contract JobMarket is JobMarketBase {
         return _acceptKey(_rosterKey(providers, layout, replicas, unitsPerRound, rounds), verifiers);
     }
 
-    /// @notice A roster's audit state: the hash of its verifiers (zero: none), when its last audited round's
-    /// challenge window ends, and each verifier's count of audited units (bits [32i, 32i + 32)).
+    /// @notice A roster's audit state: its audit key, keccak256(keccak256(abi.encode(verifiers)), auditChain)
+    /// (zero: no verifiers; see {RosterAudits}), and the verifiers whose collateral a slash's release freed.
     function rosterAuditsOf(uint256 orderId) external view returns (RosterAudits memory) {
         return _rosterAudits[orderId];
-    }
-
-    /// @notice keccak256(abi.encode(info, digestsHash)) of an audited round ({RoundAudited}); zero if none.
-    function roundAuditOf(uint256 orderId, uint256 round) external view returns (bytes32) {
-        return _roundAudits[orderId][round];
     }
 
     /// @notice The roster verifiers who signed the round audit of a unit set aside by {challengeAudit} (none

@@ -11,7 +11,7 @@ const { E18, PARAMS, PRICE, FEE } = h;
 const COLLATERAL = PARAMS.providerCollateral;
 const coder = ethers.AbiCoder.defaultAbiCoder();
 /** A step's round audit with no signatures (the round's drawn units are set aside). */
-const NO_AUDIT = { verifiers: [], signatures: [] };
+const NO_AUDIT = { verifiers: [], chain: ethers.ZeroHash, signatures: [] };
 
 // ------------------------------------------------------------------------------------------------
 // Off-chain mirror of the round path's encodings
@@ -108,14 +108,36 @@ const givenOpenings = (R, round, withheld = 0n) => openingsFor(R, round).map((o,
 async function step(R, { reveal = null, commit = null, caller, verifiers = [], withheld = 0n, audit = NO_AUDIT, overrides = {}, ...opts } = {}) {
   const openings = reveal === null ? [] : givenOpenings(R, reveal, withheld);
   const { works, deadline } = commit === null ? { works: [], deadline: 0n } : await worksFor(R, commit, opts);
-  return R.sys.market.connect(caller ?? R.sys.other)
-    .stepRound(R.orderId, R.addrs, R.layout, openings, withheld, addrsOf(verifiers), deadline, works, audit, overrides);
+  const tx = await R.sys.market.connect(caller ?? R.sys.other).stepRound(R.orderId, R.addrs, R.layout, openings, withheld,
+    addrsOf(verifiers), deadline, works, { chain: auditChainOf(R.records ?? []), ...audit }, overrides);
+  await trackAudits(R, tx);
+  return tx;
+}
+
+/** A roster's audit chain over `records` ({info, digestsHash} in order), from `start`. */
+const auditChainOf = (records, start = ethers.ZeroHash) => records.reduce((chained, r) => ethers.keccak256(
+  coder.encode(["bytes32", "uint256", "bytes32"], [chained, r.info, r.digestsHash])), start);
+
+/** Keeps `R.records`, the roster's audit records, as a mined step's RoundAudited and a challenge's AuditChallenged
+ * change them. */
+async function trackAudits(R, tx) {
+  const receipt = await tx.wait();
+  if (!receipt) return;
+  for (const log of receipt.logs) {
+    const e = R.sys.market.interface.parseLog(log);
+    if (e?.name === "RoundAudited") (R.records ??= []).push({ info: e.args.info, digestsHash: e.args.digestsHash });
+    if (e?.name === "AuditChallenged") {
+      const index = R.records.findIndex((r) => (r.info >> 176n) === e.args.round);
+      R.records[index] = { ...R.records[index], info: e.args.info };
+    }
+  }
 }
 
 /** The operator's step, with `verifiers` for the units it sets aside. */
 const opStep = (R, verifiers, args = {}) => step(R, { ...args, caller: R.sys.operator, verifiers });
 
-const closeTx = (R, caller) => R.sys.market.connect(caller ?? R.sys.other).closeRoster(R.orderId, R.addrs, R.layout, R.auditors ?? []);
+const closeTx = (R, caller, records) => R.sys.market.connect(caller ?? R.sys.other)
+  .closeRoster(R.orderId, R.addrs, R.layout, R.auditors ?? [], records ?? R.records ?? []);
 
 async function lockedOf(sys, account) {
   return (await sys.stakes.stakeOf(account.address ?? account))[1];
@@ -884,10 +906,10 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       await expect(closeTx(R)).to.be.revertedWithCustomError(market, "RosterNotClosable").withArgs(orderId, deadline);
       await expect(market.connect(sys.buyer).closeOrder(orderId)).to.be.revertedWithCustomError(market, "UnitsStillOpen")
         .withArgs(orderId, 6);
-      await expect(market.closeRoster(orderId, R.addrs, layoutOf([1, 2, 0, 1, 2, 0]), []))
+      await expect(market.closeRoster(orderId, R.addrs, layoutOf([1, 2, 0, 1, 2, 0]), [], []))
         .to.be.revertedWithCustomError(market, "RosterMismatch").withArgs(orderId);
       const none = (await h.postOrder(sys, { units: 1 })).orderId;
-      await expect(market.closeRoster(none, R.addrs, R.layout, [])).to.be.revertedWithCustomError(market, "RosterNotOpen")
+      await expect(market.closeRoster(none, R.addrs, R.layout, [], [])).to.be.revertedWithCustomError(market, "RosterNotOpen")
         .withArgs(none);
     });
 
@@ -927,7 +949,7 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       await step(R, { reveal: 0, commit: 1 }); // round 1 committed 10 s before the order's deadline
       const revealEnds = BigInt(await time.latest()) + PARAMS.revealWindow;
       await time.increaseTo(deadline + 1n);
-      await expect(market.connect(sys.buyer).closeRoster(orderId, R.addrs, R.layout, []))
+      await expect(market.connect(sys.buyer).closeRoster(orderId, R.addrs, R.layout, [], []))
         .to.be.revertedWithCustomError(market, "RosterNotClosable").withArgs(orderId, revealEnds);
       await step(R, { reveal: 1 }); // its providers reveal in time: the round is paid
       await expect(closeTx(R)).to.emit(market, "RosterClosed").withArgs(orderId, 2, 2n * 3n * 2n * PRICE);
@@ -1712,7 +1734,7 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       for (const call of [
         () => rounds.connect(sys.operator).openRoster(orderId, R.addrs, R.layout, 3, 2, 3, [], accepts),
         () => rounds.stepRound(orderId, R.addrs, R.layout, [], 0, [], 0, [], NO_AUDIT),
-        () => rounds.closeRoster(orderId, R.addrs, R.layout, []),
+        () => rounds.closeRoster(orderId, R.addrs, R.layout, [], []),
       ]) {
         await expect(call()).to.be.revertedWithCustomError(rounds, "NotDelegated");
       }
@@ -1866,9 +1888,17 @@ async function auditInfoOf(R, tx) {
   return e.args.info;
 }
 
-const challengeTx = (R, round, unit, info, verifiers, caller) => R.sys.market.connect(caller ?? R.sys.operator)
-  .challengeAudit(R.orderId, R.addrs, R.layout, round, unit, info, auditDigestsOf(R, round, BigInt(info) & MASK64),
+/** The operator's challenge of unit `unit` of `round`, giving `info` as that round's record (the roster's records
+ * from it on, the chain before them as `prefix`); opts.records replaces the records sent, opts.prefix the prefix. */
+async function challengeTx(R, round, unit, info, verifiers, caller, opts = {}) {
+  const index = R.records.findIndex((r) => (r.info >> 176n) === BigInt(round));
+  const records = opts.records ?? [{ ...R.records[index], info }, ...R.records.slice(index + 1)];
+  const tx = await R.sys.market.connect(caller ?? R.sys.operator).challengeAudit(R.orderId, R.addrs, R.layout, unit,
+    opts.prefix ?? auditChainOf(R.records.slice(0, index)), records, auditDigestsOf(R, round, BigInt(info) & MASK64),
     R.auditors, addrsOf(verifiers));
+  await trackAudits(R, tx);
+  return tx;
+}
 
 // Closes the roster; returns what the close credited each of `verifiers` (their audit fees).
 async function closeCrediting(R, verifiers) {
@@ -1880,9 +1910,14 @@ async function closeCrediting(R, verifiers) {
   return credited;
 }
 
-async function auditCounts(sys, orderId) {
-  const a = await sys.market.rosterAuditsOf(orderId);
-  return [0n, 1n, 2n, 3n, 4n].slice(0, Number(a.verifierCount)).map((i) => (a.counts >> (32n * i)) & 0xffffffffn);
+/** Each roster verifier's count of audited units not challenged, from the roster's records (what the close pays),
+ * after checking the records are the roster's (its audit key). */
+async function auditCounts(R) {
+  const key = chain(ethers.keccak256(coder.encode(["address[]"], [R.auditors])), auditChainOf(R.records ?? []));
+  expect((await R.sys.market.rosterAuditsOf(R.orderId)).key).to.equal(key);
+  const bits = (x) => x.toString(2).split("").filter((b) => b === "1").length;
+  return R.auditors.map((_, i) => (R.records ?? []).reduce((n, r) => ((r.info >> (64n + BigInt(i))) & 1n
+    ? n + BigInt(bits(r.info & MASK64 & ~(r.info >> 112n))) : n), 0n));
 }
 
 /** An order of 4 units (k = 3) with every unit drawn (spotCheckPpm 1e6), its roster of 2 rounds of 2 units on
@@ -1926,13 +1961,13 @@ describe("JobMarket: round audits (roster verifiers, RoundAudit, challenges)", f
     for (const v of [v1, v2]) expect(await lockedOf(sys, v)).to.equal(PARAMS.verifierCollateral);
     expect(await lockedOf(sys, v3)).to.equal(0n);
     const audits = await market.rosterAuditsOf(orderId);
-    expect([audits.verifiersHash, audits.verifierCount, audits.counts, audits.challengeableUntil]).to.deep.equal(
-      [ethers.keccak256(coder.encode(["address[]"], [R.auditors])), 2n, 0n, 0n]);
+    expect([audits.key, audits.released]).to.deep.equal(
+      [chain(ethers.keccak256(coder.encode(["address[]"], [R.auditors])), ethers.ZeroHash), 0n]);
     // the close needs the roster's verifiers (and a roster without them takes none)
     await time.increaseTo((await market.getOrder(orderId)).deadline + 1n);
-    await expect(market.closeRoster(orderId, R.addrs, R.layout, [])).to.be.revertedWithCustomError(market,
+    await expect(market.closeRoster(orderId, R.addrs, R.layout, [], [])).to.be.revertedWithCustomError(market,
       "AuditorsMismatch").withArgs(orderId);
-    await expect(market.closeRoster(orderId, R.addrs, R.layout, [v2.address, v1.address]))
+    await expect(market.closeRoster(orderId, R.addrs, R.layout, [v2.address, v1.address], []))
       .to.be.revertedWithCustomError(market, "AuditorsMismatch").withArgs(orderId);
     await closeTx(R);
     for (const v of [v1, v2]) expect(await lockedOf(sys, v)).to.equal(0n);
@@ -1979,14 +2014,12 @@ describe("JobMarket: round audits (roster verifiers, RoundAudit, challenges)", f
     const info = 1n | (0b101n << 64n) | (at << 72n);
     await expect(tx).to.emit(market, "RoundAudited").withArgs(orderId, 0, info, digestsHashOf([digests[0]]));
     expect(await setAsideOf(R, tx)).to.deep.equal([{ round: 0n, unit: 1n, unitId: 1n }]);
-    expect(await auditCounts(sys, orderId)).to.deep.equal([1n, 0n, 1n]);
-    expect((await market.rosterAuditsOf(orderId)).challengeableUntil).to.equal(at + PARAMS.verdictWindow);
-    expect(await market.roundAuditOf(orderId, 0)).to.equal(ethers.keccak256(coder.encode(["uint256", "bytes32"],
-      [info, digestsHashOf([digests[0]])])));
+    expect(await auditCounts(R)).to.deep.equal([1n, 0n, 1n]);
+    expect(R.records).to.deep.equal([{ info, digestsHash: digestsHashOf([digests[0]]) }]);
     // round 1: every verifier signs both units, relayed by a third party
     const tx1 = await step(R, { reveal: 1, audit: await auditOf(R, 1, 3n, [v1, v2, v3]) });
     await expect(tx1).to.not.emit(market, "UnitSetAside");
-    expect(await auditCounts(sys, orderId)).to.deep.equal([3n, 2n, 3n]);
+    expect(await auditCounts(R)).to.deep.equal([3n, 2n, 3n]);
     await verdict(sys, 1n, [0, 0, 0], [v1, v2]);
     // the close waits for round 1's challenge window, then pays each signer FEE / 3 per audited unit
     const until = (await timestampOf(tx1)) + PARAMS.verdictWindow;
@@ -2028,7 +2061,7 @@ describe("JobMarket: round audits (roster verifiers, RoundAudit, challenges)", f
     const tx = await opStep(R, [v1, v2], { reveal: 0, audit: full });
     await expect(tx).to.not.emit(market, "RoundAudited");
     expect((await setAsideOf(R, tx)).length).to.equal(2);
-    expect(await auditCounts(sys, orderId)).to.deep.equal([0n, 0n, 0n]);
+    expect(await auditCounts(R)).to.deep.equal([0n, 0n, 0n]);
   });
 
   it("a lazy audit of a planted cheat: the operator's challenge sets the unit aside, its verdict and truth have fraud, and every signer is slashed",
@@ -2046,7 +2079,7 @@ describe("JobMarket: round audits (roster verifiers, RoundAudit, challenges)", f
     const info0 = await auditInfoOf(R, tx0);
     const until0 = (await timestampOf(tx0)) + PARAMS.verdictWindow;
     const tx1 = await step(R, { reveal: 1, audit: await auditOf(R, 1, 3n, [v1, v2, v3]) });
-    expect(await auditCounts(sys, orderId)).to.deep.equal([4n, 4n, 2n]);
+    expect(await auditCounts(R)).to.deep.equal([4n, 4n, 2n]);
 
     // refusals: not the operator, a record that is not the round's, a signer as the unit's verifier, too few verifiers
     await expect(challengeTx(R, 0, 0, info0, [v3, p4], sys.other)).to.be.revertedWithCustomError(market,
@@ -2054,7 +2087,7 @@ describe("JobMarket: round audits (roster verifiers, RoundAudit, challenges)", f
     await expect(challengeTx(R, 0, 0, info0 ^ (1n << 72n), [v3, p4])).to.be.revertedWithCustomError(market,
       "AuditMismatch").withArgs(orderId, 0);
     await expect(challengeTx(R, 1, 0, info0, [v3, p4])).to.be.revertedWithCustomError(market, "AuditMismatch")
-      .withArgs(orderId, 1);
+      .withArgs(orderId, 0);
     await expect(challengeTx(R, 0, 0, info0, [v1, p4])).to.be.revertedWithCustomError(market, "DuplicateParty")
       .withArgs(v1.address);
     await expect(challengeTx(R, 0, 0, info0, [p4])).to.be.revertedWithCustomError(market, "InvalidVerifierCount");
@@ -2068,7 +2101,7 @@ describe("JobMarket: round audits (roster verifiers, RoundAudit, challenges)", f
     await expectSetAside(R, ctx, 0, 0, unitId, [v3, p4]);
     expect(await market.auditSignersOf(unitId)).to.deep.equal([v1.address, v2.address]);
     expect(await market.auditSignersOf(unitId - 1n)).to.deep.equal([]);
-    expect(await auditCounts(sys, orderId)).to.deep.equal([3n, 3n, 2n]);
+    expect(await auditCounts(R)).to.deep.equal([3n, 3n, 2n]);
     expect(await rosterState(sys, orderId)).to.include({ setAsideUnits: 1n, openSetAside: 1n });
     await expect(challengeTx(R, 0, 0, info0b, [v3, p4])).to.be.revertedWithCustomError(market, "NotAudited")
       .withArgs(orderId, 0, 0);
@@ -2211,7 +2244,48 @@ describe("JobMarket: round audits (roster verifiers, RoundAudit, challenges)", f
     await time.setNextBlockTimestamp(until1 + 1n);
     await expect(closeTx(R)).to.emit(market, "RosterClosed").withArgs(orderId, 2, 9n * PRICE);
     // v1: unit 0 of round 0; v2: units 0 of round 0 and both of round 1; v3: both of round 1
-    expect(await auditCounts(sys, orderId)).to.deep.equal([1n, 3n, 2n]);
+    expect(await auditCounts(R)).to.deep.equal([1n, 3n, 2n]);
+    await expectSolventLoose(sys);
+  });
+
+  it("the audit records are the roster's, in order: a step, a challenge or the close that replays, drops, reorders or alters one reverts",
+    async function () {
+    const { sys, orderId, R } = await load(auditedFixture);
+    const { market } = sys;
+    const [v1, v2, v3] = sys.verifiers;
+    const p4 = sys.providers[3];
+    await step(R, { commit: 0 });
+    await step(R, { reveal: 0, commit: 1, audit: await auditOf(R, 0, 3n, [v1, v2]) });
+    const [r0] = R.records;
+    // a step must give the chain so far: not a stale one (before round 0's record), not round 0's record twice
+    const round1 = await auditOf(R, 1, 3n, [v2, v3]);
+    for (const stale of [ethers.ZeroHash, auditChainOf([r0, r0])]) {
+      await expect(step(R, { reveal: 1, audit: { ...round1, chain: stale } })).to.be.revertedWithCustomError(market,
+        "AuditorsMismatch").withArgs(orderId);
+    }
+    await step(R, { reveal: 1, audit: round1 });
+    const [, r1] = R.records;
+    // a challenge must give the records from the round's on, after the chain before them
+    await expect(challengeTx(R, 0, 0, r0.info, [v3, p4], undefined, { records: [r0] })).to.be.revertedWithCustomError(
+      market, "AuditMismatch").withArgs(orderId, 0); // round 1's record dropped
+    await expect(challengeTx(R, 1, 0, r1.info, [v1, p4], undefined, { prefix: ethers.ZeroHash }))
+      .to.be.revertedWithCustomError(market, "AuditMismatch").withArgs(orderId, 1); // round 0's record skipped
+    await expect(challengeTx(R, 0, 0, r0.info, [v3, p4], undefined, { records: [r0, r0, r1] }))
+      .to.be.revertedWithCustomError(market, "AuditMismatch").withArgs(orderId, 0); // replayed
+    // the close: every record in order, as last updated (a challenge's bit kept), nothing more
+    await challengeTx(R, 1, 1, r1.info, [v1, p4]);
+    const challenged = R.records[1];
+    expect(challenged.info).to.equal(r1.info | (2n << 112n));
+    await verdict(sys, await market.unitCount(), [0, 0, 0], [v1, p4]);
+    await time.increase(PARAMS.verdictWindow + 1n);
+    const inflated = { ...r0, info: r0.info | (0b100n << 64n) }; // v3 counted round 0's units too
+    for (const records of [[r0], [r1, r0], [r0, r1], [r0, challenged, challenged], [inflated, challenged], []]) {
+      await expect(closeTx(R, undefined, records)).to.be.revertedWithCustomError(market, "AuditorsMismatch")
+        .withArgs(orderId);
+    }
+    const share = FEE / 3n;
+    // v1: both units of round 0; v2: round 0's two and round 1's unit 0; v3: round 1's unit 0
+    expect(await closeCrediting(R, [v1, v2, v3])).to.deep.equal([2n * share, 3n * share, 1n * share]);
     await expectSolventLoose(sys);
   });
 

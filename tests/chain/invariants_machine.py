@@ -1597,7 +1597,17 @@ class MarketMachine(RuleBasedStateMachine):
             self.actors[sender],
             "market",
             "stepRound",
-            [order_id, providers, layout, openings, withheld, verifier_addresses, deadline, works, ([], [])],
+            [
+                order_id,
+                providers,
+                layout,
+                openings,
+                withheld,
+                verifier_addresses,
+                deadline,
+                works,
+                ([], b"\x00" * 32, []),
+            ],
             model_action,
         )
         if outcome.receipt is None or roster is None:
@@ -1684,7 +1694,7 @@ class MarketMachine(RuleBasedStateMachine):
             self.actors[sender],
             "market",
             "closeRoster",
-            [order_id, providers, layout, []],
+            [order_id, providers, layout, [], []],
             lambda: self.model.close_roster(order_id, not wrong_key, now),
         )
         if outcome.receipt is not None:

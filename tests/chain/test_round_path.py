@@ -12,7 +12,7 @@ import pytest
 from tests.chain.conftest import TEST_PARAMS, build_world, reverted
 from veritrain.chain import eip712, errors
 from veritrain.chain.backends import InProcessBackend
-from veritrain.chain.client import Outcome, Reveal, Roster, RoundWork
+from veritrain.chain.client import Outcome, Reveal, Roster, RoundWork, audit_records_after
 from veritrain.errors import InvalidInput
 
 pytestmark = pytest.mark.chain
@@ -315,26 +315,25 @@ def test_round_audits_pay_drawn_units_and_a_challenge_sets_one_aside(drawing_wor
     )
     assert receipt.events_named("UnitSetAside") == []
     audited = receipt.event("RoundAudited").args
+    records = audit_records_after([], receipt)
     info = audited["info"]
     assert (info & (2**64 - 1), (info >> 64) & 0xFF) == (0b11, 0b011)
     assert bytes(audited["digestsHash"]) == eip712.digests_hash(digests0)
 
     # the operator challenges unit 1: set aside with verifiers that did not sign, its signers recorded
     challenge_verifiers = [verifiers[2], world.providers[3]]
-    receipt = client.challenge_audit(order_id, roster, 0, 1, info, digests0, challenge_verifiers)
+    receipt = client.challenge_audit(order_id, roster, 0, 1, records, digests0, challenge_verifiers)
     (set_aside,) = receipt.events_named("UnitSetAside")
     unit = set_aside.args["unitId"]
     assert client.market.functions.auditSignersOf(unit).call() == list(roster.verifiers[:2])
+    with pytest.raises(errors.AuditMismatch):  # the record as it was before the challenge
+        client.challenge_audit(order_id, roster, 0, 1, records, digests0, challenge_verifiers)
+    records = audit_records_after(records, receipt)
+    assert records[0].info == info | (0b10 << 112)
     with pytest.raises(errors.NotAudited):
-        client.challenge_audit(
-            order_id,
-            roster,
-            0,
-            1,
-            receipt.event("AuditChallenged").args["info"],
-            digests0,
-            challenge_verifiers,
-        )
+        client.challenge_audit(order_id, roster, 0, 1, records, digests0, challenge_verifiers)
+    with pytest.raises(InvalidInput):
+        client.challenge_audit(order_id, roster, 1, 1, records, digests0, challenge_verifiers)
     accept = (Outcome.ACCEPT,) * 3
     client.submit_verdict(
         unit, accept, [client.sign_verdict(v, unit, accept, deadline) for v in challenge_verifiers]
@@ -342,12 +341,20 @@ def test_round_audits_pay_drawn_units_and_a_challenge_sets_one_aside(drawing_wor
 
     digests1 = [o.result_digest for o in openings1[0::3]]
     audits = [client.sign_round_audit(v, roster, order_id, 1, 0b11, digests1) for v in verifiers[1:]]
-    client.step_round(order_id, roster, openings1, deadline, [], audits=audits)
+    with pytest.raises(errors.AuditorsMismatch):  # the chain must include round 0's record
+        client.step_round(order_id, roster, openings1, deadline, [], audits=audits)
+    receipt = client.step_round(
+        order_id, roster, openings1, deadline, [], audits=audits, audit_records=records
+    )
+    records = audit_records_after(records, receipt)
+    assert [r.round for r in records] == [0, 1]
     with pytest.raises(errors.RosterNotClosable):
-        client.close_roster(order_id, roster)
+        client.close_roster(order_id, roster, records)
     credits = [client.credits(v.address) for v in verifiers]
     world.backend.advance_time(client.params.verdict_window + 1)
-    client.close_roster(order_id, roster)
+    with pytest.raises(errors.AuditorsMismatch):  # every record, in order
+        client.close_roster(order_id, roster, records[1:])
+    client.close_roster(order_id, roster, records)
     share = FEE // 3
     # verifier 0: unit 0 of round 0; verifier 1: unit 0 of round 0 and round 1; verifier 2: round 1
     assert [client.credits(v.address) - c for v, c in zip(verifiers, credits, strict=True)] == [

@@ -171,6 +171,14 @@ NOTES = {
         "..._verifiers, / R) at the deployed default rates: a round is audited with probability "
         "1 - (1 - rate)^M; split or withheld units (set aside as before) are not counted"
     ),
+    "round_path_one_step": (
+        "..._one_step: R rounds of M shard units (folded), step r reveals round r - 1 and commits round r in "
+        "one stepRound, the last step reveals only (PLAN 'Step 5 revised' finding 3); "
+        "..._r{2,10}_{one,two}_step_round_audits: round audits at the default rates derived as "
+        "..._two_step_round_audits is, from that flow's own measured parts (fixed cost: "
+        "..._r2_<flow>_verifiers minus ..._r2_<flow>; per audited round: ..._r2_<flow>_round_audited minus "
+        "..._verifiers, / 2) over the measured R-round figure of the flow"
+    ),
 }
 
 
@@ -216,7 +224,12 @@ def _audited_unit_figures(audit_gas: int, replicas: int, round_path: dict[str, A
 
 
 def _round_audit_figures(
-    fixed_gas: int, round_gas: int, replicas: int, round_path: dict[str, Any]
+    fixed_gas: int,
+    round_gas: int,
+    replicas: int,
+    round_path: dict[str, Any],
+    flow: str = "two_step",
+    rounds: int = ROUND_PATH_ROUNDS[-1],
 ) -> dict[str, Any]:
     """What round audits add to the two-step round path at the deployed default audit rates: the roster's
     verifiers cost `fixed_gas` per order (lock at open, release and fees at close), and a round with at
@@ -224,20 +237,22 @@ def _round_audit_figures(
     all M units drawn, so a little more than a round with one). A unit is drawn at `spotCheckPpm` (k > 1)
     or `soloSpotCheckPpm` (k = 1), so a round has one with probability 1 - (1 - rate)^M, and per settled
     unit with_round_audits = the R-round two-step figure + (fixed_gas + R x that probability x
-    round_gas) / (R x M). Split and withheld units, still set aside, are not counted (none in the bench)."""
+    round_gas) / (R x M). Split and withheld units, still set aside, are not counted (none in the bench).
+    `flow`: "two_step" or "one_step" (the orders measured that way), `rounds`: R."""
     from veritrain.chain.deployment import MarketParams
 
     defaults = MarketParams()
     rate_ppm = defaults.solo_spot_check_ppm if replicas == 1 else defaults.spot_check_ppm
-    rounds = ROUND_PATH_ROUNDS[-1]
-    base = round_path[f"k{replicas}_m8_r{rounds}_two_step"]["per_shard_unit"]
+    base = round_path[f"k{replicas}_m8_r{rounds}_{flow}"]["per_shard_unit"]
     audited_round_ppm = 10**6 - (10**6 - rate_ppm) ** DILOCO_SHARDS // 10 ** (6 * (DILOCO_SHARDS - 1))
     extra = (fixed_gas + rounds * audited_round_ppm * round_gas // 10**6) // (rounds * DILOCO_SHARDS)
     return {
         "fixed_gas_per_order": fixed_gas,
+        "replicas": replicas,
         "gas_per_audited_round": round_gas,
         "audit_rate_ppm": rate_ppm,
         "audited_round_ppm": audited_round_ppm,
+        "flow": flow,
         "rounds": rounds,
         "without_audits": base,
         "with_round_audits": base + extra,
@@ -438,6 +453,7 @@ class _Parties:
         two_step: bool = False,
         audited: bool = False,
         round_audits: bool = False,
+        one_step: bool = False,
     ) -> dict[str, Any]:
         """A whole M = 8 order of `rounds` rounds on the round path (JobMarketRounds): openRoster with
         provider r on replica r of every unit, one stepRound per round (the previous round's openings and
@@ -452,17 +468,24 @@ class _Parties:
         ``audited`` (two-step only, on a market whose audit rates draw every unit): every unit is drawn,
         set aside by the revealing step and settled by its verifiers' accepting verdict.
 
-        ``round_audits`` (two-step only): the roster names the verifiers, and on a market whose audit rates
-        draw every unit each revealing step carries both verifiers' `RoundAudit` of all its units (paid at
-        close, nothing set aside); on a market that draws none, the roster's verifiers cost only their lock
-        at open and release at close."""
-        from veritrain.chain.client import Outcome, Reveal, Roster
+        ``one_step``: the flow of a market that starts round r from the openings of round r - 1 it holds off
+        chain (PLAN "Step 5 revised", finding 3): M shard units a round (folded, as ``two_step``), step r
+        reveals round r - 1 (with its `RoundAudit` when ``round_audits``) and commits round r in one
+        transaction, the last step reveals only.
 
-        if (audited or round_audits) and not two_step:
-            raise ValueError("an audited round-path order is measured on the two-step flow")
+        ``round_audits`` (two-step or one-step): the roster names the verifiers, and on a market whose audit
+        rates draw every unit each revealing step carries both verifiers' `RoundAudit` of all its units (paid
+        at close, nothing set aside); on a market that draws none, the roster's verifiers cost only their
+        lock at open and release at close."""
+        from veritrain.chain.client import AuditRecord, Outcome, Reveal, Roster, audit_records_after
+
+        if two_step and one_step:
+            raise ValueError("an order is sent either two steps per round or one")
+        if (audited and not two_step) or (round_audits and not (two_step or one_step)):
+            raise ValueError("an audited round-path order is measured on the folded flows")
         params = self.client.deployment.params
         draws_all = (params.solo_spot_check_ppm if replicas == 1 else params.spot_check_ppm) == 1_000_000
-        units_per_round = DILOCO_SHARDS if two_step else DILOCO_SHARDS + 1
+        units_per_round = DILOCO_SHARDS if two_step or one_step else DILOCO_SHARDS + 1
         order_id, post_gas = self.post(rounds * units_per_round, replicas)
         providers = self.providers[:replicas]
         roster = Roster(
@@ -476,6 +499,7 @@ class _Parties:
         accepts = [self.client.sign_accept(p, order_id, roster.key, FAR_DEADLINE) for p in providers]
         gas = {"openRoster": self.client.open_roster(order_id, roster, accepts).gas_used}
         openings: list[Reveal] = []
+        records: list[AuditRecord] = []  # the roster's audit records, as its steps emit them
         for round_index in range(rounds + 1):
             works = []
             if round_index < rounds:
@@ -507,8 +531,16 @@ class _Parties:
                         for v in self.verifiers
                     ]
                 receipt = self.client.step_round(
-                    order_id, roster, pending, FAR_DEADLINE, [], verifiers=verifiers, audits=audits
+                    order_id,
+                    roster,
+                    pending,
+                    FAR_DEADLINE,
+                    [],
+                    verifiers=verifiers,
+                    audits=audits,
+                    audit_records=records,
                 )
+                records = audit_records_after(records, receipt)
                 _require(
                     len(receipt.events_named("RoundAudited")) == (1 if audits else 0),
                     f"order {order_id} round {round_index}: round audit not recorded",
@@ -527,12 +559,29 @@ class _Parties:
                 continue
             if two_step:
                 continue
-            receipt = self.client.step_round(order_id, roster, openings, FAR_DEADLINE, works)
+            audits = []
+            if round_audits and draws_all and openings:  # the revealed round's audit, every unit drawn
+                digests = [openings[unit * replicas].result_digest for unit in range(units_per_round)]
+                audits = [
+                    self.client.sign_round_audit(
+                        v, roster, order_id, round_index - 1, (1 << units_per_round) - 1, digests
+                    )
+                    for v in self.verifiers
+                ]
+            receipt = self.client.step_round(
+                order_id, roster, openings, FAR_DEADLINE, works, audits=audits, audit_records=records
+            )
+            records = audit_records_after(records, receipt)
+            _require(
+                len(receipt.events_named("RoundAudited")) == (1 if audits else 0)
+                and not receipt.events_named("UnitSetAside"),
+                f"order {order_id} step {round_index}: round audit not recorded or a unit set aside",
+            )
             gas[f"stepRound#{round_index}"] = receipt.gas_used
             openings = pending if round_index < rounds else []
         if round_audits and draws_all:  # the last round's challenge window must pass before the close
             self.client.backend.advance_time(params.verdict_window + 1)
-        gas["closeRoster"] = self.client.close_roster(order_id, roster).gas_used
+        gas["closeRoster"] = self.client.close_roster(order_id, roster, records).gas_used
         info = self.client.get_roster(order_id)
         _require(info.closed and info.committed == rounds, f"roster of order {order_id} did not settle")
         _require(
@@ -677,6 +726,13 @@ def measure(backend: Backend) -> dict[str, Any]:
             for rounds in ROUND_PATH_ROUNDS
         }
     )
+    round_path.update(
+        {
+            f"k{k}_m8_r{rounds}_one_step": parties.round_path_order(k, rounds, one_step=True)
+            for k in (REPLICAS, 1)
+            for rounds in ROUND_PATH_ROUNDS
+        }
+    )
 
     # Last, as it moves the chain's clock: the verdict's held fraud replica is slashed once it stands.
     windows = params.commit_window + params.reveal_window + params.verdict_window
@@ -686,8 +742,11 @@ def measure(backend: Backend) -> dict[str, Any]:
     # Round audits' fixed cost (the roster's verifiers locked at open, released at close) on the first
     # market, which draws no unit: after its last transaction, so no earlier figure moves.
     audit_rounds = ROUND_PATH_ROUNDS[0]
+    flows = ("two_step", "one_step")
     with_verifiers = {
-        k: parties.round_path_order(k, audit_rounds, two_step=True, round_audits=True) for k in (REPLICAS, 1)
+        (k, flow): parties.round_path_order(k, audit_rounds, round_audits=True, **{flow: True})
+        for flow in flows
+        for k in (REPLICAS, 1)
     }
 
     # Audits, on a second market (its own clients' transaction nonces): after the first's last transaction.
@@ -702,17 +761,25 @@ def measure(backend: Backend) -> dict[str, Any]:
     # Round audits (step 5b): the same R = 2 two-step order with every unit drawn and paid by both
     # verifiers' RoundAudit in each revealing step (nothing set aside); its extra gas over the order with
     # the roster's verifiers but no draw, per round, is what a round with drawn units adds.
+    # The same for the one-step flow (step r reveals round r - 1 with its RoundAudit and commits round r).
     round_audits = {}
-    for k in (REPLICAS, 1):
-        round_audited = auditing.round_path_order(k, audit_rounds, two_step=True, round_audits=True)
-        round_path[f"k{k}_m8_r{audit_rounds}_two_step_verifiers"] = with_verifiers[k]
-        round_path[f"k{k}_m8_r{audit_rounds}_two_step_round_audited"] = round_audited
-        plain = round_path[f"k{k}_m8_r{audit_rounds}_two_step"]
-        fixed = sum(with_verifiers[k]["round_path_gas"].values()) - sum(plain["round_path_gas"].values())
-        extra = sum(round_audited["round_path_gas"].values()) - sum(
-            with_verifiers[k]["round_path_gas"].values()
-        )
-        round_audits[k] = _round_audit_figures(fixed, extra // audit_rounds, k, round_path)
+    round_audits_by_flow = {}
+    for flow in flows:
+        for k in (REPLICAS, 1):
+            round_audited = auditing.round_path_order(k, audit_rounds, round_audits=True, **{flow: True})
+            verifiers_order = with_verifiers[(k, flow)]
+            round_path[f"k{k}_m8_r{audit_rounds}_{flow}_verifiers"] = verifiers_order
+            round_path[f"k{k}_m8_r{audit_rounds}_{flow}_round_audited"] = round_audited
+            plain = round_path[f"k{k}_m8_r{audit_rounds}_{flow}"]
+            fixed = sum(verifiers_order["round_path_gas"].values()) - sum(plain["round_path_gas"].values())
+            extra = sum(round_audited["round_path_gas"].values()) - sum(
+                verifiers_order["round_path_gas"].values()
+            )
+            for rounds in ROUND_PATH_ROUNDS:
+                figures = _round_audit_figures(fixed, extra // audit_rounds, k, round_path, flow, rounds)
+                round_audits_by_flow[f"k{k}_{flow}_r{rounds}"] = figures
+                if flow == "two_step" and rounds == ROUND_PATH_ROUNDS[-1]:
+                    round_audits[k] = figures
 
     commit_single = [value for key, value in single.items() if key.startswith("commitWithSig")]
     reveal_single = [value for key, value in single.items() if key.startswith("reveal#")]
@@ -756,14 +823,13 @@ def measure(backend: Backend) -> dict[str, Any]:
             for k, figures in audits.items()
         },
         "round_path_audits": {f"k{k}": figures for k, figures in audits.items()},
-        **{
-            f"gas_per_settled_unit_round_path_k{k}_m8_r{last}_two_step_round_audits": figures[
-                "with_round_audits"
-            ]
-            for k, figures in round_audits.items()
-            for last in (ROUND_PATH_ROUNDS[-1],)
-        },
         "round_path_round_audits": {f"k{k}": figures for k, figures in round_audits.items()},
+        **{
+            f"gas_per_settled_unit_round_path_k{figures['replicas']}_m8_r{figures['rounds']}_{figures['flow']}"
+            "_round_audits": figures["with_round_audits"]
+            for figures in round_audits_by_flow.values()
+        },
+        "round_path_round_audits_by_flow": round_audits_by_flow,
         "target_gas_per_settled_unit_k3_m8": GAS_TARGET_K3_M8,
         "target_gas_per_settled_unit_k1_m8": GAS_TARGET_K1_M8,
         "included": INCLUDED,
@@ -835,7 +901,7 @@ def format_table(report: dict[str, Any]) -> str:
             f"  {k}: an audited unit costs {audit['audit_gas_per_unit']:,} more; at "
             f"{audit['audit_rate_ppm'] / 10_000:g} % audits, R = {audit['rounds']}: {audit['with_audits']:,}"
         )
-    for k, audit in report["round_path_round_audits"].items():
+    for k, audit in report["round_path_round_audits_by_flow"].items():
         rows.append(
             f"  {k} with round audits: {audit['fixed_gas_per_order']:,} per order, "
             f"{audit['gas_per_audited_round']:,} per audited round; at "

@@ -309,6 +309,38 @@ class AuditSignature:
 
 
 @dataclass(frozen=True)
+class AuditRecord:
+    """One audited round's record (JobMarket `AuditRecord`), as `RoundAudited` emitted it and each
+    `AuditChallenged` since updated it: `info` bits 0..63 the audited units, 64..71 the signers, 72..111 the
+    step's time, 112..175 the units challenged, 176..207 the round; `digests_hash` the audited units' agreed
+    digests' hash. A roster's records, in order, are chained into its audit key: a step that audits, a
+    challenge and the close are given them (`audit_records_after`)."""
+
+    info: int
+    digests_hash: bytes
+
+    @property
+    def round(self) -> int:
+        return (self.info >> 176) & 0xFFFFFFFF
+
+    def as_tuple(self) -> tuple[int, bytes]:
+        return (self.info, self.digests_hash)
+
+
+def audit_records_after(records: Sequence[AuditRecord], receipt: Receipt) -> list[AuditRecord]:
+    """A roster's audit records once `receipt` was mined: a `RoundAudited` adds its round's record, an
+    `AuditChallenged` updates its round's `info`."""
+    updated = list(records)
+    for event in receipt.events:
+        if event.name == "RoundAudited":
+            updated.append(AuditRecord(int(event.args["info"]), bytes(event.args["digestsHash"])))
+        elif event.name == "AuditChallenged":
+            index = next(i for i, r in enumerate(updated) if r.round == int(event.args["round"]))
+            updated[index] = AuditRecord(int(event.args["info"]), updated[index].digests_hash)
+    return updated
+
+
+@dataclass(frozen=True)
 class RosterInfo:
     """JobMarket `getRoster`: the recorded roster key, its shape and progress."""
 
@@ -1054,6 +1086,7 @@ class ChainClient:
         withheld: int = 0,
         verifiers: Sequence[str | LocalAccount] = (),
         audits: Sequence[AuditSignature] = (),
+        audit_records: Sequence[AuditRecord] = (),
         sender: LocalAccount | None = None,
     ) -> Receipt:
         """Reveal the pending round (`openings` per slot in slot order; their `provider` is not sent: the
@@ -1062,7 +1095,9 @@ class ChainClient:
         `UnitSetAside` events name the units it became). Bit i of `withheld` gives slot i as not opened
         (after the round's reveal window only): its opening's `result_digest` is then the slot's
         commitment, its salt is ignored. `audits`: roster verifiers' `sign_round_audit` of the revealed
-        round; with a majority of them, its drawn unanimous units are paid at close instead of set aside."""
+        round; with a majority of them, its drawn unanimous units are paid at close instead of set aside.
+        `audit_records`: the roster's audit records so far (`audit_records_after`), whose chain the step
+        checks before it adds the round's."""
         return self._send(
             sender,
             self.market,
@@ -1075,7 +1110,11 @@ class ChainClient:
             sequence_of_addresses(verifiers),
             deadline,
             [work.as_tuple() for work in works],
-            (list(roster.verifiers) if audits else [], [audit.as_tuple() for audit in audits]),
+            (
+                list(roster.verifiers) if audits else [],
+                eip712.audit_chain([r.as_tuple() for r in audit_records]),
+                [audit.as_tuple() for audit in audits],
+            ),
         )
 
     def publish_opening(
@@ -1102,9 +1141,17 @@ class ChainClient:
             [eip712.as_bytes32(c, "commitment") for c in commitments],
         )
 
-    def close_roster(self, order_id: int, roster: Roster, *, sender: LocalAccount | None = None) -> Receipt:
+    def close_roster(
+        self,
+        order_id: int,
+        roster: Roster,
+        audit_records: Sequence[AuditRecord] = (),
+        *,
+        sender: LocalAccount | None = None,
+    ) -> Receipt:
         """Pay a roster's revealed rounds and release its collateral (anyone once every round is
-        revealed, or after the order's deadline)."""
+        revealed, or after the order's deadline); `audit_records`: every audit record of the roster, in
+        order (its verifiers' fees are counted from them)."""
         return self._send(
             sender,
             self.market,
@@ -1113,6 +1160,7 @@ class ChainClient:
             list(roster.providers),
             roster.layout,
             list(roster.verifiers),
+            [r.as_tuple() for r in audit_records],
         )
 
     def challenge_audit(
@@ -1121,15 +1169,20 @@ class ChainClient:
         roster: Roster,
         round_index: int,
         unit: int,
-        info: int,
+        audit_records: Sequence[AuditRecord],
         digests: Sequence[bytes],
         verifiers: Sequence[str | LocalAccount],
         *,
         operator: LocalAccount | None = None,
     ) -> Receipt:
-        """Set aside a unit a round audit paid (operator only, within verdictWindow of the step): `info` as
-        last emitted (`RoundAudited` / `AuditChallenged`), `digests` the audited units' agreed digests in
-        unit order, `verifiers` the unit's verdict verifiers (none of the audit's signers)."""
+        """Set aside a unit a round audit paid (operator only, within verdictWindow of the step):
+        `audit_records` every audit record of the roster as last emitted (`audit_records_after`; the
+        round's and those after it are sent, the chain before them as a hash), `digests` the round's audited
+        units' agreed digests in unit order, `verifiers` the unit's verdict verifiers (none of the audit's
+        signers)."""
+        index = next((i for i, r in enumerate(audit_records) if r.round == round_index), None)
+        if index is None:
+            raise InvalidInput(f"no audit record of round {round_index}")
         return self._send(
             operator,
             self.market,
@@ -1137,9 +1190,9 @@ class ChainClient:
             order_id,
             list(roster.providers),
             roster.layout,
-            round_index,
             unit,
-            info,
+            eip712.audit_chain([r.as_tuple() for r in audit_records[:index]]),
+            [r.as_tuple() for r in audit_records[index:]],
             [eip712.as_bytes32(d, "digest") for d in digests],
             list(roster.verifiers),
             sequence_of_addresses(verifiers),

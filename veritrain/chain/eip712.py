@@ -300,6 +300,17 @@ def digests_hash(digests: Sequence[bytes]) -> bytes:
     return keccak(b"".join(as_bytes32(d, "digest") for d in digests))
 
 
+def audit_chain(records: Sequence[tuple[int, bytes]], start: bytes = b"\x00" * 32) -> bytes:
+    """A roster's audit chain (JobMarket `RosterAudits`): `start` extended by each `(info, digestsHash)`
+    record in order, keccak256(abi.encode(chain, info, digestsHash)) each."""
+    chain = as_bytes32(start, "chain")
+    for info, digests in records:
+        chain = keccak(
+            abi_encode(["bytes32", "uint256", "bytes32"], [chain, info, as_bytes32(digests, "digest")])
+        )
+    return chain
+
+
 def outcomes_hash(outcomes: Sequence[int]) -> bytes:
     """keccak256(abi.encodePacked(uint8[] outcomes)), outcomes per replica in assignment order.
 
