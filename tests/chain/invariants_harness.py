@@ -18,6 +18,7 @@ import json
 import socket
 import subprocess
 import time
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -139,6 +140,12 @@ def compile_variants(
     if cached:
         _compiled.update(mutant_cache.lookup(missing, CONTRACT_NAMES))
         missing = [variant for variant in missing if variant not in _compiled]
+        if missing and mutant_cache.enabled():
+            warnings.warn(
+                f"compiling {len(missing)} variant(s) the committed cache lacks ({', '.join(missing)}): "
+                "scripts/refresh-mutant-cache after a contract or mutant change saves that",
+                stacklevel=2,
+            )
     groups = [missing[i::processes] for i in range(processes) if missing[i::processes]]
     with ThreadPoolExecutor(max_workers=max(1, len(groups))) as pool:
         for result in pool.map(_run_compiler, groups):

@@ -240,7 +240,8 @@ def test_the_harness_compiles_only_what_the_cache_misses(repo: Path, monkeypatch
     monkeypatch.setattr(invariants_harness, "CONTRACT_NAMES", NAMES)
     monkeypatch.setattr(invariants_harness.mutant_cache, "lookup", lookup)
     monkeypatch.setattr(invariants_harness, "_run_compiler", compiler)
-    found = invariants_harness.compile_variants([None, "fee-zero", "x-two"], processes=2)
+    with pytest.warns(UserWarning, match=r"compiling 1 variant\(s\) the committed cache lacks \(x-two\)"):
+        found = invariants_harness.compile_variants([None, "fee-zero", "x-two"], processes=2)
     assert compiles == [["x-two"]]  # the hits spawned no compile
     assert found == {None: COMPILED[ORIGINAL], "fee-zero": COMPILED["fee-zero"], "x-two": COMPILED["x-two"]}
     invariants_harness.compile_variants([None, "fee-zero"], cached=False)
