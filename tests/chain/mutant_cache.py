@@ -40,7 +40,7 @@ CACHE_DIR = REPO_ROOT / "tests" / "chain" / "mutants" / "compiled"
 MUTANTS_FILE = REPO_ROOT / "tests" / "chain" / "mutants" / "mutants.json"
 ORIGINAL = "--original"  # compile-mutant.js's name for the unmutated variant
 # Bump when the entry layout or the key's inputs change: every older entry then misses.
-FORMAT = 1
+FORMAT = 2
 SUFFIX = ".json.gz"
 FIELDS = ("abi", "bytecode", "storageLayout")  # what the harness reads of each compiled contract
 # An import directive's path: `import "x";`, `import {A} from "x";`, `import * as X from "x";`
@@ -145,6 +145,7 @@ def variant_keys(
     common = {
         **_toolchain(root, names),
         "sources": {unit: _digest(text.encode()) for unit, text in sources.items()},
+        "imports": imported_files(sources, root),  # the unpatched compile's (a mutant's untouched contracts)
     }
     libraries: dict[str, dict[str, str | None]] = {}  # by the digest of the patched sources
     keys: dict[str, str | None] = {}
@@ -157,13 +158,13 @@ def variant_keys(
         patched_digests = {unit: _digest(text.encode()) for unit, text in patched.items()}
         tree = _digest(_canonical(patched_digests))
         if tree not in libraries:
-            libraries[tree] = imported_files({**sources, **patched}, root)
+            libraries[tree] = imported_files(patched, root)
         description = {
             **common,
             "variant": variant,
             "patches": patches,
             "patched": patched_digests,
-            "imports": libraries[tree],
+            "patched imports": libraries[tree],
         }
         keys[variant] = _digest(_canonical(description))
     return keys
@@ -236,10 +237,10 @@ def lookup(
         return {}
     try:
         keys = variant_keys([ORIGINAL, *wanted], names, root, mutants_file)
-    except (OSError, ValueError, KeyError):  # no node_modules, an unreadable mutants file: compile
+    except (OSError, ValueError, KeyError, TypeError):  # no node_modules, a malformed mutants file: compile
         return {}
     original_entry = _read(cache_dir, keys[ORIGINAL])
-    if original_entry is None or original_entry["base"] is not None:
+    if original_entry is None or original_entry.get("base") is not None:
         return {}
     original: Contracts = original_entry["contracts"]
     if not _complete(original, names):
@@ -250,7 +251,7 @@ def lookup(
             found[variant] = {name: dict(original[name]) for name in names}
             continue
         entry = _read(cache_dir, keys[variant])
-        if entry is None or entry["base"] != keys[ORIGINAL]:
+        if entry is None or entry.get("base") != keys[ORIGINAL]:
             continue
         changes = entry["contracts"]
         if not all(isinstance(fields, dict) for fields in changes.values()):
