@@ -19,6 +19,10 @@
 // their ABI and storage layout are compiled from the sources (no code generation: ~2 s instead of ~30 s of
 // wasm solc); a shipped ABI that differs from the sources' is refused (stale package data).
 //
+// The invariant tests read these outputs from a committed cache when it is current (tests/chain/mutant_cache.py,
+// keyed by the sources, the settings and this file's text too; scripts/refresh-mutant-cache rewrites it), and
+// run this script only for the variants it misses.
+//
 // Why a separate compile: Hardhat compiles from disk into artifacts/, which other engineers share;
 // a mutant must never touch contracts/ or artifacts/. The compiler settings (evmVersion, optimizer,
 // viaIR) are read from hardhat.config.js through Hardhat's own config loader, so a mutant differs from

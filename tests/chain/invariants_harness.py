@@ -18,6 +18,7 @@ import json
 import socket
 import subprocess
 import time
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ from eth_utils import keccak
 from web3 import Web3
 from web3.contract import Contract
 
+from tests.chain import mutant_cache
+from tests.chain.mutant_cache import ORIGINAL
 from veritrain.chain import eip712
 from veritrain.chain.artifacts import load_contract
 from veritrain.chain.backends import HardhatNode, dev_accounts
@@ -115,17 +118,18 @@ def with_appeals(artifacts: Artifacts) -> dict[str, Mapping[str, Any]]:
     return {**artifacts, APPEALS_NAME: {"abi": list(data.abi), "bytecode": "0x" + data.bytecode.hex()}}
 
 
-ORIGINAL = "--original"
 _compiled: dict[str, dict[str, dict[str, Any]]] = {}
 
 
 def compile_variants(
-    mutant_ids: Sequence[str | None], processes: int = 1
+    mutant_ids: Sequence[str | None], processes: int = 1, cached: bool = True
 ) -> dict[str | None, dict[str, Any]]:
     """Compile the contracts unmutated (None) and with each seeded bug via scripts/compile-mutant.js.
 
-    One node process compiles several variants (loading the wasm compiler is much of the cost);
-    `processes` > 1 splits the list over that many processes. Results are cached for the session.
+    A variant the committed cache holds for the current sources (tests/chain/mutant_cache.py) is read
+    from it, not compiled; `cached` False compiles every variant (what the refresh does). One node
+    process compiles several variants (loading the wasm compiler is much of the cost);
+    `processes` > 1 splits the list over that many processes. Results are kept for the session.
     With --reuse-shipped: what no patch touches (all of None) is the shipped bytecode of
     veritrain/contracts_data (test_compiled_data checks it is what the sources compile to) with ABI and
     storage layout compiled from the sources, so only patched contracts pay for code generation (None:
@@ -133,6 +137,15 @@ def compile_variants(
     """
     wanted = [ORIGINAL if mutant_id is None else mutant_id for mutant_id in mutant_ids]
     missing = [variant for variant in dict.fromkeys(wanted) if variant not in _compiled]
+    if cached:
+        _compiled.update(mutant_cache.lookup(missing, CONTRACT_NAMES))
+        missing = [variant for variant in missing if variant not in _compiled]
+        if missing and mutant_cache.enabled():
+            warnings.warn(
+                f"compiling {len(missing)} variant(s) the committed cache lacks ({', '.join(missing)}): "
+                "scripts/refresh-mutant-cache after a contract or mutant change saves that",
+                stacklevel=2,
+            )
     groups = [missing[i::processes] for i in range(processes) if missing[i::processes]]
     with ThreadPoolExecutor(max_workers=max(1, len(groups))) as pool:
         for result in pool.map(_run_compiler, groups):

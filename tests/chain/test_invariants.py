@@ -5,8 +5,9 @@ units and round-path rosters on the same orders) against
 the bytecode shipped in veritrain/contracts_data and a Python reference model, checking the named
 invariants after every step and that every fund exits at the end of every example. The mutation tests
 seed one bug at a time into the Solidity sources (tests/chain/mutants/mutants.json), compile it with
-scripts/compile-mutant.js, and require the invariant that targets the bug to trip — so a passing run
-is not a vacuous one.
+scripts/compile-mutant.js (or read it from the committed cache of compiled variants while that is current:
+tests/chain/mutant_cache.py, scripts/refresh-mutant-cache), and require the invariant that targets the
+bug to trip — so a passing run is not a vacuous one.
 
 Budget knobs (environment): VERITRAIN_INVARIANT_EXAMPLES, VERITRAIN_INVARIANT_STEPS,
 VERITRAIN_INVARIANT_SEED (an integer, or "random" for a fresh seed that is printed for replay).
