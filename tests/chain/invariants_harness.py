@@ -157,13 +157,19 @@ def compile_variant(mutant_id: str | None) -> dict[str, Any]:
     return compile_variants([mutant_id])[mutant_id]
 
 
+# A hung compiler fails the run instead of holding it; the allowance grows with the variants one process
+# compiles (a JobMarket.sol variant takes 20-60 s of CPU, more on a shared machine: a flat 600 s for 12
+# variants ran out under load).
+COMPILE_TIMEOUT_S, COMPILE_TIMEOUT_PER_VARIANT_S = 300, 150
+
+
 def _run_compiler(variants: list[str]) -> dict[str, dict[str, Any]]:
     completed = subprocess.run(
         ["node", str(REPO_ROOT / "scripts" / "compile-mutant.js"), "--reuse-shipped", *variants],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=COMPILE_TIMEOUT_S + COMPILE_TIMEOUT_PER_VARIANT_S * len(variants),
         check=False,
     )
     if completed.returncode != 0:
