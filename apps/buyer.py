@@ -16,7 +16,7 @@ import tomllib
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ValidationError
 
@@ -169,10 +169,16 @@ class PostedOrder:
 
 
 def post_order(
-    client: ChainClient, account: LocalAccount, spec: OrderSpec, plan: EscrowPlan, market_url: str
+    client: ChainClient,
+    account: LocalAccount,
+    spec: OrderSpec,
+    plan: EscrowPlan,
+    market_url: str,
+    settlement: Literal["units", "rounds"] = "units",
 ) -> PostedOrder:
     """Allow the JobMarket to pull the escrow by an ERC-2612 permit (no standing approval is left behind
-    beyond this order), post the order on chain, then register its spec with the market."""
+    beyond this order), post the order on chain, then register its spec with the market (`settlement`: how
+    the market settles it, per unit or by a roster, one step per round)."""
     from veritrain.api_client import MarketClient
     from veritrain.messages import OrderRequest
 
@@ -193,7 +199,7 @@ def post_order(
         trusted_streak=plan.trusted_streak,
     )
     with MarketClient(market_url, timeout=30) as api:
-        status = api.post_order(OrderRequest(spec=spec, chain_order_id=chain_order_id))
+        status = api.post_order(OrderRequest(spec=spec, chain_order_id=chain_order_id, settlement=settlement))
     return PostedOrder(chain_order_id, status.order_id, posted_block, plan.total)
 
 
