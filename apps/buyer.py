@@ -255,8 +255,14 @@ def order_money(events: list[Event], order_id: int) -> tuple[OrderMoney, list[Un
     slashed: dict[str, int] = {}
     slashed_verifiers: dict[str, int] = {}
     reporters: set[str] = set()
+    round_digests: dict[int, list[str]] = {}  # the round path: each revealed round's digests, by unit
+    set_aside: dict[int, tuple[int, int]] = {}  # a set-aside unit's chain id -> (round, unit of the round)
     for event in events:
         args = event.args
+        if event.name == "RoundRevealed" and int(args["orderId"]) == order_id:
+            round_digests[int(args["round"])] = [_hex(digest) for digest in args["digests"]]
+        elif event.name == "UnitSetAside" and int(args["orderId"]) == order_id:
+            set_aside[int(args["unitId"])] = (int(args["round"]), int(args["unit"]))
         if event.name == "OrderPosted" and int(args["orderId"]) == order_id:
             deposit, price, fee = (
                 int(args["escrow"]),
@@ -306,6 +312,14 @@ def order_money(events: list[Event], order_id: int) -> tuple[OrderMoney, list[Un
                     else:
                         held_refunds += price
                 unit.held = []
+    for unit_id, (round_index, index) in set_aside.items():
+        # a unit the round path set aside was revealed by its round's step, not by ReplicaRevealed; the step
+        # names one digest per unit (its first replica's: every replica's unless the unit was split, and a
+        # fetched manifest must hash to it anyway, so a wrong guess only fails that fetch)
+        outcome, digests = units.get(unit_id), round_digests.get(round_index, [])
+        if outcome is not None and index < len(digests):
+            for provider in outcome.providers:
+                outcome.result_digests.setdefault(provider, digests[index])
     money = OrderMoney(
         deposit=deposit,
         payouts=payouts,
