@@ -316,10 +316,10 @@ def order_money(events: list[Event], order_id: int) -> tuple[OrderMoney, list[Un
         # a unit the round path set aside was revealed by its round's step, not by ReplicaRevealed; the step
         # names one digest per unit (its first replica's: every replica's unless the unit was split, and a
         # fetched manifest must hash to it anyway, so a wrong guess only fails that fetch)
-        outcome, digests = units.get(unit_id), round_digests.get(round_index, [])
-        if outcome is not None and index < len(digests):
-            for provider in outcome.providers:
-                outcome.result_digests.setdefault(provider, digests[index])
+        found, digests = units.get(unit_id), round_digests.get(round_index, [])
+        if found is not None and index < len(digests):
+            for provider in found.providers:
+                found.result_digests.setdefault(provider, digests[index])
     money = OrderMoney(
         deposit=deposit,
         payouts=payouts,
