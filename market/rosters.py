@@ -23,7 +23,6 @@ unit's id is a UnitCommit's unit id (PLAN, Progress, step 1).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
 
 from eth_utils import to_checksum_address
@@ -91,31 +90,8 @@ def roster_of(row: RosterRow) -> Roster:
     return Roster(providers, tuple(json.loads(row.slots_json)), row.replicas, row.units_per_round, row.rounds)
 
 
-@dataclass(frozen=True)
-class RosterView:
-    """What a roster's provider is handed: the Accept's unit key, its slots (unit, replica) of every round,
-    and the deadline each of its UnitCommit signatures must carry."""
-
-    order_id: int
-    chain_order_id: int
-    state: str
-    roster_key: str
-    providers: tuple[str, ...]
-    slots: tuple[int, ...]
-    replicas: int
-    units_per_round: int
-    rounds: int
-    works_deadline: int
-    committed: int
-    revealed: int
-
-    def units_of(self, provider: str) -> list[tuple[int, int]]:
-        """(unit, replica) of every slot `provider` holds, in slot order."""
-        return [
-            (slot // self.replicas, slot % self.replicas)
-            for slot, index in enumerate(self.slots)
-            if self.providers[index].lower() == provider.lower()
-        ]
+# What a roster's provider is handed (the Accept's unit key, its slots, the works deadline): the status.
+RosterView = RosterStatus
 
 
 class RosterBook(Lifecycle):
@@ -230,6 +206,8 @@ class RosterBook(Lifecycle):
             return None
         roster = roster_of(row)
         return RosterStatus(
+            order_id=order_id,
+            chain_order_id=row.chain_order_id,
             state=row.state,
             roster_key=row.roster_key or "",
             providers=roster.providers,
@@ -243,23 +221,12 @@ class RosterBook(Lifecycle):
         )
 
     def view(self, order_id: int) -> RosterView:
+        """The order's drawn roster (NotFound: no roster; MarketError: not drawn yet)."""
         with self.store.transaction() as session:
-            row = self._roster(session, order_id)
-            roster = roster_of(row)
-            return RosterView(
-                order_id=order_id,
-                chain_order_id=row.chain_order_id,
-                state=row.state,
-                roster_key=row.roster_key or "",
-                providers=roster.providers,
-                slots=roster.slots,
-                replicas=row.replicas,
-                units_per_round=row.units_per_round,
-                rounds=row.rounds,
-                works_deadline=row.works_deadline,
-                committed=row.committed,
-                revealed=row.revealed,
-            )
+            roster_of(self._roster(session, order_id))
+            view = self.status(session, order_id)
+            assert view is not None
+            return view
 
     def accept(self, order_id: int, provider: str, nonce: int, deadline: int, signature: str) -> None:
         """A roster provider's Accept of the roster key (checked before anything is stored); a second one

@@ -564,66 +564,48 @@ class ProviderAgent(AgentPlumbing):
         logger.info("committed unit %d (chain unit %d)", assignment.unit_id, assignment.chain_unit_id)
 
     def reveal(self, assignment: Assignment) -> None:
-        from veritrain.messages import RevealSubmission
+        """Reveal the result (the commitment's preimage and the state it reports); a roster slot's goes to
+        the market's round path, which keeps it off chain until the step that reveals the round. A set-aside
+        roster unit is appealed on the per-unit path under its own chain id: not watched here."""
+        from veritrain.messages import RevealSubmission, RosterOpeningSubmission
 
         folder = self.unit_dir(assignment.unit_id)
         record = UnitRecord.load(folder, assignment.unit_id)
         if record.revealed or record.result_digest is None:
             return
         assert record.salt and record.state_digest and record.transcript_root
-        if assignment.settlement == "rounds":
-            self.open_slot(assignment, record)
-            return
-        self.market.reveal(
-            RevealSubmission(
-                unit_id=assignment.unit_id,
-                provider=self.address,
-                result_digest=record.result_digest,
-                salt=record.salt,
-                state_digest=record.state_digest,
-                transcript_root=record.transcript_root,
-                round_state_digest=record.round_state_digest,
-                inputs_commitment=record.inputs_commitment,
-            ),
-        )
+        opening = {
+            "provider": self.address,
+            "result_digest": record.result_digest,
+            "salt": record.salt,
+            "state_digest": record.state_digest,
+            "transcript_root": record.transcript_root,
+            "round_state_digest": record.round_state_digest,
+            "inputs_commitment": record.inputs_commitment,
+        }
+        rostered = assignment.settlement == "rounds"
+        if rostered:
+            where = {
+                "order_id": assignment.order_id,
+                "round_index": assignment.round_index,
+                "unit": assignment.shard,
+            }
+            self.market.roster_opening(RosterOpeningSubmission.model_validate(where | opening))
+        else:
+            self.market.reveal(RevealSubmission.model_validate({"unit_id": assignment.unit_id} | opening))
         record.revealed = True
         record.save(folder)
-        if assignment.chain_unit_id is not None:
+        if assignment.chain_unit_id is not None and not rostered:
             if not record.forged:
                 self.watch.revealed(assignment.chain_unit_id)
             elif self.config.plant:
                 self.watch.planted(assignment.chain_unit_id)
-        logger.info("revealed unit %d: %s", assignment.unit_id, record.result_digest)
-
-    def open_slot(self, assignment: Assignment, record: UnitRecord) -> None:
-        """Hand a roster slot's opening to the market, which keeps it off chain until the step that reveals
-        the round (the same as a reveal: the commitment's preimage and the state the next round starts
-        from). A set-aside unit is appealed on the per-unit path under its own chain id: not watched here."""
-        from veritrain.messages import RosterOpeningSubmission
-
-        assert record.result_digest and record.salt and record.state_digest and record.transcript_root
-        self.market.roster_opening(
-            RosterOpeningSubmission(
-                order_id=assignment.order_id,
-                provider=self.address,
-                round_index=assignment.round_index,
-                unit=assignment.shard,
-                result_digest=record.result_digest,
-                salt=record.salt,
-                state_digest=record.state_digest,
-                transcript_root=record.transcript_root,
-                round_state_digest=record.round_state_digest,
-                inputs_commitment=record.inputs_commitment,
-            )
-        )
-        record.revealed = True
-        record.save(self.unit_dir(assignment.unit_id))
         logger.info(
-            "opened unit %d (round %d, shard %d of order %d): %s",
+            "%s unit %d (round %d, shard %d): %s",
+            "opened" if rostered else "revealed",
             assignment.unit_id,
             assignment.round_index,
             assignment.shard,
-            assignment.order_id,
             record.result_digest,
         )
 

@@ -419,6 +419,8 @@ class RosterStatus(Frozen):
     revealed by ``stepRound``). ``state``: drawing, accepting, opening, open, closed. Slot ``s`` is unit
     ``s // replicas``'s replica ``s % replicas``, held by ``providers[slots[s]]``."""
 
+    order_id: int
+    chain_order_id: int
     state: str
     roster_key: str
     providers: tuple[str, ...]
@@ -429,6 +431,14 @@ class RosterStatus(Frozen):
     works_deadline: int
     committed: int
     revealed: int
+
+    def units_of(self, provider: str) -> list[tuple[int, int]]:
+        """(unit, replica) of every slot `provider` holds, in slot order."""
+        return [
+            (slot // self.replicas, slot % self.replicas)
+            for slot, index in enumerate(self.slots)
+            if self.providers[index].lower() == provider.lower()
+        ]
 
 
 class OrderStatus(Frozen):

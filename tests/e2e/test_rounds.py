@@ -17,11 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from orders import close_and_check, wait_until
+from orders import close_and_check, folded_order_config, wait_until
 
 from apps.demo import (
     Buyer,
-    DemoConfig,
     Marketplace,
     collect_training,
     marketplace,
@@ -83,21 +82,8 @@ def test_a_folded_order_on_the_round_path_completes_through_real_processes(
 ) -> None:
     # k = 1 and no audit draw; the fresh providers are on probation (below the roster's required streak),
     # so each step sets every unit of the round it reveals aside and the verifier re-executes it
-    config = DemoConfig(
-        out_dir=tmp_path,
-        providers=2,
-        dishonest=0,
-        verifiers=1,
-        replicas=1,
-        shards=2,
-        rounds=2,
-        unit_steps=40,
-        outer_step="folded",
-        settlement="rounds",
-        solo_spot_check_ppm=0,
-        database_url=fresh_postgres_url,
-        broker_url=redis_url,
-        extra_env={"VERITRAIN_CELERY_QUEUE": private_queue},
+    config = folded_order_config(
+        tmp_path, fresh_postgres_url, redis_url, private_queue, settlement="rounds", solo_spot_check_ppm=0
     )
     emit = progress_printer()
     started = time.monotonic()
