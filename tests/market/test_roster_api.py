@@ -192,7 +192,9 @@ def test_the_roster_endpoints_refuse_bad_input_with_a_typed_error_and_change_not
 ) -> None:
     order_id = rostered_order(market)
     accounts = {a.address: a for a in market.providers}
-    first_account = market.providers[0]
+    # the draw is the chain's (seeded by a block hash): take the roster's own providers
+    view = market.service.rosters.view(order_id)
+    first_account, other = (accounts[p] for p in view.providers[:2])
     (first,) = [a for a in heartbeat(market, first_account) if a.phase == AssignmentPhase.ACCEPT][:1]
     signed = market.client.sign_accept(
         first_account, first.chain_order_id, first.unit_key, first.accept_deadline
@@ -206,7 +208,7 @@ def test_the_roster_endpoints_refuse_bad_input_with_a_typed_error_and_change_not
     }
     before = held(market)
     refusals = [
-        ("/rosters/accept", {**accept, "provider": market.providers[1].address}, 401, "InvalidSignature"),
+        ("/rosters/accept", {**accept, "provider": other.address}, 401, "InvalidSignature"),
         ("/rosters/accept", {**accept, "order_id": order_id + 7}, 404, "NotFound"),
         ("/rosters/accept", {**accept, "provider": market.verifiers[0].address}, 400, "InvalidInput"),
         ("/rosters/accept", {**accept, "signature": "0x12"}, 422, None),
