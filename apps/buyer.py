@@ -16,7 +16,7 @@ import tomllib
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ValidationError
 
@@ -169,10 +169,16 @@ class PostedOrder:
 
 
 def post_order(
-    client: ChainClient, account: LocalAccount, spec: OrderSpec, plan: EscrowPlan, market_url: str
+    client: ChainClient,
+    account: LocalAccount,
+    spec: OrderSpec,
+    plan: EscrowPlan,
+    market_url: str,
+    settlement: Literal["units", "rounds"] = "units",
 ) -> PostedOrder:
     """Allow the JobMarket to pull the escrow by an ERC-2612 permit (no standing approval is left behind
-    beyond this order), post the order on chain, then register its spec with the market."""
+    beyond this order), post the order on chain, then register its spec with the market (`settlement`: how
+    the market settles it, per unit or by a roster, one step per round)."""
     from veritrain.api_client import MarketClient
     from veritrain.messages import OrderRequest
 
@@ -193,7 +199,7 @@ def post_order(
         trusted_streak=plan.trusted_streak,
     )
     with MarketClient(market_url, timeout=30) as api:
-        status = api.post_order(OrderRequest(spec=spec, chain_order_id=chain_order_id))
+        status = api.post_order(OrderRequest(spec=spec, chain_order_id=chain_order_id, settlement=settlement))
     return PostedOrder(chain_order_id, status.order_id, posted_block, plan.total)
 
 
@@ -249,8 +255,14 @@ def order_money(events: list[Event], order_id: int) -> tuple[OrderMoney, list[Un
     slashed: dict[str, int] = {}
     slashed_verifiers: dict[str, int] = {}
     reporters: set[str] = set()
+    round_digests: dict[int, list[str]] = {}  # the round path: each revealed round's digests, by unit
+    set_aside: dict[int, tuple[int, int]] = {}  # a set-aside unit's chain id -> (round, unit of the round)
     for event in events:
         args = event.args
+        if event.name == "RoundRevealed" and int(args["orderId"]) == order_id:
+            round_digests[int(args["round"])] = [_hex(digest) for digest in args["digests"]]
+        elif event.name == "UnitSetAside" and int(args["orderId"]) == order_id:
+            set_aside[int(args["unitId"])] = (int(args["round"]), int(args["unit"]))
         if event.name == "OrderPosted" and int(args["orderId"]) == order_id:
             deposit, price, fee = (
                 int(args["escrow"]),
@@ -300,6 +312,14 @@ def order_money(events: list[Event], order_id: int) -> tuple[OrderMoney, list[Un
                     else:
                         held_refunds += price
                 unit.held = []
+    for unit_id, (round_index, index) in set_aside.items():
+        # a unit the round path set aside was revealed by its round's step, not by ReplicaRevealed; the step
+        # names one digest per unit (its first replica's: every replica's unless the unit was split, and a
+        # fetched manifest must hash to it anyway, so a wrong guess only fails that fetch)
+        found, digests = units.get(unit_id), round_digests.get(round_index, [])
+        if found is not None and index < len(digests):
+            for provider in found.providers:
+                found.result_digests.setdefault(provider, digests[index])
     money = OrderMoney(
         deposit=deposit,
         payouts=payouts,

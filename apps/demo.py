@@ -116,6 +116,7 @@ class DemoConfig:
     lazy_verifiers: int = 0  # the first N verifiers accept unanimous units unchecked (`verifier run --lazy`)
     shards: int = 1  # M > 1: DiLoCo rounds of M shard units and one aggregate unit
     outer_step: Literal["unit", "folded"] = "unit"  # folded: the shard units run the outer step (M > 1)
+    settlement: Literal["units", "rounds"] = "units"  # rounds: a roster per order, one stepRound per round
     provider_env: tuple[dict[str, str], ...] = ()  # extra environment of provider i (CPU configurations)
     verifier_env: tuple[dict[str, str], ...] = VERIFIER_CPU_CONFIGURATIONS  # of verifier i, cycled
     seed: int = 2026
@@ -665,7 +666,9 @@ class Buyer:
         )
         plan = escrow_for(spec)
         try:
-            posted = post_order(client, self.party.account, spec, plan, self.market.market_url)
+            posted = post_order(
+                client, self.party.account, spec, plan, self.market.market_url, settlement=config.settlement
+            )
         except MarketRefused as err:
             raise DemoCheckFailed(f"the market refused the order: {err}") from err
         self.chain_order_id, self.order_id = posted.chain_order_id, posted.market_order_id
@@ -1003,6 +1006,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="M > 1: the outer step as an aggregate unit per round (unit) or run by the next round's shard "
         "units themselves, one aggregate unit after the last round (folded)",
     )
+    parser.add_argument(
+        "--settlement",
+        choices=("units", "rounds"),
+        default="units",
+        help="settle each unit on chain (units) or the order's rounds by one roster, one step per round "
+        "(rounds: needs --outer-step folded and a fixed --replicas)",
+    )
     parser.add_argument("--dishonest-strategy", default=DEFAULT_DISHONEST_STRATEGY)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds before the demo gives up")
     parser.add_argument("--database-url", default=None, help="market database (default: a SQLite file)")
@@ -1032,6 +1042,7 @@ def run(args: argparse.Namespace) -> int:
         adaptive_replication=args.replicas == "auto",
         shards=args.shards,
         outer_step=args.outer_step,
+        settlement=args.settlement,
         dishonest_strategy=args.dishonest_strategy,
         timeout_s=args.timeout,
         database_url=args.database_url,

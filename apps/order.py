@@ -116,11 +116,20 @@ def _say(args: argparse.Namespace, line: str) -> None:
 def configure_post(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", type=Path, help="the order file (TOML; docs/BUYERS.md)")
     parser.add_argument("--yes", action="store_true", help="sign without asking (scripts)")
+    parser.add_argument(
+        "--settlement",
+        choices=("units", "rounds"),
+        default="units",
+        help="how the market settles the order on chain: 'units' (default: every unit on its own) or "
+        "'rounds' (one roster of providers for the order, one transaction per round; needs a folded "
+        "outer step, shards >= 2, and fixed replication)",
+    )
     add_session_arguments(parser)
 
 
 def run_post(args: argparse.Namespace) -> int:
     from apps.buyer import check_funds, escrow_for, load_spec_file, post_order, spec_from_table, veri
+    from market.domain.rosters import SETTLE_BY_ROUNDS, roster_shape
     from veritrain.chain.errors import WrongChainId
     from veritrain.keys import keystore_address
 
@@ -129,6 +138,8 @@ def run_post(args: argparse.Namespace) -> int:
     client = session.chain()
     buyer = keystore_address(session.keystore())
     spec = spec_from_table(table, buyer=buyer, now=client.pending_time())
+    if args.settlement == SETTLE_BY_ROUNDS:
+        roster_shape(spec)  # InvalidOrderSpec before anything is signed: the round path cannot serve it
     plan = escrow_for(spec)
     check_funds(client, buyer, plan)
     with session.market() as api:
@@ -141,7 +152,8 @@ def run_post(args: argparse.Namespace) -> int:
         f"replicas, max {veri(spec.max_price_per_pflop)}/PFLOP, deadline {spec.deadline}\n"
         f"escrow to lock on chain {client.chain_id}: {veri(plan.total)} = {plan.units} units x "
         f"({plan.replicas} x {veri(plan.price_per_replica)} + verifier fee "
-        f"{veri(plan.verifier_fee_per_unit)}); what is not spent comes back with `veritrain order close`",
+        f"{veri(plan.verifier_fee_per_unit)}); what is not spent comes back with `veritrain order close`\n"
+        f"settlement: {args.settlement}",
     )
     if not args.yes:
         if not sys.stdin.isatty():
@@ -149,13 +161,16 @@ def run_post(args: argparse.Namespace) -> int:
         if input("sign and post this order? [y/N] ").strip().lower() not in ("y", "yes"):
             _say(args, "not posted")
             return 1
-    posted = post_order(client, session.signer(), spec, plan, session.settings.market_url)
+    posted = post_order(
+        client, session.signer(), spec, plan, session.settings.market_url, settlement=args.settlement
+    )
     result = {
         "order_id": posted.market_order_id,
         "chain_order_id": posted.chain_order_id,
         "escrow": posted.escrow,
         "spec_hash": spec.spec_hash(),
         "spec": spec.model_dump(mode="json"),
+        "settlement": args.settlement,
     }
     if args.json:
         print(json.dumps(result, sort_keys=True))

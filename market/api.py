@@ -50,6 +50,10 @@ from veritrain.messages import (
     Progress,
     Registration,
     RevealSubmission,
+    RosterAcceptSubmission,
+    RosterOpeningSubmission,
+    RosterStatus,
+    RosterWorkSubmission,
     Signed,
     VerdictSubmission,
     VerificationJobsReply,
@@ -183,6 +187,47 @@ def create_app(service: MarketService) -> FastAPI:
     def reveal(submission: RevealSubmission) -> Ack:
         unit = service.assignments.reveal(submission)
         return Ack(detail=f"unit {unit.id} is {unit.state}")
+
+    # The round path (market/rosters.py): like the per-unit forms above, each submission is authorized by
+    # what it carries (an Accept or UnitCommit signature of the slot's provider; an opening is its
+    # commitment's preimage), and checked whole before anything is stored.
+    @app.post("/rosters/accept", responses=_ERRORS)
+    def roster_accept(submission: RosterAcceptSubmission) -> Ack:
+        service.rosters.accept(
+            submission.order_id,
+            submission.provider,
+            submission.nonce,
+            submission.deadline,
+            submission.signature,
+        )
+        return Ack(detail=f"{submission.provider} accepted the roster of order {submission.order_id}")
+
+    @app.post("/rosters/work", responses=_ERRORS)
+    def roster_work(submission: RosterWorkSubmission) -> Ack:
+        service.rosters.submit_work(
+            submission.order_id,
+            submission.provider,
+            submission.round_index,
+            submission.unit,
+            submission.commitment,
+            submission.signature,
+        )
+        return Ack(detail=f"work of unit {submission.unit} of round {submission.round_index} is held")
+
+    @app.post("/rosters/opening", responses=_ERRORS)
+    def roster_opening(submission: RosterOpeningSubmission) -> Ack:
+        service.rosters.open_slot(submission)
+        return Ack(detail=f"opening of unit {submission.unit} of round {submission.round_index} is held")
+
+    @app.get("/orders/{order_id}/roster", responses=_ERRORS)
+    def roster_of_order(order_id: Annotated[int, FastApiPath(ge=1, le=2**63 - 1)]) -> RosterStatus:
+        """A round-path order's roster: its providers and slots, the Accept's unit key, the works deadline,
+        and the rounds the chain committed and revealed (404: no roster, or not drawn yet)."""
+        with service.store.transaction() as session:
+            roster = service.rosters.status(session, order_id)
+        if roster is None:
+            raise NotFound(f"order {order_id} has no drawn roster")
+        return roster
 
     @app.post("/verification/jobs", responses=_ERRORS)
     def verification_jobs(signed: Signed[Heartbeat]) -> VerificationJobsReply:

@@ -63,6 +63,19 @@ class Assignments(Lifecycle):
         views: list[Assignment] = []
         for replica in self.store.replicas_of_provider(session, provider, active):
             unit = self.store.get_unit(session, replica.unit_id)
+            if unit.state == UnitState.ROSTERED.value:  # a roster slot (market/rosters.py)
+                order = self.store.get_order(session, unit.order_id)
+                slot = self.orders.rosters.slot_assignment(session, order, unit, replica)
+                if slot is not None:
+                    views.append(
+                        Assignment(
+                            **self.orders.unit_work(session, order, unit),
+                            replica_index=replica.index,
+                            chain_order_id=order.chain_order_id,
+                            **slot,
+                        )
+                    )
+                continue
             phase = _phase(UnitState(unit.state), ReplicaState(replica.state))
             if phase is None:
                 continue

@@ -169,6 +169,8 @@ class OrderBook(Lifecycle):
         )
         session.add(unit)
         session.flush()
+        if plan.kind == UnitKind.TRAIN and self.store.roster_of_order(session, row_id(order)) is not None:
+            self.rosters.add_slots(session, order, unit)  # a roster's slots run it: no matching
         return unit
 
     def order_status(self, order_id: int) -> OrderStatus:
@@ -204,6 +206,7 @@ class OrderBook(Lifecycle):
                 rounds_accepted=order.rounds_accepted,
                 current_state_digest=order.current_state_digest,
                 units=tuple(units),
+                roster=self.rosters.status(session, order_id),
             )
 
     def advance_orders(self) -> int:
@@ -222,9 +225,12 @@ class OrderBook(Lifecycle):
 
     def _advance_order(self, session: Session, order: OrderRow, now: int) -> int:
         spec = OrderSpec.model_validate_json(order.spec_json)
-        if self.store.roster_of_order(session, row_id(order)) is not None:
-            return 0  # a round-path order: its roster (market/rosters.py) drives it, its deadline the chain's
-        if now > order.deadline:
+        roster = self.store.roster_of_order(session, row_id(order))
+        if roster is not None and roster.providers_json == "[]":
+            return 0  # a round-path order opens its first round once its roster is drawn
+        # a round-path order's rounds run as a folded order's do, their training units on the roster's slots
+        # (market/rosters.py: ROSTERED until every slot opened); its deadline is the chain's (closeRoster)
+        if roster is None and now > order.deadline:
             order.state = advance(OrderState(order.state), OrderState.EXPIRED, what=f"order {order.id}")
             current = self.store.round_of(session, row_id(order), order.rounds_accepted)
             if current is not None and current.state == RoundState.OPEN.value:

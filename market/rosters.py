@@ -23,15 +23,16 @@ unit's id is a UnitCommit's unit id (PLAN, Progress, step 1).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
 
 from eth_utils import to_checksum_address
 from sqlmodel import Session
 
 from market.context import Lifecycle, MarketContext, require_signer, row_id
+from market.domain.binding import is_bound
 from market.domain.rosters import (
     OPEN_ACTION,
+    SETTLE_BY_ROUNDS,
     RosterProgress,
     RosterShape,
     SetAsideReason,
@@ -41,7 +42,7 @@ from market.domain.rosters import (
 )
 from market.domain.rounds import plan_round
 from market.domain.selection import ROLE_VERIFIERS, sample, selection_seed
-from market.domain.states import OrderState, ReplicaState, UnitState
+from market.domain.states import OrderState, ReplicaState, UnitState, advance
 from market.ports import ChainEvent, RosterChainState, RosterPort
 from market.store import (
     OrderRow,
@@ -57,7 +58,14 @@ from veritrain.chain.client import Roster
 from veritrain.chain.eip712 import commitment as commitment_of
 from veritrain.chain.eip712 import market_domain, round_unit_id
 from veritrain.errors import IllegalTransition, InvalidInput, MarketError, NotFound
-from veritrain.messages import AgentRole, OrderSpec, UnitKind
+from veritrain.messages import (
+    AgentRole,
+    AssignmentPhase,
+    OrderSpec,
+    RosterOpeningSubmission,
+    RosterStatus,
+    UnitKind,
+)
 
 # Events of the round path the chain sync hands to :meth:`RosterBook.apply_event`.
 ROSTER_EVENTS = frozenset(
@@ -82,31 +90,8 @@ def roster_of(row: RosterRow) -> Roster:
     return Roster(providers, tuple(json.loads(row.slots_json)), row.replicas, row.units_per_round, row.rounds)
 
 
-@dataclass(frozen=True)
-class RosterView:
-    """What a roster's provider is handed: the Accept's unit key, its slots (unit, replica) of every round,
-    and the deadline each of its UnitCommit signatures must carry."""
-
-    order_id: int
-    chain_order_id: int
-    state: str
-    roster_key: str
-    providers: tuple[str, ...]
-    slots: tuple[int, ...]
-    replicas: int
-    units_per_round: int
-    rounds: int
-    works_deadline: int
-    committed: int
-    revealed: int
-
-    def units_of(self, provider: str) -> list[tuple[int, int]]:
-        """(unit, replica) of every slot `provider` holds, in slot order."""
-        return [
-            (slot // self.replicas, slot % self.replicas)
-            for slot, index in enumerate(self.slots)
-            if self.providers[index].lower() == provider.lower()
-        ]
+# What a roster's provider is handed (the Accept's unit key, its slots, the works deadline): the status.
+RosterView = RosterStatus
 
 
 class RosterBook(Lifecycle):
@@ -214,24 +199,34 @@ class RosterBook(Lifecycle):
 
     # --- what providers see and sign ---
 
+    def status(self, session: Session, order_id: int) -> RosterStatus | None:
+        """The order's roster as its status shows it (None: no roster, or not drawn yet)."""
+        row = self.store.roster_of_order(session, order_id)
+        if row is None or row.providers_json == "[]":
+            return None
+        roster = roster_of(row)
+        return RosterStatus(
+            order_id=order_id,
+            chain_order_id=row.chain_order_id,
+            state=row.state,
+            roster_key=row.roster_key or "",
+            providers=roster.providers,
+            slots=roster.slots,
+            replicas=row.replicas,
+            units_per_round=row.units_per_round,
+            rounds=row.rounds,
+            works_deadline=row.works_deadline,
+            committed=row.committed,
+            revealed=row.revealed,
+        )
+
     def view(self, order_id: int) -> RosterView:
+        """The order's drawn roster (NotFound: no roster; MarketError: not drawn yet)."""
         with self.store.transaction() as session:
-            row = self._roster(session, order_id)
-            roster = roster_of(row)
-            return RosterView(
-                order_id=order_id,
-                chain_order_id=row.chain_order_id,
-                state=row.state,
-                roster_key=row.roster_key or "",
-                providers=roster.providers,
-                slots=roster.slots,
-                replicas=row.replicas,
-                units_per_round=row.units_per_round,
-                rounds=row.rounds,
-                works_deadline=row.works_deadline,
-                committed=row.committed,
-                revealed=row.revealed,
-            )
+            roster_of(self._roster(session, order_id))
+            view = self.status(session, order_id)
+            assert view is not None
+            return view
 
     def accept(self, order_id: int, provider: str, nonce: int, deadline: int, signature: str) -> None:
         """A roster provider's Accept of the roster key (checked before anything is stored); a second one
@@ -246,7 +241,10 @@ class RosterBook(Lifecycle):
                 raise InvalidInput(f"{provider} is not a provider of the roster of order {order_id}")
             if deadline <= now:
                 raise InvalidInput(f"the Accept's deadline {deadline} has passed (market clock {now})")
-            if any(a.provider == provider for a in self.store.roster_accepts(session, row_id(row))):
+            held = [a for a in self.store.roster_accepts(session, row_id(row)) if a.provider == provider]
+            if held:
+                if (held[0].nonce, held[0].deadline, held[0].signature) == (nonce, deadline, signature):
+                    return  # the same Accept again (a retried request): nothing to change
                 raise InvalidInput(f"{provider} already accepted the roster of order {order_id}")
             message = {
                 "orderId": row.chain_order_id,
@@ -259,6 +257,9 @@ class RosterBook(Lifecycle):
                 roster_id=row_id(row), provider=provider, nonce=nonce, deadline=deadline, signature=signature
             )
             self._add_signed(session, accepted, "Accept", message)
+            for unit in self.store.units_of_order(session, order_id):
+                if unit.state == UnitState.ROSTERED.value:
+                    self._move_slot(session, unit, provider, ReplicaState.PROPOSED, ReplicaState.SIGNED)
         self.triggers.settle()
 
     def submit_work(
@@ -293,12 +294,55 @@ class RosterBook(Lifecycle):
                 signature=signature,
             )
             self._add_signed(session, work, "UnitCommit", message)
+            mirror = self._training_unit(session, order_id, round_index, unit)
+            if mirror is not None:
+                replica = self._move_slot(
+                    session, mirror, provider, ReplicaState.SIGNED, ReplicaState.COMMITTED
+                )
+                if replica is not None:
+                    replica.commitment, replica.commit_signature = commitment.lower(), signature
+                    session.add(replica)
         self.triggers.settle()
 
     def submit_opening(
         self, order_id: int, provider: str, round_index: int, unit: int, result_digest: str, salt: str
     ) -> None:
         """A slot's opening (its commitment's preimage): kept off chain until the step that reveals it."""
+        self.open_slot(
+            RosterOpeningSubmission(
+                order_id=order_id,
+                provider=provider,
+                round_index=round_index,
+                unit=unit,
+                result_digest=result_digest,
+                salt=salt,
+                state_digest="0x" + "00" * 32,
+                transcript_root="0x" + "00" * 32,
+            ),
+            training=False,
+        )
+
+    def open_slot(self, opening: RosterOpeningSubmission, *, training: bool = True) -> None:
+        """A slot's opening (its commitment's preimage), kept off chain until the step that reveals it, with
+        the state it reports (``training``: the round's training unit learns it, and is accepted once every
+        slot of the unit opened the same result; the state must be bound to the result). The same opening
+        again changes nothing; another one is refused."""
+        order_id, provider, round_index, unit = (
+            opening.order_id,
+            opening.provider,
+            opening.round_index,
+            opening.unit,
+        )
+        result_digest, salt = opening.result_digest.lower(), opening.salt.lower()
+        fold = (
+            None
+            if opening.round_state_digest is None or opening.inputs_commitment is None
+            else (opening.round_state_digest.lower(), opening.inputs_commitment.lower())
+        )
+        if training and not is_bound(result_digest, opening.state_digest, opening.transcript_root, fold=fold):
+            raise InvalidInput(
+                f"the state reported for unit {unit} of round {round_index} is not bound to its result digest"
+            )
         with self.store.transaction() as session:
             row = self._roster(session, order_id, for_update=True)
             slot = self._slot(row, provider, round_index, unit)
@@ -306,15 +350,124 @@ class RosterBook(Lifecycle):
             work = held.get(slot)
             if work is None:
                 raise IllegalTransition(f"slot {slot} of round {round_index} has no commitment to open")
+            if work.salt is not None:
+                if (work.result_digest, work.salt) == (result_digest, salt):
+                    return  # the same opening again (a retried request)
+                raise InvalidInput(f"slot {slot} of round {round_index} is opened already")
             unit_id = round_unit_id(row.chain_order_id, round_index, unit)
             expected = "0x" + commitment_of(result_digest, salt, provider, unit_id).hex()
             if expected != work.commitment:
                 raise InvalidInput(
                     f"the opening of slot {slot} of round {round_index} is not its commitment's"
                 )
-            work.result_digest, work.salt = result_digest.lower(), salt.lower()
+            work.result_digest, work.salt = result_digest, salt
             session.add(work)
+            mirror = self._training_unit(session, order_id, round_index, unit) if training else None
+            if mirror is not None:
+                replica = self._move_slot(
+                    session, mirror, provider, ReplicaState.COMMITTED, ReplicaState.REVEALED
+                )
+                if replica is not None:
+                    replica.result_digest, replica.salt = result_digest, salt
+                    replica.state_digest, replica.transcript_root = (
+                        opening.state_digest.lower(),
+                        opening.transcript_root.lower(),
+                    )
+                    replica.round_state_digest, replica.inputs_commitment = fold or (None, None)
+                    session.add(replica)
+                    session.flush()
+                    self._accept_if_unanimous(session, mirror)
         self.triggers.settle()
+
+    # --- the round's training units (market/orders.py runs them as it runs a folded order's units) ---
+
+    def add_slots(self, session: Session, order: OrderRow, unit: UnitRow) -> None:
+        """A round-path training unit is ROSTERED, with one replica per slot of its unit, held by the
+        roster's providers: proposed until the provider accepted the roster, signed after."""
+        row = self._roster(session, row_id(order))
+        roster = roster_of(row)
+        accepted = {a.provider for a in self.store.roster_accepts(session, row_id(row))}
+        unit.state = UnitState.ROSTERED.value
+        unit.k = row.replicas
+        session.add(unit)
+        for replica in range(row.replicas):
+            provider = roster.provider_of(unit.shard, replica)
+            state = ReplicaState.SIGNED if provider in accepted else ReplicaState.PROPOSED
+            session.add(
+                ReplicaRow(
+                    unit_id=row_id(unit),
+                    index=replica,
+                    provider=to_checksum_address(provider),
+                    state=state.value,
+                )
+            )
+
+    def slot_assignment(
+        self, session: Session, order: OrderRow, unit: UnitRow, replica: ReplicaRow
+    ) -> dict[str, Any] | None:
+        """What a roster slot's provider does next for a ROSTERED unit, as Assignment fields beside the
+        unit's work (None: nothing until something changes): accept the roster while it collects Accepts,
+        train and commit once it is open on chain, open its result once every slot of the unit committed
+        (as the per-unit path reveals only once all committed: no replica sees another's result first)."""
+        row = self._roster(session, row_id(order))
+        state = ReplicaState(replica.state)
+        if state == ReplicaState.PROPOSED and row.state == "accepting":
+            phase = AssignmentPhase.ACCEPT
+        elif state == ReplicaState.SIGNED and row.state == "open":
+            phase = AssignmentPhase.RUN
+        elif state == ReplicaState.COMMITTED and all(
+            r.state in (ReplicaState.COMMITTED.value, ReplicaState.REVEALED.value)
+            for r in self.ctx.live_replicas(session, unit)
+        ):
+            phase = AssignmentPhase.REVEAL
+        else:
+            return None
+        return {
+            "phase": phase,
+            "unit_key": row.roster_key or "",
+            "accept_deadline": row.works_deadline,
+            "chain_unit_id": round_unit_id(row.chain_order_id, unit.round_index, unit.shard),
+            "commit_deadline": row.works_deadline,
+            "settlement": SETTLE_BY_ROUNDS,
+        }
+
+    def _training_unit(self, session: Session, order_id: int, round_index: int, unit: int) -> UnitRow | None:
+        """The round's ROSTERED training unit `unit` (None before the round's units exist, or once
+        accepted)."""
+        round_row = self.store.round_of(session, order_id, round_index)
+        if round_row is None:
+            return None
+        for candidate in self.store.units_of_round(session, row_id(round_row)):
+            if candidate.shard == unit and candidate.state == UnitState.ROSTERED.value:
+                return candidate
+        return None
+
+    def _move_slot(
+        self, session: Session, unit: UnitRow, provider: str, current: ReplicaState, target: ReplicaState
+    ) -> ReplicaRow | None:
+        """`provider`'s replica of `unit`, moved from `current` to `target` (None: not in `current`)."""
+        for replica in self.store.replicas_of(session, row_id(unit)):
+            if replica.provider.lower() == provider.lower() and replica.state == current.value:
+                replica.state = advance(current, target, what="roster slot").value
+                session.add(replica)
+                return replica
+        return None
+
+    def _accept_if_unanimous(self, session: Session, unit: UnitRow) -> None:
+        """Once every slot of the unit opened the same result, the unit is accepted (its replicas' states
+        start the next round's units, market/orders.py); a split unit stays rostered: the step sets it
+        aside and it settles by verdict (PLAN: the next round waits for it)."""
+        replicas = self.ctx.live_replicas(session, unit)
+        if len(replicas) != unit.k or any(r.state != ReplicaState.REVEALED.value for r in replicas):
+            return
+        if len({r.result_digest for r in replicas}) != 1:
+            return
+        for replica in replicas:
+            replica.state = advance(ReplicaState.REVEALED, ReplicaState.ACCEPTED, what="roster slot").value
+            session.add(replica)
+        unit.state = advance(UnitState.ROSTERED, UnitState.ACCEPTED, what=f"unit {unit.id}").value
+        unit.updated_at = self.clock()
+        session.add(unit)
 
     def _roster(self, session: Session, order_id: int, *, for_update: bool = False) -> RosterRow:
         row = self.store.roster_of_order(session, order_id, for_update=for_update)
@@ -399,7 +552,9 @@ class RosterBook(Lifecycle):
         open_set_aside = sum(
             1
             for unit in self.store.units_of_order(session, row.order_id)
-            if unit.state not in (UnitState.ACCEPTED.value, UnitState.FAILED.value)
+            if unit.chain_unit_id is not None
+            and unit.kind == UnitKind.TRAIN.value
+            and unit.state not in (UnitState.ACCEPTED.value, UnitState.FAILED.value)
         )
         return RosterProgress(
             rounds=row.rounds,

@@ -309,6 +309,9 @@ class ProviderAgent(AgentPlumbing):
         from veritrain.messages import AcceptSubmission
 
         self.grant_buyer_of(assignment.chain_order_id)  # the buyer will fetch what this unit produces
+        if assignment.settlement == "rounds":
+            self.accept_roster(assignment)
+            return
         folder = self.unit_dir(assignment.unit_id)
         record = UnitRecord.load(folder, assignment.unit_id)
         if record.accept_signature is None or record.accept_deadline != assignment.accept_deadline:
@@ -334,6 +337,41 @@ class ProviderAgent(AgentPlumbing):
             assignment.order_id,
             assignment.round_index,
         )
+
+    def accept_roster(self, assignment: Assignment) -> None:
+        """Sign the Accept of a round-path order's roster once (its unit key is the roster key, whatever the
+        slots held) and hand it in; the same signature again if the market asks twice."""
+        from veritrain.messages import RosterAcceptSubmission
+
+        path = self.config.data_dir / "rosters" / f"{assignment.chain_order_id}.json"
+        record = json.loads(path.read_text()) if path.exists() else {}
+        if (
+            record.get("unit_key") != assignment.unit_key
+            or record.get("deadline") != assignment.accept_deadline
+        ):
+            signed = self.chain.sign_accept(
+                self.account, assignment.chain_order_id, assignment.unit_key, assignment.accept_deadline
+            )
+            record = {
+                "unit_key": assignment.unit_key,
+                "deadline": assignment.accept_deadline,
+                "nonce": signed.nonce,
+                "signature": "0x" + signed.signature.hex(),
+            }
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(record, sort_keys=True))
+            os.replace(tmp, path)
+        self.market.roster_accept(
+            RosterAcceptSubmission(
+                order_id=assignment.order_id,
+                provider=self.address,
+                nonce=record["nonce"],
+                deadline=record["deadline"],
+                signature=record["signature"],
+            )
+        )
+        logger.info("accepted the roster of order %d (key %s)", assignment.order_id, assignment.unit_key)
 
     def run_or_commit(self, assignment: Assignment) -> None:
         """Start training the unit in the background, or commit its result once it is there."""
@@ -485,7 +523,7 @@ class ProviderAgent(AgentPlumbing):
         )
 
     def commit(self, assignment: Assignment, record: UnitRecord) -> None:
-        from veritrain.messages import CommitSubmission
+        from veritrain.messages import CommitSubmission, RosterWorkSubmission
 
         if assignment.chain_unit_id is None:
             return
@@ -493,49 +531,83 @@ class ProviderAgent(AgentPlumbing):
         value = hex32(
             self.chain.commitment(record.result_digest, record.salt, self.address, assignment.chain_unit_id)
         )
-        deadline = self.chain.deadline(SIGNATURE_TTL_S)  # the contract's commit window bounds it anyway
+        rostered = assignment.settlement == "rounds"
+        if rostered:  # one deadline for every work of a step: the one the market names
+            assert assignment.commit_deadline is not None
+            deadline = assignment.commit_deadline
+        else:
+            deadline = self.chain.deadline(SIGNATURE_TTL_S)  # the contract's commit window bounds it anyway
         signed = self.chain.sign_unit_commit(self.account, assignment.chain_unit_id, value, deadline)
-        self.market.commit(
-            CommitSubmission(
-                unit_id=assignment.unit_id,
-                provider=self.address,
-                commitment=value,
-                deadline=deadline,
-                signature="0x" + signed.signature.hex(),
-            ),
-        )
+        if rostered:
+            self.market.roster_work(
+                RosterWorkSubmission(
+                    order_id=assignment.order_id,
+                    provider=self.address,
+                    round_index=assignment.round_index,
+                    unit=assignment.shard,
+                    commitment=value,
+                    signature="0x" + signed.signature.hex(),
+                )
+            )
+        else:
+            self.market.commit(
+                CommitSubmission(
+                    unit_id=assignment.unit_id,
+                    provider=self.address,
+                    commitment=value,
+                    deadline=deadline,
+                    signature="0x" + signed.signature.hex(),
+                ),
+            )
         record.committed = True
         record.save(self.unit_dir(assignment.unit_id))
         logger.info("committed unit %d (chain unit %d)", assignment.unit_id, assignment.chain_unit_id)
 
     def reveal(self, assignment: Assignment) -> None:
-        from veritrain.messages import RevealSubmission
+        """Reveal the result (the commitment's preimage and the state it reports); a roster slot's goes to
+        the market's round path, which keeps it off chain until the step that reveals the round. A set-aside
+        roster unit is appealed on the per-unit path under its own chain id: not watched here."""
+        from veritrain.messages import RevealSubmission, RosterOpeningSubmission
 
         folder = self.unit_dir(assignment.unit_id)
         record = UnitRecord.load(folder, assignment.unit_id)
         if record.revealed or record.result_digest is None:
             return
         assert record.salt and record.state_digest and record.transcript_root
-        self.market.reveal(
-            RevealSubmission(
-                unit_id=assignment.unit_id,
-                provider=self.address,
-                result_digest=record.result_digest,
-                salt=record.salt,
-                state_digest=record.state_digest,
-                transcript_root=record.transcript_root,
-                round_state_digest=record.round_state_digest,
-                inputs_commitment=record.inputs_commitment,
-            ),
-        )
+        opening = {
+            "provider": self.address,
+            "result_digest": record.result_digest,
+            "salt": record.salt,
+            "state_digest": record.state_digest,
+            "transcript_root": record.transcript_root,
+            "round_state_digest": record.round_state_digest,
+            "inputs_commitment": record.inputs_commitment,
+        }
+        rostered = assignment.settlement == "rounds"
+        if rostered:
+            where = {
+                "order_id": assignment.order_id,
+                "round_index": assignment.round_index,
+                "unit": assignment.shard,
+            }
+            self.market.roster_opening(RosterOpeningSubmission.model_validate(where | opening))
+        else:
+            self.market.reveal(RevealSubmission.model_validate({"unit_id": assignment.unit_id} | opening))
         record.revealed = True
         record.save(folder)
-        if assignment.chain_unit_id is not None:
+        if assignment.chain_unit_id is not None and not rostered:
             if not record.forged:
                 self.watch.revealed(assignment.chain_unit_id)
             elif self.config.plant:
                 self.watch.planted(assignment.chain_unit_id)
-        logger.info("revealed unit %d: %s", assignment.unit_id, record.result_digest)
+        logger.info(
+            "%s unit %d (round %d, shard %d): %s",
+            "opened" if rostered else "revealed",
+            assignment.unit_id,
+            assignment.round_index,
+            assignment.shard,
+            record.result_digest,
+        )
 
 
 Forger = Callable[["UnitSpec", "State", "Dataset"], tuple["State", "Transcript", list["State"]]]

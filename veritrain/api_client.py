@@ -32,6 +32,10 @@ from veritrain.messages import (
     Progress,
     Registration,
     RevealSubmission,
+    RosterAcceptSubmission,
+    RosterOpeningSubmission,
+    RosterStatus,
+    RosterWorkSubmission,
     Signed,
     VerdictSubmission,
     VerificationJobsReply,
@@ -113,6 +117,18 @@ class MarketClient:
 
     def reveal(self, submission: RevealSubmission) -> Ack:
         return self._call("POST", "/assignments/reveal", Ack, submission)
+
+    def roster_accept(self, submission: RosterAcceptSubmission) -> Ack:
+        return self._call("POST", "/rosters/accept", Ack, submission)
+
+    def roster_work(self, submission: RosterWorkSubmission) -> Ack:
+        return self._call("POST", "/rosters/work", Ack, submission)
+
+    def roster_opening(self, submission: RosterOpeningSubmission) -> Ack:
+        return self._call("POST", "/rosters/opening", Ack, submission)
+
+    def roster(self, order_id: int) -> RosterStatus:
+        return self._call("GET", f"/orders/{order_id}/roster", RosterStatus)
 
     def verification_jobs(self, signed: Signed[Heartbeat]) -> VerificationJobsReply:
         return self._call("POST", "/verification/jobs", VerificationJobsReply, signed)

@@ -413,6 +413,34 @@ class OrderRequest(Frozen):
     settlement: Literal["units", "rounds"] = "units"
 
 
+class RosterStatus(Frozen):
+    """A round-path order's roster (market/rosters.py): who holds which slot, the Accept's unit key, the
+    deadline every UnitCommit of the roster must carry, and the chain's progress (rounds committed and
+    revealed by ``stepRound``). ``state``: drawing, accepting, opening, open, closed. Slot ``s`` is unit
+    ``s // replicas``'s replica ``s % replicas``, held by ``providers[slots[s]]``."""
+
+    order_id: int
+    chain_order_id: int
+    state: str
+    roster_key: str
+    providers: tuple[str, ...]
+    slots: tuple[int, ...]
+    replicas: int
+    units_per_round: int
+    rounds: int
+    works_deadline: int
+    committed: int
+    revealed: int
+
+    def units_of(self, provider: str) -> list[tuple[int, int]]:
+        """(unit, replica) of every slot `provider` holds, in slot order."""
+        return [
+            (slot // self.replicas, slot % self.replicas)
+            for slot, index in enumerate(self.slots)
+            if self.providers[index].lower() == provider.lower()
+        ]
+
+
 class OrderStatus(Frozen):
     order_id: int
     chain_order_id: int
@@ -421,6 +449,7 @@ class OrderStatus(Frozen):
     rounds_accepted: int
     current_state_digest: str | None
     units: tuple[UnitStatus, ...]
+    roster: RosterStatus | None = None  # a round-path order's roster, once drawn
 
 
 class UnitStatus(Frozen):
@@ -517,6 +546,11 @@ class UnitWork(Frozen):
 
 
 class Assignment(UnitWork):
+    """One replica's next step. ``settlement == "rounds"``: a roster slot of a round-path order: the Accept
+    (over ``unit_key``, the roster key; once per roster) goes to ``/rosters/accept``, the UnitCommit for
+    ``chain_unit_id`` (``roundUnitId``) must carry ``commit_deadline`` (one deadline for every work of a
+    step) and goes to ``/rosters/work``, the opening to ``/rosters/opening``."""
+
     replica_index: int
     phase: AssignmentPhase
     chain_order_id: int
@@ -524,6 +558,7 @@ class Assignment(UnitWork):
     accept_deadline: int
     chain_unit_id: int | None = None
     commit_deadline: int | None = None
+    settlement: Literal["units", "rounds"] = "units"
 
 
 class Custody(Frozen):
@@ -577,6 +612,46 @@ class RevealSubmission(Frozen):
     transcript_root: Bytes32Hex
     # a folded training unit only: the outer step it ran first (its output's digest and inputs commitment),
     # which its result digest binds (``diloco.folded_result_digest``)
+    round_state_digest: Bytes32Hex | None = None
+    inputs_commitment: Bytes32Hex | None = None
+
+
+class RosterAcceptSubmission(Frozen):
+    """A roster provider's EIP-712 ``Accept(orderId, rosterKey, provider, nonce, deadline)``: one per roster,
+    whatever its slots; the market relays them all in ``openRoster``."""
+
+    order_id: RowId
+    provider: Address
+    nonce: Uint256
+    deadline: Uint256
+    signature: SignatureHex
+
+
+class RosterWorkSubmission(Frozen):
+    """A roster slot's work for one round: its ``UnitCommit(roundUnitId(order, round, unit), provider,
+    commitment, deadline)`` signature, the deadline the roster's ``works_deadline``."""
+
+    order_id: RowId
+    provider: Address
+    round_index: Annotated[int, Field(ge=0, le=2**32 - 1)]
+    unit: Annotated[int, Field(ge=0, le=MAX_SHARDS)]
+    commitment: Bytes32Hex
+    signature: SignatureHex
+
+
+class RosterOpeningSubmission(Frozen):
+    """A roster slot's opening (its commitment's preimage), kept off chain by the market until the step
+    that reveals the round, with the off-chain parts of the result as a ``RevealSubmission`` carries them
+    (the next round's units start from the round's accepted results)."""
+
+    order_id: RowId
+    provider: Address
+    round_index: Annotated[int, Field(ge=0, le=2**32 - 1)]
+    unit: Annotated[int, Field(ge=0, le=MAX_SHARDS)]
+    result_digest: Bytes32Hex
+    salt: Bytes32Hex
+    state_digest: Bytes32Hex
+    transcript_root: Bytes32Hex
     round_state_digest: Bytes32Hex | None = None
     inputs_commitment: Bytes32Hex | None = None
 

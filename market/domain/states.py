@@ -37,6 +37,9 @@ class UnitState(StrEnum):
     VERIFYING = "verifying"  # digests differ or spot-check drawn: verifiers decide
     ACCEPTED = "accepted"  # settled with at least one accepted replica
     FAILED = "failed"  # expired, or no replica accepted: the round needs a new attempt
+    # a round-path order's training unit (market/rosters.py): its slots' works and openings go to the roster,
+    # which settles it on chain by stepRound; accepted once every slot opened the same result
+    ROSTERED = "rostered"
 
 
 class ReplicaState(StrEnum):
@@ -73,6 +76,7 @@ UNIT_TRANSITIONS: dict[UnitState, frozenset[UnitState]] = {
     UnitState.REVEALING: frozenset({UnitState.FINALIZING, UnitState.VERIFYING, UnitState.FAILED}),
     UnitState.FINALIZING: frozenset({UnitState.ACCEPTED, UnitState.VERIFYING, UnitState.FAILED}),
     UnitState.VERIFYING: frozenset({UnitState.ACCEPTED, UnitState.FAILED}),
+    UnitState.ROSTERED: frozenset({UnitState.ACCEPTED, UnitState.FAILED}),
     UnitState.ACCEPTED: frozenset(),
     UnitState.FAILED: frozenset(),
 }

@@ -7,14 +7,39 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, TypeVar
 
 from apps.buyer import UnitOutcome, order_money
-from apps.demo import Buyer, Marketplace, build_report
+from apps.demo import Buyer, DemoConfig, Marketplace, build_report
 from apps.demo_report import Checks, Holdings, OrderMoney
 
 T = TypeVar("T")
+
+
+def folded_order_config(
+    out_dir: Path, database_url: str, broker_url: str, queue: str, **overrides: Any
+) -> DemoConfig:
+    """A small folded DiLoCo order (2 rounds x 2 shards x 40 steps, k = 1) on 2 providers and 1 verifier,
+    the stack on the test's own database and Celery queue; `overrides` change the rest."""
+    return replace(
+        DemoConfig(
+            out_dir=out_dir,
+            providers=2,
+            dishonest=0,
+            verifiers=1,
+            replicas=1,
+            shards=2,
+            rounds=2,
+            unit_steps=40,
+            outer_step="folded",
+            database_url=database_url,
+            broker_url=broker_url,
+            extra_env={"VERITRAIN_CELERY_QUEUE": queue},
+        ),
+        **overrides,
+    )
 
 
 def wait_until(

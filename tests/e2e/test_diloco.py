@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from orders import KillMidUnit, close_and_check
+from orders import KillMidUnit, close_and_check, folded_order_config
 
 from apps.demo import (
     HONEST_CPU_CONFIGURATIONS,
@@ -275,20 +275,8 @@ def test_a_folded_m2_order_runs_the_outer_step_in_the_next_rounds_shard_units(
 ) -> None:
     # k = 1 and every unit drawn for a spot check, so the verifier re-executes each round-1 shard unit,
     # recomputing the outer step it ran first, and the one aggregate unit after the last round.
-    config = DemoConfig(
-        out_dir=tmp_path,
-        providers=2,
-        dishonest=0,
-        verifiers=1,
-        replicas=1,
-        shards=2,
-        rounds=2,
-        unit_steps=40,
-        outer_step="folded",
-        solo_spot_check_ppm=1_000_000,
-        database_url=fresh_postgres_url,
-        broker_url=redis_url,
-        extra_env={"VERITRAIN_CELERY_QUEUE": private_queue},
+    config = folded_order_config(
+        tmp_path, fresh_postgres_url, redis_url, private_queue, solo_spot_check_ppm=1_000_000
     )
     emit = progress_printer()
     started = time.monotonic()

@@ -1,0 +1,139 @@
+"""A folded DiLoCo order on the round path (`settlement: "rounds"`) through the whole marketplace: a hardhat
+node, PostgreSQL, Redis, the market API, a Celery worker and the agents as separate processes (apps.demo).
+
+The market draws the order's roster once; the provider agents sign its Accept, train each round's shard
+units (round 1's fold round 0's outer step, as on the per-unit path), sign each UnitCommit over the
+roster's works deadline and open their results to the market; the worker relays `openRoster`, one
+`stepRound` per round and `closeRoster`; the order's last aggregate unit settles on the per-unit path.
+Checked from the chain's events and an independent recomputation of the training: every round committed
+and revealed by a step, the roster closed, the providers' credits exactly what the contract paid, and the
+buyer's final weights bitwise the outer step recomputed here from the blobs the providers serve (what the
+same order yields on the per-unit path: tests/e2e/test_diloco.py's folded test checks the same)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from orders import close_and_check, folded_order_config, wait_until
+
+from apps.demo import (
+    Buyer,
+    Marketplace,
+    collect_training,
+    marketplace,
+    progress_printer,
+    start_stack,
+)
+from apps.procs import free_port
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.node_backend,
+    pytest.mark.torch,
+    pytest.mark.postgres,
+    pytest.mark.redis,
+    pytest.mark.timeout(600),
+]
+
+
+def rostered(status: dict[str, Any]) -> list[dict[str, Any]]:
+    """The order's training units run on the roster (a unit a step set aside is another, with a chain id)."""
+    return [u for u in status["units"] if u["kind"] == "train" and u["chain_unit_id"] is None]
+
+
+def recompute_final_state(market: Marketplace, status: dict[str, Any]) -> str:
+    """The buyer's final state recomputed as an independent verifier: genesis, each round's outer step over
+    the accepted shard results the providers serve (fetched by the digests the market reported; their
+    content addresses make them the committed bytes), the last one the order's aggregate unit."""
+    from veritrain.agentkit import BlobPlane, decode_state
+    from veritrain.blobstore import BlobStore
+    from veritrain.diloco import AggregateInputs, OuterConfig, aggregate, order_genesis
+    from veritrain.recipes import get_recipe
+
+    config = market.config
+    folder = config.work_dir / "auditor"
+    peers = [p.peer_addr for p in market.providers()]
+    plane = BlobPlane(BlobStore(folder / "blobs"), market.parties["buyer"].account, free_port(), folder)
+    plane.start()
+    try:
+        state = order_genesis(get_recipe(config.recipe), config.seed, config.shards)
+        output = ""
+        for round_index in range(config.rounds):
+            shards = sorted(
+                (u for u in rostered(status) if u["round_index"] == round_index),
+                key=lambda u: int(u["shard"]),
+            )
+            results = tuple(
+                decode_state(plane.fetch_any(peers, u["accepted_state_digest"].removeprefix("0x")))
+                for u in shards
+            )
+            step = aggregate(AggregateInputs(round_index, state, results, OuterConfig()))
+            state, output = step.output_state, "0x" + step.output_digest.hex()
+    finally:
+        plane.stop()
+    return output
+
+
+def test_a_folded_order_on_the_round_path_completes_through_real_processes(
+    fresh_postgres_url: str, redis_url: str, private_queue: str, tmp_path: Path
+) -> None:
+    # k = 1 and no audit draw; the fresh providers are on probation (below the roster's required streak),
+    # so each step sets every unit of the round it reveals aside and the verifier re-executes it
+    config = folded_order_config(
+        tmp_path, fresh_postgres_url, redis_url, private_queue, settlement="rounds", solo_spot_check_ppm=0
+    )
+    emit = progress_printer()
+    started = time.monotonic()
+    with marketplace(config, emit) as market:
+        before = start_stack(market)
+        buyer = Buyer(market)
+        buyer.post_order()
+        buyer.wait_completed(started + 480)
+        status = wait_until(
+            market,
+            lambda: (s := buyer.status())["roster"]["state"] == "closed" and s,
+            started + 500,
+            "the roster was not closed",
+        )
+        providers = [p.address for p in market.providers()]
+        credits = sum(market.client.credits(p) for p in providers)  # before anyone withdraws
+        closed = close_and_check(market, buyer, before, started, started + 520)
+        events = [
+            e for e in market.events(buyer.posted_block) if e.args.get("orderId") == buyer.chain_order_id
+        ]
+        final = recompute_final_state(market, status)
+        training = collect_training(market, closed.units, status, tmp_path)
+    elapsed = time.monotonic() - started
+    emit(f"test: the rounds order completed and was checked in {elapsed:.0f} s")
+
+    names = [e.name for e in events]
+    roster = status["roster"]
+    assert (roster["rounds"], roster["committed"], roster["revealed"]) == (config.rounds,) * 3
+    # one step per round: step r reveals round r-1 and commits round r, the last reveals the last round
+    assert names.count("RosterOpened") == 1 and names.count("RosterClosed") == 1
+    assert sorted(int(e.args["round"]) for e in events if e.name == "RoundCommitted") == [0, 1]
+    assert sorted(int(e.args["round"]) for e in events if e.name == "RoundRevealed") == [0, 1]
+    # R·M training units on the roster (no chain unit of their own), each set aside by the step that
+    # revealed it (probation) as a unit of its own, verified and accepted; and the one aggregate unit
+    trains = rostered(status)
+    assert len(trains) == config.rounds * config.shards and all(u["state"] == "accepted" for u in trains)
+    set_aside = [e for e in events if e.name == "UnitSetAside"]
+    assert len(set_aside) == config.rounds * config.shards
+    on_chain = {int(u["chain_unit_id"]): u for u in status["units"] if u["chain_unit_id"] is not None}
+    assert {int(e.args["unitId"]) for e in set_aside} < set(on_chain)
+    assert sorted(u["kind"] for u in on_chain.values()) == ["aggregate"] + ["train"] * len(set_aside)
+    assert all(unit.outcomes == ["accept"] for unit in closed.units), closed.units
+    # the providers' credits: what the roster's close paid plus the per-unit payouts (the set-aside units'
+    # verdicts, the aggregate unit), to the unit
+    (closing,) = [e for e in events if e.name == "RosterClosed"]
+    assert int(closing.args["settledRounds"]) == config.rounds
+    money = closed.money
+    assert credits == int(closing.args["paid"]) + money.payouts_total, (credits, closing.args, money)
+    assert not money.slashed
+    # the buyer's final weights: the outer step over the last round, recomputed here bit for bit
+    assert status["current_state_digest"] == final == training.final_state_digest
+    for name in ("parties_conserved", "supply_conserved"):
+        assert closed.checks.results[name], (name, closed.checks.details.get(name))
