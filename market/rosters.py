@@ -31,6 +31,7 @@ from sqlmodel import Session
 from market.context import Lifecycle, MarketContext, require_signer, row_id
 from market.domain.binding import is_bound
 from market.domain.rosters import (
+    CLOSE_ACTION,
     OPEN_ACTION,
     REVEAL_PREFIX,
     SETTLE_BY_ROUNDS,
@@ -413,6 +414,8 @@ class RosterBook(Lifecycle):
         train and commit once it is open on chain, open its result once every slot of the unit committed
         (as the per-unit path reveals only once all committed: no replica sees another's result first)."""
         row = self._roster(session, row_id(order))
+        if order.state not in (OrderState.OPEN.value, OrderState.RUNNING.value):
+            return None  # expired or cancelled: nothing more to train or open
         state = ReplicaState(replica.state)
         if state == ReplicaState.PROPOSED and row.state == "accepting":
             phase = AssignmentPhase.ACCEPT
@@ -522,6 +525,8 @@ class RosterBook(Lifecycle):
                 if chain is not None:
                     self.decide(session, row, chain)
                 action = next_roster_action(self._progress(session, row, chain, now))
+                if self._closable_at_deadline(session, row, chain, now):
+                    action = CLOSE_ACTION
                 name = action.action if isinstance(action, StepPlan) else action
                 if name is None or self.store.roster_action(session, row_id(row), name) is not None:
                     continue
@@ -531,6 +536,17 @@ class RosterBook(Lifecycle):
         if queued:
             self.triggers.settle()
         return queued
+
+    def _closable_at_deadline(
+        self, session: Session, row: RosterRow, chain: RosterChainState | None, now: int
+    ) -> bool:
+        """Whether the order's deadline passed (and a pending round's reveal window after it, as the chain
+        requires): the roster is then closed whatever is left, so that the budget of the rounds not run
+        returns to the order (its set-aside units settle or expire first: the outbox waits for them)."""
+        if now <= self.store.get_order(session, row.order_id).deadline:
+            return False
+        pending = chain is not None and chain.pending_block != 0
+        return not pending or chain is None or now > chain.pending_since + self.config.reveal_window_s
 
     def _read(self, row: RosterRow) -> RosterChainState | None:
         """The roster as the chain holds it, once a round was committed (None before, or not on chain)."""

@@ -272,3 +272,32 @@ def test_a_provider_that_commits_and_never_opens_is_withheld_after_the_reveal_wi
             assert client.credits(provider) - credits_before[provider] == ROUNDS * slots * price, provider
     status = api.get(f"/orders/{order_id}").json()
     assert status["rounds_accepted"] == ROUNDS - 1
+
+
+def test_a_rounds_order_past_its_deadline_expires_and_its_roster_closes_returning_the_budget(
+    market: ChainMarket,
+) -> None:
+    api = TestClient(create_app(market.service))
+    client = market.client
+    order_id = rostered_order(market)
+    accept_all(market, api)
+    drive(market)
+    view = market.service.rosters.view(order_id)
+    run_round(market, api, 0)
+    drive(market)  # round 0 committed, its units accepted; round 1 never runs
+    market.service.orders.advance_orders()
+    assert runs_of(market, 1)
+    balance = client.get_order(view.chain_order_id).balance
+    client.advance_time(client.get_order(view.chain_order_id).deadline - client.now() + 1)
+    market.heartbeats()
+    market.service.orders.advance_orders()
+    assert api.get(f"/orders/{order_id}").json()["state"] == "expired"
+    assert runs_of(market, 1) == []  # no more work handed out for an expired order
+    client.advance_time(client.params.reveal_window + 1)  # round 0's reveal window, after the deadline
+    drive(market)
+    assert client.get_roster(view.chain_order_id).closed
+    assert market.service.rosters.view(order_id).state == "closed"
+    # round 0 was never revealed: its budget and round 1's return to the order, for the buyer to close it
+    price = client.get_order(view.chain_order_id).price_per_replica
+    returned = client.get_order(view.chain_order_id).balance - balance
+    assert returned >= ROUNDS * SHARDS * REPLICAS * price
