@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 
 from apps.protocol_harness import ChainMarket
 from market.api import create_app
+from market.rosters import RosterView
 from market.store import RosterActionRow
 from tests.market.test_chain_settlement import chain_market
 from tests.market.test_roster_api import (
@@ -60,6 +61,15 @@ def market(tmp_path: Path) -> Iterator[ChainMarket]:
 def drawing_market(tmp_path: Path) -> Iterator[ChainMarket]:
     """Every unit is drawn (k = 2 at a rate of 10⁶ ppm)."""
     yield from market_with(tmp_path, 1_000_000)
+
+
+def opened(market: ChainMarket) -> tuple[TestClient, int, RosterView]:
+    """A rounds order (2 x 2, k = 2) through the API, its roster accepted by its providers and open."""
+    api = TestClient(create_app(market.service))
+    order_id = rostered_order(market)
+    accept_all(market, api)
+    drive(market)
+    return api, order_id, market.service.rosters.view(order_id)
 
 
 def run_round(market: ChainMarket, api: TestClient, round_index: int, opener: Opener = honest) -> int:
@@ -134,11 +144,8 @@ def test_a_drawn_unit_is_not_used_before_its_verdict_its_round_revealed_alone(
     drawing_market: ChainMarket,
 ) -> None:
     market = drawing_market
-    api = TestClient(create_app(market.service))
-    order_id = rostered_order(market)
-    accept_all(market, api)
-    drive(market)
-    chain_order = market.service.rosters.view(order_id).chain_order_id
+    api, order_id, view = opened(market)
+    chain_order = view.chain_order_id
     assert run_round(market, api, 0) == SHARDS * REPLICAS
     drive(market)  # round 0 committed; every unit is drawn: the step revealing round 0 commits nothing
     info = market.client.get_roster(chain_order)
@@ -170,12 +177,8 @@ def test_a_drawn_unit_is_not_used_before_its_verdict_its_round_revealed_alone(
 def test_a_split_unit_is_set_aside_judged_and_the_order_goes_on_from_the_honest_result(
     market: ChainMarket,
 ) -> None:
-    api = TestClient(create_app(market.service))
+    api, order_id, view = opened(market)
     client = market.client
-    order_id = rostered_order(market)
-    accept_all(market, api)
-    drive(market)
-    view = market.service.rosters.view(order_id)
     cheater = view.providers[view.slots[1 * REPLICAS + 1]]  # replica 1 of unit 1
     credits_before = {p: client.credits(p) for p in view.providers}
 
@@ -223,12 +226,8 @@ def test_a_split_unit_is_set_aside_judged_and_the_order_goes_on_from_the_honest_
 def test_a_provider_that_commits_and_never_opens_is_withheld_after_the_reveal_window_and_penalized(
     market: ChainMarket,
 ) -> None:
-    api = TestClient(create_app(market.service))
+    api, order_id, view = opened(market)
     client = market.client
-    order_id = rostered_order(market)
-    accept_all(market, api)
-    drive(market)
-    view = market.service.rosters.view(order_id)
     silent = view.providers[view.slots[0]]  # replica 0 of unit 0: it commits, never opens
     credits_before = {p: client.credits(p) for p in view.providers}
     stake_before = client.stake_of(silent).bonded
@@ -277,12 +276,8 @@ def test_a_provider_that_commits_and_never_opens_is_withheld_after_the_reveal_wi
 def test_a_rounds_order_past_its_deadline_expires_and_its_roster_closes_returning_the_budget(
     market: ChainMarket,
 ) -> None:
-    api = TestClient(create_app(market.service))
+    api, order_id, view = opened(market)
     client = market.client
-    order_id = rostered_order(market)
-    accept_all(market, api)
-    drive(market)
-    view = market.service.rosters.view(order_id)
     run_round(market, api, 0)
     drive(market)  # round 0 committed, its units accepted; round 1 never runs
     market.service.orders.advance_orders()
