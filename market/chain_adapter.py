@@ -183,6 +183,8 @@ class ChainClientSettlement:
             closed=info.closed,
             open_set_aside=info.open_set_aside,
             required_streak=info.required_streak,
+            pending_since=info.pending_since,
+            set_aside_units=info.set_aside_units,
         )
 
     def open_roster(self, order_id: int, roster: Roster, accepts: Sequence[SignedAccept]) -> str:
@@ -197,6 +199,7 @@ class ChainClientSettlement:
         deadline: int,
         works: Sequence[SignedCommit],
         verifiers: Sequence[str],
+        withheld: int = 0,
     ) -> str:
         reveals = [
             chain.Reveal(o.provider, as_bytes32(o.result_digest, "result_digest"), as_bytes32(o.salt, "salt"))
@@ -207,7 +210,7 @@ class ChainClientSettlement:
             for w in works
         ]
         receipt = self.client.step_round(
-            order_id, roster, reveals, deadline, compact, verifiers=list(verifiers)
+            order_id, roster, reveals, deadline, compact, withheld=withheld, verifiers=list(verifiers)
         )
         return _mined("step_round", receipt)
 

@@ -229,8 +229,9 @@ class OrderBook(Lifecycle):
         if roster is not None and roster.providers_json == "[]":
             return 0  # a round-path order opens its first round once its roster is drawn
         # a round-path order's rounds run as a folded order's do, their training units on the roster's slots
-        # (market/rosters.py: ROSTERED until every slot opened); its deadline is the chain's (closeRoster)
-        if roster is None and now > order.deadline:
+        # (market/rosters.py: ROSTERED until every slot opened); past its deadline it expires as any order
+        # does (its slots get no more work) and its roster is closed (RosterBook.plan), returning the budget
+        if now > order.deadline:
             order.state = advance(OrderState(order.state), OrderState.EXPIRED, what=f"order {order.id}")
             current = self.store.round_of(session, row_id(order), order.rounds_accepted)
             if current is not None and current.state == RoundState.OPEN.value:

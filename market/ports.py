@@ -174,6 +174,8 @@ class RosterChainState:
     closed: bool
     open_set_aside: int  # set-aside units not settled yet: the roster cannot close while any is
     required_streak: int  # a provider below it has each of its units set aside
+    pending_since: int = 0  # that commit's time: after it plus revealWindow a silent slot may be withheld
+    set_aside_units: int = 0  # units its steps set aside so far
 
     @property
     def exists(self) -> bool:
@@ -196,9 +198,12 @@ class RosterPort(Protocol):
         deadline: int,
         works: Sequence[SignedCommit],
         verifiers: Sequence[str],
+        withheld: int = 0,
     ) -> str:
         """Reveal the pending round (`openings` in slot order; none when nothing is pending) and commit the
-        next (`works` in slot order; none for the last step), setting aside with `verifiers`."""
+        next (`works` in slot order; none for the last step or a held round's reveal), setting aside with
+        `verifiers`. Bit i of `withheld`: slot i did not open (its opening's `result_digest` carries its
+        commitment; only after the round's reveal window)."""
         ...
 
     def close_roster(self, order_id: int, roster: Roster) -> str: ...

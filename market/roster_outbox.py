@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 from market.context import Lifecycle, MarketContext, row_id
-from market.domain.rosters import CLOSE_ACTION, OPEN_ACTION, predict_set_aside, step_landed
+from market.domain.rosters import CLOSE_ACTION, OPEN_ACTION, action_landed, predict_set_aside
 from market.outbox import OUTBOX_LEASE_S, OutboxResult, backoff_s
 from market.ports import RevealForm, RosterChainState, RosterPort, SignedAccept, SignedCommit
 from market.rosters import RosterBook, roster_of, roster_port
@@ -102,8 +102,7 @@ class RosterOutbox(Lifecycle):
             return "confirmed" if chain.key.lower() == (row.roster_key or "").lower() else "reverted"
         if action == CLOSE_ACTION:
             return "confirmed" if chain.closed else None
-        index = int(action.split(":", 1)[1])
-        if chain.exists and step_landed(index, row.rounds, chain.committed, chain.pending_block != 0):
+        if chain.exists and action_landed(action, row.rounds, chain.committed, chain.pending_block != 0):
             return "confirmed"
         return None
 
@@ -125,9 +124,14 @@ class RosterOutbox(Lifecycle):
             return port.open_roster(row.chain_order_id, roster, accepts)
         if action == CLOSE_ACTION:
             return port.close_roster(row.chain_order_id, roster)
+        # a withheld slot's entry carries its commitment (the chain reads a published opening itself)
         openings = [
-            RevealForm(o["provider"], o["result_digest"], o["salt"]) for o in payload.get("openings", [])
+            RevealForm(o["provider"], o["withheld"], "0x" + "00" * 32)
+            if "withheld" in o
+            else RevealForm(o["provider"], o["result_digest"], o["salt"])
+            for o in payload.get("openings", [])
         ]
+        withheld = sum(1 << i for i, o in enumerate(payload.get("openings", [])) if "withheld" in o)
         works = [
             SignedCommit(w["provider"], w["commitment"], payload["deadline"], w["signature"])
             for w in payload.get("works", [])
@@ -136,7 +140,7 @@ class RosterOutbox(Lifecycle):
         if payload.get("reveal") is not None:
             verifiers = self._verifiers(row, roster, payload, chain, action_id)
         return port.step_round(
-            row.chain_order_id, roster, openings, int(payload["deadline"]), works, verifiers
+            row.chain_order_id, roster, openings, int(payload["deadline"]), works, verifiers, withheld
         )
 
     def _verifiers(
@@ -148,12 +152,13 @@ class RosterOutbox(Lifecycle):
         that the set-aside units' verifiers are known when their events arrive."""
         assert self.chain is not None
         round_index = int(payload["reveal"])
-        block_hash = self.chain.block_hash(chain.pending_block)
+        block_hash = self.rosters.seed_hash(chain.pending_block)
         weak = frozenset(
             p
             for p in roster.providers
             if self.chain.reputation_of(p).consecutive_valid < chain.required_streak
         )
+        # a withheld slot counts as opened only with an opening published on chain (the sync saw it)
         values: list[str | None] = [o["result_digest"] for o in payload["openings"]]
         reasons = predict_set_aside(
             roster,

@@ -31,7 +31,9 @@ from sqlmodel import Session
 from market.context import Lifecycle, MarketContext, require_signer, row_id
 from market.domain.binding import is_bound
 from market.domain.rosters import (
+    CLOSE_ACTION,
     OPEN_ACTION,
+    REVEAL_PREFIX,
     SETTLE_BY_ROUNDS,
     RosterProgress,
     RosterShape,
@@ -39,6 +41,7 @@ from market.domain.rosters import (
     StepPlan,
     draw_roster,
     next_roster_action,
+    predict_set_aside,
 )
 from market.domain.rounds import plan_round
 from market.domain.selection import ROLE_VERIFIERS, sample, selection_seed
@@ -71,6 +74,9 @@ from veritrain.messages import (
 ROSTER_EVENTS = frozenset(
     {"RosterOpened", "RoundCommitted", "RoundRevealed", "UnitSetAside", "OpeningPublished", "RosterClosed"}
 )
+# A round's draw reads the hash of the block that committed it; the EVM keeps 256. Past this many blocks the
+# market predicts the hash unreadable (every unit drawn): the step revealing it may land later still.
+SEED_HASH_MARGIN_BLOCKS = 200
 # Roster states in which the market still has something to do.
 LIVE_ROSTER_STATES = ("drawing", "accepting", "opening", "open")
 
@@ -375,8 +381,6 @@ class RosterBook(Lifecycle):
                     )
                     replica.round_state_digest, replica.inputs_commitment = fold or (None, None)
                     session.add(replica)
-                    session.flush()
-                    self._accept_if_unanimous(session, mirror)
         self.triggers.settle()
 
     # --- the round's training units (market/orders.py runs them as it runs a folded order's units) ---
@@ -410,6 +414,8 @@ class RosterBook(Lifecycle):
         train and commit once it is open on chain, open its result once every slot of the unit committed
         (as the per-unit path reveals only once all committed: no replica sees another's result first)."""
         row = self._roster(session, row_id(order))
+        if order.state not in (OrderState.OPEN.value, OrderState.RUNNING.value):
+            return None  # expired or cancelled: nothing more to train or open
         state = ReplicaState(replica.state)
         if state == ReplicaState.PROPOSED and row.state == "accepting":
             phase = AssignmentPhase.ACCEPT
@@ -453,15 +459,18 @@ class RosterBook(Lifecycle):
                 return replica
         return None
 
-    def _accept_if_unanimous(self, session: Session, unit: UnitRow) -> None:
-        """Once every slot of the unit opened the same result, the unit is accepted (its replicas' states
-        start the next round's units, market/orders.py); a split unit stays rostered: the step sets it
-        aside and it settles by verdict (PLAN: the next round waits for it)."""
+    def _unanimous(self, session: Session, unit: UnitRow) -> list[ReplicaRow] | None:
+        """The unit's replicas when every slot opened the same result (None otherwise)."""
         replicas = self.ctx.live_replicas(session, unit)
         if len(replicas) != unit.k or any(r.state != ReplicaState.REVEALED.value for r in replicas):
-            return
+            return None
         if len({r.result_digest for r in replicas}) != 1:
-            return
+            return None
+        return list(replicas)
+
+    def _accept(self, session: Session, unit: UnitRow, replicas: list[ReplicaRow]) -> None:
+        """Accept a unanimous unit from its openings: its replicas' states start the next round's units
+        (market/orders.py). Only for a unit the chain will not set aside (:meth:`decide`)."""
         for replica in replicas:
             replica.state = advance(ReplicaState.REVEALED, ReplicaState.ACCEPTED, what="roster slot").value
             session.add(replica)
@@ -497,8 +506,9 @@ class RosterBook(Lifecycle):
     # --- planning: the roster outbox's intents ---
 
     def plan(self) -> int:
-        """Queue each live roster's next action (open, step, close); returns how many were queued. Safe to
-        run any number of times: (roster, action) has one row."""
+        """Decide each open roster's pending round (:meth:`decide`), then queue each live roster's next
+        action (open, step, close); returns how many were queued. Safe to run any number of times: (roster,
+        action) has one row."""
         now = self.clock()
         queued = 0
         with self.store.transaction() as session:
@@ -506,7 +516,17 @@ class RosterBook(Lifecycle):
                 if row.state == "accepting":
                     queued += self._plan_open(session, row, now)
                     continue
-                action = next_roster_action(self._progress(session, row))
+                try:
+                    chain = self._read(row)
+                except Exception as exc:  # RPC down: nothing decided or planned for this roster now
+                    row.last_error = f"roster read failed: {type(exc).__name__}: {exc}"
+                    session.add(row)
+                    continue
+                if chain is not None:
+                    self.decide(session, row, chain)
+                action = next_roster_action(self._progress(session, row, chain, now))
+                if self._closable_at_deadline(session, row, chain, now):
+                    action = CLOSE_ACTION
                 name = action.action if isinstance(action, StepPlan) else action
                 if name is None or self.store.roster_action(session, row_id(row), name) is not None:
                     continue
@@ -516,6 +536,99 @@ class RosterBook(Lifecycle):
         if queued:
             self.triggers.settle()
         return queued
+
+    def _closable_at_deadline(
+        self, session: Session, row: RosterRow, chain: RosterChainState | None, now: int
+    ) -> bool:
+        """Whether the order's deadline passed (and a pending round's reveal window after it, as the chain
+        requires): the roster is then closed whatever is left, so that the budget of the rounds not run
+        returns to the order (its set-aside units settle or expire first: the outbox waits for them)."""
+        if now <= self.store.get_order(session, row.order_id).deadline:
+            return False
+        pending = chain is not None and chain.pending_block != 0
+        return not pending or chain is None or now > chain.pending_since + self.config.reveal_window_s
+
+    def _read(self, row: RosterRow) -> RosterChainState | None:
+        """The roster as the chain holds it, once a round was committed (None before, or not on chain)."""
+        if row.committed == 0:
+            return None
+        chain = roster_port(self.chain).roster_state(row.chain_order_id)
+        return chain if chain.exists else None
+
+    def decide(self, session: Session, row: RosterRow, chain: RosterChainState) -> None:
+        """Accept the training units the chain will not set aside, from their openings: a unit of the
+        pending round whose slots all opened one result, that the revealing step will neither draw (the
+        draw is fixed by the block that committed the round, readable now) nor set aside for a provider
+        below the roster's streak. Every other unit of the round waits for its verdict (PLAN 5e: a drawn
+        result is never used before it is verified, as on the per-unit path), and the round is held: the
+        step revealing it commits nothing (:func:`next_roster_action`). Also accepts a unit of a revealed
+        round that the chain paid after all (a provider's streak grew between prediction and step), once
+        the market has seen every set-aside event of the roster."""
+        assert self.chain is not None
+        self._accept_paid(session, row, chain)
+        if chain.pending_block == 0:
+            return
+        round_index = chain.committed - 1
+        candidates = [
+            (unit, replicas)
+            for unit in self._rostered(session, row, round_index)
+            if (replicas := self._unanimous(session, unit)) is not None
+        ]
+        if not candidates:
+            return
+        roster = roster_of(row)
+        weak = frozenset(
+            p
+            for p in roster.providers
+            if chain.required_streak and self.chain.reputation_of(p).consecutive_valid < chain.required_streak
+        )
+        reasons = predict_set_aside(
+            roster,
+            row.chain_order_id,
+            round_index,
+            self.seed_hash(chain.pending_block),
+            roster_port(self.chain).spot_check_ppm(roster.replicas),
+            self._slot_values(session, row, round_index),
+            weak,
+        )
+        for unit, replicas in candidates:
+            if unit.shard not in reasons:
+                self._accept(session, unit, replicas)
+
+    def seed_hash(self, block_number: int) -> str:
+        """The hash the chain's draw of a round committed in `block_number` reads: zero once the step
+        revealing it could land past the EVM's 256 readable block hashes (with a margin: every unit is then
+        drawn, as the contract decides)."""
+        assert self.chain is not None
+        if self.chain.block_number() - block_number > SEED_HASH_MARGIN_BLOCKS:
+            return "0x" + "00" * 32
+        return self.chain.block_hash(block_number)
+
+    def _accept_paid(self, session: Session, row: RosterRow, chain: RosterChainState) -> None:
+        revealed = chain.committed - (1 if chain.pending_block else 0)
+        units = self.store.units_of_order(session, row.order_id)
+        seen = sum(1 for u in units if u.kind == UnitKind.TRAIN.value and u.chain_unit_id is not None)
+        if seen != chain.set_aside_units:
+            return  # the sync has not applied every UnitSetAside yet: a unit left ROSTERED may be one
+        for unit in units:
+            if unit.state == UnitState.ROSTERED.value and unit.round_index < revealed:
+                replicas = self._unanimous(session, unit)
+                if replicas is not None:
+                    self._accept(session, unit, replicas)
+
+    def _rostered(self, session: Session, row: RosterRow, round_index: int) -> list[UnitRow]:
+        return [
+            unit
+            for unit in self.store.units_of_order(session, row.order_id)
+            if unit.state == UnitState.ROSTERED.value and unit.round_index == round_index
+        ]
+
+    def _slot_values(self, session: Session, row: RosterRow, round_index: int) -> list[str | None]:
+        """Each slot's opened (or published) digest of the round, None where the market has none."""
+        values: list[str | None] = [None] * (row.units_per_round * row.replicas)
+        for work in self.store.roster_works(session, row_id(row), round_index):
+            values[work.slot] = work.result_digest
+        return values
 
     def _plan_open(self, session: Session, row: RosterRow, now: int) -> int:
         roster = roster_of(row)
@@ -539,16 +652,33 @@ class RosterBook(Lifecycle):
         session.add(row)
         return 1
 
-    def _progress(self, session: Session, row: RosterRow) -> RosterProgress:
+    def _progress(
+        self, session: Session, row: RosterRow, chain: RosterChainState | None, now: int
+    ) -> RosterProgress:
+        """What the next action depends on. The pending round's openings are ready once every slot opened,
+        or once its reveal window passed on chain (the step then gives the silent slots as withheld); it is
+        held while one of its units waits for a verdict, or a slot has no opening to give."""
         slots = row.units_per_round * row.replicas
+        pending = row.committed - 1 if row.committed > row.revealed else None
+        window_passed = (
+            chain is not None
+            and chain.pending_block != 0
+            and chain.committed - 1 == pending
+            and now > chain.pending_since + self.config.reveal_window_s
+        )
         works: set[int] = set()
         openings: set[int] = set()
+        held: set[int] = set()
         for index in range(max(row.committed - 1, 0), min(row.committed + 1, row.rounds)):
-            held = self.store.roster_works(session, row_id(row), index)
-            if len(held) == slots:
+            rows = self.store.roster_works(session, row_id(row), index)
+            if len(rows) == slots:
                 works.add(index)
-                if all(w.salt is not None for w in held):
+                if all(w.salt is not None for w in rows) or (index == pending and window_passed):
                     openings.add(index)
+                if index == pending and any(w.salt is None for w in rows):
+                    held.add(index)
+        if pending is not None and self._rostered(session, row, pending):
+            held.add(pending)
         open_set_aside = sum(
             1
             for unit in self.store.units_of_order(session, row.order_id)
@@ -564,6 +694,7 @@ class RosterBook(Lifecycle):
             works_ready=frozenset(works),
             openings_ready=frozenset(openings),
             open_set_aside=open_set_aside,
+            held=frozenset(held),
         )
 
     def _step(self, session: Session, row: RosterRow, plan: StepPlan) -> dict[str, Any]:
@@ -575,8 +706,11 @@ class RosterBook(Lifecycle):
             "deadline": row.works_deadline,
         }
         if plan.reveal is not None:
+            # a slot without an opening (its window passed) is given as withheld: its commitment instead
             payload["openings"] = [
                 {"provider": w.provider, "result_digest": w.result_digest, "salt": w.salt}
+                if w.salt is not None
+                else {"provider": w.provider, "result_digest": w.result_digest, "withheld": w.commitment}
                 for w in self.store.roster_works(session, row_id(row), plan.reveal)
             ]
         if plan.commit is not None:
@@ -625,6 +759,7 @@ class RosterBook(Lifecycle):
         elif event.name == "RoundRevealed":
             round_index = int(args["round"])
             row.revealed = max(row.revealed, round_index + 1)
+            self._confirm(session, row, f"{REVEAL_PREFIX}{round_index}", now)
             if round_index + 1 == row.rounds:
                 self._confirm(session, row, f"step:{row.rounds}", now)
             touched = set()
@@ -670,9 +805,12 @@ class RosterBook(Lifecycle):
         event: ChainEvent,
         now: int,
     ) -> set[str]:
-        """The step set unit `unit` of `round_index` aside as chain unit `chain_unit_id`: an ordinary unit in
-        VERIFYING (its replicas as the step revealed them, its verifiers the step's) with a verification job,
-        so it settles on the per-unit path. A repeated event changes nothing."""
+        """The step set unit `unit` of `round_index` aside as chain unit `chain_unit_id`: the round's training
+        unit itself (held by :meth:`decide`, so nothing started from it yet) goes to VERIFYING with the chain
+        id, its replicas as the step revealed them and the step's verifiers, with a verification job: it
+        settles on the per-unit path, and its verdict decides what the next round starts from. A unit with no
+        ROSTERED training unit (accepted before the step: a provider's streak fell in between; or none, off
+        the training plane) becomes an ordinary unit of its own. A repeated event changes nothing."""
         if self.store.unit_by_chain_id(session, chain_unit_id) is not None:
             return set()
         order = self.store.get_order(session, row.order_id)
@@ -682,47 +820,66 @@ class RosterBook(Lifecycle):
             round_row = RoundRow(order_id=row_id(order), index=round_index)
             session.add(round_row)
             session.flush()
-        step = self.store.roster_action(session, row_id(row), f"step:{round_index + 1}")
-        sent = json.loads(step.payload_json) if step is not None else {}
-        plan = plan_round(spec, round_index)[unit]
-        unit_row = UnitRow(
-            order_id=row_id(order),
-            round_id=row_id(round_row),
-            round_index=round_index,
-            shard=unit,
-            kind=UnitKind.TRAIN.value,
-            unit_key=f"0x{round_unit_id(row.chain_order_id, round_index, unit):064x}",
-            state=UnitState.VERIFYING.value,
-            k=row.replicas,
-            start_step=plan.start_step,
-            steps=plan.steps,
-            chain_unit_id=chain_unit_id,
-            # the per-unit sweep expires it a verdict window after now, as the chain allows
-            commit_deadline=now - self.config.reveal_window_s,
-            verifiers_json=json.dumps(sent.get("verifiers", [])),
-            updated_at=now,
-        )
-        session.add(unit_row)
-        session.flush()
+        sent: dict[str, Any] = {}
+        for action in (f"step:{round_index + 1}", f"{REVEAL_PREFIX}{round_index}"):
+            step = self.store.roster_action(session, row_id(row), action)
+            if step is not None and "verifiers" in (payload := json.loads(step.payload_json)):
+                sent = payload
+        verifiers_json = json.dumps(sent.get("verifiers", []))
+        # the per-unit sweep expires it a verdict window after now, as the chain allows
+        commit_deadline = now - self.config.reveal_window_s
         works = {w.slot: w for w in self.store.roster_works(session, row_id(row), round_index)}
-        providers: set[str] = set()
-        for replica in range(row.replicas):
-            work = works.get(unit * row.replicas + replica)
-            provider = roster_of(row).provider_of(unit, replica)
-            providers.add(provider)
-            opened = work is not None and work.result_digest is not None
-            session.add(
-                ReplicaRow(
-                    unit_id=row_id(unit_row),
-                    index=replica,
-                    provider=to_checksum_address(provider),
-                    state=(ReplicaState.REVEALED if opened else ReplicaState.COMMITTED).value,
-                    commitment=work.commitment if work else None,
-                    commit_signature=work.signature if work else None,
-                    result_digest=work.result_digest if work else None,
-                    salt=work.salt if work else None,
-                )
+        providers = {roster_of(row).provider_of(unit, r) for r in range(row.replicas)}
+        mirror = self._training_unit(session, row.order_id, round_index, unit)
+        if mirror is not None:
+            unit_row = mirror
+            unit_row.state = advance(UnitState.ROSTERED, UnitState.VERIFYING, what=f"unit {mirror.id}").value
+            unit_row.chain_unit_id = chain_unit_id
+            unit_row.commit_deadline = commit_deadline
+            unit_row.verifiers_json = verifiers_json
+            unit_row.updated_at = now
+            for slot_replica in self.ctx.live_replicas(session, unit_row):
+                work = works.get(unit * row.replicas + slot_replica.index)
+                if slot_replica.state == ReplicaState.COMMITTED.value and work and work.result_digest:
+                    slot_replica.state = ReplicaState.REVEALED.value  # published on chain, not to the market
+                    slot_replica.result_digest = work.result_digest
+                    session.add(slot_replica)
+            session.add(unit_row)
+        else:
+            plan = plan_round(spec, round_index)[unit]
+            unit_row = UnitRow(
+                order_id=row_id(order),
+                round_id=row_id(round_row),
+                round_index=round_index,
+                shard=unit,
+                kind=UnitKind.TRAIN.value,
+                unit_key=f"0x{round_unit_id(row.chain_order_id, round_index, unit):064x}",
+                state=UnitState.VERIFYING.value,
+                k=row.replicas,
+                start_step=plan.start_step,
+                steps=plan.steps,
+                chain_unit_id=chain_unit_id,
+                commit_deadline=commit_deadline,
+                verifiers_json=verifiers_json,
+                updated_at=now,
             )
+            session.add(unit_row)
+            session.flush()
+            for replica in range(row.replicas):
+                work = works.get(unit * row.replicas + replica)
+                opened = work is not None and work.result_digest is not None
+                session.add(
+                    ReplicaRow(
+                        unit_id=row_id(unit_row),
+                        index=replica,
+                        provider=to_checksum_address(roster_of(row).provider_of(unit, replica)),
+                        state=(ReplicaState.REVEALED if opened else ReplicaState.COMMITTED).value,
+                        commitment=work.commitment if work else None,
+                        commit_signature=work.signature if work else None,
+                        result_digest=work.result_digest if work else None,
+                        salt=work.salt if work else None,
+                    )
+                )
         randomness = self.ctx.chain.block_hash(event.block_number) if self.ctx.chain else "0x" + "00" * 32
         unit_row.randomness = randomness
         reason = sent.get("reasons", {}).get(str(unit), SetAsideReason.DRAWN.value)

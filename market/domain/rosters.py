@@ -76,25 +76,32 @@ class RosterProgress:
     works_ready: frozenset[int]
     openings_ready: frozenset[int]
     open_set_aside: int = 0
+    # rounds with a unit the next round may not start from before its verdict (the chain will set it
+    # aside: drawn, split, a weak provider, a slot given as withheld): the step revealing one commits nothing
+    held: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
 class StepPlan:
     """Step `index`: reveal round `reveal` (None: none pending) and commit round `commit` (None: the last
-    round was committed) in one transaction. Its outbox action is `step:<index>`; it landed once the chain
-    committed `index + 1` rounds (or, for the last step, revealed all)."""
+    round was committed, or the revealed round is held) in one transaction. Its outbox action is
+    `step:<index>`, which landed once the chain committed `index + 1` rounds (or, for the last step,
+    revealed all); a reveal-only step before the last is `reveal:<round>` (the commit of the next round is
+    then `step:<index>` of its own), landed once that round is revealed."""
 
     index: int
     reveal: int | None
     commit: int | None
+    held: bool = False  # it reveals a held round before the last, and commits nothing
 
     @property
     def action(self) -> str:
-        return f"step:{self.index}"
+        return f"{REVEAL_PREFIX}{self.reveal}" if self.held else f"step:{self.index}"
 
 
 CLOSE_ACTION = "close"
 OPEN_ACTION = "open"
+REVEAL_PREFIX = "reveal:"
 
 
 def next_roster_action(progress: RosterProgress) -> StepPlan | str | None:
@@ -102,7 +109,11 @@ def next_roster_action(progress: RosterProgress) -> StepPlan | str | None:
 
     One step per round (PLAN "Step 5 revised", finding 3): step r reveals round r-1 and commits round r
     together, so it waits until the market holds both round r-1's openings and round r's works; the last
-    step only reveals. Then the close, once no set-aside unit is open (the chain refuses it before)."""
+    step only reveals. A held round (one of its units waits for a verdict: round r cannot start from it
+    before) is revealed alone, as soon as its openings are ready (every slot opened, or the reveal window
+    passed: the rest are given as withheld), so that its set-aside units exist and can be judged; round r
+    is then committed by a step of its own once its works are in. Then the close, once no set-aside unit is
+    open (the chain refuses it before)."""
     if progress.closed:
         return None
     if not 0 <= progress.committed <= progress.rounds or (progress.pending and progress.committed == 0):
@@ -114,6 +125,8 @@ def next_roster_action(progress: RosterProgress) -> StepPlan | str | None:
     commit = progress.committed if progress.committed < progress.rounds else None
     if reveal is not None and reveal not in progress.openings_ready:
         return None
+    if reveal is not None and commit is not None and reveal in progress.held:
+        return StepPlan(progress.committed, reveal, None, held=True)
     if commit is not None and commit not in progress.works_ready:
         return None
     return StepPlan(progress.committed, reveal, commit)
@@ -126,6 +139,14 @@ def step_landed(plan_index: int, rounds: int, committed: int, pending: bool) -> 
     if plan_index < rounds:
         return committed > plan_index
     return committed == rounds and not pending
+
+
+def action_landed(action: str, rounds: int, committed: int, pending: bool) -> bool:
+    """Whether the chain shows the step action `action` (`step:<index>` or `reveal:<round>`) done."""
+    if action.startswith(REVEAL_PREFIX):
+        revealed = committed - (1 if pending else 0)
+        return revealed > int(action.removeprefix(REVEAL_PREFIX))
+    return step_landed(int(action.split(":", 1)[1]), rounds, committed, pending)
 
 
 class SetAsideReason(StrEnum):

@@ -38,7 +38,8 @@ class UnitState(StrEnum):
     ACCEPTED = "accepted"  # settled with at least one accepted replica
     FAILED = "failed"  # expired, or no replica accepted: the round needs a new attempt
     # a round-path order's training unit (market/rosters.py): its slots' works and openings go to the roster,
-    # which settles it on chain by stepRound; accepted once every slot opened the same result
+    # which settles it on chain by stepRound; accepted once every slot opened the same result and the chain
+    # will not set it aside, else verifying once the step set it aside (its verdict settles it)
     ROSTERED = "rostered"
 
 
@@ -76,7 +77,7 @@ UNIT_TRANSITIONS: dict[UnitState, frozenset[UnitState]] = {
     UnitState.REVEALING: frozenset({UnitState.FINALIZING, UnitState.VERIFYING, UnitState.FAILED}),
     UnitState.FINALIZING: frozenset({UnitState.ACCEPTED, UnitState.VERIFYING, UnitState.FAILED}),
     UnitState.VERIFYING: frozenset({UnitState.ACCEPTED, UnitState.FAILED}),
-    UnitState.ROSTERED: frozenset({UnitState.ACCEPTED, UnitState.FAILED}),
+    UnitState.ROSTERED: frozenset({UnitState.ACCEPTED, UnitState.VERIFYING, UnitState.FAILED}),
     UnitState.ACCEPTED: frozenset(),
     UnitState.FAILED: frozenset(),
 }

@@ -3,8 +3,10 @@ node, PostgreSQL, Redis, the market API, a Celery worker and the agents as separ
 
 The market draws the order's roster once; the provider agents sign its Accept, train each round's shard
 units (round 1's fold round 0's outer step, as on the per-unit path), sign each UnitCommit over the
-roster's works deadline and open their results to the market; the worker relays `openRoster`, one
-`stepRound` per round and `closeRoster`; the order's last aggregate unit settles on the per-unit path.
+roster's works deadline and open their results to the market; the worker relays `openRoster`, the steps
+and `closeRoster`; the order's last aggregate unit settles on the per-unit path. The fresh providers are on
+probation, so every unit is set aside: each round is revealed by a step of its own, its units judged by
+the verifier, and the next round starts from their verdicts (committed by a step of its own).
 Checked from the chain's events and an independent recomputation of the training: every round committed
 and revealed by a step, the roster closed, the providers' credits exactly what the contract paid, and the
 buyer's final weights bitwise the outer step recomputed here from the blobs the providers serve (what the
@@ -40,8 +42,8 @@ pytestmark = [
 
 
 def rostered(status: dict[str, Any]) -> list[dict[str, Any]]:
-    """The order's training units run on the roster (a unit a step set aside is another, with a chain id)."""
-    return [u for u in status["units"] if u["kind"] == "train" and u["chain_unit_id"] is None]
+    """The order's training units run on the roster (a unit a step set aside has its chain id)."""
+    return [u for u in status["units"] if u["kind"] == "train"]
 
 
 def recompute_final_state(market: Marketplace, status: dict[str, Any]) -> str:
@@ -112,18 +114,18 @@ def test_a_folded_order_on_the_round_path_completes_through_real_processes(
     names = [e.name for e in events]
     roster = status["roster"]
     assert (roster["rounds"], roster["committed"], roster["revealed"]) == (config.rounds,) * 3
-    # one step per round: step r reveals round r-1 and commits round r, the last reveals the last round
+    # every round committed and revealed once (each held for its verdicts: revealed alone, PLAN 5e)
     assert names.count("RosterOpened") == 1 and names.count("RosterClosed") == 1
     assert sorted(int(e.args["round"]) for e in events if e.name == "RoundCommitted") == [0, 1]
     assert sorted(int(e.args["round"]) for e in events if e.name == "RoundRevealed") == [0, 1]
-    # R·M training units on the roster (no chain unit of their own), each set aside by the step that
-    # revealed it (probation) as a unit of its own, verified and accepted; and the one aggregate unit
+    # R·M training units on the roster, each set aside by the step that revealed it (probation) and
+    # accepted by its verdict, before the next round started from it; and the one aggregate unit
     trains = rostered(status)
     assert len(trains) == config.rounds * config.shards and all(u["state"] == "accepted" for u in trains)
     set_aside = [e for e in events if e.name == "UnitSetAside"]
     assert len(set_aside) == config.rounds * config.shards
     on_chain = {int(u["chain_unit_id"]): u for u in status["units"] if u["chain_unit_id"] is not None}
-    assert {int(e.args["unitId"]) for e in set_aside} < set(on_chain)
+    assert {int(e.args["unitId"]) for e in set_aside} == {int(u["chain_unit_id"]) for u in trains}
     assert sorted(u["kind"] for u in on_chain.values()) == ["aggregate"] + ["train"] * len(set_aside)
     assert all(unit.outcomes == ["accept"] for unit in closed.units), closed.units
     # the providers' credits: what the roster's close paid plus the per-unit payouts (the set-aside units'

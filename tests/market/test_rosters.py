@@ -11,6 +11,7 @@ from market.domain.rosters import (
     RosterProgress,
     SetAsideReason,
     StepPlan,
+    action_landed,
     draw_roster,
     next_roster_action,
     predict_set_aside,
@@ -127,7 +128,12 @@ def test_more_than_32_providers_is_a_typed_error() -> None:
 
 
 def _progress(
-    committed: int, pending: bool, works: set[int], openings: set[int], **rest: int
+    committed: int,
+    pending: bool,
+    works: set[int],
+    openings: set[int],
+    held: frozenset[int] = frozenset(),
+    **rest: int,
 ) -> RosterProgress:
     return RosterProgress(
         rounds=3,
@@ -137,6 +143,7 @@ def _progress(
         works_ready=frozenset(works),
         openings_ready=frozenset(openings),
         open_set_aside=rest.get("open_set_aside", 0),
+        held=held,
     )
 
 
@@ -160,3 +167,20 @@ def test_a_step_landed_once_the_chain_committed_past_it_or_revealed_the_last_rou
     assert step_landed(1, 3, 2, True)
     assert not step_landed(3, 3, 3, True)
     assert step_landed(3, 3, 3, False)
+
+
+def test_a_held_round_is_revealed_by_a_step_of_its_own_and_the_next_round_committed_after() -> None:
+    # round 0 holds a unit the chain sets aside: round 1 cannot start from it, so the step reveals alone,
+    # whether or not works of round 1 are in (the training plane never hands them out before its verdict)
+    assert next_roster_action(_progress(1, True, {0}, {0}, frozenset({0}))) == StepPlan(1, 0, None, held=True)
+    assert next_roster_action(_progress(1, True, {0, 1}, {0}, frozenset({0}))) == StepPlan(
+        1, 0, None, held=True
+    )
+    assert next_roster_action(_progress(1, True, {0}, set(), frozenset({0}))) is None  # openings not ready
+    assert StepPlan(1, 0, None, held=True).action == "reveal:0"
+    assert next_roster_action(_progress(1, False, {1}, set())) == StepPlan(1, None, 1)  # then round 1 alone
+    # the last round's reveal is the last step whether held or not
+    assert next_roster_action(_progress(3, True, {2}, {2}, frozenset({2}))) == StepPlan(3, 2, None)
+    assert not action_landed("reveal:0", 3, 1, True)
+    assert action_landed("reveal:0", 3, 1, False) and action_landed("reveal:0", 3, 2, True)
+    assert action_landed("step:1", 3, 2, True) and not action_landed("step:1", 3, 1, False)
