@@ -44,7 +44,7 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
     bytes32 internal constant UNIT_COMMIT_TYPEHASH =
         keccak256("UnitCommit(uint256 unitId,address provider,bytes32 commitment,uint256 deadline)");
     bytes32 internal constant ROUND_AUDIT_TYPEHASH =
-        keccak256("RoundAudit(uint256 orderId,uint256 round,uint256 auditedMask,bytes32 digestsHash)");
+        keccak256("RoundAudit(uint256 orderId,bytes32 records)");
     uint256 internal constant BPS = 10_000;
     uint256 internal constant PPM = 1_000_000;
     /// @dev A unit's parties are stored as 24-bit party ids, ten of which fill one slot.
@@ -214,6 +214,9 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
         /// collateral is the roster's).
         uint32 setAsideUnits;
         uint32 openSetAside;
+        /// @dev Round audit records no posting covers yet (their chain is in the roster's round hash): the roster
+        /// cannot close while there are ({JobMarketRounds-stepRound}).
+        bool auditsPending;
         /// @dev Bits [8p, 8p + 8): provider p's fault + fraud count when the roster opened (mod 256). A provider
         /// whose count moved since (a fault or fraud, here or elsewhere) gets no streak for the roster's
         /// slots at close: slots it revealed before a catch must not rebuild the streak the catch ended.
@@ -230,14 +233,18 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
     }
 
     /// @dev A roster's verifiers ({JobMarketRounds-openRoster}), who audit its drawn units by `RoundAudit`
-    /// signatures. `key` = keccak256(verifiersHash, auditChain): `verifiersHash` the keccak of their addresses
-    /// (abi-encoded; they travel in calldata), `auditChain` the roster's audit records ({AuditRecord}) chained
-    /// in order, each `keccak256(abi.encode(previous, info, digestsHash))` from zero. Zero: a roster without
-    /// verifiers, whose drawn units are set aside. One slot, written at open, by each step that audits a round
-    /// and by each challenge: the records travel in calldata (a step gives the chain so far, a challenge the
-    /// records from the challenged one on, the close all of them), so each signer's count of audited units
-    /// (its fee: `verifierFeePerUnit / verifiers` each, paid at close) and the end of the last round's
-    /// challenge window are computed from them at close. `released` (bit `i`): verifier `i`'s collateral was
+    /// signatures. `key` = keccak256(verifiersHash, postedChain):
+    /// `verifiersHash` the keccak of their addresses (abi-encoded; they travel in calldata), `postedChain` the
+    /// roster's postings chained in order from zero, each `keccak256(abi.encode(previous, info, records))`,
+    /// `records` the chain of the round records it covers ({AuditRecord}, chained the same way from zero).
+    /// A step that reveals drawn unanimous units appends their round's record to the pending chain, kept in
+    /// the roster's round hash (no write of its own); a posting (a quorum's signatures over the pending chain)
+    /// chains it into `key`. Zero: a roster without verifiers, whose drawn units are set aside. Written at
+    /// open, at each posting and by each challenge: the records travel in
+    /// calldata (a step gives the posted chain and the pending one, a challenge the records from a posting's
+    /// first on, the close all of them), so each signer's count of audited units (its fee:
+    /// `verifierFeePerUnit / verifiers` each, paid at close) and the end of the last posting's challenge
+    /// window are computed from them at close. `released` (bit `i`): verifier `i`'s collateral was
     /// released before a slash of its audit ({JobMarketRounds-releaseAuditSigners}), so the close releases it
     /// no more; a second slot, written only by those releases.
     struct RosterAudits {
@@ -245,10 +252,11 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
         uint8 released;
     }
 
-    /// @notice One audited round's record, as {RoundAudited} emitted it and each {AuditChallenged} since
-    /// updated it: `info` bits 0..63 the audited units, 64..71 the signers (roster verifier indexes), 72..111
-    /// the step's time, 112..175 the units challenged since, 176..207 the round; `digestsHash` the keccak of
-    /// the audited units' agreed digests in unit order.
+    /// @notice One audit record, as {RoundRevealed} or {AuditPosted} gave it and each {AuditChallenged} since
+    /// updated it. A round's: `info` bits 0..63 its drawn unanimous units, 112..175 those challenged since,
+    /// 176..207 the round; `digestsHash` the keccak of the round's unit digests ({RoundRevealed}). A posting's: bit 255 set,
+    /// 64..71 the signers (roster verifier indexes), 72..111 the posting step's time; its `digestsHash` is not
+    /// read (the chain of the round records before it, back to the previous posting, stands in for it).
     struct AuditRecord {
         uint256 info;
         bytes32 digestsHash;
@@ -455,6 +463,8 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
     error NotAudited(uint256 orderId, uint256 round, uint256 unit);
     /// @notice Challenges of the round's audit closed at `until` (the step's time plus `verdictWindow`).
     error AuditChallengeClosed(uint256 orderId, uint256 round, uint64 until);
+    /// @notice The roster has round audit records no posting covers yet: nothing closes it before one does.
+    error AuditsPending(uint256 orderId);
 
     /// @notice A buyer posted an order and escrowed `escrow` tokens.
     event OrderPosted(
@@ -513,7 +523,9 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
     /// @notice `round` was revealed. `digests[unit]` is the unit's result when the unit was not set aside
     /// (unanimous, not drawn: its replicas are paid when the roster closes); for a unit set aside
     /// ({UnitSetAside}) it is only replica 0's value (a digest, or its commitment when it did not open).
-    event RoundRevealed(uint256 indexed orderId, uint32 indexed round, bytes32[] digests);
+    /// `audited`: the drawn unanimous units left pending a posting (bit `u` for unit `u`; zero: none), whose
+    /// round record ({AuditRecord}) is `(audited | round << 176, keccak256(abi.encodePacked(digests)))`.
+    event RoundRevealed(uint256 indexed orderId, uint32 indexed round, bytes32[] digests, uint256 audited);
     /// @notice Unit `unit` of `round` needed a verdict (drawn, its replicas disagree, or a provider's streak
     /// fell below the roster's requirement): it became unit `unitId`, revealed and drawn, with the step's
     /// verifiers, and settles on the per-unit path ({submitVerdict}, {expireUnit}).
@@ -524,13 +536,10 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
     event RosterClosed(uint256 indexed orderId, uint32 settledRounds, uint256 paid);
     /// @notice The roster's verifiers, each locking `verifierCollateral` for the order.
     event RosterVerifiers(uint256 indexed orderId, address[] verifiers);
-    /// @notice A quorum of the roster's verifiers signed `RoundAudit(orderId, round, auditedMask, digestsHash)`,
-    /// so the round's drawn unanimous units are paid at close like undrawn ones. `info`: bits 0..63 the
-    /// audited units (`auditedMask`), 64..71 the signers (roster verifier indices), 72..111 the step's time,
-    /// 112..175 the units challenged since (zero here; {AuditChallenged} emits the record's `info` updated),
-    /// 176..207 the round. `(info, digestsHash)` is the round's {AuditRecord}, chained into the roster's
-    /// audit key: later steps, challenges and the close are given the records.
-    event RoundAudited(uint256 indexed orderId, uint32 indexed round, uint256 info, bytes32 digestsHash);
+    /// @notice A quorum of the roster's verifiers signed `RoundAudit(orderId, records)`, `records` the chain of
+    /// the round records pending before this posting ({RoundRevealed}'s `audited`): their units are paid at
+    /// close. `info` is the posting's {AuditRecord} (bit 255, the signers at 64..71, the step's time at 72..111).
+    event AuditPosted(uint256 indexed orderId, uint256 info, bytes32 records);
     /// @notice The operator challenged unit `unit` of an audited round: it was set aside as `unitId`
     /// ({UnitSetAside}), and its audit's signers answer for its truth. `info`: the round's audit record now.
     event AuditChallenged(uint256 indexed orderId, uint32 indexed round, uint256 unit, uint256 unitId, uint256 info);
@@ -1412,16 +1421,19 @@ abstract contract JobMarketRounds is JobMarketDelegate {
     }
 
     /// @notice Roster verifier `verifier`'s (its index among the roster's verifiers) compact (EIP-2098)
-    /// signature over `RoundAudit(orderId, round, auditedMask, digestsHash)`.
+    /// signature over `RoundAudit(orderId, records)`.
     struct AuditSignature {
         uint256 verifier;
         bytes32 r;
         bytes32 vs;
     }
 
-    /// @notice A step's round audit: the roster's verifiers and its audit chain so far (checked against the
-    /// roster's audit key, {RosterAudits}; ignored when `signatures` is empty) and their signatures.
+    /// @notice A step's round audits: `pending` the chain of the roster's round records no posting covers yet
+    /// (zero: none; checked against the roster's round hash); when `signatures` is not empty, a posting: the
+    /// roster's verifiers and its posted chain (checked against its audit key, {RosterAudits}) and their
+    /// signatures over the pending chain once the step's own round record is added.
     struct RoundAudit {
+        bytes32 pending;
         address[] verifiers;
         bytes32 chain;
         AuditSignature[] signatures;
@@ -1491,6 +1503,7 @@ abstract contract JobMarketRounds is JobMarketDelegate {
             closed: false,
             setAsideUnits: 0,
             openSetAside: 0,
+            auditsPending: false,
             faultMarks: faultMarks
         });
         emit RosterOpened(orderId, providers, layout, replicas, unitsPerRound, rounds);
@@ -1510,17 +1523,22 @@ abstract contract JobMarketRounds is JobMarketDelegate {
     /// ignored: whoever revealed it first (anyone may copy openings from a pending transaction) does not
     /// make the relayer's reveal-and-commit fail.
     ///
-    /// Round audits: the units of the revealed round drawn by the seed, unanimous and with no provider below
-    /// the roster's streak (`auditedMask`, bit `u` for unit `u`) are paid at close like undrawn ones, not set
-    /// aside, when `audit` carries signatures of a majority of the roster's verifiers (`audit.verifiers`, as
-    /// opened) over `RoundAudit(orderId, round, auditedMask, digestsHash)`, `digestsHash` the keccak of those
-    /// units' agreed digests in unit order, `audit.chain` the roster's audit chain so far ({RosterAudits}): the
-    /// round's record is chained into the roster's audit key, each signer is counted those units at close
-    /// (its share of their fee), and the operator may challenge each of them for `verdictWindow`
-    /// ({challengeAudit}).
-    /// Without such a quorum they are set aside; a signature that is not its roster verifier's over exactly
-    /// that message reverts the step. Split units and units of a provider below the streak are always set
-    /// aside.
+    /// Round audits, deferred: the units of the revealed round drawn by the seed, unanimous and with no
+    /// provider below the roster's streak (bit `u` for unit `u`), are not set aside but pending, their round's
+    /// record (`info` = the units | round << 176, `digestsHash` the keccak of their agreed digests in unit
+    /// order) appended to the roster's pending chain (`audit.pending` before the step, kept in its round
+    /// hash), when the roster has verifiers and the step posts or comes from the operator without `verifiers`
+    /// (the operator pends a round only holding its verifiers' signatures over the pending chain through it;
+    /// with `verifiers` it sets them aside instead, as when its verifiers refuse to sign). A step that posts
+    /// (`audit.signatures`, a majority of the roster's verifiers `audit.verifiers` as opened, each over
+    /// `RoundAudit(orderId, records)`, `records` the pending chain once the step's round record is added;
+    /// `audit.chain` the roster's posted chain, {RosterAudits}) covers every pending record: their units are
+    /// paid at close like undrawn ones, each signer is counted them (its share of their fee), and the operator
+    /// may challenge each of them for `verdictWindow` from this step ({challengeAudit}). A posting without a
+    /// quorum, or with a signature that is not its roster verifier's over exactly that message, reverts the
+    /// step; the roster cannot close while records are pending ({AuditsPending}). A step with no round to
+    /// reveal and no work may post alone. Split units and units of a provider below the streak are always
+    /// set aside.
     function stepRound(
         uint256 orderId,
         address[] calldata providers,
@@ -1533,26 +1551,40 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         RoundAudit calldata audit
     ) external onlyDelegated {
         Roster memory roster = _openRoster(orderId, providers, layout);
+        bytes32 pending = audit.pending;
         if (roster.pendingBlock != 0) {
-            _revealRound(orderId, roster, providers, layout, openings, withheld, verifiers, audit);
+            pending = _revealRound(orderId, roster, providers, layout, openings, withheld, verifiers, audit);
             roster.pendingBlock = 0;
             roster.pendingSince = 0;
-        } else if (works.length == 0) {
-            revert EmptyBatch();
+        } else {
+            // no round to reveal: records are pending only after a reveal-only step, which stored their chain
+            if (roster.auditsPending ? _chain(0, pending) != _roundHashes[orderId] : pending != 0) {
+                revert AuditMismatch(orderId, roster.committed);
+            }
+            if (works.length == 0 && audit.signatures.length == 0) revert EmptyBatch();
+        }
+        if (audit.signatures.length != 0) {
+            _postAudits(orderId, pending, audit);
+            pending = 0;
         }
         if (works.length != 0) {
-            _commitRound(orderId, roster, providers, layout, deadline, works);
+            bytes32 chained = _commitRound(orderId, roster, providers, layout, deadline, works);
+            _roundHashes[orderId] = pending == 0 ? chained : _chain(chained, pending);
             roster.pendingBlock = uint40(block.number);
             roster.pendingSince = uint40(block.timestamp);
             roster.committed += 1;
+        } else if (pending != 0) {
+            _roundHashes[orderId] = _chain(0, pending);
         }
+        roster.auditsPending = pending != 0;
         _rosters[orderId] = roster;
     }
 
     /// @notice Publishes the opening of replica slot `slot` of the pending round, so that a step cannot give
     /// it as withheld: for a provider whose relayer leaves its opening out. `commitments` are every slot's
-    /// commitment of the round (public: the commit step's calldata), checked against the round's hash.
-    /// Permissionless: the opening is the authorization.
+    /// commitment of the round (public: the commit step's calldata), checked with `pending` (the roster's
+    /// pending audit chain, {RoundAudit}) against the round's hash. Permissionless: the opening is the
+    /// authorization.
     function publishOpening(
         uint256 orderId,
         address[] calldata providers,
@@ -1560,7 +1592,8 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         uint256 slot,
         bytes32 resultDigest,
         bytes32 salt,
-        bytes32[] calldata commitments
+        bytes32[] calldata commitments,
+        bytes32 pending
     ) external onlyDelegated {
         Roster memory roster = _openRoster(orderId, providers, layout);
         if (roster.pendingBlock == 0) revert NoRoundToStep(orderId, roster.committed);
@@ -1574,6 +1607,7 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         for (uint256 i; i < commitments.length; ++i) {
             chained = _chain(chained, commitments[i]);
         }
+        if (pending != 0) chained = _chain(chained, pending);
         if (chained != _roundHashes[orderId]) revert RoundHashMismatch(orderId, round);
         address provider = providers[(layout >> (5 * slot)) & 31];
         uint256 unitId = _roundUnitId(orderId, round, slot / k);
@@ -1593,7 +1627,8 @@ abstract contract JobMarketRounds is JobMarketDelegate {
     /// off a round its providers are revealing). Never while an audited round's challenge window is open;
     /// then each roster verifier (`verifiers`, as opened) is credited `verifierFeePerUnit / verifiers.length`
     /// for every audited unit it signed that no challenge took back, and its collateral is released.
-    /// `records`: every audit record of the roster in order ({RoundAudited} as updated by {AuditChallenged});
+    /// `records`: every audit record of the roster in order ({RoundRevealed}, {AuditPosted}, as updated by
+    /// {AuditChallenged}); none may be pending ({AuditsPending});
     /// with `verifiers` they must hash to the roster's audit key ({AuditorsMismatch} otherwise).
     function closeRoster(
         uint256 orderId,
@@ -1610,6 +1645,7 @@ abstract contract JobMarketRounds is JobMarketDelegate {
             if (roster.pendingBlock != 0 && revealEnds > closableAfter) closableAfter = revealEnds;
             if (block.timestamp <= closableAfter) revert RosterNotClosable(orderId, closableAfter);
         }
+        if (roster.auditsPending) revert AuditsPending(orderId);
         uint256 auditFees = _payAuditors(orderId, verifiers, records, order.verifierFeePerUnit);
         if (roster.openSetAside != 0) revert UnitsStillOpen(orderId, roster.openSetAside);
         uint32 settled = roster.committed - (roster.pendingBlock != 0 ? 1 : 0);
@@ -1650,21 +1686,22 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         emit RosterClosed(orderId, settled, paid);
     }
 
-    /// @notice Challenges the round audit of unit `unit` of an audited round (operator only, within
-    /// `verdictWindow` of the step that audited it): for a known answer the unit missed (a canary) or any doubt
-    /// of the audit. The unit is set aside as a step sets one aside (with the operator's `verifiers`, none of
-    /// whom signed the audit), so it settles on the per-unit path (verdict, held fraud, {VerdictAppeals})
-    /// instead of at close, and its audit's signers are not counted it at close; when the unit's truth has
-    /// fraud, VerdictAppeals slashes each of them ({auditSignersOf}). `records` are the roster's audit records
-    /// from the round's own (`records[0]`) to the last, as last emitted ({RoundAudited} / {AuditChallenged}),
-    /// `prefix` the audit chain before them ({RosterAudits}), `digests` the round's audited units' digests
-    /// (of {RoundRevealed}), `auditors` the roster's verifiers: with them they must hash to the roster's audit
-    /// key ({AuditMismatch} otherwise), and the round's record is updated in it.
+    /// @notice Challenges the round audit of unit `at & 0xff` of the round record `records[at >> 8]` (operator
+    /// only, within `verdictWindow` of the posting that covered it, the first posting record after it): for a
+    /// known answer the unit missed (a canary) or any doubt of the audit. The unit is set aside as a step sets
+    /// one aside (with the operator's `verifiers`, none of whom signed the posting), so it settles on the
+    /// per-unit path (verdict, held fraud, {VerdictAppeals}) instead of at close, and the posting's signers
+    /// are not counted it at close; when the unit's truth has fraud, VerdictAppeals slashes each of them
+    /// ({auditSignersOf}). `records` are the roster's audit records from a posting's first round record to the
+    /// last posted one, as last emitted ({RoundRevealed} / {AuditPosted} / {AuditChallenged}), `prefix` the posted chain before
+    /// them ({RosterAudits}), `digests` the round's unit digests (of {RoundRevealed}), `auditors` the
+    /// roster's verifiers: with them they must hash to the roster's audit key ({AuditMismatch} otherwise), and
+    /// the round's record is updated in it.
     function challengeAudit(
         uint256 orderId,
         address[] calldata providers,
         uint256 layout,
-        uint256 unit,
+        uint256 at,
         bytes32 prefix,
         AuditRecord[] calldata records,
         bytes32[] calldata digests,
@@ -1673,19 +1710,22 @@ abstract contract JobMarketRounds is JobMarketDelegate {
     ) external onlyDelegated onlyRole(OPERATOR_ROLE) nonReentrant {
         Roster memory roster = _openRoster(orderId, providers, layout);
         bytes32 verifiersHash = keccak256(abi.encode(auditors));
-        uint256 info = records.length != 0 ? records[0].info : 0;
+        uint256 index = at >> 8;
+        uint256 info = index < records.length ? records[index].info : 1 << 255;
         uint32 round = uint32(info >> 176);
         if (
-            _chain(verifiersHash, _foldRecords(prefix, records)) != _rosterAudits[orderId].key
-                || (records.length != 0 && keccak256(abi.encodePacked(digests)) != records[0].digestsHash)
+            _chain(verifiersHash, _foldRecords(prefix, records, type(uint256).max, 0)) != _rosterAudits[orderId].key
+                || info >> 255 != 0 || keccak256(abi.encodePacked(digests)) != records[index].digestsHash
         ) revert AuditMismatch(orderId, round);
-        uint64 until = uint64(uint40(info >> 72)) + _verdictWindow;
+        uint256 posting = index;
+        while (records[posting].info >> 255 == 0) ++posting; // the fold ended on a posting
+        uint64 until = uint64(uint40(records[posting].info >> 72)) + _verdictWindow;
         if (block.timestamp > until) revert AuditChallengeClosed(orderId, round, until);
         uint256 audited = uint64(info);
-        uint256 bit = 1 << unit;
-        if (unit >= 64 || audited & bit == 0 || (info >> 112) & bit != 0) revert NotAudited(orderId, round, unit);
+        uint256 bit = 1 << uint8(at);
+        if (audited & bit == 0 || (info >> 112) & bit != 0) revert NotAudited(orderId, round, uint8(at));
         _checkVerifierCount(verifiers.length);
-        uint256 signerMask = uint8(info >> 64);
+        uint256 signerMask = uint8(records[posting].info >> 64);
         uint256 signerIds;
         uint256 signers;
         for (uint256 i; i < auditors.length; ++i) {
@@ -1697,25 +1737,25 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         }
         uint256 k = roster.replicas;
         bytes32[] memory values = new bytes32[](k);
-        bytes32 digest = digests[_countBits(audited & (bit - 1))];
+        bytes32 digest = digests[uint8(at)];
         for (uint256 r; r < k; ++r) {
             values[r] = digest;
         }
         uint256[] memory uses = _slotsPerProvider(providers, layout, k, roster.unitsPerRound);
-        uint256 unitId = _setAside(orderId, round, unit, providers, layout, values, 0, verifiers, uses);
+        uint256 unitId = _setAside(orderId, round, uint8(at), providers, layout, values, 0, verifiers, uses);
         _auditSigners[unitId] = signerIds | (signerMask << 232) | (signers << 240);
         roster.setAsideUnits += 1;
         roster.openSetAside += 1;
         _rosters[orderId] = roster;
         info |= bit << 112;
-        bytes32 chain = _foldRecords(_chainRecord(prefix, info, records[0].digestsHash), records[1:]);
-        _rosterAudits[orderId].key = _chain(verifiersHash, chain);
-        emit AuditChallenged(orderId, round, unit, unitId, info);
+        _rosterAudits[orderId].key = _chain(verifiersHash, _foldRecords(prefix, records, index, info));
+        emit AuditChallenged(orderId, round, uint8(at), unitId, info);
     }
 
-    /// @dev At close: checks `verifiers` and `records` are the roster's (none when it has no verifiers) and that
-    /// no audited round can still be challenged, credits each verifier its audit fees (per record, the units
-    /// it signed that were not challenged) and releases its collateral. Returns the fees.
+    /// @dev At close: checks `verifiers` and `records` are the roster's (none when it has no verifiers), that no
+    /// record is pending ({AuditsPending}) and that no posting can still be challenged, credits each verifier
+    /// its audit fees (per posting it signed, the units it covered that no challenge took back) and releases its
+    /// collateral. Returns the fees.
     function _payAuditors(uint256 orderId, address[] calldata verifiers, AuditRecord[] calldata records, uint256 fee)
         private
         returns (uint256 total)
@@ -1725,19 +1765,28 @@ abstract contract JobMarketRounds is JobMarketDelegate {
             if (verifiers.length != 0 || records.length != 0) revert AuditorsMismatch(orderId);
             return 0;
         }
-        if (_chain(keccak256(abi.encode(verifiers)), _foldRecords(0, records)) != key) revert AuditorsMismatch(orderId);
+        if (_chain(keccak256(abi.encode(verifiers)), _foldRecords(0, records, type(uint256).max, 0)) != key) {
+            revert AuditorsMismatch(orderId);
+        }
         uint256[] memory counts = new uint256[](verifiers.length);
         uint256 challenged; // some unit was challenged: its signers' collateral may have been released
+        uint256 units; // the round records' unchallenged units since the last posting
+        uint256 last; // the last posting's info
         for (uint256 j; j < records.length; ++j) {
             uint256 info = records[j].info;
-            challenged |= uint64(info >> 112);
-            uint256 units = _countBits(uint64(info) & ~(info >> 112));
+            if (info >> 255 == 0) {
+                challenged |= uint64(info >> 112);
+                units += _countBits(uint64(info) & ~(info >> 112));
+                continue;
+            }
             for (uint256 i; i < counts.length; ++i) {
                 if ((info >> (64 + i)) & 1 != 0) counts[i] += units;
             }
+            units = 0;
+            last = info;
         }
-        if (records.length != 0) {
-            uint64 until = uint64(uint40(records[records.length - 1].info >> 72)) + _verdictWindow;
+        if (last != 0) {
+            uint64 until = uint64(uint40(last >> 72)) + _verdictWindow;
             if (block.timestamp <= until) revert RosterNotClosable(orderId, until);
         }
         uint256 share = fee / verifiers.length;
@@ -1793,8 +1842,9 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         if (key != roster.partiesHash) revert RosterMismatch(orderId);
     }
 
-    /// @dev Checks the round's openings against its chained commitments, pays the drawn unanimous units a
-    /// quorum of the roster's verifiers audited ({_auditRound}), then sets aside every unit that needs a verdict.
+    /// @dev Checks the round's openings against its chained commitments (and the pending audit chain), leaves the
+    /// drawn unanimous units pending a posting where it may (see {stepRound}), then sets aside every unit that
+    /// needs a verdict. Returns the pending audit chain.
     function _revealRound(
         uint256 orderId,
         Roster memory roster,
@@ -1804,7 +1854,7 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         uint256 withheld,
         address[] calldata verifiers,
         RoundAudit calldata audit
-    ) private {
+    ) private returns (bytes32 pending) {
         uint256 k = roster.replicas;
         uint256 unitCount = roster.unitsPerRound;
         if (openings.length != unitCount * k) revert EntryCountMismatch(unitCount * k, openings.length);
@@ -1847,13 +1897,21 @@ abstract contract JobMarketRounds is JobMarketDelegate {
             }
             if (drawn || split & (1 << unit) != 0) setAside |= 1 << unit;
         }
+        pending = audit.pending;
+        if (pending != 0) chained = _chain(chained, pending);
         if (chained != _roundHashes[orderId]) revert RoundHashMismatch(orderId, round);
-        emit RoundRevealed(orderId, round, digests);
         auditable &= ~split;
-        if (auditable != 0 && audit.signatures.length != 0 && _auditRound(orderId, round, auditable, digests, audit)) {
-            setAside &= ~auditable;
+        if (
+            auditable != 0 && (pending != 0 || _rosterAudits[orderId].key != 0)
+                && (audit.signatures.length != 0 || (verifiers.length == 0 && hasRole(OPERATOR_ROLE, msg.sender)))
+        ) {
+            setAside &= ~auditable; // pending: paid at close only once a posting covers them
+            pending = _chainRecord(pending, auditable | (uint256(round) << 176), _hashWords(digests));
+        } else {
+            auditable = 0;
         }
-        if (setAside == 0) return;
+        emit RoundRevealed(orderId, round, digests, auditable);
+        if (setAside == 0) return pending;
         uint256[] memory uses = _slotsPerProvider(providers, layout, k, unitCount);
         uint256 verifierCount = verifiers.length;
         bytes32[] memory values = new bytes32[](k);
@@ -1878,31 +1936,18 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         }
     }
 
-    /// @dev Checks a step's round audit of the `audited` units: the roster's verifiers and audit chain, each
-    /// signature a distinct verifier's `RoundAudit` over exactly these units and their agreed digests (a wrong
-    /// one reverts). With a quorum (a majority of the roster's verifiers), chains the round's record into the
-    /// roster's audit key (the close counts its units to each signer, a challenge takes it back) and returns
-    /// true; without one, changes nothing and returns false (the units are set aside).
-    function _auditRound(
-        uint256 orderId,
-        uint32 round,
-        uint256 audited,
-        bytes32[] memory digests,
-        RoundAudit calldata audit
-    ) private returns (bool) {
+    /// @dev A posting: checks the roster's verifiers and posted chain, each signature a distinct verifier's
+    /// `RoundAudit` over exactly the pending chain `pending` (a wrong one reverts) and a quorum (a majority of
+    /// the roster's verifiers), then chains the posting's record into the roster's audit key (no records
+    /// pending: the close counts the covered units to each signer, a challenge takes one back).
+    function _postAudits(uint256 orderId, bytes32 pending, RoundAudit calldata audit) private {
         address[] calldata auditors = audit.verifiers;
         bytes32 verifiersHash = keccak256(abi.encode(auditors));
         bytes32 key = _rosterAudits[orderId].key;
-        if (key == 0 || _chain(verifiersHash, audit.chain) != key) revert AuditorsMismatch(orderId);
-        uint256 n = _countBits(audited);
-        bytes32[] memory picked = new bytes32[](n);
-        uint256 count;
-        for (uint256 unit; count < n; ++unit) {
-            if (audited & (1 << unit) != 0) picked[count++] = digests[unit];
+        if (key == 0 || pending == 0 || _chain(verifiersHash, audit.chain) != key) {
+            revert AuditorsMismatch(orderId);
         }
-        bytes32 digestsHash = keccak256(abi.encodePacked(picked));
-        bytes32 typed =
-            _hashTypedDataV4(keccak256(abi.encode(ROUND_AUDIT_TYPEHASH, orderId, uint256(round), audited, digestsHash)));
+        bytes32 typed = _hashTypedDataV4(keccak256(abi.encode(ROUND_AUDIT_TYPEHASH, orderId, pending)));
         uint256 signerMask;
         AuditSignature[] calldata signatures = audit.signatures;
         for (uint256 s; s < signatures.length; ++s) {
@@ -1914,11 +1959,11 @@ abstract contract JobMarketRounds is JobMarketDelegate {
             (address signer,,) = ECDSA.tryRecover(typed, signatures[s].r, signatures[s].vs);
             if (signer != auditor) revert InvalidSigner(auditor, signer);
         }
-        if (signatures.length < auditors.length / 2 + 1) return false;
-        uint256 info = audited | (signerMask << 64) | (block.timestamp << 72) | (uint256(round) << 176);
-        _rosterAudits[orderId].key = _chain(verifiersHash, _chainRecord(audit.chain, info, digestsHash));
-        emit RoundAudited(orderId, round, info, digestsHash);
-        return true;
+        uint256 required = auditors.length / 2 + 1;
+        if (signatures.length < required) revert QuorumNotReached(orderId, signatures.length, required);
+        uint256 info = (1 << 255) | (signerMask << 64) | (block.timestamp << 72);
+        _rosterAudits[orderId].key = _chain(verifiersHash, _chainRecord(audit.chain, info, pending));
+        emit AuditPosted(orderId, info, pending);
     }
 
     /// @dev Checks the roster's verifiers (count, distinct, not its providers) and locks their collateral.
@@ -2014,8 +2059,8 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         emit UnitSetAside(orderId, round, unit, unitId);
     }
 
-    /// @dev Checks every replica slot's signed commitment for round `roster.committed` and stores their
-    /// chained hash.
+    /// @dev Checks every replica slot's signed commitment for round `roster.committed` and returns their
+    /// chained hash (the step stores it, with the pending audit chain).
     function _commitRound(
         uint256 orderId,
         Roster memory roster,
@@ -2023,7 +2068,7 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         uint256 layout,
         uint256 deadline,
         RoundWork[] calldata works
-    ) private {
+    ) private returns (bytes32 chained) {
         uint32 round = roster.committed;
         if (round == roster.rounds) revert NoRoundToStep(orderId, round);
         uint64 orderDeadline = _orders[orderId].deadline;
@@ -2031,7 +2076,7 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         if (block.timestamp > deadline) revert SignatureExpired(deadline, block.timestamp);
         uint256 k = roster.replicas;
         if (works.length != roster.unitsPerRound * k) revert EntryCountMismatch(roster.unitsPerRound * k, works.length);
-        bytes32 chained = _chain(bytes32(orderId), bytes32(uint256(round)));
+        chained = _chain(bytes32(orderId), bytes32(uint256(round)));
         // once per step, not per signature: inside JobMarket's delegatecall EIP712 rebuilds it on every call
         bytes32 domain = _domainSeparatorV4();
         uint256 unitId;
@@ -2045,7 +2090,6 @@ abstract contract JobMarketRounds is JobMarketDelegate {
             if (recovered != provider) revert InvalidSigner(provider, recovered);
             chained = _chain(chained, work.commitment);
         }
-        _roundHashes[orderId] = chained;
         emit RoundCommitted(orderId, round);
     }
 
@@ -2108,12 +2152,32 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         return bytes32(_roundUnitId(uint256(chain), info, uint256(digestsHash)));
     }
 
-    /// @dev An audit chain extended by `records` in order.
-    function _foldRecords(bytes32 chain, AuditRecord[] calldata records) private pure returns (bytes32) {
-        for (uint256 i; i < records.length; ++i) {
-            chain = _chainRecord(chain, records[i].info, records[i].digestsHash);
+    /// @dev keccak256(abi.encodePacked(words)) without copying them.
+    function _hashWords(bytes32[] memory words) private pure returns (bytes32 hashed) {
+        assembly ("memory-safe") {
+            hashed := keccak256(add(words, 0x20), shl(5, mload(words)))
         }
-        return chain;
+    }
+
+    /// @dev A posted chain extended by `records` in order (record `at`'s `info` read as `info`): each round
+    /// record is chained into the pending chain, each posting's record into the posted chain with the pending
+    /// chain before it. Records left pending at the end change the result (it is then no roster's).
+    function _foldRecords(bytes32 chain, AuditRecord[] calldata records, uint256 at, uint256 info)
+        private
+        pure
+        returns (bytes32)
+    {
+        bytes32 pending;
+        for (uint256 i; i < records.length; ++i) {
+            uint256 recordInfo = i == at ? info : records[i].info;
+            if (recordInfo >> 255 != 0) {
+                chain = _chainRecord(chain, recordInfo, pending);
+                pending = 0;
+            } else {
+                pending = _chainRecord(pending, recordInfo, records[i].digestsHash);
+            }
+        }
+        return pending == 0 ? chain : ~chain;
     }
 }
 
@@ -2577,7 +2641,7 @@ contract JobMarket is JobMarketBase {
     }
 
     /// @notice Publishes a provider's opening of the pending round; see {JobMarketRounds-publishOpening}.
-    function publishOpening(uint256, address[] calldata, uint256, uint256, bytes32, bytes32, bytes32[] calldata)
+    function publishOpening(uint256, address[] calldata, uint256, uint256, bytes32, bytes32, bytes32[] calldata, bytes32)
         external
     {
         _delegateRounds();

@@ -10,8 +10,8 @@ const h = require("./helpers");
 const { E18, PARAMS, PRICE, FEE } = h;
 const COLLATERAL = PARAMS.providerCollateral;
 const coder = ethers.AbiCoder.defaultAbiCoder();
-/** A step's round audit with no signatures (the round's drawn units are set aside). */
-const NO_AUDIT = { verifiers: [], chain: ethers.ZeroHash, signatures: [] };
+/** A step's round audit with no posting and nothing pending. */
+const NO_AUDIT = { pending: ethers.ZeroHash, verifiers: [], chain: ethers.ZeroHash, signatures: [] };
 
 // ------------------------------------------------------------------------------------------------
 // Off-chain mirror of the round path's encodings
@@ -105,29 +105,46 @@ const givenOpenings = (R, round, withheld = 0n) => openingsFor(R, round).map((o,
 /** stepRound revealing `reveal` (a round, or null; the slots in bit mask `withheld` given as withheld) and
  * committing `commit` (a round, or null), with `verifiers` (signers or addresses) for the units the reveal sets
  * aside; `overrides` go to the transaction. */
-async function step(R, { reveal = null, commit = null, caller, verifiers = [], withheld = 0n, audit = NO_AUDIT, overrides = {}, ...opts } = {}) {
+async function step(R, { reveal = null, commit = null, caller, verifiers = [], withheld = 0n, audit = {}, overrides = {}, ...opts } = {}) {
   const openings = reveal === null ? [] : givenOpenings(R, reveal, withheld);
   const { works, deadline } = commit === null ? { works: [], deadline: 0n } : await worksFor(R, commit, opts);
   const tx = await R.sys.market.connect(caller ?? R.sys.other).stepRound(R.orderId, R.addrs, R.layout, openings, withheld,
-    addrsOf(verifiers), deadline, works, { chain: auditChainOf(R.records ?? []), ...audit }, overrides);
+    addrsOf(verifiers), deadline, works, { ...NO_AUDIT, ...auditChainsOf(R.records ?? []), ...audit }, overrides);
   await trackAudits(R, tx);
   return tx;
 }
 
-/** A roster's audit chain over `records` ({info, digestsHash} in order), from `start`. */
+/** A chain over `records` ({info, digestsHash} in order), from `start`. */
 const auditChainOf = (records, start = ethers.ZeroHash) => records.reduce((chained, r) => ethers.keccak256(
   coder.encode(["bytes32", "uint256", "bytes32"], [chained, r.info, r.digestsHash])), start);
+const POSTING = 1n << 255n;
+/** A roster's posted chain (`chain`) and pending chain (`pending`) over its flat audit records from the posted
+ * chain `start`: a round record extends the pending chain, a posting's record the posted chain with it. */
+function auditChainsOf(records, start = ethers.ZeroHash) {
+  let posted = start;
+  let pending = ethers.ZeroHash;
+  for (const r of records) {
+    if (BigInt(r.info) & POSTING) {
+      posted = auditChainOf([{ info: r.info, digestsHash: pending }], posted);
+      pending = ethers.ZeroHash;
+    } else pending = auditChainOf([r], pending);
+  }
+  return { chain: posted, pending };
+}
 
-/** Keeps `R.records`, the roster's audit records, as a mined step's RoundAudited and a challenge's AuditChallenged
- * change them. */
+/** Keeps `R.records`, the roster's audit records, as a mined step's RoundRevealed (its `audited` units) and
+ * AuditPosted and a challenge's AuditChallenged change them. */
 async function trackAudits(R, tx) {
   const receipt = await tx.wait();
   if (!receipt) return;
   for (const log of receipt.logs) {
     const e = R.sys.market.interface.parseLog(log);
-    if (e?.name === "RoundAudited") (R.records ??= []).push({ info: e.args.info, digestsHash: e.args.digestsHash });
+    if (e?.name === "RoundRevealed" && e.args.audited !== 0n) {
+      (R.records ??= []).push({ info: e.args.audited | (e.args.round << 176n), digestsHash: digestsHashOf([...e.args.digests]) });
+    }
+    if (e?.name === "AuditPosted") (R.records ??= []).push({ info: e.args.info, digestsHash: e.args.records });
     if (e?.name === "AuditChallenged") {
-      const index = R.records.findIndex((r) => (r.info >> 176n) === e.args.round);
+      const index = R.records.findIndex((r) => !(r.info & POSTING) && (r.info >> 176n) === e.args.round);
       R.records[index] = { ...R.records[index], info: e.args.info };
     }
   }
@@ -303,7 +320,7 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       // reveal 0 + commit 1, reveal 1 + commit 2
       for (const round of [1, 2]) {
         const tx = await step(R, { reveal: round - 1, commit: round });
-        await expect(tx).to.emit(market, "RoundRevealed").withArgs(orderId, round - 1, unitDigests(R, round - 1));
+        await expect(tx).to.emit(market, "RoundRevealed").withArgs(orderId, round - 1, unitDigests(R, round - 1), 0n);
         await expect(tx).to.emit(market, "RoundCommitted").withArgs(orderId, round);
         st = await rosterState(sys, orderId);
         expect([st.committed, st.pendingBlock, st.pending])
@@ -316,7 +333,7 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
 
       // reveal 2 only
       const tx3 = await step(R, { reveal: 2 });
-      await expect(tx3).to.emit(market, "RoundRevealed").withArgs(orderId, 2, unitDigests(R, 2));
+      await expect(tx3).to.emit(market, "RoundRevealed").withArgs(orderId, 2, unitDigests(R, 2), 0n);
       await expect(tx3).to.not.emit(market, "RoundCommitted");
       st = await rosterState(sys, orderId);
       expect([st.committed, st.pendingBlock, st.closed]).to.deep.equal([3n, 0n, false]);
@@ -440,7 +457,7 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       expect(await lockedOf(sys, a)).to.equal(2n * COLLATERAL);
       expect((await market.getOrder(orderId)).balance).to.equal(balanceBefore - 4n * (PRICE + FEE));
       await step(R, { commit: 0 });
-      await expect(step(R, { reveal: 0, commit: 1 })).to.emit(market, "RoundRevealed").withArgs(orderId, 0, unitDigests(R, 0));
+      await expect(step(R, { reveal: 0, commit: 1 })).to.emit(market, "RoundRevealed").withArgs(orderId, 0, unitDigests(R, 0), 0n);
       await step(R, { reveal: 1 });
       await expect(closeTx(R)).to.emit(market, "RosterClosed").withArgs(orderId, 2, 4n * PRICE);
       expect(await market.credits(a.address)).to.equal(2n * PRICE + 4n * PRICE); // 2 per-unit + 4 round units
@@ -594,7 +611,7 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       await expect(opStep(R, [], { reveal: 0, commit: 1 }))
         .to.be.revertedWithCustomError(market, "RoundUnitNeedsVerdict").withArgs(orderId, 0, 1, true);
       const tx0 = await opStep(R, [v1, v2], { reveal: 0, commit: 1 });
-      await expect(tx0).to.emit(market, "RoundRevealed").withArgs(orderId, 0, unitDigests(R, 0));
+      await expect(tx0).to.emit(market, "RoundRevealed").withArgs(orderId, 0, unitDigests(R, 0), 0n);
       await expectSetAside(R, tx0, 0, 1, 2n, [v1, v2]);
       expect(await setAsideOf(R, tx0)).to.deep.equal([{ round: 0n, unit: 1n, unitId: 2n }]); // unit 0 (a b c) is not
       // round 1 revealed before that verdict: d is still on probation, its unit is set aside again. c, a roster
@@ -619,7 +636,7 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       expect(await rosterState(sys, orderId)).to.include({ setAsideUnits: 2n, openSetAside: 0n });
       // round 2: nobody below the streak now, anyone reveals it with no verifiers
       const tx2 = await step(R, { reveal: 2 });
-      await expect(tx2).to.emit(market, "RoundRevealed").withArgs(orderId, 2, unitDigests(R, 2));
+      await expect(tx2).to.emit(market, "RoundRevealed").withArgs(orderId, 2, unitDigests(R, 2), 0n);
       await expect(tx2).to.not.emit(market, "UnitSetAside");
 
       // close: 6 units x 3 slots, 6 of them set aside and paid by verdict
@@ -784,7 +801,7 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       expect(await chainState(sys, orderId)).to.deep.equal(before);
       // the operator with verifiers: both units drawn, both set aside (ids 1, 2), the round revealed
       const tx = await opStep(R, [v1, v2], { reveal: 0 });
-      await expect(tx).to.emit(market, "RoundRevealed").withArgs(orderId, 0, unitDigests(R, 0));
+      await expect(tx).to.emit(market, "RoundRevealed").withArgs(orderId, 0, unitDigests(R, 0), 0n);
       await expectSetAside(R, tx, 0, 0, 1n, [v1, v2]);
       await expectSetAside(R, tx, 0, 1, 2n, [v1, v2]);
       expect(await rosterState(sys, orderId)).to.include({ committed: 1n, pendingBlock: 0n, setAsideUnits: 2n,
@@ -820,7 +837,7 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
         .withArgs(orderId, 0, 0, true);
       expect(await chainState(sys, orderId)).to.deep.equal(before);
       const tx = await opStep(R, [v1, v2, v3], { reveal: 0, commit: 1 });
-      await expect(tx).to.emit(market, "RoundRevealed").withArgs(orderId, 0, unitDigests(R, 0));
+      await expect(tx).to.emit(market, "RoundRevealed").withArgs(orderId, 0, unitDigests(R, 0), 0n);
       await expect(tx).to.emit(market, "RoundCommitted").withArgs(orderId, 1);
       expect(await setAsideOf(R, tx)).to.deep.equal([{ round: 0n, unit: 0n, unitId: 1n }, { round: 0n, unit: 1n, unitId: 2n }]);
       await expectSetAside(R, tx, 0, 0, 1n, [v1, v2, v3]);
@@ -862,7 +879,7 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
         await network.provider.send("evm_setAutomine", [true]);
       }
       expect((await rosterState(sys, orderId)).committed).to.equal(2n);
-      await expect(step(R2, { reveal: 1 })).to.emit(market, "RoundRevealed").withArgs(orderId, 1, unitDigests(R2, 1));
+      await expect(step(R2, { reveal: 1 })).to.emit(market, "RoundRevealed").withArgs(orderId, 1, unitDigests(R2, 1), 0n);
     });
 
     it("refuses a commit past the order deadline (OrderExpired) and past the last round (NoRoundToStep)", async function () {
@@ -999,7 +1016,7 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
         "RoundUnitNeedsVerdict").withArgs(orderId, 0, 0, true);
       const unitId = (await market.unitCount()) + 1n;
       const tx = await commitDrawing(R, 1, SPOT, [false, false], () => opStep(R, [v1, v2, v3], { reveal: 0, commit: 1 }));
-      await expect(tx).to.emit(market, "RoundRevealed").withArgs(orderId, 0, unitDigests(R, 0));
+      await expect(tx).to.emit(market, "RoundRevealed").withArgs(orderId, 0, unitDigests(R, 0), 0n);
       await expect(tx).to.emit(market, "RoundCommitted").withArgs(orderId, 1);
       await expectSetAside(R, tx, 0, 0, unitId, [v1, v2, v3]);
       expect(await setAsideOf(R, tx)).to.deep.equal([{ round: 0n, unit: 0n, unitId }]);
@@ -1016,7 +1033,7 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
 
       // round 1 revealed by anyone (nothing drawn); every round revealed, but the set-aside unit is open
       const tx1 = await step(R, { reveal: 1 });
-      await expect(tx1).to.emit(market, "RoundRevealed").withArgs(orderId, 1, unitDigests(R, 1));
+      await expect(tx1).to.emit(market, "RoundRevealed").withArgs(orderId, 1, unitDigests(R, 1), 0n);
       await expect(tx1).to.not.emit(market, "UnitSetAside");
       await expect(closeTx(R)).to.be.revertedWithCustomError(market, "UnitsStillOpen").withArgs(orderId, 1);
       await expect(market.connect(buyer).closeOrder(orderId)).to.be.revertedWithCustomError(market, "UnitsStillOpen")
@@ -1072,7 +1089,7 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       await expect(step(R, { reveal: 0, commit: 1 })).to.be.revertedWithCustomError(market, "RoundUnitNeedsVerdict")
         .withArgs(orderId, 0, 1, false);
       const tx = await opStep(R, [v1, v2, v3], { reveal: 0, commit: 1 });
-      await expect(tx).to.emit(market, "RoundRevealed").withArgs(orderId, 0, unitDigests(R, 0));
+      await expect(tx).to.emit(market, "RoundRevealed").withArgs(orderId, 0, unitDigests(R, 0), 0n);
       await expectSetAside(R, tx, 0, 1, 1n, [v1, v2, v3]);
       expect((await market.replicaOf(1n, 2))[1]).to.equal(h.digestOf("cheat"));
       expect(await setAsideOf(R, tx)).to.deep.equal([{ round: 0n, unit: 1n, unitId: 1n }]);
@@ -1425,7 +1442,8 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
     function publishTx(R, slot, { round = 0, resultDigest, salt, commitments, caller, slotOf = slot } = {}) {
       const d = slotData(R, round, slotOf);
       return R.sys.market.connect(caller ?? R.sys.other).publishOpening(R.orderId, R.addrs, R.layout, slot,
-        resultDigest ?? d.resultDigest, salt ?? d.salt, commitments ?? commitmentsOf(R, round));
+        resultDigest ?? d.resultDigest, salt ?? d.salt, commitments ?? commitmentsOf(R, round),
+        auditChainsOf(R.records ?? []).pending);
     }
 
     /** The end of the pending round's reveal window (pendingSince + revealWindow). */
@@ -1481,7 +1499,7 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       // one second later it goes through (the published opening counts: nothing to set aside)
       await time.setNextBlockTimestamp(until + 1n);
       const tx = await step(R, { reveal: 0, withheld: WITHHELD });
-      await expect(tx).to.emit(market, "RoundRevealed").withArgs(orderId, 0, unitDigests(R, 0));
+      await expect(tx).to.emit(market, "RoundRevealed").withArgs(orderId, 0, unitDigests(R, 0), 0n);
       await expect(tx).to.not.emit(market, "UnitSetAside");
       expect(await timestampOf(tx)).to.equal(until + 1n);
     });
@@ -1494,7 +1512,7 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       const [v1, v2] = sys.verifiers;
       await pastRevealWindow(sys, orderId);
       const tx = await opStep(R, [v1, v2], { reveal: 0, commit: 1, withheld: WITHHELD });
-      await expect(tx).to.emit(market, "RoundRevealed").withArgs(orderId, 0, unitDigests(R, 0));
+      await expect(tx).to.emit(market, "RoundRevealed").withArgs(orderId, 0, unitDigests(R, 0), 0n);
       await expect(tx).to.emit(market, "RoundCommitted").withArgs(orderId, 1);
       expect(await setAsideOf(R, tx)).to.deep.equal([{ round: 0n, unit: 1n, unitId: 1n }]);
       const at = (await timestampOf(tx)) - 1n;
@@ -1603,7 +1621,7 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
         "RoundUnitNeedsVerdict").withArgs(orderId, 0, 1, false);
       // ... the published one does not: anyone steps, without verifiers
       const tx = await step(R, { reveal: 0, commit: 1, withheld: 1n << 3n });
-      await expect(tx).to.emit(market, "RoundRevealed").withArgs(orderId, 0, [slotData(R, 0, 0).resultDigest, d3.resultDigest]);
+      await expect(tx).to.emit(market, "RoundRevealed").withArgs(orderId, 0, [slotData(R, 0, 0).resultDigest, d3.resultDigest], 0n);
       expect(d3.resultDigest).to.not.equal(d3.commitment);
       await expect(tx).to.not.emit(market, "UnitSetAside");
       expect(await market.unitCount()).to.equal(0n);
@@ -1675,7 +1693,8 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       await expect(publishTx(R, 4, { slotOf: SLOT })).to.be.revertedWithCustomError(market, "RevealMismatch")
         .withArgs(unitId, b.address);
       await expect(market.publishOpening(orderId, R.addrs, layoutOf([1, 2, 0, 1, 2, 0]), SLOT, slotData(R, 0, SLOT).resultDigest,
-        slotData(R, 0, SLOT).salt, commitments)).to.be.revertedWithCustomError(market, "RosterMismatch").withArgs(orderId);
+        slotData(R, 0, SLOT).salt, commitments, ethers.ZeroHash)).to.be.revertedWithCustomError(market, "RosterMismatch")
+        .withArgs(orderId);
       // none of them recorded anything: the slot withheld still needs a verdict
       await pastRevealWindow(sys, orderId);
       await expect(step(R, { reveal: 0, withheld: WITHHELD })).to.be.revertedWithCustomError(market,
@@ -1863,39 +1882,40 @@ async function expectWithheldOrderClosed(R, { honestSlots, refund, delivered, bu
 // ------------------------------------------------------------------------------------------------
 
 const MASK64 = (1n << 64n) - 1n;
-/** The agreed digests of the units in `mask` of `round`, in unit order (what `digestsHash` hashes). */
-const auditDigestsOf = (R, round, mask) => unitDigests(R, round).filter((_, u) => (BigInt(mask) >> BigInt(u)) & 1n);
 const digestsHashOf = (digests) => ethers.keccak256(digests.length ? ethers.concat(digests) : "0x");
 
-/** A step's `RoundAudit` for `round`'s units in `mask`, signed by `signers` (roster verifiers). opts: digestsHash,
- * roundSigned (the round the signatures name), signerOf(s) (who really signs), indexOf(s), verifiers (the list given). */
-async function auditOf(R, round, mask, signers, opts = {}) {
-  const digestsHash = opts.digestsHash ?? digestsHashOf(auditDigestsOf(R, round, mask));
+/** The record a step that reveals `round` leaves pending for its drawn unanimous units `mask` (its digests hash:
+ * every unit's digest of the round, as RoundRevealed gives them). */
+const roundRecordOf = (R, round, mask) =>
+  ({ info: BigInt(mask) | (BigInt(round) << 176n), digestsHash: digestsHashOf(unitDigests(R, round)) });
+
+/** A step's posting, signed by `signers` (roster verifiers) over the pending chain once the step adds `added` (round
+ * records, e.g. [roundRecordOf(R, round, mask)]). opts: records (the records signed, instead of R.records + added),
+ * orderId (the order signed), signerOf(s) (who really signs), indexOf(s), verifiers (the list given). */
+async function postingOf(R, added, signers, opts = {}) {
+  const { pending } = auditChainsOf(opts.records ?? [...(R.records ?? []), ...added]);
   const signatures = [];
   for (const s of signers) {
     const sig = ethers.Signature.from(await h.signMarket(opts.signerOf?.(s) ?? s, R.sys.market, "RoundAudit",
-      { orderId: R.orderId, round: opts.roundSigned ?? round, auditedMask: mask, digestsHash }));
+      { orderId: opts.orderId ?? R.orderId, records: pending }));
     signatures.push({ verifier: opts.indexOf?.(s) ?? R.auditors.indexOf(s.address), r: sig.r, vs: sig.yParityAndS });
   }
   return { verifiers: opts.verifiers ?? R.auditors, signatures };
 }
 
-/** The `info` of a step's RoundAudited, or of a challenge's AuditChallenged. */
-async function auditInfoOf(R, tx) {
-  const receipt = await tx.wait();
-  const e = receipt.logs.map((l) => R.sys.market.interface.parseLog(l))
-    .find((x) => x && (x.name === "RoundAudited" || x.name === "AuditChallenged"));
-  return e.args.info;
-}
-
 /** The operator's challenge of unit `unit` of `round`, giving `info` as that round's record (the roster's records
- * from it on, the chain before them as `prefix`); opts.records replaces the records sent, opts.prefix the prefix. */
+ * from its posting's first round record to the last posting, the posted chain before them as `prefix`);
+ * opts.records replaces the records sent, opts.prefix the prefix, opts.at the record index and unit. */
 async function challengeTx(R, round, unit, info, verifiers, caller, opts = {}) {
-  const index = R.records.findIndex((r) => (r.info >> 176n) === BigInt(round));
-  const records = opts.records ?? [{ ...R.records[index], info }, ...R.records.slice(index + 1)];
-  const tx = await R.sys.market.connect(caller ?? R.sys.operator).challengeAudit(R.orderId, R.addrs, R.layout, unit,
-    opts.prefix ?? auditChainOf(R.records.slice(0, index)), records, auditDigestsOf(R, round, BigInt(info) & MASK64),
-    R.auditors, addrsOf(verifiers));
+  const index = R.records.findIndex((r) => !(r.info & POSTING) && (r.info >> 176n) === BigInt(round));
+  let start = index;
+  while (start > 0 && !(R.records[start - 1].info & POSTING)) start -= 1;
+  let end = R.records.length;
+  while (end > 0 && !(R.records[end - 1].info & POSTING)) end -= 1;
+  const sent = R.records.slice(start, end).map((r, i) => (i === index - start ? { ...r, info } : r));
+  const tx = await R.sys.market.connect(caller ?? R.sys.operator).challengeAudit(R.orderId, R.addrs, R.layout,
+    opts.at ?? ((BigInt(index - start) << 8n) | BigInt(unit)), opts.prefix ?? auditChainsOf(R.records.slice(0, start)).chain,
+    opts.records ?? sent, unitDigests(R, round), R.auditors, addrsOf(verifiers));
   await trackAudits(R, tx);
   return tx;
 }
@@ -1910,14 +1930,26 @@ async function closeCrediting(R, verifiers) {
   return credited;
 }
 
-/** Each roster verifier's count of audited units not challenged, from the roster's records (what the close pays),
- * after checking the records are the roster's (its audit key). */
+/** The audit key the contract must hold for `R.records`: the verifiers' hash and the posted chain. */
+const auditKeyOf = (R) =>
+  chain(ethers.keccak256(coder.encode(["address[]"], [R.auditors])), auditChainsOf(R.records ?? []).chain);
+
+/** Each roster verifier's count of posted audited units not challenged, from the roster's records (what the close
+ * pays), after checking the records are the roster's (its audit key). */
 async function auditCounts(R) {
-  const key = chain(ethers.keccak256(coder.encode(["address[]"], [R.auditors])), auditChainOf(R.records ?? []));
-  expect((await R.sys.market.rosterAuditsOf(R.orderId)).key).to.equal(key);
+  expect((await R.sys.market.rosterAuditsOf(R.orderId)).key).to.equal(auditKeyOf(R));
   const bits = (x) => x.toString(2).split("").filter((b) => b === "1").length;
-  return R.auditors.map((_, i) => (R.records ?? []).reduce((n, r) => ((r.info >> (64n + BigInt(i))) & 1n
-    ? n + BigInt(bits(r.info & MASK64 & ~(r.info >> 112n))) : n), 0n));
+  const counts = R.auditors.map(() => 0n);
+  let units = 0n;
+  for (const r of R.records ?? []) {
+    if (!(r.info & POSTING)) {
+      units += BigInt(bits(r.info & MASK64 & ~(r.info >> 112n)));
+      continue;
+    }
+    for (let i = 0; i < counts.length; i++) if ((r.info >> (64n + BigInt(i))) & 1n) counts[i] += units;
+    units = 0n;
+  }
+  return counts;
 }
 
 /** An order of 4 units (k = 3) with every unit drawn (spotCheckPpm 1e6), its roster of 2 rounds of 2 units on
@@ -1974,7 +2006,7 @@ describe("JobMarket: round audits (roster verifiers, RoundAudit, challenges)", f
     await expectSolventLoose(sys);
   });
 
-  it("a quorum's RoundAudit pays the drawn units at close (anyone relays); forged, duplicate, replayed, wrong-mask and wrong-digest audits revert; a split unit is always set aside; a roster without verifiers takes no audit",
+  it("deferred audits: the operator leaves drawn units pending, one quorum's posting covers every pending round; forged, duplicate, out-of-range, other-order, wrong-record and sub-quorum postings revert; the close refuses pending records",
     async function () {
     const { sys, orderId, R } = await load(auditedFixture);
     const { market } = sys;
@@ -1984,67 +2016,149 @@ describe("JobMarket: round audits (roster verifiers, RoundAudit, challenges)", f
     digests[5] = h.digestOf("other"); // unit 1 split
     await step(R, { commit: 0, digests });
     const before = await chainState(sys, orderId);
-    const reveal = (audit, caller) => step(R, { reveal: 0, commit: 1, audit, caller });
-    // unit 1 is split, so the audit covers unit 0 only: one over both units is not what the contract checks
-    await expect(reveal(await auditOf(R, 0, 3n, [v1, v2]))).to.be.revertedWithCustomError(market, "InvalidSigner")
-      .withArgs(v1.address, anyValue);
-    // a non-verifier's signature under a verifier's index; one verifier twice; an index out of range
-    await expect(reveal(await auditOf(R, 0, 1n, [v1, v2], { signerOf: (s) => (s === v2 ? p4 : s) })))
-      .to.be.revertedWithCustomError(market, "InvalidSigner").withArgs(v2.address, p4.address);
-    await expect(reveal(await auditOf(R, 0, 1n, [v1, v1]))).to.be.revertedWithCustomError(market, "DuplicateParty")
-      .withArgs(v1.address);
-    await expect(reveal(await auditOf(R, 0, 1n, [v1, v2], { indexOf: (s) => (s === v2 ? 3 : 0) })))
-      .to.be.revertedWithCustomError(market, "InvalidLayout").withArgs(3);
-    // the roster's verifiers, as opened; another round's audit; a digest the replicas did not reveal
-    await expect(reveal(await auditOf(R, 0, 1n, [v1, v2], { verifiers: [v1.address, v2.address] })))
-      .to.be.revertedWithCustomError(market, "AuditorsMismatch").withArgs(orderId);
-    await expect(reveal(await auditOf(R, 0, 1n, [v1, v2], { roundSigned: 1 })))
-      .to.be.revertedWithCustomError(market, "InvalidSigner").withArgs(v1.address, anyValue);
-    await expect(reveal(await auditOf(R, 0, 1n, [v1, v2], { digestsHash: digestsHashOf([h.digestOf("lazy")]) })))
-      .to.be.revertedWithCustomError(market, "InvalidSigner").withArgs(v1.address, anyValue);
-    // one signature of three is no quorum: the drawn unit needs the operator's verifiers, as without audits
-    await expect(reveal(await auditOf(R, 0, 1n, [v1]))).to.be.revertedWithCustomError(market, "RoundUnitNeedsVerdict")
+    // the operator's step, its verifiers setting the split unit aside, unit 0 pending and posted by `audit`
+    const reveal = (audit) => opStep(R, [v1, v2], { reveal: 0, commit: 1, audit });
+    const r0 = roundRecordOf(R, 0, 1n); // unit 1 is split: the round's record holds unit 0 only
+    // a relayer may not leave a drawn unit pending: without a posting it needs the operator, as without audits
+    await expect(step(R, { reveal: 0, commit: 1 })).to.be.revertedWithCustomError(market, "RoundUnitNeedsVerdict")
       .withArgs(orderId, 0, 0, true);
+    // a posting signed over another record (both units), by a non-verifier under a verifier's index, one verifier
+    // twice, an index out of range, a verifier list not the roster's, another order's message
+    await expect(reveal(await postingOf(R, [roundRecordOf(R, 0, 3n)], [v1, v2]))).to.be.revertedWithCustomError(market,
+      "InvalidSigner").withArgs(v1.address, anyValue);
+    await expect(reveal(await postingOf(R, [r0], [v1, v2], { signerOf: (s) => (s === v2 ? p4 : s) })))
+      .to.be.revertedWithCustomError(market, "InvalidSigner").withArgs(v2.address, p4.address);
+    await expect(reveal(await postingOf(R, [r0], [v1, v1]))).to.be.revertedWithCustomError(market, "DuplicateParty")
+      .withArgs(v1.address);
+    await expect(reveal(await postingOf(R, [r0], [v1, v2], { indexOf: (s) => (s === v2 ? 3 : 0) })))
+      .to.be.revertedWithCustomError(market, "InvalidLayout").withArgs(3);
+    await expect(reveal(await postingOf(R, [r0], [v1, v2], { verifiers: [v1.address, v2.address] })))
+      .to.be.revertedWithCustomError(market, "AuditorsMismatch").withArgs(orderId);
+    await expect(reveal(await postingOf(R, [r0], [v1, v2], { orderId: orderId + 1n })))
+      .to.be.revertedWithCustomError(market, "InvalidSigner").withArgs(v1.address, anyValue);
+    // one signature of three is no quorum
+    await expect(reveal(await postingOf(R, [r0], [v1]))).to.be.revertedWithCustomError(market, "QuorumNotReached")
+      .withArgs(orderId, 1, 2);
     expect(await chainState(sys, orderId)).to.deep.equal(before);
-    // a quorum: unit 0 is paid at close, the split unit 1 still needs the operator (its verifiers set it aside)
-    await expect(reveal(await auditOf(R, 0, 1n, [v1, v3]))).to.be.revertedWithCustomError(market,
-      "RoundUnitNeedsVerdict").withArgs(orderId, 0, 1, false);
-    const tx = await opStep(R, [v1, v2], { reveal: 0, commit: 1, audit: await auditOf(R, 0, 1n, [v1, v3]) });
-    const at = await timestampOf(tx);
-    const info = 1n | (0b101n << 64n) | (at << 72n);
-    await expect(tx).to.emit(market, "RoundAudited").withArgs(orderId, 0, info, digestsHashOf([digests[0]]));
-    expect(await setAsideOf(R, tx)).to.deep.equal([{ round: 0n, unit: 1n, unitId: 1n }]);
-    expect(await auditCounts(R)).to.deep.equal([1n, 0n, 1n]);
-    expect(R.records).to.deep.equal([{ info, digestsHash: digestsHashOf([digests[0]]) }]);
-    // round 1: every verifier signs both units, relayed by a third party
-    const tx1 = await step(R, { reveal: 1, audit: await auditOf(R, 1, 3n, [v1, v2, v3]) });
+    // a quorum's posting by a relayer covers unit 0, but the split unit 1 still needs the operator
+    await expect(step(R, { reveal: 0, commit: 1, audit: await postingOf(R, [r0], [v1, v3]) }))
+      .to.be.revertedWithCustomError(market, "RoundUnitNeedsVerdict").withArgs(orderId, 0, 1, false);
+    // the operator: unit 0 pending (not set aside), the split unit 1 set aside with its verifiers; no posting
+    const tx0 = await opStep(R, [v1, v2], { reveal: 0, commit: 1 });
+    // with verifiers the operator sets the drawn units aside (as when the verifiers refuse): here it gave them
+    // for the split unit, so unit 0 was set aside too
+    expect(await setAsideOf(R, tx0)).to.deep.equal([{ round: 0n, unit: 0n, unitId: 1n }, { round: 0n, unit: 1n, unitId: 2n }]);
+    await expect(tx0).to.emit(market, "RoundRevealed").withArgs(orderId, 0, unitDigests(R, 0), 0n);
+    expect(R.records ?? []).to.deep.equal([]);
+    // round 1: the operator's step without verifiers leaves both units pending; no posting yet
+    const tx1 = await opStep(R, [], { reveal: 1 });
+    await expect(tx1).to.emit(market, "RoundRevealed").withArgs(orderId, 1, unitDigests(R, 1), 3n);
+    await expect(tx1).to.not.emit(market, "AuditPosted");
     await expect(tx1).to.not.emit(market, "UnitSetAside");
-    expect(await auditCounts(R)).to.deep.equal([3n, 2n, 3n]);
-    await verdict(sys, 1n, [0, 0, 0], [v1, v2]);
-    // the close waits for round 1's challenge window, then pays each signer FEE / 3 per audited unit
-    const until = (await timestampOf(tx1)) + PARAMS.verdictWindow;
+    expect(R.records).to.deep.equal([roundRecordOf(R, 1, 3n)]);
+    expect(await auditCounts(R)).to.deep.equal([0n, 0n, 0n]);
+    for (const id of [1n, 2n]) await verdict(sys, id, [0, 0, 0], [v1, v2]);
+    // nothing drawn is paid unaudited: the close refuses while a record is pending, even after the deadline
+    await expect(closeTx(R)).to.be.revertedWithCustomError(market, "AuditsPending").withArgs(orderId);
+    await time.increaseTo((await market.getOrder(orderId)).deadline + 1n);
+    await expect(closeTx(R)).to.be.revertedWithCustomError(market, "AuditsPending").withArgs(orderId);
+    // a posting alone (no round to reveal, nothing to commit), relayed by anyone: every verifier signs
+    const posting = await postingOf(R, [], [v1, v2, v3]);
+    await expect(step(R, { audit: { ...posting, signatures: [] } })).to.be.revertedWithCustomError(market, "EmptyBatch");
+    const tx2 = await step(R, { audit: posting });
+    const info = POSTING | (0b111n << 64n) | ((await timestampOf(tx2)) << 72n);
+    await expect(tx2).to.emit(market, "AuditPosted").withArgs(orderId, info, auditChainsOf([roundRecordOf(R, 1, 3n)]).pending);
+    expect(await auditCounts(R)).to.deep.equal([2n, 2n, 2n]);
+    await expect(step(R, { audit: posting })).to.be.revertedWithCustomError(market, "AuditorsMismatch"); // nothing pending
+    // the close waits for the posting's challenge window, then pays each signer FEE / 3 per audited unit
+    const until = (await timestampOf(tx2)) + PARAMS.verdictWindow;
     await expect(closeTx(R)).to.be.revertedWithCustomError(market, "RosterNotClosable").withArgs(orderId, until);
     await time.setNextBlockTimestamp(until + 1n);
     const share = FEE / 3n;
-    expect(await closeCrediting(R, [v1, v2, v3])).to.deep.equal([3n * share, 2n * share, 3n * share]);
+    expect(await closeCrediting(R, [v1, v2, v3])).to.deep.equal([2n * share, 2n * share, 2n * share]);
     for (const v of [v1, v2, v3]) expect(await lockedOf(sys, v)).to.equal(0n);
     for (const p of R.signers) expect(await lockedOf(sys, p)).to.equal(0n);
-    // 3 units paid at close (one set aside, paid by its verdict), the audited units' unpaid fee shares refunded
-    expect(await orderFields(sys, orderId)).to.deep.equal({ balance: 3n * FEE - 8n * share, delivered: 4n, openUnits: 0n,
+    expect(await orderFields(sys, orderId)).to.deep.equal({ balance: 2n * FEE - 6n * share, delivered: 4n, openUnits: 0n,
       closed: false });
     await expectSolventLoose(sys);
 
-    // a roster opened without verifiers takes no audit, however well signed
+    // a roster opened without verifiers leaves nothing pending and takes no posting
     const plain = await h.postOrder(sys, { units: 4 });
     const P = rosterOf(sys, plain.orderId, sys.providers.slice(0, 3), { rounds: 2 });
     await openRoster(P);
     await step(P, { commit: 0 });
     P.auditors = R.auditors;
-    await expect(step(P, { reveal: 0, audit: await auditOf(P, 0, 3n, [v1, v2]) })).to.be.revertedWithCustomError(
-      market, "AuditorsMismatch").withArgs(plain.orderId);
+    const full = await postingOf(P, [roundRecordOf(P, 0, 3n)], [v1, v2]);
+    await expect(step(P, { reveal: 0, audit: full })).to.be.revertedWithCustomError(market, "RoundUnitNeedsVerdict");
+    await expect(opStep(P, [v1, v2], { reveal: 0, audit: full })).to.be.revertedWithCustomError(market,
+      "AuditorsMismatch").withArgs(plain.orderId);
+    const tx = await opStep(P, [v1, v2], { reveal: 0 });
+    await expect(tx).to.emit(market, "RoundRevealed").withArgs(plain.orderId, 0, unitDigests(P, 0), 0n);
+    expect((await setAsideOf(P, tx)).length).to.equal(2);
   });
 
-  it("a unit with a provider below the roster's streak is never audited: set aside whatever the audit",
+  it("deferral across steps: the pending chain rides in the round hash; a step, a commit after a reveal-only step and publishOpening must carry it; the verifiers' refusal of a round sets it aside while earlier rounds stay pending; the challenge window runs from the posting",
+    async function () {
+    const sys = await h.fundedSystem({ ...PARAMS, spotCheckPpm: 1_000_000 });
+    const { market } = sys;
+    const [v1, v2, v3] = sys.verifiers;
+    const p4 = sys.providers[3];
+    const { orderId } = await h.postOrder(sys, { units: 6 });
+    const R = rosterOf(sys, orderId, sys.providers.slice(0, 3), { rounds: 3 });
+    R.auditors = addrsOf(sys.verifiers);
+    await openRoster(R);
+    await step(R, { commit: 0 });
+    // the operator reveals round 0 alone (no commit): both units pending, the chain stored alone
+    const t0 = await timestampOf(await opStep(R, [], { reveal: 0 }));
+    const { pending } = auditChainsOf(R.records);
+    expect((await rosterState(sys, orderId)).pending).to.equal(chain(ethers.ZeroHash, pending));
+    // a commit must carry the pending chain: not none, not another
+    await expect(step(R, { commit: 1, audit: { pending: ethers.ZeroHash } })).to.be.revertedWithCustomError(market,
+      "AuditMismatch").withArgs(orderId, 1);
+    await expect(step(R, { commit: 1, audit: { pending: ethers.id("other") } })).to.be.revertedWithCustomError(market,
+      "AuditMismatch").withArgs(orderId, 1);
+    await step(R, { commit: 1 });
+    expect((await rosterState(sys, orderId)).pending).to.equal(chain(roundHashOf(R, 1), pending));
+    // the reveal and publishOpening check it too
+    await expect(step(R, { reveal: 1, audit: { pending: ethers.ZeroHash } })).to.be.revertedWithCustomError(market,
+      "RoundHashMismatch").withArgs(orderId, 1);
+    const d = slotData(R, 1, 0);
+    const commitments = R.slots.map((_, i) => slotData(R, 1, i).commitment);
+    await expect(market.publishOpening(orderId, R.addrs, R.layout, 0, d.resultDigest, d.salt, commitments, ethers.ZeroHash))
+      .to.be.revertedWithCustomError(market, "RoundHashMismatch").withArgs(orderId, 1);
+    await expect(market.publishOpening(orderId, R.addrs, R.layout, 0, d.resultDigest, d.salt, commitments, pending))
+      .to.emit(market, "OpeningPublished");
+    // the verifiers refuse round 1 (say, a known answer missed): the operator's step with verifiers sets its
+    // units aside and leaves round 0 pending; a relayer's step could only post, and none covers round 1
+    await expect(step(R, { reveal: 1, commit: 2, audit: await postingOf(R, [], [v1, v2]) }))
+      .to.be.revertedWithCustomError(market, "InvalidSigner"); // signed over round 0 alone: round 1's was added
+    const tx1 = await opStep(R, [v3, p4], { reveal: 1, commit: 2 });
+    expect((await setAsideOf(R, tx1)).length).to.equal(2);
+    await expect(tx1).to.emit(market, "RoundRevealed").withArgs(orderId, 1, unitDigests(R, 1), 0n);
+    expect(R.records.length).to.equal(1);
+    for (const id of [1n, 2n]) await verdict(sys, id, [0, 0, 0], [v3, p4]);
+    // long after round 0's reveal, the last step reveals round 2 and posts rounds 0 and 2 together
+    await time.increaseTo(t0 + 2n * PARAMS.verdictWindow);
+    const r2 = roundRecordOf(R, 2, 3n);
+    const tx2 = await step(R, { reveal: 2, audit: await postingOf(R, [r2], [v1, v2]) });
+    const posted = await timestampOf(tx2);
+    expect(await auditCounts(R)).to.deep.equal([4n, 4n, 0n]);
+    // round 0's units are challengeable for verdictWindow from the posting that covered them, not from their reveal
+    await time.setNextBlockTimestamp(posted + PARAMS.verdictWindow);
+    const ctx = await challengeTx(R, 0, 1, R.records[0].info, [v3, p4]);
+    await expect(ctx).to.emit(market, "AuditChallenged").withArgs(orderId, 0, 1, 3n, R.records[0].info);
+    expect(await market.auditSignersOf(3n)).to.deep.equal([v1.address, v2.address]);
+    await time.setNextBlockTimestamp(posted + PARAMS.verdictWindow + 1n);
+    await expect(challengeTx(R, 2, 0, R.records[1].info, [v3, p4])).to.be.revertedWithCustomError(market,
+      "AuditChallengeClosed").withArgs(orderId, 2, posted + PARAMS.verdictWindow);
+    expect(await auditCounts(R)).to.deep.equal([3n, 3n, 0n]);
+    await verdict(sys, 3n, [0, 0, 0], [v3, p4]);
+    const share = FEE / 3n;
+    expect(await closeCrediting(R, [v1, v2, v3])).to.deep.equal([3n * share, 3n * share, 0n]);
+    await expectSolventLoose(sys);
+  });
+
+  it("a unit with a provider below the roster's streak is never left pending: set aside whatever the posting",
     async function () {
     const sys = await h.fundedSystem({ ...PARAMS, spotCheckPpm: 1_000_000, probationStreak: 1 });
     const { market } = sys;
@@ -2054,12 +2168,15 @@ describe("JobMarket: round audits (roster verifiers, RoundAudit, challenges)", f
     R.auditors = addrsOf(sys.verifiers);
     await openRoster(R);
     await step(R, { commit: 0 });
-    // every provider is on probation: both units need the operator's verifiers, a full audit changes nothing
-    const full = await auditOf(R, 0, 3n, [v1, v2, v3]);
+    // every provider is on probation: both units need the operator's verifiers; a posting over them is refused
+    const full = await postingOf(R, [roundRecordOf(R, 0, 3n)], [v1, v2, v3]);
     await expect(step(R, { reveal: 0, audit: full })).to.be.revertedWithCustomError(market, "RoundUnitNeedsVerdict")
       .withArgs(orderId, 0, 0, true);
-    const tx = await opStep(R, [v1, v2], { reveal: 0, audit: full });
-    await expect(tx).to.not.emit(market, "RoundAudited");
+    await expect(opStep(R, [v1, v2], { reveal: 0, audit: full })).to.be.revertedWithCustomError(market,
+      "AuditorsMismatch").withArgs(orderId);
+    await expect(opStep(R, [], { reveal: 0 })).to.be.revertedWithCustomError(market, "RoundUnitNeedsVerdict");
+    const tx = await opStep(R, [v1, v2], { reveal: 0 });
+    await expect(tx).to.emit(market, "RoundRevealed").withArgs(orderId, 0, unitDigests(R, 0), 0n);
     expect((await setAsideOf(R, tx)).length).to.equal(2);
     expect(await auditCounts(R)).to.deep.equal([0n, 0n, 0n]);
   });
@@ -2073,21 +2190,21 @@ describe("JobMarket: round audits (roster verifiers, RoundAudit, challenges)", f
     // a canary: the operator knows unit 0's answer; all three replicas return the same wrong digest
     const digests = R.slots.map((_, i) => (i < 3 ? h.digestOf("planted cheat") : h.digestOf("u1")));
     await step(R, { commit: 0, digests });
-    // v1 and v2 sign without re-executing; v3 does not sign
-    const tx0 = await step(R, { reveal: 0, commit: 1, audit: await auditOf(R, 0, 3n, [v1, v2]) });
+    const tx0 = await opStep(R, [], { reveal: 0, commit: 1 });
     await expect(tx0).to.not.emit(market, "UnitSetAside");
-    const info0 = await auditInfoOf(R, tx0);
-    const until0 = (await timestampOf(tx0)) + PARAMS.verdictWindow;
-    const tx1 = await step(R, { reveal: 1, audit: await auditOf(R, 1, 3n, [v1, v2, v3]) });
-    expect(await auditCounts(R)).to.deep.equal([4n, 4n, 2n]);
+    // v1 and v2 sign the posting of both rounds without re-executing; v3 does not sign
+    const tx1 = await step(R, { reveal: 1, audit: await postingOf(R, [roundRecordOf(R, 1, 3n)], [v1, v2]) });
+    const info0 = R.records[0].info;
+    const until0 = (await timestampOf(tx1)) + PARAMS.verdictWindow;
+    expect(await auditCounts(R)).to.deep.equal([4n, 4n, 0n]);
 
     // refusals: not the operator, a record that is not the round's, a signer as the unit's verifier, too few verifiers
     await expect(challengeTx(R, 0, 0, info0, [v3, p4], sys.other)).to.be.revertedWithCustomError(market,
       "AccessControlUnauthorizedAccount").withArgs(sys.other.address, await market.OPERATOR_ROLE());
-    await expect(challengeTx(R, 0, 0, info0 ^ (1n << 72n), [v3, p4])).to.be.revertedWithCustomError(market,
+    await expect(challengeTx(R, 0, 0, info0 ^ 2n, [v3, p4])).to.be.revertedWithCustomError(market,
       "AuditMismatch").withArgs(orderId, 0);
-    await expect(challengeTx(R, 1, 0, info0, [v3, p4])).to.be.revertedWithCustomError(market, "AuditMismatch")
-      .withArgs(orderId, 0);
+    await expect(challengeTx(R, 0, 0, info0, [v3, p4], undefined, { at: 2n << 8n })).to.be.revertedWithCustomError(market,
+      "AuditMismatch").withArgs(orderId, 0); // record 2 is the posting's
     await expect(challengeTx(R, 0, 0, info0, [v1, p4])).to.be.revertedWithCustomError(market, "DuplicateParty")
       .withArgs(v1.address);
     await expect(challengeTx(R, 0, 0, info0, [p4])).to.be.revertedWithCustomError(market, "InvalidVerifierCount");
@@ -2101,7 +2218,7 @@ describe("JobMarket: round audits (roster verifiers, RoundAudit, challenges)", f
     await expectSetAside(R, ctx, 0, 0, unitId, [v3, p4]);
     expect(await market.auditSignersOf(unitId)).to.deep.equal([v1.address, v2.address]);
     expect(await market.auditSignersOf(unitId - 1n)).to.deep.equal([]);
-    expect(await auditCounts(R)).to.deep.equal([3n, 3n, 2n]);
+    expect(await auditCounts(R)).to.deep.equal([3n, 3n, 0n]);
     expect(await rosterState(sys, orderId)).to.include({ setAsideUnits: 1n, openSetAside: 1n });
     await expect(challengeTx(R, 0, 0, info0b, [v3, p4])).to.be.revertedWithCustomError(market, "NotAudited")
       .withArgs(orderId, 0, 0);
@@ -2128,15 +2245,13 @@ describe("JobMarket: round audits (roster verifiers, RoundAudit, challenges)", f
     await expect(appeals.slashRoundAudit(unitId, [2, 2, 2])).to.be.revertedWithCustomError(appeals,
       "VerifierAlreadySlashed");
 
-    // the challenge window of round 0 is long over, round 1's too: the roster closes; v1, v2 are not paid the
-    // challenged unit, v3 (who refused to sign it) is paid only what it audited
+    // the posting's challenge window is long over: the roster closes; v1, v2 are not paid the challenged unit,
+    // v3 (who signed nothing) nothing
     expect(until0).to.be.lessThan(BigInt(await time.latest()));
     const share = FEE / 3n;
-    const [credited1, , credited3] = await closeCrediting(R, [v1, v2, v3]);
-    expect([credited1, credited3]).to.deep.equal([3n * share, 2n * share]);
+    expect(await closeCrediting(R, [v1, v2, v3])).to.deep.equal([3n * share, 3n * share, 0n]);
     for (const v of [v1, v2, v3]) expect(await lockedOf(sys, v)).to.equal(0n);
     await expectSolventLoose(sys);
-    expect((await tx1.wait()).status).to.equal(1);
   });
 
   /** The lazy audit of auditedFixture's planted cheat, challenged and judged fraud (its truth fixed, nothing
@@ -2154,10 +2269,10 @@ describe("JobMarket: round audits (roster verifiers, RoundAudit, challenges)", f
     expect((await stakes.stakeOf(v1.address)).slice(0, 2)).to.deep.equal([30n * E18, 20n * E18]);
     const digests = R.slots.map((_, i) => (i < 3 ? h.digestOf("planted cheat") : h.digestOf("u1")));
     await step(R, { commit: 0, digests });
-    const tx0 = await step(R, { reveal: 0, commit: 1, audit: await auditOf(R, 0, 3n, [v1, v2]) });
-    await step(R, { reveal: 1, audit: await auditOf(R, 1, 3n, [v1, v2, v3]) });
+    await step(R, { reveal: 0, commit: 1, audit: await postingOf(R, [roundRecordOf(R, 0, 3n)], [v1, v2]) });
+    await step(R, { reveal: 1, audit: await postingOf(R, [roundRecordOf(R, 1, 3n)], [v1, v2, v3]) });
     const unitId = (await market.unitCount()) + 1n;
-    await challengeTx(R, 0, 0, await auditInfoOf(R, tx0), [v3, p4]);
+    await challengeTx(R, 0, 0, R.records[0].info, [v3, p4]);
     await verdict(sys, unitId, [2, 2, 2], [v3, p4]);
     await time.increaseTo((await market.getUnit(unitId)).verdictDeadline + h.APPEAL_PARAMS.appealWindow + 1n);
     await appeals.settleVerdict(unitId, [2, 2, 2]);
@@ -2211,15 +2326,15 @@ describe("JobMarket: round audits (roster verifiers, RoundAudit, challenges)", f
     expect((await market.rosterAuditsOf(orderId)).released).to.equal(0n);
   });
 
-  it("a challenge is refused after the round's window (step time + verdictWindow), which the close waits for; a truth without fraud slashes no signer",
+  it("a challenge is refused after the posting's window (its step's time + verdictWindow), which the close waits for; a truth without fraud slashes no signer",
     async function () {
     const { sys, appeals, orderId, R } = await load(auditedFixture);
     const { market } = sys;
     const [v1, v2, v3] = sys.verifiers;
     const p4 = sys.providers[3];
     await step(R, { commit: 0 });
-    const tx0 = await step(R, { reveal: 0, commit: 1, audit: await auditOf(R, 0, 3n, [v1, v2]) });
-    const info0 = await auditInfoOf(R, tx0);
+    const tx0 = await step(R, { reveal: 0, commit: 1, audit: await postingOf(R, [roundRecordOf(R, 0, 3n)], [v1, v2]) });
+    const info0 = R.records[0].info;
     const until0 = (await timestampOf(tx0)) + PARAMS.verdictWindow;
     // a challenge of an honest unit (in the window's last second): its verdict accepts, its truth has no fraud
     const unitId = (await market.unitCount()) + 1n;
@@ -2227,7 +2342,7 @@ describe("JobMarket: round audits (roster verifiers, RoundAudit, challenges)", f
     const ctx = await challengeTx(R, 0, 1, info0, [v3, p4]);
     await expect(ctx).to.emit(market, "AuditChallenged").withArgs(orderId, 0, 1, unitId, info0 | (2n << 112n));
     await verdict(sys, unitId, [0, 0, 0], [v3, p4]);
-    // one second after the window no unit of the round can be challenged
+    // one second after the window no unit the posting covered can be challenged
     await time.setNextBlockTimestamp(until0 + 1n);
     await expect(challengeTx(R, 0, 0, info0 | (2n << 112n), [v3, p4])).to.be.revertedWithCustomError(market,
       "AuditChallengeClosed").withArgs(orderId, 0, until0);
@@ -2235,15 +2350,15 @@ describe("JobMarket: round audits (roster verifiers, RoundAudit, challenges)", f
     await expect(appeals.slashRoundAudit(unitId, [0, 0, 0])).to.be.revertedWithCustomError(appeals,
       "AuditNotContradicted").withArgs(unitId);
     expect(await market.auditSignersOf(unitId)).to.deep.equal([v1.address, v2.address]);
-    // round 1 audited late: the close waits for its window, to the second
-    const tx1 = await step(R, { reveal: 1, audit: await auditOf(R, 1, 3n, [v2, v3]) });
+    // round 1 posted late: the close waits for its window, to the second
+    const tx1 = await step(R, { reveal: 1, audit: await postingOf(R, [roundRecordOf(R, 1, 3n)], [v2, v3]) });
     const until1 = (await timestampOf(tx1)) + PARAMS.verdictWindow;
     await time.setNextBlockTimestamp(until1);
     await expect(closeTx(R, sys.other)).to.be.revertedWithCustomError(market, "RosterNotClosable")
       .withArgs(orderId, until1);
     await time.setNextBlockTimestamp(until1 + 1n);
     await expect(closeTx(R)).to.emit(market, "RosterClosed").withArgs(orderId, 2, 9n * PRICE);
-    // v1: unit 0 of round 0; v2: units 0 of round 0 and both of round 1; v3: both of round 1
+    // v1: unit 0 of round 0; v2: unit 0 of round 0 and both of round 1; v3: both of round 1
     expect(await auditCounts(R)).to.deep.equal([1n, 3n, 2n]);
     await expectSolventLoose(sys);
   });
@@ -2255,31 +2370,40 @@ describe("JobMarket: round audits (roster verifiers, RoundAudit, challenges)", f
     const [v1, v2, v3] = sys.verifiers;
     const p4 = sys.providers[3];
     await step(R, { commit: 0 });
-    await step(R, { reveal: 0, commit: 1, audit: await auditOf(R, 0, 3n, [v1, v2]) });
-    const [r0] = R.records;
-    // a step must give the chain so far: not a stale one (before round 0's record), not round 0's record twice
-    const round1 = await auditOf(R, 1, 3n, [v2, v3]);
-    for (const stale of [ethers.ZeroHash, auditChainOf([r0, r0])]) {
+    await step(R, { reveal: 0, commit: 1, audit: await postingOf(R, [roundRecordOf(R, 0, 3n)], [v1, v2]) });
+    const [r0, p0] = R.records;
+    // a posting must give the posted chain so far: not a stale one (before round 0's posting), not it twice
+    const round1 = await postingOf(R, [roundRecordOf(R, 1, 3n)], [v2, v3]);
+    for (const stale of [ethers.ZeroHash, auditChainsOf([r0, p0, r0, p0]).chain]) {
       await expect(step(R, { reveal: 1, audit: { ...round1, chain: stale } })).to.be.revertedWithCustomError(market,
         "AuditorsMismatch").withArgs(orderId);
     }
+    // nor a pending chain that holds a record the roster has not (round 0's again)
+    await expect(step(R, { reveal: 1, audit: { ...round1, pending: auditChainsOf([r0]).pending } }))
+      .to.be.revertedWithCustomError(market, "RoundHashMismatch").withArgs(orderId, 1);
     await step(R, { reveal: 1, audit: round1 });
-    const [, r1] = R.records;
-    // a challenge must give the records from the round's on, after the chain before them
-    await expect(challengeTx(R, 0, 0, r0.info, [v3, p4], undefined, { records: [r0] })).to.be.revertedWithCustomError(
-      market, "AuditMismatch").withArgs(orderId, 0); // round 1's record dropped
+    const [, , r1, p1] = R.records;
+    // a challenge must give the records from a posting's first round record to the last posting, after the
+    // posted chain before them
+    await expect(challengeTx(R, 0, 0, r0.info, [v3, p4], undefined, { records: [r0, p0] })).to.be.revertedWithCustomError(
+      market, "AuditMismatch").withArgs(orderId, 0); // round 1's records dropped
     await expect(challengeTx(R, 1, 0, r1.info, [v1, p4], undefined, { prefix: ethers.ZeroHash }))
-      .to.be.revertedWithCustomError(market, "AuditMismatch").withArgs(orderId, 1); // round 0's record skipped
-    await expect(challengeTx(R, 0, 0, r0.info, [v3, p4], undefined, { records: [r0, r0, r1] }))
+      .to.be.revertedWithCustomError(market, "AuditMismatch").withArgs(orderId, 1); // round 0's posting skipped
+    await expect(challengeTx(R, 0, 0, r0.info, [v3, p4], undefined, { records: [r0, p0, r0, p0, r1, p1] }))
       .to.be.revertedWithCustomError(market, "AuditMismatch").withArgs(orderId, 0); // replayed
+    await expect(challengeTx(R, 0, 0, r0.info, [v3, p4], undefined, { records: [r1, p1, r0, p0], at: 2n << 8n }))
+      .to.be.revertedWithCustomError(market, "AuditMismatch").withArgs(orderId, 0); // reordered
+    await expect(challengeTx(R, 0, 0, r0.info, [v3, p4], undefined, { records: [r0, p0, r1] }))
+      .to.be.revertedWithCustomError(market, "AuditMismatch").withArgs(orderId, 0); // a posting dropped
     // the close: every record in order, as last updated (a challenge's bit kept), nothing more
     await challengeTx(R, 1, 1, r1.info, [v1, p4]);
-    const challenged = R.records[1];
+    const challenged = R.records[2];
     expect(challenged.info).to.equal(r1.info | (2n << 112n));
     await verdict(sys, await market.unitCount(), [0, 0, 0], [v1, p4]);
     await time.increase(PARAMS.verdictWindow + 1n);
-    const inflated = { ...r0, info: r0.info | (0b100n << 64n) }; // v3 counted round 0's units too
-    for (const records of [[r0], [r1, r0], [r0, r1], [r0, challenged, challenged], [inflated, challenged], []]) {
+    const inflated = { ...p0, info: p0.info | (0b100n << 64n) }; // v3 counted round 0's units too
+    for (const records of [[r0, p0], [challenged, p1, r0, p0], [r0, p0, r1, p1], [r0, p0, challenged, p1, challenged, p1],
+      [r0, inflated, challenged, p1], [r0, p0, challenged, p1, r0], []]) {
       await expect(closeTx(R, undefined, records)).to.be.revertedWithCustomError(market, "AuditorsMismatch")
         .withArgs(orderId);
     }

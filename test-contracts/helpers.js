@@ -55,9 +55,7 @@ const TYPES = {
   ],
   RoundAudit: [
     { name: "orderId", type: "uint256" },
-    { name: "round", type: "uint256" },
-    { name: "auditedMask", type: "uint256" },
-    { name: "digestsHash", type: "bytes32" },
+    { name: "records", type: "bytes32" },
   ],
   WithdrawCredit: [
     { name: "account", type: "address" },

@@ -1606,7 +1606,7 @@ class MarketMachine(RuleBasedStateMachine):
                 verifier_addresses,
                 deadline,
                 works,
-                ([], b"\x00" * 32, []),
+                (b"\x00" * 32, [], b"\x00" * 32, []),  # no audits: the model's rosters have no verifiers
             ],
             model_action,
         )
@@ -1679,7 +1679,7 @@ class MarketMachine(RuleBasedStateMachine):
             self.actors["operator"],
             "market",
             "publishOpening",
-            [order_id, providers, layout, slot, digest, salt, commitments],
+            [order_id, providers, layout, slot, digest, salt, commitments, b"\x00" * 32],
             lambda: self.model.publish_opening(order_id, True, slot, digest, salt, commitments),
         )
 

@@ -100,6 +100,7 @@ ROSTER_VIEW_FIELDS = (
     "closed",
     "setAsideUnits",
     "openSetAside",
+    "auditsPending",
     "faultMarks",
 )
 STAKE_FIELDS = ("bonded", "locked", "unbonding", "thawAt")

@@ -127,7 +127,8 @@ def test_bench_chain_writes_the_gas_schema(tmp_path: Path, capsys: pytest.Captur
         key = f"gas_per_settled_unit_round_path_{k}_m8_r10_two_step"
         assert report[f"{key}_round_audits"] == audit["with_round_audits"] < report[f"{key}_with_audits"]
     # The same derived for each flow at R = 2 and R = 10: two steps per round, and one step per round (step r
-    # reveals round r - 1 with its RoundAudit and commits round r), which costs less.
+    # reveals round r - 1, leaving its drawn units pending, and commits round r; the last step posts every
+    # pending round's audit at once), which costs less; its orders with every unit drawn are measured too.
     by_flow = report["round_path_round_audits_by_flow"]
     assert len(by_flow) == 2 * 2 * 2
     for name, audit in by_flow.items():
@@ -136,10 +137,13 @@ def test_bench_chain_writes_the_gas_schema(tmp_path: Path, capsys: pytest.Captur
         key = f"gas_per_settled_unit_round_path_k{k}_m8_r{r}_{flow}"
         per_order = audit["fixed_gas_per_order"]
         per_rounds = r * audit["audited_round_ppm"] * audit["gas_per_audited_round"] // 10**6
+        if flow == "one_step":
+            per_order += audit["posting_ppm"] * audit["gas_per_posting"] // 10**6
+            assert audit["without_audits"] < audit["with_round_audits"] < audit["measured_every_round_drawn"]
         assert audit["without_audits"] == report[key]
         assert report[f"{key}_round_audits"] == audit["with_round_audits"]
         assert audit["with_round_audits"] == report[key] + (per_order + per_rounds) // (r * 8)
-        assert f"k{k}_m8_r2_{flow}_round_audited" in rounds
+        assert f"k{k}_m8_r{r}_{flow}_round_audited" in rounds or flow == "two_step"
     for k in (3, 1):
         for r in (2, 10):
             one = by_flow[f"k{k}_one_step_r{r}"]["with_round_audits"]

@@ -12,7 +12,7 @@ import pytest
 from tests.chain.conftest import TEST_PARAMS, build_world, reverted
 from veritrain.chain import eip712, errors
 from veritrain.chain.backends import InProcessBackend
-from veritrain.chain.client import Outcome, Reveal, Roster, RoundWork, audit_records_after
+from veritrain.chain.client import AuditRecord, Outcome, Reveal, Roster, RoundWork, audit_records_after
 from veritrain.errors import InvalidInput
 
 pytestmark = pytest.mark.chain
@@ -283,7 +283,7 @@ def drawing_world() -> Any:
         yield from reverted(build_world(backend, params))
 
 
-def test_round_audits_pay_drawn_units_and_a_challenge_sets_one_aside(drawing_world: Any) -> None:
+def test_deferred_round_audits_pay_drawn_units_and_a_challenge_sets_one_aside(drawing_world: Any) -> None:
     world = drawing_world
     client, verifiers = world.client, world.verifiers
     roster = Roster(
@@ -305,22 +305,35 @@ def test_round_audits_pay_drawn_units_and_a_challenge_sets_one_aside(drawing_wor
     works0, openings0 = _round(world, roster, order_id, 0, digests0, deadline)
     client.step_round(order_id, roster, [], deadline, works0)
     works1, openings1 = _round(world, roster, order_id, 1, [os.urandom(32), os.urandom(32)], deadline)
-    with pytest.raises(errors.RoundUnitNeedsVerdict):  # drawn, and no audit
+    with pytest.raises(errors.RoundUnitNeedsVerdict):  # drawn: a relayer may not leave it pending
         client.step_round(order_id, roster, openings0, deadline, works1, sender=world.outsider)
-    with pytest.raises(InvalidInput):
-        client.sign_round_audit(world.outsider, roster, order_id, 0, 0b11, digests0)
-    audits = [client.sign_round_audit(v, roster, order_id, 0, 0b11, digests0) for v in verifiers[:2]]
-    receipt = client.step_round(
-        order_id, roster, openings0, deadline, works1, audits=audits, sender=world.outsider
-    )
-    assert receipt.events_named("UnitSetAside") == []
-    audited = receipt.event("RoundAudited").args
+    # the operator (the client's relayer) leaves round 0's drawn units pending, unposted
+    receipt = client.step_round(order_id, roster, openings0, deadline, works1)
+    assert receipt.events_named("UnitSetAside") == [] and receipt.events_named("AuditPosted") == []
     records = audit_records_after([], receipt)
-    info = audited["info"]
-    assert (info & (2**64 - 1), (info >> 64) & 0xFF) == (0b11, 0b011)
-    assert bytes(audited["digestsHash"]) == eip712.digests_hash(digests0)
+    assert records == [AuditRecord.of_round(0, 0b11, digests0)]
+    assert int(receipt.event("RoundRevealed").args["audited"]) == 0b11
 
-    # the operator challenges unit 1: set aside with verifiers that did not sign, its signers recorded
+    # the last step reveals round 1 and posts both rounds: two of three verifiers sign the pending chain
+    digests1 = [o.result_digest for o in openings1[0::3]]
+    covered = [*records, AuditRecord.of_round(1, 0b11, digests1)]
+    with pytest.raises(InvalidInput):
+        client.sign_round_audit(world.outsider, roster, order_id, covered)
+    audits = [client.sign_round_audit(v, roster, order_id, covered) for v in verifiers[:2]]
+    with pytest.raises(errors.RoundHashMismatch):  # the step must carry the pending chain
+        client.step_round(order_id, roster, openings1, deadline, [], audits=audits, sender=world.outsider)
+    receipt = client.step_round(
+        order_id, roster, openings1, deadline, [], audits=audits, audit_records=records, sender=world.outsider
+    )
+    posted = receipt.event("AuditPosted").args
+    records = audit_records_after(records, receipt)
+    assert [r.posting for r in records] == [False, False, True]
+    info = int(posted["info"])
+    assert (info >> 255, (info >> 64) & 0xFF) == (1, 0b011)
+    assert bytes(posted["records"]) == eip712.audit_chains([r.as_tuple() for r in covered])[1]
+
+    # the operator challenges unit 1 of round 0: set aside with verifiers that did not sign, its signers
+    # recorded
     challenge_verifiers = [verifiers[2], world.providers[3]]
     receipt = client.challenge_audit(order_id, roster, 0, 1, records, digests0, challenge_verifiers)
     (set_aside,) = receipt.events_named("UnitSetAside")
@@ -328,26 +341,18 @@ def test_round_audits_pay_drawn_units_and_a_challenge_sets_one_aside(drawing_wor
     assert client.market.functions.auditSignersOf(unit).call() == list(roster.verifiers[:2])
     with pytest.raises(errors.AuditMismatch):  # the record as it was before the challenge
         client.challenge_audit(order_id, roster, 0, 1, records, digests0, challenge_verifiers)
-    records = audit_records_after(records, receipt)
-    assert records[0].info == info | (0b10 << 112)
+    updated = audit_records_after(records, receipt)
+    assert updated[0].info == records[0].info | (0b10 << 112)
+    records = updated
     with pytest.raises(errors.NotAudited):
         client.challenge_audit(order_id, roster, 0, 1, records, digests0, challenge_verifiers)
     with pytest.raises(InvalidInput):
-        client.challenge_audit(order_id, roster, 1, 1, records, digests0, challenge_verifiers)
+        client.challenge_audit(order_id, roster, 2, 1, records, digests0, challenge_verifiers)
     accept = (Outcome.ACCEPT,) * 3
     client.submit_verdict(
         unit, accept, [client.sign_verdict(v, unit, accept, deadline) for v in challenge_verifiers]
     )
 
-    digests1 = [o.result_digest for o in openings1[0::3]]
-    audits = [client.sign_round_audit(v, roster, order_id, 1, 0b11, digests1) for v in verifiers[1:]]
-    with pytest.raises(errors.AuditorsMismatch):  # the chain must include round 0's record
-        client.step_round(order_id, roster, openings1, deadline, [], audits=audits)
-    receipt = client.step_round(
-        order_id, roster, openings1, deadline, [], audits=audits, audit_records=records
-    )
-    records = audit_records_after(records, receipt)
-    assert [r.round for r in records] == [0, 1]
     with pytest.raises(errors.RosterNotClosable):
         client.close_roster(order_id, roster, records)
     credits = [client.credits(v.address) for v in verifiers]
@@ -356,10 +361,10 @@ def test_round_audits_pay_drawn_units_and_a_challenge_sets_one_aside(drawing_wor
         client.close_roster(order_id, roster, records[1:])
     client.close_roster(order_id, roster, records)
     share = FEE // 3
-    # verifier 0: unit 0 of round 0; verifier 1: unit 0 of round 0 and round 1; verifier 2: round 1
+    # verifiers 0 and 1 signed the posting of 4 units, one of which was challenged; verifier 2 signed nothing
     assert [client.credits(v.address) - c for v, c in zip(verifiers, credits, strict=True)] == [
-        share,
         3 * share,
-        2 * share,
+        3 * share,
+        0,
     ]
     assert all(client.stake_of(v.address).locked == 0 for v in verifiers)

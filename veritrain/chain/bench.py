@@ -193,7 +193,7 @@ def _auditing_parties(backend: Backend, deployer: LocalAccount, parties: _Partie
     )
     client = ChainClient.deploy(backend, deployer, params=params)
     auditing = _Parties(client, parties.buyer, parties.providers, parties.verifiers, labels=parties.labels)
-    client.mint(parties.buyer, 5_000 * TOKEN)
+    client.mint(parties.buyer, 20_000 * TOKEN)  # R = 10 audited orders too
     client.approve(parties.buyer, client.deployment.job_market, 2**256 - 1)
     for party in [*parties.providers, *parties.verifiers]:
         client.mint(party, 1500 * TOKEN)
@@ -256,6 +256,63 @@ def _round_audit_figures(
         "rounds": rounds,
         "without_audits": base,
         "with_round_audits": base + extra,
+    }
+
+
+def _audit_parts(
+    round_path: dict[str, Any], name: str, verifiers_order: dict[str, Any], audited: dict[str, Any]
+) -> tuple[int, int]:
+    """Records `name`'s orders with the roster's verifiers (no draw) and every unit drawn and audited in
+    `round_path`, and returns what the verifiers add to the plain order's round-path gas (fixed) and what
+    the draws add to that (extra)."""
+    round_path[f"{name}_verifiers"] = verifiers_order
+    round_path[f"{name}_round_audited"] = audited
+    plain = sum(round_path[name]["round_path_gas"].values())
+    with_verifiers = sum(verifiers_order["round_path_gas"].values())
+    return with_verifiers - plain, sum(audited["round_path_gas"].values()) - with_verifiers
+
+
+def _deferred_audit_figures(
+    fixed_gas: int,
+    pend_gas: int,
+    posting_gas: int,
+    replicas: int,
+    round_path: dict[str, Any],
+    rounds: int,
+    every_round_drawn: int,
+) -> dict[str, Any]:
+    """What deferred round audits add to the one-step round path at the deployed default audit rates: the
+    roster's verifiers cost `fixed_gas` per order (measured at this R: lock at open, release and fees at
+    close), a round with drawn units `pend_gas` (its record left pending: hashing, its event, a record more
+    at close) and an order with any drawn unit one posting, `posting_gas` (the verifiers' signatures, the
+    audit key, the posting's record). A round has a drawn unit with probability p = 1 - (1 - rate)^M, an
+    order of R rounds with 1 - (1 - p)^R, so per settled unit with_round_audits = the R-round one-step
+    figure + (fixed_gas + P(any) x posting_gas + R x p x pend_gas) / (R x M). `every_round_drawn`: the
+    measured per-unit figure of an R-round order whose every unit is drawn (p = 1), an upper bound."""
+    from veritrain.chain.deployment import MarketParams
+
+    defaults = MarketParams()
+    rate_ppm = defaults.solo_spot_check_ppm if replicas == 1 else defaults.spot_check_ppm
+    base = round_path[f"k{replicas}_m8_r{rounds}_one_step"]["per_shard_unit"]
+    audited_round_ppm = 10**6 - (10**6 - rate_ppm) ** DILOCO_SHARDS // 10 ** (6 * (DILOCO_SHARDS - 1))
+    any_round_ppm = 10**6 - (10**6 - audited_round_ppm) ** rounds // 10 ** (6 * (rounds - 1))
+    extra = (
+        fixed_gas + any_round_ppm * posting_gas // 10**6 + rounds * audited_round_ppm * pend_gas // 10**6
+    ) // (rounds * DILOCO_SHARDS)
+    return {
+        "fixed_gas_per_order": fixed_gas,
+        "replicas": replicas,
+        "gas_per_pending_round": pend_gas,
+        "gas_per_posting": posting_gas,
+        "gas_per_audited_round": pend_gas,
+        "audit_rate_ppm": rate_ppm,
+        "audited_round_ppm": audited_round_ppm,
+        "posting_ppm": any_round_ppm,
+        "flow": "one_step",
+        "rounds": rounds,
+        "without_audits": base,
+        "with_round_audits": base + extra,
+        "measured_every_round_drawn": every_round_drawn,
     }
 
 
@@ -518,17 +575,21 @@ class _Parties:
                             Reveal(provider.address, digest, self.salts[(unit_id, provider.address)])
                         )
             if two_step and round_index < rounds:
-                receipt = self.client.step_round(order_id, roster, [], FAR_DEADLINE, works)
+                receipt = self.client.step_round(
+                    order_id, roster, [], FAR_DEADLINE, works, audit_records=records
+                )
                 gas[f"stepRound#{round_index}:commit"] = receipt.gas_used
                 verifiers = self.verifiers if audited else ()
                 audits = []
-                if round_audits and draws_all:
+                drawn = round_audits and draws_all
+                if drawn and round_index == rounds - 1:  # the last reveal posts every pending record
                     digests = [pending[unit * replicas].result_digest for unit in range(units_per_round)]
+                    covered = [
+                        *records,
+                        AuditRecord.of_round(round_index, (1 << units_per_round) - 1, digests),
+                    ]
                     audits = [
-                        self.client.sign_round_audit(
-                            v, roster, order_id, round_index, (1 << units_per_round) - 1, digests
-                        )
-                        for v in self.verifiers
+                        self.client.sign_round_audit(v, roster, order_id, covered) for v in self.verifiers
                     ]
                 receipt = self.client.step_round(
                     order_id,
@@ -542,7 +603,8 @@ class _Parties:
                 )
                 records = audit_records_after(records, receipt)
                 _require(
-                    len(receipt.events_named("RoundAudited")) == (1 if audits else 0),
+                    len(receipt.events_named("AuditPosted")) == (1 if audits else 0)
+                    and bool(receipt.event("RoundRevealed").args["audited"]) == drawn,
                     f"order {order_id} round {round_index}: round audit not recorded",
                 )
                 gas[f"stepRound#{round_index}:reveal"] = receipt.gas_used
@@ -560,26 +622,27 @@ class _Parties:
             if two_step:
                 continue
             audits = []
-            if round_audits and draws_all and openings:  # the revealed round's audit, every unit drawn
+            drawn = round_audits and draws_all and bool(openings)  # every unit of the revealed round drawn
+            if drawn and round_index == rounds:  # the last step posts every pending record, its round's too
                 digests = [openings[unit * replicas].result_digest for unit in range(units_per_round)]
-                audits = [
-                    self.client.sign_round_audit(
-                        v, roster, order_id, round_index - 1, (1 << units_per_round) - 1, digests
-                    )
-                    for v in self.verifiers
+                covered = [
+                    *records,
+                    AuditRecord.of_round(round_index - 1, (1 << units_per_round) - 1, digests),
                 ]
+                audits = [self.client.sign_round_audit(v, roster, order_id, covered) for v in self.verifiers]
             receipt = self.client.step_round(
                 order_id, roster, openings, FAR_DEADLINE, works, audits=audits, audit_records=records
             )
             records = audit_records_after(records, receipt)
             _require(
-                len(receipt.events_named("RoundAudited")) == (1 if audits else 0)
+                len(receipt.events_named("AuditPosted")) == (1 if audits else 0)
+                and any(bool(e.args["audited"]) for e in receipt.events_named("RoundRevealed")) == drawn
                 and not receipt.events_named("UnitSetAside"),
                 f"order {order_id} step {round_index}: round audit not recorded or a unit set aside",
             )
             gas[f"stepRound#{round_index}"] = receipt.gas_used
             openings = pending if round_index < rounds else []
-        if round_audits and draws_all:  # the last round's challenge window must pass before the close
+        if round_audits and draws_all:  # the posting's challenge window must pass before the close
             self.client.backend.advance_time(params.verdict_window + 1)
         gas["closeRoster"] = self.client.close_roster(order_id, roster, records).gas_used
         info = self.client.get_roster(order_id)
@@ -748,6 +811,10 @@ def measure(backend: Backend) -> dict[str, Any]:
         for flow in flows
         for k in (REPLICAS, 1)
     }
+    long_rounds = ROUND_PATH_ROUNDS[-1]
+    with_verifiers_long = {
+        k: parties.round_path_order(k, long_rounds, round_audits=True, one_step=True) for k in (REPLICAS, 1)
+    }
 
     # Audits, on a second market (its own clients' transaction nonces): after the first's last transaction.
     auditing = _auditing_parties(backend, deployer, parties)
@@ -758,28 +825,44 @@ def measure(backend: Backend) -> dict[str, Any]:
         plain = round_path[f"k{k}_m8_r{audit_rounds}_two_step"]
         extra = sum(audited["round_path_gas"].values()) - sum(plain["round_path_gas"].values())
         audits[k] = _audited_unit_figures(extra // audited["units"], k, round_path)
-    # Round audits (step 5b): the same R = 2 two-step order with every unit drawn and paid by both
-    # verifiers' RoundAudit in each revealing step (nothing set aside); its extra gas over the order with
-    # the roster's verifiers but no draw, per round, is what a round with drawn units adds.
-    # The same for the one-step flow (step r reveals round r - 1 with its RoundAudit and commits round r).
+    # Round audits (deferred): the same R = 2 order with every unit drawn, each revealing step leaving its
+    # units pending and the last one posting both verifiers' RoundAudit of them all (nothing set aside); its
+    # extra gas over the order with the roster's verifiers but no draw is what the drawn rounds add.
     round_audits = {}
     round_audits_by_flow = {}
     for flow in flows:
         for k in (REPLICAS, 1):
             round_audited = auditing.round_path_order(k, audit_rounds, round_audits=True, **{flow: True})
-            verifiers_order = with_verifiers[(k, flow)]
-            round_path[f"k{k}_m8_r{audit_rounds}_{flow}_verifiers"] = verifiers_order
-            round_path[f"k{k}_m8_r{audit_rounds}_{flow}_round_audited"] = round_audited
-            plain = round_path[f"k{k}_m8_r{audit_rounds}_{flow}"]
-            fixed = sum(verifiers_order["round_path_gas"].values()) - sum(plain["round_path_gas"].values())
-            extra = sum(round_audited["round_path_gas"].values()) - sum(
-                verifiers_order["round_path_gas"].values()
+            fixed, extra = _audit_parts(
+                round_path, f"k{k}_m8_r{audit_rounds}_{flow}", with_verifiers[(k, flow)], round_audited
             )
-            for rounds in ROUND_PATH_ROUNDS:
-                figures = _round_audit_figures(fixed, extra // audit_rounds, k, round_path, flow, rounds)
+            if flow == "two_step":
+                for rounds in ROUND_PATH_ROUNDS:
+                    figures = _round_audit_figures(fixed, extra // audit_rounds, k, round_path, flow, rounds)
+                    round_audits_by_flow[f"k{k}_{flow}_r{rounds}"] = figures
+                    if rounds == ROUND_PATH_ROUNDS[-1]:
+                        round_audits[k] = figures
+                continue
+            # one step, deferred audits: the R = 10 orders measured too, with and without draws; a pending
+            # round's cost from the two R (every round drawn), the posting's the rest of the R = 2 extra
+            long_audited = auditing.round_path_order(k, long_rounds, round_audits=True, one_step=True)
+            long_fixed, long_extra = _audit_parts(
+                round_path, f"k{k}_m8_r{long_rounds}_{flow}", with_verifiers_long[k], long_audited
+            )
+            pend = (long_extra - extra) // (long_rounds - audit_rounds)
+            posting = extra - audit_rounds * pend
+            for rounds, order_fixed in ((audit_rounds, fixed), (long_rounds, long_fixed)):
+                plain = round_path[f"k{k}_m8_r{rounds}_{flow}"]
+                drawn = round_path[f"k{k}_m8_r{rounds}_{flow}_round_audited"]
+                # measured: the all-drawn order's round-path gas with the first market's order transactions
+                # (the auditing market's parties pay less for theirs: warm slots, not the round path)
+                every_drawn = (sum(drawn["round_path_gas"].values()) + plain["order_gas"]) // plain[
+                    "shard_units"
+                ]
+                figures = _deferred_audit_figures(
+                    order_fixed, pend, posting, k, round_path, rounds, every_drawn
+                )
                 round_audits_by_flow[f"k{k}_{flow}_r{rounds}"] = figures
-                if flow == "two_step" and rounds == ROUND_PATH_ROUNDS[-1]:
-                    round_audits[k] = figures
 
     commit_single = [value for key, value in single.items() if key.startswith("commitWithSig")]
     reveal_single = [value for key, value in single.items() if key.startswith("reveal#")]
@@ -902,9 +985,15 @@ def format_table(report: dict[str, Any]) -> str:
             f"{audit['audit_rate_ppm'] / 10_000:g} % audits, R = {audit['rounds']}: {audit['with_audits']:,}"
         )
     for k, audit in report["round_path_round_audits_by_flow"].items():
+        posting = (
+            f"{audit['gas_per_posting']:,} per posting (every unit drawn: "
+            f"{audit['measured_every_round_drawn']:,} measured); "
+            if "gas_per_posting" in audit
+            else ""
+        )
         rows.append(
             f"  {k} with round audits: {audit['fixed_gas_per_order']:,} per order, "
-            f"{audit['gas_per_audited_round']:,} per audited round; at "
+            f"{audit['gas_per_audited_round']:,} per audited round; {posting}at "
             f"{audit['audit_rate_ppm'] / 10_000:g} % audits, R = {audit['rounds']}: "
             f"{audit['with_round_audits']:,}"
         )

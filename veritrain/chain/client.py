@@ -310,11 +310,13 @@ class AuditSignature:
 
 @dataclass(frozen=True)
 class AuditRecord:
-    """One audited round's record (JobMarket `AuditRecord`), as `RoundAudited` emitted it and each
-    `AuditChallenged` since updated it: `info` bits 0..63 the audited units, 64..71 the signers, 72..111 the
-    step's time, 112..175 the units challenged, 176..207 the round; `digests_hash` the audited units' agreed
-    digests' hash. A roster's records, in order, are chained into its audit key: a step that audits, a
-    challenge and the close are given them (`audit_records_after`)."""
+    """One audit record (JobMarket `AuditRecord`), as `RoundRevealed` (its `audited` units) or `AuditPosted`
+    gave it and each `AuditChallenged` since updated it. A round's (`posting` false): `info` bits 0..63 its
+    drawn unanimous units, 112..175 those challenged, 176..207 the round; `digests_hash` the hash of the
+    round's unit digests (`RoundRevealed`); it is pending until a posting's record follows it. A
+    posting's: bit 255 set, 64..71 the signers, 72..111 the step's time; `digests_hash` the chain of the
+    round records it covers. A roster's records, in order: every step gives the posted and pending
+    chains, a challenge and the close are given them (`audit_records_after`)."""
 
     info: int
     digests_hash: bytes
@@ -323,19 +325,37 @@ class AuditRecord:
     def round(self) -> int:
         return (self.info >> 176) & 0xFFFFFFFF
 
+    @property
+    def posting(self) -> bool:
+        return bool(self.info & eip712.POSTING_FLAG)
+
+    @classmethod
+    def of_round(cls, round_index: int, units: int, digests: Sequence[bytes]) -> AuditRecord:
+        """The record a step that reveals round `round_index` leaves pending for its drawn unanimous `units`
+        (unanimous, no provider below the roster's streak), `digests` every unit's digest of the round in unit
+        order (as `RoundRevealed` gives them)."""
+        return cls(units | (round_index << 176), eip712.digests_hash(digests))
+
     def as_tuple(self) -> tuple[int, bytes]:
         return (self.info, self.digests_hash)
 
 
 def audit_records_after(records: Sequence[AuditRecord], receipt: Receipt) -> list[AuditRecord]:
-    """A roster's audit records once `receipt` was mined: a `RoundAudited` adds its round's record, an
-    `AuditChallenged` updates its round's `info`."""
+    """A roster's audit records once `receipt` was mined: a `RoundRevealed` with `audited` units adds its
+    round's record, an `AuditPosted` a posting's, an `AuditChallenged` updates its round's `info`."""
     updated = list(records)
     for event in receipt.events:
-        if event.name == "RoundAudited":
-            updated.append(AuditRecord(int(event.args["info"]), bytes(event.args["digestsHash"])))
+        if event.name == "RoundRevealed" and int(event.args["audited"]):
+            digests = [bytes(d) for d in event.args["digests"]]
+            updated.append(
+                AuditRecord.of_round(int(event.args["round"]), int(event.args["audited"]), digests)
+            )
+        elif event.name == "AuditPosted":
+            updated.append(AuditRecord(int(event.args["info"]), bytes(event.args["records"])))
         elif event.name == "AuditChallenged":
-            index = next(i for i, r in enumerate(updated) if r.round == int(event.args["round"]))
+            index = next(
+                i for i, r in enumerate(updated) if not r.posting and r.round == int(event.args["round"])
+            )
             updated[index] = AuditRecord(int(event.args["info"]), updated[index].digests_hash)
     return updated
 
@@ -1056,20 +1076,17 @@ class ChainClient:
         verifier: LocalAccount,
         roster: Roster,
         order_id: int,
-        round_index: int,
-        audited_mask: int,
-        digests: Sequence[bytes],
+        records: Sequence[AuditRecord],
     ) -> AuditSignature:
-        """A roster verifier's `RoundAudit` of a round: `audited_mask` the units the chain drew that are
-        unanimous and have no provider below the roster's streak, `digests` their agreed digests in unit
-        order (sign only after re-executing them)."""
+        """A roster verifier's `RoundAudit` of the round records pending a posting: `records` the roster's
+        audit records as the posting step leaves them before it posts (its own round's,
+        `AuditRecord.of_round`, last); it signs the chain of those after the last posting (sign only after
+        re-executing their units)."""
         if verifier.address not in roster.verifiers:
             raise InvalidInput(f"{verifier.address} is not one of the roster's verifiers")
         message = {
             "orderId": order_id,
-            "round": round_index,
-            "auditedMask": audited_mask,
-            "digestsHash": eip712.digests_hash(digests),
+            "records": eip712.audit_chains([r.as_tuple() for r in records])[1],
         }
         signature = eip712.sign_typed(verifier, self.market_domain, "RoundAudit", message)
         r, vs = eip712.compact_signature(signature)
@@ -1094,10 +1111,12 @@ class ChainClient:
         but a unit that needs a verdict is set aside only by the operator with `verifiers` (the receipt's
         `UnitSetAside` events name the units it became). Bit i of `withheld` gives slot i as not opened
         (after the round's reveal window only): its opening's `result_digest` is then the slot's
-        commitment, its salt is ignored. `audits`: roster verifiers' `sign_round_audit` of the revealed
-        round; with a majority of them, its drawn unanimous units are paid at close instead of set aside.
-        `audit_records`: the roster's audit records so far (`audit_records_after`), whose chain the step
-        checks before it adds the round's."""
+        commitment, its salt is ignored. The revealed round's drawn unanimous units are left pending a
+        posting (the operator's step without `verifiers`, or a step that posts) or set aside. `audits`: a
+        posting, a majority of the roster's verifiers' `sign_round_audit` of every pending record (this
+        step's round's included): their units are paid at close. `audit_records`: the roster's audit records
+        so far (`audit_records_after`), whose posted and pending chains the step checks."""
+        posted, pending = eip712.audit_chains([r.as_tuple() for r in audit_records])
         return self._send(
             sender,
             self.market,
@@ -1111,8 +1130,9 @@ class ChainClient:
             deadline,
             [work.as_tuple() for work in works],
             (
+                pending,
                 list(roster.verifiers) if audits else [],
-                eip712.audit_chain([r.as_tuple() for r in audit_records]),
+                posted,
                 [audit.as_tuple() for audit in audits],
             ),
         )
@@ -1125,10 +1145,12 @@ class ChainClient:
         opening: Reveal,
         commitments: Sequence[bytes],
         *,
+        audit_records: Sequence[AuditRecord] = (),
         sender: LocalAccount | None = None,
     ) -> Receipt:
         """Publish one slot's opening of the pending round on chain (`commitments`: every slot's, as the
-        round's commit step carried them), so that no step can give the slot as withheld; permissionless."""
+        round's commit step carried them; `audit_records` the roster's, for its pending chain), so that no
+        step can give the slot as withheld; permissionless."""
         return self._send(
             sender,
             self.market,
@@ -1139,6 +1161,7 @@ class ChainClient:
             slot,
             *opening.as_tuple()[1:],
             [eip712.as_bytes32(c, "commitment") for c in commitments],
+            eip712.audit_chains([r.as_tuple() for r in audit_records])[1],
         )
 
     def close_roster(
@@ -1175,14 +1198,20 @@ class ChainClient:
         *,
         operator: LocalAccount | None = None,
     ) -> Receipt:
-        """Set aside a unit a round audit paid (operator only, within verdictWindow of the step):
-        `audit_records` every audit record of the roster as last emitted (`audit_records_after`; the
-        round's and those after it are sent, the chain before them as a hash), `digests` the round's audited
-        units' agreed digests in unit order, `verifiers` the unit's verdict verifiers (none of the audit's
-        signers)."""
-        index = next((i for i, r in enumerate(audit_records) if r.round == round_index), None)
+        """Set aside a unit a posted round audit paid (operator only, within verdictWindow of the posting
+        that covered it): `audit_records` every audit record of the roster as last emitted
+        (`audit_records_after`; those from the first round record of the covering posting to the last posting
+        are sent, the posted chain before them as a hash), `digests` the round's audited units' agreed digests
+        in unit order, `verifiers` the unit's verdict verifiers (none of the posting's signers)."""
+        index = next(
+            (i for i, r in enumerate(audit_records) if not r.posting and r.round == round_index), None
+        )
         if index is None:
             raise InvalidInput(f"no audit record of round {round_index}")
+        start = index
+        while start > 0 and not audit_records[start - 1].posting:
+            start -= 1
+        end = max((i + 1 for i, r in enumerate(audit_records) if r.posting), default=0)
         return self._send(
             operator,
             self.market,
@@ -1190,9 +1219,9 @@ class ChainClient:
             order_id,
             list(roster.providers),
             roster.layout,
-            unit,
-            eip712.audit_chain([r.as_tuple() for r in audit_records[:index]]),
-            [r.as_tuple() for r in audit_records[index:]],
+            ((index - start) << 8) | unit,
+            eip712.audit_chains([r.as_tuple() for r in audit_records[:start]])[0],
+            [r.as_tuple() for r in audit_records[start:end]],
             [eip712.as_bytes32(d, "digest") for d in digests],
             list(roster.verifiers),
             sequence_of_addresses(verifiers),
@@ -1212,7 +1241,7 @@ class ChainClient:
             closed=bool(raw[8]),
             set_aside_units=int(raw[9]),
             open_set_aside=int(raw[10]),
-            fault_marks=int(raw[11]),
+            fault_marks=int(raw[12]),
             pending_round_hash=bytes(round_hash),
         )
 

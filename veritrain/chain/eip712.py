@@ -61,12 +61,11 @@ TYPES: dict[str, tuple[tuple[str, str], ...]] = {
         ("outcomesHash", "bytes32"),
         ("deadline", "uint256"),
     ),
-    # A roster verifier's audit of a round's drawn units (stepRound): no nonce, a round is revealed once.
+    # A roster verifier's audit of the round records pending a posting (stepRound): `records` their chain;
+    # no nonce, a chain of records is posted once.
     "RoundAudit": (
         ("orderId", "uint256"),
-        ("round", "uint256"),
-        ("auditedMask", "uint256"),
-        ("digestsHash", "bytes32"),
+        ("records", "bytes32"),
     ),
     "WithdrawCredit": (
         ("account", "address"),
@@ -309,6 +308,25 @@ def audit_chain(records: Sequence[tuple[int, bytes]], start: bytes = b"\x00" * 3
             abi_encode(["bytes32", "uint256", "bytes32"], [chain, info, as_bytes32(digests, "digest")])
         )
     return chain
+
+
+POSTING_FLAG = 1 << 255
+
+
+def audit_chains(records: Sequence[tuple[int, bytes]], start: bytes = b"\x00" * 32) -> tuple[bytes, bytes]:
+    """A roster's posted and pending audit chains (JobMarket `RosterAudits`, `RoundAudit.pending`) over its
+    flat `(info, digestsHash)` records from the posted chain `start`: a round record (bit 255 of `info`
+    clear) extends the pending chain, a posting's (bit 255 set) extends the posted chain with the pending
+    chain before it, which starts again from zero."""
+    posted = as_bytes32(start, "chain")
+    pending = b"\x00" * 32
+    for info, digests in records:
+        if info & POSTING_FLAG:
+            posted = audit_chain([(info, pending)], posted)
+            pending = b"\x00" * 32
+        else:
+            pending = audit_chain([(info, digests)], pending)
+    return posted, pending
 
 
 def outcomes_hash(outcomes: Sequence[int]) -> bytes:

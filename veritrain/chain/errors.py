@@ -660,9 +660,16 @@ class AuditorsMismatch(ContractReverted):
 
 
 class AuditMismatch(ContractReverted):
-    """The round audit record given (info, digests) is not the one stored, or the round was not audited."""
+    """The audit records (or the pending audit chain) given are not the roster's, or the record given is
+    not a round's."""
 
     error_name = "AuditMismatch"
+
+
+class AuditsPending(ContractReverted):
+    """The roster has round audit records no posting covers yet: it cannot close before one does."""
+
+    error_name = "AuditsPending"
 
 
 class NotAudited(ContractReverted):
@@ -672,7 +679,7 @@ class NotAudited(ContractReverted):
 
 
 class AuditChallengeClosed(ContractReverted):
-    """Challenges of the round's audit closed (the auditing step's time plus verdictWindow)."""
+    """Challenges of the unit's audit closed (the covering posting's time plus verdictWindow)."""
 
     error_name = "AuditChallengeClosed"
 
