@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 from market.context import Lifecycle, MarketContext, row_id
-from market.domain.rosters import CLOSE_ACTION, OPEN_ACTION, action_landed, predict_set_aside
+from market.domain.rosters import CLOSE_ACTION, OPEN_ACTION, action_landed
 from market.outbox import OUTBOX_LEASE_S, OutboxResult, backoff_s
 from market.ports import RevealForm, RosterChainState, RosterPort, SignedAccept, SignedCommit
 from market.rosters import RosterBook, roster_of, roster_port
@@ -150,25 +150,11 @@ class RosterOutbox(Lifecycle):
         chain's own inputs: the commit block's hash, its rate, the providers' streaks), else the draw's; a
         step the chain refused for a unit needing a verdict carries them anyway. Recorded in the action, so
         that the set-aside units' verifiers are known when their events arrive."""
-        assert self.chain is not None
         round_index = int(payload["reveal"])
         block_hash = self.rosters.seed_hash(chain.pending_block)
-        weak = frozenset(
-            p
-            for p in roster.providers
-            if self.chain.reputation_of(p).consecutive_valid < chain.required_streak
-        )
         # a withheld slot counts as opened only with an opening published on chain (the sync saw it)
         values: list[str | None] = [o["result_digest"] for o in payload["openings"]]
-        reasons = predict_set_aside(
-            roster,
-            row.chain_order_id,
-            round_index,
-            block_hash,
-            roster_port(self.chain).spot_check_ppm(roster.replicas),
-            values,
-            weak,
-        )
+        reasons = self.rosters.predict(roster, row.chain_order_id, round_index, chain, block_hash, values)
         if not reasons and not payload.get("force_verifiers"):
             return []
         seed_key = f"0x{round_unit_id(row.chain_order_id, round_index, 0):064x}"

@@ -23,6 +23,7 @@ unit's id is a UnitCommit's unit id (PLAN, Progress, step 1).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from eth_utils import to_checksum_address
@@ -577,23 +578,39 @@ class RosterBook(Lifecycle):
         if not candidates:
             return
         roster = roster_of(row)
+        reasons = self.predict(
+            roster,
+            row.chain_order_id,
+            round_index,
+            chain,
+            self.seed_hash(chain.pending_block),
+            self._slot_values(session, row, round_index),
+        )
+        for unit, replicas in candidates:
+            if unit.shard not in reasons:
+                self._accept(session, unit, replicas)
+
+    def predict(
+        self,
+        roster: Roster,
+        chain_order_id: int,
+        round_index: int,
+        chain: RosterChainState,
+        block_hash: str,
+        values: Sequence[str | None],
+    ) -> dict[int, SetAsideReason]:
+        """Which units of the pending round `round_index` the revealing step sets aside, and why
+        (:func:`predict_set_aside` over the chain's inputs: `block_hash` from :meth:`seed_hash`, the rate,
+        the providers' streaks read now against the roster's `required_streak`), `values` each slot's opened
+        digest (None where none)."""
+        assert self.chain is not None
         weak = frozenset(
             p
             for p in roster.providers
             if chain.required_streak and self.chain.reputation_of(p).consecutive_valid < chain.required_streak
         )
-        reasons = predict_set_aside(
-            roster,
-            row.chain_order_id,
-            round_index,
-            self.seed_hash(chain.pending_block),
-            roster_port(self.chain).spot_check_ppm(roster.replicas),
-            self._slot_values(session, row, round_index),
-            weak,
-        )
-        for unit, replicas in candidates:
-            if unit.shard not in reasons:
-                self._accept(session, unit, replicas)
+        rate = roster_port(self.chain).spot_check_ppm(roster.replicas)
+        return predict_set_aside(roster, chain_order_id, round_index, block_hash, rate, values, weak)
 
     def seed_hash(self, block_number: int) -> str:
         """The hash the chain's draw of a round committed in `block_number` reads: zero once the step
