@@ -169,8 +169,9 @@ class OrderBook(Lifecycle):
         )
         session.add(unit)
         session.flush()
-        if plan.kind == UnitKind.TRAIN and self.store.roster_of_order(session, row_id(order)) is not None:
+        if plan.kind == UnitKind.TRAIN and attempt == 0 and self.rosters.seats(session, order):
             self.rosters.add_slots(session, order, unit)  # a roster's slots run it: no matching
+        # a roster's failed unit is retried on the per-unit path (its round is revealed: no slot can run it)
         return unit
 
     def order_status(self, order_id: int) -> OrderStatus:

@@ -97,6 +97,12 @@ def roster_of(row: RosterRow) -> Roster:
     return Roster(providers, tuple(json.loads(row.slots_json)), row.replicas, row.units_per_round, row.rounds)
 
 
+def is_slot_unit(unit: UnitRow) -> bool:
+    """Whether a unit of a rounds order is one of its roster's (a training unit's first attempt, run on the
+    slots or set aside by a step), not a retry of one, which runs on the per-unit path."""
+    return unit.kind == UnitKind.TRAIN.value and unit.attempt == 0
+
+
 # What a roster's provider is handed (the Accept's unit key, its slots, the works deadline): the status.
 RosterView = RosterStatus
 
@@ -386,6 +392,12 @@ class RosterBook(Lifecycle):
 
     # --- the round's training units (market/orders.py runs them as it runs a folded order's units) ---
 
+    def seats(self, session: Session, order: OrderRow) -> bool:
+        """Whether the order's training units run on roster slots: it has a roster, and it did not fail
+        (a failed roster's units run on the per-unit path)."""
+        row = self.store.roster_of_order(session, row_id(order))
+        return row is not None and row.state != "failed"
+
     def add_slots(self, session: Session, order: OrderRow, unit: UnitRow) -> None:
         """A round-path training unit is ROSTERED, with one replica per slot of its unit, held by the
         roster's providers: proposed until the provider accepted the roster, signed after."""
@@ -624,7 +636,7 @@ class RosterBook(Lifecycle):
     def _accept_paid(self, session: Session, row: RosterRow, chain: RosterChainState) -> None:
         revealed = chain.committed - (1 if chain.pending_block else 0)
         units = self.store.units_of_order(session, row.order_id)
-        seen = sum(1 for u in units if u.kind == UnitKind.TRAIN.value and u.chain_unit_id is not None)
+        seen = sum(1 for u in units if is_slot_unit(u) and u.chain_unit_id is not None)
         if seen != chain.set_aside_units:
             return  # the sync has not applied every UnitSetAside yet: a unit left ROSTERED may be one
         for unit in units:
@@ -700,7 +712,7 @@ class RosterBook(Lifecycle):
             1
             for unit in self.store.units_of_order(session, row.order_id)
             if unit.chain_unit_id is not None
-            and unit.kind == UnitKind.TRAIN.value
+            and is_slot_unit(unit)
             and unit.state not in (UnitState.ACCEPTED.value, UnitState.FAILED.value)
         )
         return RosterProgress(
