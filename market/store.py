@@ -274,6 +274,8 @@ class RosterRow(SQLModel, table=True):
     last_error: str | None = None
     created_at: int
     updated_at: int
+    drawn_at: int | None = None  # when the providers were drawn: their Accepts are due accept_timeout_s later
+    excluded_json: str | None = None  # providers a redraw leaves out (they failed an open of this roster)
 
 
 class RosterAcceptRow(SQLModel, table=True):
@@ -824,6 +826,22 @@ class MarketStore:
             RosterWorkRow.roster_id == roster_id, RosterWorkRow.round_index == round_index
         )
         return session.exec(query.order_by(col(RosterWorkRow.slot))).all()
+
+    def clear_roster_draw(self, session: Session, roster_id: int) -> None:
+        """Forget what the roster's last draw collected (its Accepts, any works) and retire its open intent
+        under another name (kept for the record, never sent again): a redraw starts from nothing."""
+        for row in [
+            *self.roster_accepts(session, roster_id),
+            *session.exec(select(RosterWorkRow).where(RosterWorkRow.roster_id == roster_id)).all(),
+        ]:
+            session.delete(row)
+        opened = self.roster_action(session, roster_id, "open")
+        if opened is not None:
+            opened.action = f"open:redrawn:{opened.id}"
+            if opened.state in ("pending", "sending", "retrying"):
+                opened.state = "reverted"
+            session.add(opened)
+        session.flush()
 
     def roster_action(self, session: Session, roster_id: int, action: str) -> RosterActionRow | None:
         query = select(RosterActionRow).where(

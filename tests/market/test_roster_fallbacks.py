@@ -5,6 +5,7 @@ slots count as load in the per-unit matchmaker."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,12 +16,12 @@ from fastapi.testclient import TestClient
 from apps.protocol_harness import ChainMarket, result
 from market.api import create_app
 from tests.market.test_chain_settlement import chain_market
-from tests.market.test_roster_api import accept_all, opening
+from tests.market.test_roster_api import accept_all, heartbeat, opening
 from tests.market.test_roster_liveness import judge, run_round, runs_of, trains
 from tests.market.test_roster_settlement import drive
 from veritrain.chain.client import Outcome
 from veritrain.chain.deployment import MarketParams
-from veritrain.messages import Assignment
+from veritrain.messages import Assignment, AssignmentPhase
 
 pytestmark = pytest.mark.chain
 
@@ -91,3 +92,123 @@ def test_a_roster_unit_that_fails_is_retried_on_the_per_unit_path_and_the_order_
     run_round(market, api, 1)
     drive(market)  # round 1 committed, revealed by the last step; then the close
     assert client.get_roster(market.service.rosters.view(order_id).chain_order_id).closed
+
+
+def accept_by(market: ChainMarket, api: TestClient, providers: set[str]) -> None:
+    """The roster's Accept from each of `providers` that holds an ACCEPT assignment."""
+    for account in market.providers:
+        if account.address not in providers:
+            continue
+        for work in heartbeat(market, account):
+            if work.phase == AssignmentPhase.ACCEPT:
+                signed = market.client.sign_accept(
+                    account, work.chain_order_id, work.unit_key, work.accept_deadline
+                )
+                body = {
+                    "order_id": work.order_id,
+                    "provider": account.address,
+                    "nonce": signed.nonce,
+                    "deadline": work.accept_deadline,
+                    "signature": "0x" + signed.signature.hex(),
+                }
+                assert api.post("/rosters/accept", json=body).status_code == 200
+                break
+
+
+def slot_holders(market: ChainMarket, order_id: int) -> set[str]:
+    """Who holds the order's round-0 slots, as its training units' replicas say."""
+    with market.store.transaction() as session:
+        return {
+            r.provider
+            for u in market.store.units_of_order(session, order_id)
+            if u.state == "rostered"
+            for r in market.store.replicas_of(session, u.id or 0)
+        }
+
+
+def test_a_roster_whose_accept_never_comes_is_redrawn_without_the_silent_provider(
+    market: ChainMarket,
+) -> None:
+    api = TestClient(create_app(market.service))
+    order_id = rounds_order(market, replicas=2)
+    first = market.service.rosters.view(order_id)
+    silent = first.providers[0]
+    accept_by(market, api, set(first.providers) - {silent})
+    assert drive(market) == []  # no open without every Accept
+    market.client.advance_time(market.service.ctx.config.accept_timeout_s + 1)
+    market.heartbeats()
+    drive(market)  # the roster is let go of (Accepts too late) ...
+    drive(market)  # ... and drawn again without the silent provider at the next pass
+    second = market.service.rosters.view(order_id)
+    assert second.state == "accepting" and silent not in second.providers
+    assert second.roster_key != first.roster_key
+    assert slot_holders(market, order_id) == set(second.providers)
+    accept_by(market, api, set(second.providers))
+    assert drive(market) == ["sent"]  # openRoster with the new roster's Accepts
+    assert "0x" + market.client.get_roster(first.chain_order_id).key.hex() == second.roster_key
+    running = {
+        account.address
+        for account in market.providers
+        for work in heartbeat(market, account)
+        if work.phase == AssignmentPhase.RUN
+    }
+    assert running == set(second.providers)
+
+
+def test_a_roster_whose_open_reverts_for_a_provider_is_redrawn_without_it(market: ChainMarket) -> None:
+    """Every Accept came, then a provider unstaked: the open reverts (InsufficientFreeStake) and would
+    forever; the roster is redrawn without that provider and opens."""
+    api = TestClient(create_app(market.service))
+    order_id = rounds_order(market, replicas=2)
+    first = market.service.rosters.view(order_id)
+    leaver = next(a for a in market.providers if a.address == first.providers[1])
+    accept_by(market, api, set(first.providers))
+    market.client.request_unstake(leaver, market.client.stake_of(leaver).bonded)
+    drive(market)  # the open reverts: the roster is let go of ...
+    drive(market)  # ... and drawn again without the leaver
+    second = market.service.rosters.view(order_id)
+    assert second.state == "accepting" and leaver.address not in second.providers
+    assert "InsufficientFreeStake" in (second_error := market_roster_error(market, order_id)), second_error
+    accept_by(market, api, set(second.providers))
+    assert drive(market) == ["sent"]
+    assert "0x" + market.client.get_roster(first.chain_order_id).key.hex() == second.roster_key
+    assert market.service.rosters.view(order_id).state == "open"
+
+
+def market_roster_error(market: ChainMarket, order_id: int) -> str:
+    with market.store.transaction() as session:
+        roster = market.store.roster_of_order(session, order_id)
+        assert roster is not None
+        return roster.last_error or ""
+
+
+def test_a_roster_that_cannot_be_redrawn_falls_back_to_the_per_unit_path(market: ChainMarket) -> None:
+    """No provider ever accepts: each redraw leaves out the silent ones, until too few are left to seat
+    2 replicas a unit; the roster then fails and the order's units are matched one by one, with the whole
+    budget (nothing of the roster reached the chain)."""
+    api = TestClient(create_app(market.service))
+    order_id = rounds_order(market, replicas=2)
+    chain_order = market.service.rosters.view(order_id).chain_order_id
+    drawn: list[set[str]] = []
+    for _ in range(len(market.providers)):
+        status = api.get(f"/orders/{order_id}").json()
+        if status["roster"] is None or status["roster"]["state"] != "accepting":
+            break
+        drawn.append(set(status["roster"]["providers"]))
+        market.client.advance_time(market.service.ctx.config.accept_timeout_s + 1)
+        market.heartbeats()
+        drive(market)  # let go of ...
+        drive(market)  # ... and drawn again without the silent ones, or failed
+    assert drawn and all(not (a & b) for a, b in itertools.pairwise(drawn))
+    assert market_roster_error(market, order_id).startswith("redraw failed")
+    status = api.get(f"/orders/{order_id}").json()
+    assert status["roster"]["state"] == "failed"
+    round0 = [u for u in status["units"] if u["kind"] == "train"]
+    assert [u["state"] for u in round0] == ["pending"] * SHARDS
+    matches = market.service.matching.match_pending()
+    assert len(matches) == SHARDS and all(m.complete for m in matches)
+    assert market.client.get_roster(chain_order).key == bytes(32)
+    order = market.client.get_order(chain_order)
+    assert order.balance == order.units * (
+        order.replicas * order.price_per_replica + order.verifier_fee_per_unit
+    )
