@@ -6,6 +6,7 @@ slots count as load in the per-unit matchmaker."""
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -51,8 +52,9 @@ def test_a_roster_unit_that_fails_is_retried_on_the_per_unit_path_and_the_order_
 ) -> None:
     """k = 1, the provider of unit 1 of round 0 commits and never opens: the step gives its slot as
     withheld, the verdict fails the unit (a fault), and the order's quorum needs the shard: its retry is an
-    ordinary unit, matched, assigned, committed, revealed and finalized on the per-unit path, and round 1
-    then runs on the roster from it."""
+    ordinary unit, matched, assigned, committed, revealed and finalized on the per-unit path (the roster's
+    providers are not busy with the roster meanwhile: it waits on the retry), and round 1 then runs on the
+    roster from it."""
     api = TestClient(create_app(market.service))
     order_id = rounds_order(market, replicas=1)
     accept_all(market, api)
@@ -74,6 +76,8 @@ def test_a_roster_unit_that_fails_is_retried_on_the_per_unit_path_and_the_order_
     units = api.get(f"/orders/{order_id}").json()["units"]
     (retry,) = [u for u in units if u["kind"] == "train" and u["attempt"] == 1]
     assert (retry["round_index"], retry["shard"], retry["state"]) == (0, 1, "pending")
+    view = market.service.rosters.view(order_id)
+    assert not set(loads(market)) & set(view.providers)  # the roster waits on it: its providers may take it
     unit_id, chosen = market.match_and_accept()  # the per-unit matchmaker takes it
     assert unit_id == retry["unit_id"]
     market.send_outbox()  # assign
@@ -89,6 +93,7 @@ def test_a_roster_unit_that_fails_is_retried_on_the_per_unit_path_and_the_order_
     market.service.orders.advance_orders()
     assert api.get(f"/orders/{order_id}").json()["rounds_accepted"] == 1
     assert len(runs_of(market, 1)) == SHARDS  # round 1 on the roster's slots
+    assert loads(market) == {p: view.slots.count(i) for i, p in enumerate(view.providers)}
     run_round(market, api, 1)
     drive(market)  # round 1 committed, revealed by the last step; then the close
     assert client.get_roster(market.service.rosters.view(order_id).chain_order_id).closed
@@ -212,3 +217,39 @@ def test_a_roster_that_cannot_be_redrawn_falls_back_to_the_per_unit_path(market:
     assert order.balance == order.units * (
         order.replicas * order.price_per_replica + order.verifier_fee_per_unit
     )
+
+
+def loads(market: ChainMarket) -> dict[str, int]:
+    with market.store.transaction() as session:
+        return market.store.active_load(session)
+
+
+def test_roster_slots_count_as_load_between_rounds_and_not_while_their_order_waits_on_a_retry(
+    market: ChainMarket,
+) -> None:
+    """A provider holding roster slots is busy for the per-unit matchmaker for as long as its roster has
+    rounds to run, between rounds too (one load per slot of a round, the collateral the chain locks),
+    except while the roster's own order waits for a per-unit retry, which its providers may then take."""
+    api = TestClient(create_app(market.service))
+    order_id = rounds_order(market, replicas=2)
+    view = market.service.rosters.view(order_id)
+    slots = {p: view.slots.count(i) for i, p in enumerate(view.providers)}
+    assert loads(market) == slots  # drawn: busy before any work
+    accept_all(market, api)
+    drive(market)
+    run_round(market, api, 0)
+    drive(market)  # round 0's units accepted from their openings
+    assert [u["state"] for u in trains(api, order_id, 0)] == ["accepted"] * SHARDS
+    assert runs_of(market, 1) == []  # round 1 is not open yet (advance_orders opens it)
+    assert loads(market) == slots  # between rounds: still the roster's
+    # a per-unit order posted now finds every roster provider at capacity (capacity 1 each)
+    market.post_order(rounds=1, replicas=1)
+    market.heartbeats()
+    market.service.matching.refresh_pool(force=True)
+    (match,) = market.service.matching.match_pending()
+    idle = {a.address for a in market.providers} - set(view.providers)
+    assert set(match.selected) <= idle and match.complete == bool(idle)
+    market.service.orders.advance_orders()
+    assert runs_of(market, 1)
+    # round 1's slots: the same load, not twice
+    assert loads(market) == dict(Counter(slots) + Counter(match.selected))
