@@ -169,8 +169,9 @@ class OrderBook(Lifecycle):
         )
         session.add(unit)
         session.flush()
-        if plan.kind == UnitKind.TRAIN and self.store.roster_of_order(session, row_id(order)) is not None:
+        if plan.kind == UnitKind.TRAIN and attempt == 0 and self.rosters.seats(session, order):
             self.rosters.add_slots(session, order, unit)  # a roster's slots run it: no matching
+        # a roster's failed unit is retried on the per-unit path (its round is revealed: no slot can run it)
         return unit
 
     def order_status(self, order_id: int) -> OrderStatus:
@@ -226,7 +227,7 @@ class OrderBook(Lifecycle):
     def _advance_order(self, session: Session, order: OrderRow, now: int) -> int:
         spec = OrderSpec.model_validate_json(order.spec_json)
         roster = self.store.roster_of_order(session, row_id(order))
-        if roster is not None and roster.providers_json == "[]":
+        if roster is not None and roster.providers_json == "[]" and roster.state != "failed":
             return 0  # a round-path order opens its first round once its roster is drawn
         # a round-path order's rounds run as a folded order's do, their training units on the roster's slots
         # (market/rosters.py: ROSTERED until every slot opened); past its deadline it expires as any order

@@ -23,9 +23,26 @@ from market.store import RosterRow
 from veritrain.chain.client import Roster
 from veritrain.chain.eip712 import round_unit_id
 
-# An open refused for these can never land (an Accept past its deadline, a provider whose streak or stake
-# no longer holds): the roster fails rather than retrying for good. Redrawing it is left (PLAN, Progress).
-OPEN_FINAL_ERRORS = frozenset({"SignatureExpired", "ProviderNotTrusted", "InvalidSigner", "RosterExists"})
+# An open refused for these can never land as it is (an Accept past its deadline or with a spent nonce, a
+# provider whose streak or free stake no longer holds): the roster is redrawn without the providers the
+# revert names (or whose Accept expired), or, when it names none, the order falls back to the per-unit path.
+OPEN_FINAL_ERRORS = frozenset(
+    {
+        "SignatureExpired",
+        "ProviderNotTrusted",
+        "InvalidSigner",
+        "RosterExists",
+        "AcceptNonceUsed",
+        "InsufficientFreeStake",
+    }
+)
+# the argument of each such revert that names the provider at fault
+CULPRIT_ARGUMENT = {
+    "ProviderNotTrusted": "provider",
+    "InvalidSigner": "expected",
+    "AcceptNonceUsed": "provider",
+    "InsufficientFreeStake": "account",
+}
 NEEDS_VERIFIERS = "RoundUnitNeedsVerdict"
 
 
@@ -181,10 +198,7 @@ class RosterOutbox(Lifecycle):
         if done is not None:
             return self._record(action_id, done, error, chain)
         if action == OPEN_ACTION and name in OPEN_FINAL_ERRORS:
-            with self.store.transaction() as session:
-                roster_row = self.store.get_roster(session, row_id(row), for_update=True)
-                roster_row.state, roster_row.last_error = "failed", error
-                session.add(roster_row)
+            self._after_failed_open(row, exc, error)
             return self._record(action_id, "reverted", error, chain)
         if name == NEEDS_VERIFIERS:
             with self.store.transaction() as session:
@@ -194,6 +208,29 @@ class RosterOutbox(Lifecycle):
                 entry.payload_json = json.dumps(stored, sort_keys=True)
                 session.add(entry)
         return self._record(action_id, "retrying", error, chain)
+
+    def _after_failed_open(self, row: RosterRow, exc: Exception, error: str) -> None:
+        """Redraw the roster without the providers that made its open fail for good (the revert's named
+        party, or those whose Accept expired), or fall back to the per-unit path when none is named."""
+        now = self.clock()
+        name = getattr(exc, "name", "")
+        arguments: dict[str, Any] = getattr(exc, "arguments", {})
+        with self.store.transaction() as session:
+            roster_row = self.store.get_roster(session, row_id(row), for_update=True)
+            providers = {p.lower(): p for p in roster_of(roster_row).providers}
+            if name == "SignatureExpired":
+                culprits = {
+                    a.provider
+                    for a in self.store.roster_accepts(session, row_id(roster_row))
+                    if a.deadline <= now
+                }
+            else:
+                named = str(arguments.get(CULPRIT_ARGUMENT.get(name, ""), "")).lower()
+                culprits = {providers[named]} if named in providers else set()
+            if culprits:
+                self.rosters.redraw(session, roster_row, culprits, f"open failed: {error}", now)
+            else:
+                self.rosters.fall_back(session, roster_row, f"open failed: {error}", now)
 
     def _record(
         self,

@@ -97,6 +97,17 @@ def roster_of(row: RosterRow) -> Roster:
     return Roster(providers, tuple(json.loads(row.slots_json)), row.replicas, row.units_per_round, row.rounds)
 
 
+def excluded_of(row: RosterRow) -> list[str]:
+    """The providers a redraw of the roster leaves out."""
+    return list(json.loads(row.excluded_json or "[]"))
+
+
+def is_slot_unit(unit: UnitRow) -> bool:
+    """Whether a unit of a rounds order is one of its roster's (a training unit's first attempt, run on the
+    slots or set aside by a step), not a retry of one, which runs on the per-unit path."""
+    return unit.kind == UnitKind.TRAIN.value and unit.attempt == 0
+
+
 # What a roster's provider is handed (the Accept's unit key, its slots, the works deadline): the status.
 RosterView = RosterStatus
 
@@ -142,6 +153,8 @@ class RosterBook(Lifecycle):
             for row in self.store.rosters_in(session, ["drawing"]):
                 order = self.store.get_order(session, row.order_id)
                 stakes, capacity = self._provider_pool(session, order, collateral)
+                for provider in excluded_of(row):
+                    stakes.pop(provider, None)
                 try:
                     roster = draw_roster(
                         block_hash,
@@ -153,6 +166,9 @@ class RosterBook(Lifecycle):
                         row.rounds,
                     )
                 except MarketError as exc:
+                    if excluded_of(row):  # a redraw without those who failed it: the per-unit path instead
+                        self.fall_back(session, row, f"redraw failed: {exc}", now)
+                        continue
                     row.last_error = str(exc)
                     row.updated_at = now
                     session.add(row)
@@ -162,14 +178,54 @@ class RosterBook(Lifecycle):
                 row.roster_key = "0x" + roster.key.hex()
                 row.selection_block = head
                 row.state = "accepting"
-                row.last_error = None
+                row.drawn_at = now
                 row.updated_at = now
                 session.add(row)
+                for unit in self.store.units_of_order(session, row.order_id):
+                    if unit.state == UnitState.ROSTERED.value:  # a redraw: the new roster's slots run it
+                        self.add_slots(session, order, unit)
                 if order.state == OrderState.OPEN.value:
                     order.state = OrderState.RUNNING.value
                     session.add(order)
                 drawn += 1
+        if drawn:
+            self.triggers.match(True)  # its providers' slots are load now (Matchmaker.refresh_pool)
         return drawn
+
+    def redraw(self, session: Session, row: RosterRow, failed: set[str], reason: str, now: int) -> None:
+        """Draw the roster again without `failed` (providers whose Accept never came, or that made its open
+        revert for good: a spent nonce, a streak or stake that no longer holds): what the last draw
+        collected is forgotten, the round-0 units lose their slots until :meth:`draw_pending` seats the new
+        providers, who sign the new roster key. Only before the roster is open on chain."""
+        if row.state not in ("accepting", "opening"):
+            raise IllegalTransition(f"roster {row.id} is {row.state}: only an unopened roster is redrawn")
+        self.store.clear_roster_draw(session, row_id(row))
+        for unit in self.store.units_of_order(session, row.order_id):
+            if unit.state == UnitState.ROSTERED.value:
+                for replica in self.store.replicas_of(session, row_id(unit)):
+                    session.delete(replica)
+        row.excluded_json = json.dumps(sorted(set(excluded_of(row)) | failed))
+        row.providers_json, row.slots_json, row.roster_key = "[]", "[]", None
+        row.state, row.last_error, row.updated_at = "drawing", reason, now
+        session.add(row)
+        session.flush()
+
+    def fall_back(self, session: Session, row: RosterRow, reason: str, now: int) -> None:
+        """The roster can never open (nobody left to draw, or its open refused for a reason no redraw
+        clears): it fails, and the order's training units run on the per-unit path (matched, assigned and
+        settled one by one) from now on; nothing of the roster is on chain, so the order's whole budget is
+        there for them."""
+        row.state, row.last_error, row.updated_at = "failed", reason, now
+        session.add(row)
+        for unit in self.store.units_of_order(session, row.order_id):
+            if unit.state == UnitState.ROSTERED.value:
+                for replica in self.store.replicas_of(session, row_id(unit)):
+                    session.delete(replica)
+                unit.state = advance(UnitState.ROSTERED, UnitState.PENDING, what=f"unit {unit.id}").value
+                unit.k, unit.updated_at = row.replicas, now
+                session.add(unit)
+        session.flush()
+        self.triggers.match(False)
 
     def _provider_pool(
         self, session: Session, order: OrderRow, collateral: int
@@ -207,18 +263,18 @@ class RosterBook(Lifecycle):
     # --- what providers see and sign ---
 
     def status(self, session: Session, order_id: int) -> RosterStatus | None:
-        """The order's roster as its status shows it (None: no roster, or not drawn yet)."""
+        """The order's roster as its status shows it (None: no roster, or not drawn yet; a roster that failed
+        in a redraw shows no providers)."""
         row = self.store.roster_of_order(session, order_id)
-        if row is None or row.providers_json == "[]":
+        if row is None or (row.providers_json == "[]" and row.state != "failed"):
             return None
-        roster = roster_of(row)
         return RosterStatus(
             order_id=order_id,
             chain_order_id=row.chain_order_id,
             state=row.state,
             roster_key=row.roster_key or "",
-            providers=roster.providers,
-            slots=roster.slots,
+            providers=tuple(json.loads(row.providers_json)),
+            slots=tuple(json.loads(row.slots_json)),
             replicas=row.replicas,
             units_per_round=row.units_per_round,
             rounds=row.rounds,
@@ -386,6 +442,12 @@ class RosterBook(Lifecycle):
 
     # --- the round's training units (market/orders.py runs them as it runs a folded order's units) ---
 
+    def seats(self, session: Session, order: OrderRow) -> bool:
+        """Whether the order's training units run on roster slots: it has a roster, and it did not fail
+        (a failed roster's units run on the per-unit path)."""
+        row = self.store.roster_of_order(session, row_id(order))
+        return row is not None and row.state != "failed"
+
     def add_slots(self, session: Session, order: OrderRow, unit: UnitRow) -> None:
         """A round-path training unit is ROSTERED, with one replica per slot of its unit, held by the
         roster's providers: proposed until the provider accepted the roster, signed after."""
@@ -515,7 +577,7 @@ class RosterBook(Lifecycle):
         with self.store.transaction() as session:
             for row in self.store.rosters_in(session, ["accepting", "open"]):
                 if row.state == "accepting":
-                    queued += self._plan_open(session, row, now)
+                    queued += self._plan_open(session, row, now) or self._redraw_when_late(session, row, now)
                     continue
                 try:
                     chain = self._read(row)
@@ -537,6 +599,16 @@ class RosterBook(Lifecycle):
         if queued:
             self.triggers.settle()
         return queued
+
+    def _redraw_when_late(self, session: Session, row: RosterRow, now: int) -> int:
+        """Redraw a roster whose Accepts did not all come within ``accept_timeout_s`` of its draw, without
+        the providers that did not send theirs (as a per-unit proposal is dropped after that long)."""
+        if row.drawn_at is None or now <= row.drawn_at + self.config.accept_timeout_s:
+            return 0
+        accepted = {a.provider for a in self.store.roster_accepts(session, row_id(row))}
+        silent = set(roster_of(row).providers) - accepted
+        self.redraw(session, row, silent, f"no Accept from {sorted(silent)} in time", now)
+        return 0
 
     def _closable_at_deadline(
         self, session: Session, row: RosterRow, chain: RosterChainState | None, now: int
@@ -624,7 +696,7 @@ class RosterBook(Lifecycle):
     def _accept_paid(self, session: Session, row: RosterRow, chain: RosterChainState) -> None:
         revealed = chain.committed - (1 if chain.pending_block else 0)
         units = self.store.units_of_order(session, row.order_id)
-        seen = sum(1 for u in units if u.kind == UnitKind.TRAIN.value and u.chain_unit_id is not None)
+        seen = sum(1 for u in units if is_slot_unit(u) and u.chain_unit_id is not None)
         if seen != chain.set_aside_units:
             return  # the sync has not applied every UnitSetAside yet: a unit left ROSTERED may be one
         for unit in units:
@@ -700,7 +772,7 @@ class RosterBook(Lifecycle):
             1
             for unit in self.store.units_of_order(session, row.order_id)
             if unit.chain_unit_id is not None
-            and unit.kind == UnitKind.TRAIN.value
+            and is_slot_unit(unit)
             and unit.state not in (UnitState.ACCEPTED.value, UnitState.FAILED.value)
         )
         return RosterProgress(

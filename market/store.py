@@ -274,6 +274,8 @@ class RosterRow(SQLModel, table=True):
     last_error: str | None = None
     created_at: int
     updated_at: int
+    drawn_at: int | None = None  # when the providers were drawn: their Accepts are due accept_timeout_s later
+    excluded_json: str | None = None  # providers a redraw leaves out (they failed an open of this roster)
 
 
 class RosterAcceptRow(SQLModel, table=True):
@@ -574,15 +576,60 @@ class MarketStore:
         return session.exec(query).all()
 
     def active_load(self, session: Session, provider: str | None = None) -> dict[str, int]:
-        """Units each provider is busy with: its unsettled replicas (derived, so no counter can drift)."""
+        """Units each provider is busy with: its unsettled replicas of units run one by one, plus its slots
+        of a round in each roster still running (:meth:`roster_load`, which stands for the replicas of the
+        roster's own units). Derived, so no counter can drift."""
+        slot_unit = (
+            (col(UnitRow.kind) == "train")
+            & (col(UnitRow.attempt) == 0)
+            & col(UnitRow.order_id).in_(select(RosterRow.order_id).where(col(RosterRow.state) != "failed"))
+        )
         query = (
             select(ReplicaRow.provider, func.count())
-            .where(col(ReplicaRow.state).in_(ACTIVE_REPLICA_STATES))
+            .join(UnitRow, col(UnitRow.id) == col(ReplicaRow.unit_id))
+            .where(col(ReplicaRow.state).in_(ACTIVE_REPLICA_STATES), ~slot_unit)
             .group_by(col(ReplicaRow.provider))
         )
         if provider is not None:
             query = query.where(ReplicaRow.provider == provider)
-        return {address: int(count) for address, count in session.exec(query).all()}
+        load = {address: int(count) for address, count in session.exec(query).all()}
+        for address, slots in self.roster_load(session).items():
+            if provider is None or address == provider:
+                load[address] = load.get(address, 0) + slots
+        return load
+
+    def roster_load(self, session: Session) -> dict[str, int]:
+        """Each provider's slots of a round in the drawn rosters that still have rounds to run, between
+        rounds too (the slots are its for the whole order, as the collateral the chain locks): except while
+        the roster's order waits for a per-unit retry of its own, which its providers may take."""
+        rosters = session.exec(
+            select(RosterRow)
+            .join(OrderRow, col(OrderRow.id) == col(RosterRow.order_id))
+            .where(
+                col(RosterRow.state).in_(["accepting", "opening", "open"]),
+                col(OrderRow.state).in_([OrderState.OPEN.value, OrderState.RUNNING.value]),
+                col(RosterRow.committed) < col(RosterRow.rounds),
+            )
+        ).all()
+        if not rosters:
+            return {}
+        waiting = set(
+            session.exec(
+                select(UnitRow.order_id).where(
+                    col(UnitRow.order_id).in_([r.order_id for r in rosters]),
+                    col(UnitRow.attempt) > 0,
+                    col(UnitRow.state).not_in([UnitState.ACCEPTED.value, UnitState.FAILED.value]),
+                )
+            ).all()
+        )
+        load: dict[str, int] = {}
+        for roster in rosters:
+            if roster.order_id in waiting:
+                continue
+            providers = json.loads(roster.providers_json)
+            for index in json.loads(roster.slots_json):
+                load[providers[index]] = load.get(providers[index], 0) + 1
+        return load
 
     def replicas_of_units(self, session: Session, unit_ids: Sequence[int]) -> dict[int, list[ReplicaRow]]:
         """Replicas of many units in one query, grouped by unit, in replica order."""
@@ -824,6 +871,22 @@ class MarketStore:
             RosterWorkRow.roster_id == roster_id, RosterWorkRow.round_index == round_index
         )
         return session.exec(query.order_by(col(RosterWorkRow.slot))).all()
+
+    def clear_roster_draw(self, session: Session, roster_id: int) -> None:
+        """Forget what the roster's last draw collected (its Accepts, any works) and retire its open intent
+        under another name (kept for the record, never sent again): a redraw starts from nothing."""
+        for row in [
+            *self.roster_accepts(session, roster_id),
+            *session.exec(select(RosterWorkRow).where(RosterWorkRow.roster_id == roster_id)).all(),
+        ]:
+            session.delete(row)
+        opened = self.roster_action(session, roster_id, "open")
+        if opened is not None:
+            opened.action = f"open:redrawn:{opened.id}"
+            if opened.state in ("pending", "sending", "retrying"):
+                opened.state = "reverted"
+            session.add(opened)
+        session.flush()
 
     def roster_action(self, session: Session, roster_id: int, action: str) -> RosterActionRow | None:
         query = select(RosterActionRow).where(

@@ -77,7 +77,10 @@ UNIT_TRANSITIONS: dict[UnitState, frozenset[UnitState]] = {
     UnitState.REVEALING: frozenset({UnitState.FINALIZING, UnitState.VERIFYING, UnitState.FAILED}),
     UnitState.FINALIZING: frozenset({UnitState.ACCEPTED, UnitState.VERIFYING, UnitState.FAILED}),
     UnitState.VERIFYING: frozenset({UnitState.ACCEPTED, UnitState.FAILED}),
-    UnitState.ROSTERED: frozenset({UnitState.ACCEPTED, UnitState.VERIFYING, UnitState.FAILED}),
+    # PENDING: its roster never opened and the order fell back to the per-unit path (market/rosters.py)
+    UnitState.ROSTERED: frozenset(
+        {UnitState.ACCEPTED, UnitState.VERIFYING, UnitState.FAILED, UnitState.PENDING}
+    ),
     UnitState.ACCEPTED: frozenset(),
     UnitState.FAILED: frozenset(),
 }
