@@ -35,6 +35,7 @@ from veritrain.chain.eip712 import round_unit_id
 # no longer holds): the roster fails rather than retrying for good. Redrawing it is left (PLAN, Progress).
 OPEN_FINAL_ERRORS = frozenset({"SignatureExpired", "ProviderNotTrusted", "InvalidSigner", "RosterExists"})
 NEEDS_VERIFIERS = "RoundUnitNeedsVerdict"
+NOT_CLOSABLE_YET = "RosterNotClosable"
 
 
 class RosterOutbox(Lifecycle):
@@ -218,7 +219,10 @@ class RosterOutbox(Lifecycle):
                 stored["force_verifiers"] = True
                 entry.payload_json = json.dumps(stored, sort_keys=True)
                 session.add(entry)
-        return self._record(action_id, "retrying", error, chain)
+        retry_at = None
+        if name == NOT_CLOSABLE_YET:  # an audit posting's challenge window (or the deadline): try again then
+            retry_at = int(getattr(exc, "arguments", {}).get("closableAfter", 0)) + 1
+        return self._record(action_id, "retrying", error, chain, retry_at=retry_at)
 
     def _record(
         self,
@@ -227,6 +231,8 @@ class RosterOutbox(Lifecycle):
         error: str,
         chain: RosterChainState | None = None,
         tx_hash: str | None = None,
+        *,
+        retry_at: int | None = None,
     ) -> OutboxResult:
         """Record a send's outcome (failed and retrying back off) and adopt the chain's roster, if read."""
         now = self.clock()
@@ -239,6 +245,8 @@ class RosterOutbox(Lifecycle):
             if outcome in ("failed", "retrying"):
                 entry.state = "pending" if outcome == "failed" else "retrying"
                 entry.next_attempt_at = now + backoff_s(entry.attempts)
+                if retry_at is not None:  # the chain said when: not sooner, nor later
+                    entry.next_attempt_at = max(retry_at, now + 1)
             else:
                 entry.state = "confirmed" if entry.state == "confirmed" else outcome
                 entry.tx_hash = tx_hash or entry.tx_hash
