@@ -84,6 +84,7 @@ class ChainMarket:
     nonces: itertools.count = field(default_factory=lambda: itertools.count(1))
     offset: int = 0  # the market's clock runs this far ahead of the chain's
     verifiers_per_unit: int = 2
+    round_audits: bool = True  # rosters with verifiers who audit the drawn units (market/round_audits.py)
     salt: str = SALT  # every replica's commitment salt (a bench varies it per trial)
     # staked accounts in VerdictAppeals' referee pool: the contract, not the market, seats them on a panel
     referees: list[LocalAccount] = field(default_factory=list)
@@ -97,6 +98,7 @@ class ChainMarket:
             verdict_window_s=params.verdict_window,
             min_verifiers=params.min_verifiers,
             verifiers_per_unit=self.verifiers_per_unit,
+            round_audits=self.round_audits,
             policy=ReplicationPolicy(base_audit_ppm=0, trusted_audit_ppm=0),
         )
         port = self.wrap(ChainClientSettlement(self.client))

@@ -54,6 +54,9 @@ from veritrain.messages import (
     RosterOpeningSubmission,
     RosterStatus,
     RosterWorkSubmission,
+    RoundAuditJobsReply,
+    RoundAuditRefusal,
+    RoundAuditSubmission,
     Signed,
     VerdictSubmission,
     VerificationJobsReply,
@@ -218,6 +221,23 @@ def create_app(service: MarketService) -> FastAPI:
     def roster_opening(submission: RosterOpeningSubmission) -> Ack:
         service.rosters.open_slot(submission)
         return Ack(detail=f"opening of unit {submission.unit} of round {submission.round_index} is held")
+
+    # Round audits (market/round_audits.py): a roster verifier pulls the audits it owes (a signed pull, as
+    # /verification/jobs), then hands in its RoundAudit signature (authorized by itself: the same again is a
+    # no-op) or a signed refusal (replay-guarded by its nonce).
+    @app.post("/rosters/audits", responses=_ERRORS)
+    def round_audits(signed: Signed[Heartbeat]) -> RoundAuditJobsReply:
+        return service.rosters.audits.jobs(signed, service.orders.unit_work)
+
+    @app.post("/rosters/audit", responses=_ERRORS)
+    def round_audit(submission: RoundAuditSubmission) -> Ack:
+        state = service.rosters.audits.submit(submission)
+        return Ack(detail=f"the audit of round {submission.round_index} is {state}")
+
+    @app.post("/rosters/audit/refusal", responses=_ERRORS)
+    def round_audit_refusal(signed: Signed[RoundAuditRefusal]) -> Ack:
+        state = service.rosters.audits.refuse(signed)
+        return Ack(detail=f"the audit of round {signed.message.round_index} is {state}")
 
     @app.get("/orders/{order_id}/roster", responses=_ERRORS)
     def roster_of_order(order_id: Annotated[int, FastApiPath(ge=1, le=2**63 - 1)]) -> RosterStatus:

@@ -23,12 +23,20 @@ from market.ports import (
     RevealForm,
     RosterChainState,
     SignedAccept,
+    SignedAudit,
     SignedCommit,
     SignedVerdict,
 )
 from veritrain.chain import client as chain
-from veritrain.chain.client import ChainClient, Roster, RoundWork, Signed, VerifierSignature
-from veritrain.chain.eip712 import as_bytes32, compact_signature, outcomes_hash
+from veritrain.chain.client import (
+    AuditSignature,
+    ChainClient,
+    Roster,
+    RoundWork,
+    Signed,
+    VerifierSignature,
+)
+from veritrain.chain.eip712 import as_bytes32, audit_chains, compact_signature, outcomes_hash
 from veritrain.chain.errors import VerdictNotContradicted
 from veritrain.chain.tx import Receipt
 from veritrain.errors import MarketError
@@ -200,6 +208,7 @@ class ChainClientSettlement:
         works: Sequence[SignedCommit],
         verifiers: Sequence[str],
         withheld: int = 0,
+        audits: Sequence[SignedAudit] = (),
     ) -> str:
         reveals = [
             chain.Reveal(o.provider, as_bytes32(o.result_digest, "result_digest"), as_bytes32(o.salt, "salt"))
@@ -209,13 +218,27 @@ class ChainClientSettlement:
             RoundWork(as_bytes32(w.commitment, "commitment"), *compact_signature(_sig(w.signature)))
             for w in works
         ]
+        signed = [AuditSignature(a.verifier, *compact_signature(_sig(a.signature))) for a in audits]
         receipt = self.client.step_round(
-            order_id, roster, reveals, deadline, compact, withheld=withheld, verifiers=list(verifiers)
+            order_id,
+            roster,
+            reveals,
+            deadline,
+            compact,
+            withheld=withheld,
+            verifiers=list(verifiers),
+            audits=signed,
+            audit_records=self.client.audit_records(order_id),
         )
         return _mined("step_round", receipt)
 
+    def pending_audits(self, order_id: int) -> str:
+        records = self.client.audit_records(order_id)
+        return "0x" + audit_chains([r.as_tuple() for r in records])[1].hex()
+
     def close_roster(self, order_id: int, roster: Roster) -> str:
-        return _mined("close_roster", self.client.close_roster(order_id, roster))
+        records = self.client.audit_records(order_id)
+        return _mined("close_roster", self.client.close_roster(order_id, roster, records))
 
     def spot_check_ppm(self, replicas: int) -> int:
         params = self.client.params

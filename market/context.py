@@ -41,6 +41,11 @@ class MarketConfig:
     verdict_window_s: int = 1200
     verifiers_per_unit: int = 2
     min_verifiers: int = 1
+    # round audits (market/round_audits.py): a roster is opened with verifiers_per_unit verifiers, who
+    # audit its drawn units off chain; a round whose audit has no quorum within round_audit_timeout_s has
+    # its drawn units set aside for a verdict. False: rosters have no verifiers (every drawn unit set aside)
+    round_audits: bool = True
+    round_audit_timeout_s: int = 300
     provider_collateral: int = 0  # used only without a chain (benchmarks); the chain's value wins
     pool_refresh_s: float = 5.0
     # chain events are applied only this many blocks below the head, so a reorg of up to this depth never

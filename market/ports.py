@@ -58,6 +58,15 @@ class SignedAccept:
 
 
 @dataclass(frozen=True, slots=True)
+class SignedAudit:
+    """A roster verifier's `RoundAudit(orderId, records)` signature (65 bytes, hex); `verifier` is its index
+    among the roster's verifiers."""
+
+    verifier: int
+    signature: str
+
+
+@dataclass(frozen=True, slots=True)
 class SignedCommit:
     """A provider's UnitCommit signature (no nonce: a provider commits once per unit), for commitBatch."""
 
@@ -199,14 +208,24 @@ class RosterPort(Protocol):
         works: Sequence[SignedCommit],
         verifiers: Sequence[str],
         withheld: int = 0,
+        audits: Sequence[SignedAudit] = (),
     ) -> str:
         """Reveal the pending round (`openings` in slot order; none when nothing is pending) and commit the
         next (`works` in slot order; none for the last step or a held round's reveal), setting aside with
         `verifiers`. Bit i of `withheld`: slot i did not open (its opening's `result_digest` carries its
-        commitment; only after the round's reveal window)."""
+        commitment; only after the round's reveal window). The roster's pending audit chain is the chain's
+        (read from its events); `audits`, when given, post it: a quorum of the roster's verifiers over the
+        pending chain once this step's own round record is added."""
         ...
 
-    def close_roster(self, order_id: int, roster: Roster) -> str: ...
+    def pending_audits(self, order_id: int) -> str:
+        """The roster's pending audit chain (`RoundAudit.pending`; zero: none), from the chain's events."""
+        ...
+
+    def close_roster(self, order_id: int, roster: Roster) -> str:
+        """Close the roster (its verifiers' fees counted from the chain's audit records)."""
+        ...
+
     def spot_check_ppm(self, replicas: int) -> int:
         """The chain's draw rate for a unit of `replicas` replicas (the solo rate for one)."""
         ...

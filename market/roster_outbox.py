@@ -12,12 +12,20 @@ refusal or an RPC error is retried after a backoff.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 from market.context import Lifecycle, MarketContext, row_id
 from market.domain.rosters import CLOSE_ACTION, OPEN_ACTION, action_landed
 from market.outbox import OUTBOX_LEASE_S, OutboxResult, backoff_s
-from market.ports import RevealForm, RosterChainState, RosterPort, SignedAccept, SignedCommit
+from market.ports import (
+    RevealForm,
+    RosterChainState,
+    RosterPort,
+    SignedAccept,
+    SignedAudit,
+    SignedCommit,
+)
 from market.rosters import RosterBook, roster_of, roster_port
 from market.store import RosterRow
 from veritrain.chain.client import Roster
@@ -44,6 +52,7 @@ CULPRIT_ARGUMENT = {
     "InsufficientFreeStake": "account",
 }
 NEEDS_VERIFIERS = "RoundUnitNeedsVerdict"
+NOT_CLOSABLE_YET = "RosterNotClosable"
 
 
 class RosterOutbox(Lifecycle):
@@ -116,7 +125,9 @@ class RosterOutbox(Lifecycle):
         if action == OPEN_ACTION:
             if not chain.exists:
                 return None
-            return "confirmed" if chain.key.lower() == (row.roster_key or "").lower() else "reverted"
+            # the chain records the parties' key; the Accept's (row.roster_key) covers the verifiers too
+            parties = "0x" + replace(roster_of(row), verifiers=()).key.hex()
+            return "confirmed" if chain.key.lower() == parties else "reverted"
         if action == CLOSE_ACTION:
             return "confirmed" if chain.closed else None
         if chain.exists and action_landed(action, row.rounds, chain.committed, chain.pending_block != 0):
@@ -154,24 +165,39 @@ class RosterOutbox(Lifecycle):
             for w in payload.get("works", [])
         ]
         verifiers: list[str] = []
+        audits: list[SignedAudit] = []
         if payload.get("reveal") is not None:
-            verifiers = self._verifiers(row, roster, payload, chain, action_id)
+            # the revealed round's audited units stay pending (their audit is signed over the chain's pending
+            # audit chain); the last step, or one that sets units aside, posts what is pending after it
+            pending = port.pending_audits(row.chain_order_id)
+            audited, after = self.rosters.audits.signed_units(row, int(payload["reveal"]), pending)
+            verifiers = self._verifiers(row, roster, payload, chain, action_id, audited)
+            if int(after, 16) != 0 and (payload.get("commit") is None or verifiers):
+                audits = self.rosters.audits.posting(row, after)
         return port.step_round(
-            row.chain_order_id, roster, openings, int(payload["deadline"]), works, verifiers, withheld
+            row.chain_order_id, roster, openings, int(payload["deadline"]), works, verifiers, withheld, audits
         )
 
     def _verifiers(
-        self, row: RosterRow, roster: Roster, payload: dict[str, Any], chain: RosterChainState, action_id: int
+        self,
+        row: RosterRow,
+        roster: Roster,
+        payload: dict[str, Any],
+        chain: RosterChainState,
+        action_id: int,
+        audited: int = 0,
     ) -> list[str]:
         """The verifiers the revealing step carries: none when no unit will be set aside (predicted from the
-        chain's own inputs: the commit block's hash, its rate, the providers' streaks), else the draw's; a
-        step the chain refused for a unit needing a verdict carries them anyway. Recorded in the action, so
-        that the set-aside units' verifiers are known when their events arrive."""
+        chain's own inputs: the commit block's hash, its rate, the providers' streaks; the `audited` units
+        stay pending), else the draw's; a step the chain refused for a unit needing a verdict carries them
+        anyway. Recorded in the action, so that the set-aside units' verifiers are known when their events
+        arrive."""
         round_index = int(payload["reveal"])
         block_hash = self.rosters.seed_hash(chain.pending_block)
         # a withheld slot counts as opened only with an opening published on chain (the sync saw it)
         values: list[str | None] = [o["result_digest"] for o in payload["openings"]]
         reasons = self.rosters.predict(roster, row.chain_order_id, round_index, chain, block_hash, values)
+        reasons = {unit: reason for unit, reason in reasons.items() if not audited >> unit & 1}
         if not reasons and not payload.get("force_verifiers"):
             return []
         seed_key = f"0x{round_unit_id(row.chain_order_id, round_index, 0):064x}"
@@ -207,7 +233,10 @@ class RosterOutbox(Lifecycle):
                 stored["force_verifiers"] = True
                 entry.payload_json = json.dumps(stored, sort_keys=True)
                 session.add(entry)
-        return self._record(action_id, "retrying", error, chain)
+        retry_at = None
+        if name == NOT_CLOSABLE_YET:  # an audit posting's challenge window (or the deadline): try again then
+            retry_at = int(getattr(exc, "arguments", {}).get("closableAfter", 0)) + 1
+        return self._record(action_id, "retrying", error, chain, retry_at=retry_at)
 
     def _after_failed_open(self, row: RosterRow, exc: Exception, error: str) -> None:
         """Redraw the roster without the providers that made its open fail for good (the revert's named
@@ -239,6 +268,8 @@ class RosterOutbox(Lifecycle):
         error: str,
         chain: RosterChainState | None = None,
         tx_hash: str | None = None,
+        *,
+        retry_at: int | None = None,
     ) -> OutboxResult:
         """Record a send's outcome (failed and retrying back off) and adopt the chain's roster, if read."""
         now = self.clock()
@@ -251,6 +282,8 @@ class RosterOutbox(Lifecycle):
             if outcome in ("failed", "retrying"):
                 entry.state = "pending" if outcome == "failed" else "retrying"
                 entry.next_attempt_at = now + backoff_s(entry.attempts)
+                if retry_at is not None:  # the chain said when: not sooner, nor later
+                    entry.next_attempt_at = max(retry_at, now + 1)
             else:
                 entry.state = "confirmed" if entry.state == "confirmed" else outcome
                 entry.tx_hash = tx_hash or entry.tx_hash

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from eth_utils import to_checksum_address
@@ -33,6 +34,7 @@ from market.context import Lifecycle, MarketContext, require_signer, row_id
 from market.domain.binding import is_bound
 from market.domain.rosters import (
     CLOSE_ACTION,
+    MAX_ROSTER_VERIFIERS,
     OPEN_ACTION,
     REVEAL_PREFIX,
     SETTLE_BY_ROUNDS,
@@ -48,6 +50,7 @@ from market.domain.rounds import plan_round
 from market.domain.selection import ROLE_VERIFIERS, sample, selection_seed
 from market.domain.states import OrderState, ReplicaState, UnitState, advance
 from market.ports import ChainEvent, RosterChainState, RosterPort
+from market.round_audits import RoundAudits, verifiers_of
 from market.store import (
     OrderRow,
     ReplicaRow,
@@ -94,7 +97,14 @@ def roster_of(row: RosterRow) -> Roster:
     providers = tuple(json.loads(row.providers_json))
     if not providers:
         raise MarketError(f"roster {row.id} is not drawn yet")
-    return Roster(providers, tuple(json.loads(row.slots_json)), row.replicas, row.units_per_round, row.rounds)
+    return Roster(
+        providers,
+        tuple(json.loads(row.slots_json)),
+        row.replicas,
+        row.units_per_round,
+        row.rounds,
+        tuple(verifiers_of(row)),
+    )
 
 
 def excluded_of(row: RosterRow) -> list[str]:
@@ -115,6 +125,7 @@ RosterView = RosterStatus
 class RosterBook(Lifecycle):
     def __init__(self, ctx: MarketContext) -> None:
         super().__init__(ctx)
+        self.audits = RoundAudits(ctx)
 
     # --- registration (OrderBook.post_order) ---
 
@@ -146,7 +157,8 @@ class RosterBook(Lifecycle):
                 return 0  # no chain read for nothing: this runs at every tick
         head = self.chain.block_number()
         block_hash = self.chain.block_hash(head)
-        collateral = self.chain.terms().provider_collateral
+        terms = self.chain.terms()
+        collateral = terms.provider_collateral
         drawn = 0
         now = self.clock()
         with self.store.transaction() as session:
@@ -165,6 +177,11 @@ class RosterBook(Lifecycle):
                         row.units_per_round,
                         row.rounds,
                     )
+                    if self.config.round_audits:
+                        verifiers = self._draw_verifiers(
+                            session, roster, block_hash, terms.verifier_collateral
+                        )
+                        roster = replace(roster, verifiers=verifiers)
                 except MarketError as exc:
                     if excluded_of(row):  # a redraw without those who failed it: the per-unit path instead
                         self.fall_back(session, row, f"redraw failed: {exc}", now)
@@ -174,6 +191,7 @@ class RosterBook(Lifecycle):
                     session.add(row)
                     continue
                 row.providers_json = json.dumps(list(roster.providers))
+                row.verifiers_json = json.dumps(list(roster.verifiers))
                 row.slots_json = json.dumps(list(roster.slots))
                 row.roster_key = "0x" + roster.key.hex()
                 row.selection_block = head
@@ -243,6 +261,35 @@ class RosterBook(Lifecycle):
             capacity[agent.address] = agent.free_stake // collateral if collateral else 1 << 32
         return stakes, capacity
 
+    def _draw_verifiers(
+        self, session: Session, roster: Roster, block_hash: str, collateral: int
+    ) -> tuple[str, ...]:
+        """The roster's verifiers, who audit its drawn units (market/round_audits.py): online registered
+        verifiers with free stake for the verifier collateral, none a provider of the roster or run by a
+        provider's operator, by the stake-weighted draw seeded by the roster's block hash and key (a draw
+        of its own, as a unit's verifiers are drawn apart from its replicas); as many as the config asks (at
+        least the chain's minimum, at most 5). MarketError when too few can take it: the roster waits."""
+        providers = {p.lower() for p in roster.providers}
+        operators = {
+            agent.operator.lower()
+            for agent in self.store.agents(session, AgentRole.PROVIDER.value)
+            if agent.address.lower() in providers
+        }
+        pool = {
+            agent.address: agent.bonded_stake
+            for agent in self.store.agents(session, AgentRole.VERIFIER.value)
+            if agent.online
+            and agent.address.lower() not in providers
+            and agent.operator.lower() not in operators
+            and agent.free_stake >= collateral
+        }
+        wanted = min(max(self.config.verifiers_per_unit, self.config.min_verifiers, 1), MAX_ROSTER_VERIFIERS)
+        seed = selection_seed(block_hash, "0x" + roster.key.hex())
+        chosen = sample(block_hash, seed, ROLE_VERIFIERS, pool, wanted)
+        if len(chosen) < max(self.config.min_verifiers, 1):
+            raise MarketError(f"only {len(chosen)} verifiers with free stake can audit the roster")
+        return tuple(chosen)
+
     def choose_verifiers(self, roster: Roster, block_hash: str, seed_key: str) -> list[str]:
         """The verifiers a step sets its units aside with: registered online verifiers that are none of the
         roster's providers, by the stake-weighted draw seeded by `block_hash` (the revealed round's commit
@@ -282,6 +329,11 @@ class RosterBook(Lifecycle):
             committed=row.committed,
             revealed=row.revealed,
         )
+
+    def roster(self, order_id: int) -> Roster:
+        """The order's drawn roster, verifiers included (NotFound: no roster; MarketError: not drawn yet)."""
+        with self.store.transaction() as session:
+            return roster_of(self._roster(session, order_id))
 
     def view(self, order_id: int) -> RosterView:
         """The order's drawn roster (NotFound: no roster; MarketError: not drawn yet)."""
@@ -650,16 +702,17 @@ class RosterBook(Lifecycle):
         if not candidates:
             return
         roster = roster_of(row)
+        values = self._slot_values(session, row, round_index)
         reasons = self.predict(
-            roster,
-            row.chain_order_id,
-            round_index,
-            chain,
-            self.seed_hash(chain.pending_block),
-            self._slot_values(session, row, round_index),
+            roster, row.chain_order_id, round_index, chain, self.seed_hash(chain.pending_block), values
+        )
+        works = self.store.roster_works(session, row_id(row), round_index)
+        opened = len(works) == len(values) and all(w.salt is not None for w in works)
+        audited = self.audits.usable_units(
+            session, row, round_index, reasons, values, opened, chain.pending_block
         )
         for unit, replicas in candidates:
-            if unit.shard not in reasons:
+            if unit.shard not in reasons or unit.shard in audited:
                 self._accept(session, unit, replicas)
 
     def predict(
@@ -768,6 +821,11 @@ class RosterBook(Lifecycle):
                     held.add(index)
         if pending is not None and self._rostered(session, row, pending):
             held.add(pending)
+        auditing = (
+            frozenset({pending})
+            if pending is not None and self.audits.collecting(session, row, pending)
+            else frozenset()
+        )
         open_set_aside = sum(
             1
             for unit in self.store.units_of_order(session, row.order_id)
@@ -784,6 +842,7 @@ class RosterBook(Lifecycle):
             openings_ready=frozenset(openings),
             open_set_aside=open_set_aside,
             held=frozenset(held),
+            auditing=auditing,
         )
 
     def _step(self, session: Session, row: RosterRow, plan: StepPlan) -> dict[str, Any]:
@@ -839,7 +898,7 @@ class RosterBook(Lifecycle):
             if row.state in ("accepting", "opening"):
                 row.state = "open"
             self._confirm(session, row, OPEN_ACTION, now)
-            touched = providers
+            touched = providers | set(verifiers_of(row))  # each locked its collateral
         elif event.name == "RoundCommitted":
             round_index = int(args["round"])
             row.committed = max(row.committed, round_index + 1)
@@ -862,7 +921,7 @@ class RosterBook(Lifecycle):
         elif event.name == "RosterClosed":
             row.state = "closed"
             self._confirm(session, row, "close", now)
-            touched = providers
+            touched = providers | set(verifiers_of(row))
         else:
             return set()
         row.updated_at = now

@@ -276,6 +276,9 @@ class RosterRow(SQLModel, table=True):
     updated_at: int
     drawn_at: int | None = None  # when the providers were drawn: their Accepts are due accept_timeout_s later
     excluded_json: str | None = None  # providers a redraw leaves out (they failed an open of this roster)
+    # the roster's verifiers (JSON list, inside roster_key): they audit its drawn units (RoundAuditRow);
+    # None or "[]": none, every drawn unit is set aside for a verdict
+    verifiers_json: str | None = None
 
 
 class RosterAcceptRow(SQLModel, table=True):
@@ -308,6 +311,43 @@ class RosterWorkRow(SQLModel, table=True):
     signature: str = Field(max_length=132)
     result_digest: str | None = Field(default=None, max_length=66)
     salt: str | None = Field(default=None, max_length=66)
+
+
+class RoundAuditRow(SQLModel, table=True):
+    """A round's audit by the roster's verifiers (market/rosters.py): the units the chain will draw from it
+    (unanimous, no weak provider), the pending audit chain before it and through it (``records``: what a
+    verifier signs). ``state``: collecting -> signed (a majority of the roster's verifiers signed
+    ``records``: the units may be used, the round's step leaves them pending) | refused (a verifier
+    rejected a unit, or no quorum by ``deadline``: the step sets them aside for a verdict)."""
+
+    __tablename__ = "round_audits"
+    __table_args__ = (UniqueConstraint("roster_id", "round_index"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    roster_id: int = Field(foreign_key="rosters.id", index=True)
+    round_index: int
+    units: int  # bit u: unit u is audited
+    pending: str = Field(max_length=66)  # the pending audit chain before this round
+    records: str = Field(max_length=66)  # the pending audit chain through this round
+    seed_block: int  # the block that committed the round: its hash drew the units (the jobs' randomness)
+    state: str = Field(default="collecting", max_length=16)
+    deadline: int
+    created_at: int
+    updated_at: int
+
+
+class RoundAuditVoteRow(SQLModel, table=True):
+    """One roster verifier's answer to a round audit: its `RoundAudit` signature over the audit's
+    ``records``, or (no signature) its refusal with a reason."""
+
+    __tablename__ = "round_audit_votes"
+    __table_args__ = (UniqueConstraint("audit_id", "verifier"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    audit_id: int = Field(foreign_key="round_audits.id", index=True)
+    verifier: str = Field(max_length=42)
+    signature: str | None = Field(default=None, max_length=132)
+    reason: str = ""
 
 
 class RosterActionRow(SQLModel, table=True):
@@ -903,6 +943,10 @@ class MarketStore:
             session, RosterActionRow(roster_id=roster_id, action=action), payload, now
         )
 
+    def roster_actions_of(self, session: Session, roster_id: int) -> Sequence[RosterActionRow]:
+        query = select(RosterActionRow).where(RosterActionRow.roster_id == roster_id)
+        return session.exec(query.order_by(col(RosterActionRow.id))).all()
+
     def get_roster_action(
         self, session: Session, action_id: int, *, for_update: bool = False
     ) -> RosterActionRow:
@@ -914,6 +958,28 @@ class MarketStore:
             col(RosterActionRow.next_attempt_at) <= now,
         )
         return session.exec(query.order_by(col(RosterActionRow.id)).limit(limit)).all()
+
+    def round_audit(
+        self, session: Session, roster_id: int, round_index: int, *, for_update: bool = False
+    ) -> RoundAuditRow | None:
+        query = select(RoundAuditRow).where(
+            RoundAuditRow.roster_id == roster_id, RoundAuditRow.round_index == round_index
+        )
+        if for_update:
+            query = query.with_for_update()
+        return session.exec(query).first()
+
+    def round_audits(self, session: Session, roster_id: int) -> Sequence[RoundAuditRow]:
+        query = select(RoundAuditRow).where(RoundAuditRow.roster_id == roster_id)
+        return session.exec(query.order_by(col(RoundAuditRow.round_index))).all()
+
+    def round_audits_in(self, session: Session, states: Sequence[str]) -> Sequence[RoundAuditRow]:
+        query = select(RoundAuditRow).where(col(RoundAuditRow.state).in_(states))
+        return session.exec(query.order_by(col(RoundAuditRow.id))).all()
+
+    def round_audit_votes(self, session: Session, audit_id: int) -> Sequence[RoundAuditVoteRow]:
+        query = select(RoundAuditVoteRow).where(RoundAuditVoteRow.audit_id == audit_id)
+        return session.exec(query.order_by(col(RoundAuditVoteRow.id))).all()
 
     # --- chain cursor ---
 

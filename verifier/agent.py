@@ -61,7 +61,7 @@ from veritrain.errors import AgentError, VeritrainError
 
 if TYPE_CHECKING:
     from verifier.core import Submission, ToleranceTable, VerifierPolicy
-    from veritrain.messages import VerificationJobView
+    from veritrain.messages import RoundAuditJob, VerificationJobView
     from veritrain.pol import State, Transcript, UnitSpec
 
 logger = logging.getLogger("veritrain.verifier")
@@ -82,6 +82,7 @@ class VerifierConfig(AgentCommonConfig):
 
 
 OUTCOME_CODES = {"accept": 0, "fault": 1, "fraud": 2}  # JobMarket's per-replica outcome numbering
+ROUND_AUDIT_REASON = "round_audit"  # a unit's check inside a roster's round audit (market/round_audits.py)
 
 
 class ReplicaEvidence:
@@ -111,7 +112,7 @@ def audit_of(job: VerificationJobView) -> tuple[bool, VerifierPolicy | None]:
 
     if job.reason == CANARY_REASON:
         return True, VerifierPolicy(random_segments=job.steps)
-    return job.reason in ("spot_check", "appeal"), None
+    return job.reason in ("spot_check", "appeal", ROUND_AUDIT_REASON), None
 
 
 def unanimous(job: VerificationJobView) -> bool:
@@ -214,10 +215,67 @@ class VerifierAgent(AgentPlumbing):
                 delay = min(RETRY_MAX_S, RETRY_BASE_S * 2 ** (failures - 1))
                 self._retry_at[job.job_id] = now + delay
                 logger.error("job %d: %s: %s (retry in %.0fs)", job.job_id, type(err).__name__, err, delay)
+        self.audit_rounds()
         self.watch.tick()
         if self.referee is not None and now >= self._referee_at:
             self._referee_at = now + REFEREE_POLL_S
             self.referee.tick()
+
+    def audit_rounds(self) -> None:
+        """The round audits our rosters owe (market/round_audits.py), each answered once (remembered across
+        restarts): signed when every audited unit re-executes as accepted and what we sign is the chain's
+        (verifier/round_audit.py), else refused with why; one the market or the chain cannot serve now is
+        tried again at a later tick."""
+        from veritrain.messages import Heartbeat, sign_message
+
+        message = Heartbeat(agent=self.address, nonce=self.clock.next_nonce(), timestamp=self.clock.now())
+        reply = self.market.round_audits(sign_message(message, self.account.key, self.deployment.chain_id))
+        for job in reply.audits:
+            name = f"audit-{job.chain_order_id}-{job.round_index}"
+            if (self.done_dir / f"{name}.json").exists():
+                continue
+            try:
+                self.mark_done(name, self.audit_round(job))
+            except (VeritrainError, httpx.HTTPError) as err:
+                logger.warning("round audit %s: %s: %s (again next tick)", name, type(err).__name__, err)
+
+    def audit_round(self, job: RoundAuditJob) -> dict[str, Any]:
+        """Check, re-execute and answer one round audit; returns what was answered."""
+        from verifier.round_audit import RoundAuditRefused, audit_records
+        from veritrain.messages import RoundAuditRefusal, RoundAuditSubmission, sign_message
+
+        try:
+            records = audit_records(self.chain, job, self.address)
+            for view in job.jobs:
+                outcomes, reasons = self.decide(view)
+                if any(outcome != OUTCOME_CODES["accept"] for outcome in outcomes):
+                    raise RoundAuditRefused(f"unit {view.shard}: outcomes {outcomes}: {reasons}")
+        except RoundAuditRefused as err:
+            logger.warning("round %d of order %d refused: %s", job.round_index, job.order_id, err)
+            refusal = RoundAuditRefusal(
+                agent=self.address,
+                nonce=self.clock.next_nonce(),
+                timestamp=self.clock.now(),
+                order_id=job.order_id,
+                round_index=job.round_index,
+                reason=str(err)[:512],
+            )
+            self.market.round_audit_refusal(sign_message(refusal, self.account.key, self.deployment.chain_id))
+            return {"refused": str(err)}
+        signature = self.chain.round_audit_signature(self.account, job.chain_order_id, records)
+        self.market.round_audit(
+            RoundAuditSubmission(
+                order_id=job.order_id,
+                round_index=job.round_index,
+                verifier=self.address,
+                records="0x" + records.hex(),
+                signature="0x" + signature.hex(),
+            )
+        )
+        logger.info(
+            "round %d of order %d audited: units %#x signed", job.round_index, job.order_id, job.units
+        )
+        return {"signed": "0x" + records.hex(), "units": job.units}
 
     def judge(self, chain_unit_id: int) -> tuple[int, ...] | None:
         """A seated referee's re-execution of `chain_unit_id`, from the evidence the market serves; None
@@ -381,7 +439,7 @@ class VerifierAgent(AgentPlumbing):
             self.watch.signed(job.chain_unit_id, outcomes)
         self.mark_done(job.job_id, {"outcomes": outcomes, "reasons": json.loads(reasons)})
 
-    def mark_done(self, job_id: int, record: dict[str, Any]) -> None:
+    def mark_done(self, job_id: int | str, record: dict[str, Any]) -> None:
         """Remember a finished job across restarts, so a verdict is never signed twice."""
         self.done_dir.mkdir(parents=True, exist_ok=True)
         (self.done_dir / f"{job_id}.json").write_text(json.dumps(record, sort_keys=True))

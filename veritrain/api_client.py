@@ -36,6 +36,9 @@ from veritrain.messages import (
     RosterOpeningSubmission,
     RosterStatus,
     RosterWorkSubmission,
+    RoundAuditJobsReply,
+    RoundAuditRefusal,
+    RoundAuditSubmission,
     Signed,
     VerdictSubmission,
     VerificationJobsReply,
@@ -126,6 +129,15 @@ class MarketClient:
 
     def roster_opening(self, submission: RosterOpeningSubmission) -> Ack:
         return self._call("POST", "/rosters/opening", Ack, submission)
+
+    def round_audits(self, signed: Signed[Heartbeat]) -> RoundAuditJobsReply:
+        return self._call("POST", "/rosters/audits", RoundAuditJobsReply, signed)
+
+    def round_audit(self, submission: RoundAuditSubmission) -> Ack:
+        return self._call("POST", "/rosters/audit", Ack, submission)
+
+    def round_audit_refusal(self, signed: Signed[RoundAuditRefusal]) -> Ack:
+        return self._call("POST", "/rosters/audit/refusal", Ack, signed)
 
     def roster(self, order_id: int) -> RosterStatus:
         return self._call("GET", f"/orders/{order_id}/roster", RosterStatus)

@@ -237,6 +237,22 @@ class AgentInfo(Frozen):
 MessageT = TypeVar("MessageT", bound=AgentMessage)
 
 
+class RoundAuditRefusal(AgentMessage):
+    """A roster verifier refuses a round audit (a unit it re-ran does not hold, or what it was asked to sign
+    is not what the chain says): the round's drawn units are then set aside for a per-unit verdict."""
+
+    PRIMARY_TYPE: ClassVar[str] = "RoundAuditRefusal"
+    EXTRA_FIELDS: ClassVar[tuple[tuple[str, str, str], ...]] = (
+        ("orderId", "uint256", "order_id"),
+        ("round", "uint32", "round_index"),
+        ("reason", "string", "reason"),
+    )
+
+    order_id: RowId
+    round_index: Annotated[int, Field(ge=0, le=2**32 - 1)]
+    reason: Annotated[str, Field(min_length=1, max_length=512)]
+
+
 class Signed(Frozen, Generic[MessageT]):
     """A message with its 65-byte signature (hex)."""
 
@@ -696,6 +712,53 @@ class VerificationJobsReply(Frozen):
     custody: tuple[Custody, ...] = Field(default=(), max_length=MAX_CUSTODY)
 
 
+class RoundOpening(Frozen):
+    """One roster slot's opening of a round (the preimage of its commitment, which is on chain)."""
+
+    result_digest: Bytes32Hex
+    salt: Bytes32Hex
+
+
+class RoundAuditJob(Frozen):
+    """A round audit a roster verifier is asked for (market/rosters.py): re-execute the round's drawn
+    unanimous units (``jobs``, one per audited unit, as a per-unit verification job shows it) and, if every
+    one holds, sign ``RoundAudit(chain_order_id, records)``. Nothing here is taken on trust by an honest
+    verifier: the openings and ``pending`` must hash to the roster's round hash on chain, ``units`` must be
+    the chain's own draw, and ``records`` is recomputed from them (veritrain/chain/round_audit.py)."""
+
+    order_id: RowId
+    chain_order_id: Uint256
+    round_index: Annotated[int, Field(ge=0, le=2**32 - 1)]
+    providers: tuple[Address, ...] = Field(min_length=1, max_length=32)
+    slots: tuple[int, ...] = Field(min_length=1, max_length=51)
+    replicas: Annotated[int, Field(ge=1, le=MAX_REPLICAS)]
+    rounds: Annotated[int, Field(ge=1, le=2**32 - 1)]
+    verifiers: tuple[Address, ...] = Field(min_length=1, max_length=5)
+    openings: tuple[RoundOpening, ...] = Field(min_length=1, max_length=51)
+    pending: Bytes32Hex  # the roster's pending audit chain before this round
+    units: Uint256  # bit u: unit u is audited
+    records: Bytes32Hex  # the pending audit chain through this round: what the market expects signed
+    deadline: Uint64  # the market sets the units aside after this (market clock)
+    jobs: tuple[VerificationJobView, ...] = Field(max_length=MAX_SHARDS)
+
+
+class RoundAuditJobsReply(Frozen):
+    verifier: Address
+    audits: tuple[RoundAuditJob, ...]
+
+
+class RoundAuditSubmission(Frozen):
+    """A roster verifier's `RoundAudit(chainOrderId, records)` signature (EIP-712, market domain): it re-ran
+    the round's audited units and vouches for them. Authorized by the signature itself; the same again is a
+    no-op."""
+
+    order_id: RowId
+    round_index: Annotated[int, Field(ge=0, le=2**32 - 1)]
+    verifier: Address
+    records: Bytes32Hex
+    signature: SignatureHex
+
+
 class Ack(Frozen):
     ok: Literal[True] = True
     detail: str = ""
@@ -743,6 +806,11 @@ __all__ = [
     "ReplicaOutcome",
     "ReplicaResult",
     "RevealSubmission",
+    "RoundAuditJob",
+    "RoundAuditJobsReply",
+    "RoundAuditRefusal",
+    "RoundAuditSubmission",
+    "RoundOpening",
     "Signed",
     "StateSource",
     "UnitKind",

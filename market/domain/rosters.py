@@ -26,6 +26,7 @@ from veritrain.errors import InvalidInput, InvalidOrderSpec, MarketError
 from veritrain.messages import OrderSpec
 
 MAX_ROSTER_PROVIDERS = 32  # the contract's layout gives each slot a 5-bit provider index
+MAX_ROSTER_VERIFIERS = 5  # the contract's MAX_VERIFIERS
 MAX_ROSTER_SLOTS = 51  # units_per_round x replicas: the layout's 5-bit indices in one 256-bit word
 SETTLE_BY_UNITS = "units"  # the per-unit path (assign, commitBatch, revealBatch, finalize / verdict)
 SETTLE_BY_ROUNDS = "rounds"  # the round path (openRoster, stepRound, closeRoster)
@@ -79,6 +80,9 @@ class RosterProgress:
     # rounds with a unit the next round may not start from before its verdict (the chain will set it
     # aside: drawn, split, a weak provider, a slot given as withheld): the step revealing one commits nothing
     held: frozenset[int] = frozenset()
+    # rounds whose drawn units the roster's verifiers are still auditing (market/round_audits.py): the step
+    # revealing one waits, since it leaves the units pending only with the audit signed
+    auditing: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -112,7 +116,8 @@ def next_roster_action(progress: RosterProgress) -> StepPlan | str | None:
     step only reveals. A held round (one of its units waits for a verdict: round r cannot start from it
     before) is revealed alone, as soon as its openings are ready (every slot opened, or the reveal window
     passed: the rest are given as withheld), so that its set-aside units exist and can be judged; round r
-    is then committed by a step of its own once its works are in. Then the close, once no set-aside unit is
+    is then committed by a step of its own once its works are in. A round whose drawn units the roster's
+    verifiers are auditing waits for the audit's answer. Then the close, once no set-aside unit is
     open (the chain refuses it before)."""
     if progress.closed:
         return None
@@ -123,7 +128,7 @@ def next_roster_action(progress: RosterProgress) -> StepPlan | str | None:
         return CLOSE_ACTION if progress.open_set_aside == 0 else None
     reveal = progress.committed - 1 if progress.pending else None
     commit = progress.committed if progress.committed < progress.rounds else None
-    if reveal is not None and reveal not in progress.openings_ready:
+    if reveal is not None and (reveal not in progress.openings_ready or reveal in progress.auditing):
         return None
     if reveal is not None and commit is not None and reveal in progress.held:
         return StepPlan(progress.committed, reveal, None, held=True)

@@ -139,3 +139,87 @@ def test_a_folded_order_on_the_round_path_completes_through_real_processes(
     assert status["current_state_digest"] == final == training.final_state_digest
     for name in ("parties_conserved", "supply_conserved"):
         assert closed.checks.results[name], (name, closed.checks.details.get(name))
+
+
+def operator_gas(market: Marketplace, from_block: int, roster_txs: set[str]) -> tuple[int, int]:
+    """(all, roster) gas the market's operator paid from `from_block` on: every transaction it sent (sum
+    of receipts), and those that carried the order's roster events."""
+    w3 = market.client.w3
+    operator = market.parties["operator"].account.address
+    total = roster = 0
+    for number in range(from_block, int(w3.eth.block_number) + 1):
+        for tx in w3.eth.get_block(number, full_transactions=True)["transactions"]:
+            if tx["from"] != operator:
+                continue
+            used = int(w3.eth.get_transaction_receipt(tx["hash"])["gasUsed"])
+            total += used
+            if bytes(tx["hash"]).hex().removeprefix("0x") in roster_txs:
+                roster += used
+    return total, roster
+
+
+def test_a_rounds_order_with_round_audits_pays_its_verifier_and_sets_nothing_aside(
+    fresh_postgres_url: str, redis_url: str, private_queue: str, tmp_path: Path
+) -> None:
+    """No probation and every unit drawn: each round's units are audited by the roster's verifier off chain
+    (it re-executes them, recomputes the pending audit chain from the chain and signs), the next round
+    starts from them, the step revealing a round leaves them pending and the last step posts the one
+    audit; nothing is set aside, and the close credits the verifier its fee for every audited unit."""
+    config = folded_order_config(
+        tmp_path,
+        fresh_postgres_url,
+        redis_url,
+        private_queue,
+        settlement="rounds",
+        solo_spot_check_ppm=1_000_000,
+        probation_streak=0,
+        verdict_window_s=90,  # the posting's challenge window before the close
+    )
+    emit = progress_printer()
+    started = time.monotonic()
+    with marketplace(config, emit) as market:
+        before = start_stack(market)
+        verifiers = [p.address for p in market.verifiers()]
+        verifier_credits = {v: market.client.credits(v) for v in verifiers}
+        buyer = Buyer(market)
+        buyer.post_order()
+        buyer.wait_completed(started + 480)
+        status = wait_until(
+            market,
+            lambda: (s := buyer.status())["roster"]["state"] == "closed" and s,
+            started + 500,
+            "the roster was not closed",
+        )
+        earned = {v: market.client.credits(v) - verifier_credits[v] for v in verifiers}
+        closed = close_and_check(market, buyer, before, started, started + 520)
+        events = [
+            e for e in market.events(buyer.posted_block) if e.args.get("orderId") == buyer.chain_order_id
+        ]
+        roster_txs = {
+            e.tx_hash.lower().removeprefix("0x")
+            for e in events
+            if e.name in ("RosterOpened", "RoundCommitted", "RoundRevealed", "AuditPosted", "RosterClosed")
+        }
+        total_gas, roster_gas = operator_gas(market, buyer.posted_block, roster_txs)
+        fee = market.client.get_order(buyer.chain_order_id).verifier_fee_per_unit
+    emit(f"test: the audited rounds order completed and was checked in {time.monotonic() - started:.0f} s")
+
+    names = [e.name for e in events]
+    audited = {int(e.args["round"]): int(e.args["audited"]) for e in events if e.name == "RoundRevealed"}
+    assert audited == {r: (1 << config.shards) - 1 for r in range(config.rounds)}, audited
+    assert names.count("AuditPosted") == 1 and names.count("UnitSetAside") == 0, names
+    assert names.count("RosterVerifiers") == 1
+    trains = rostered(status)
+    assert len(trains) == config.rounds * config.shards and all(u["state"] == "accepted" for u in trains)
+    assert all(u["chain_unit_id"] is None for u in trains)  # none set aside
+    (verifier,) = verifiers
+    assert earned[verifier] >= config.rounds * config.shards * fee  # plus the aggregate unit's verdict fee
+    assert not closed.money.slashed
+    units = config.rounds * config.shards + 1  # the roster's units and the order's aggregate unit
+    emit(
+        f"test: the market's own transactions: {total_gas} gas for {units} settled units "
+        f"({total_gas // units} a unit); its roster transactions {roster_gas} for {units - 1} "
+        f"({roster_gas // (units - 1)} a unit)"
+    )
+    for name in ("parties_conserved", "supply_conserved"):
+        assert closed.checks.results[name], (name, closed.checks.details.get(name))

@@ -21,15 +21,25 @@ pytestmark = pytest.mark.chain
 
 
 @contextmanager
-def chain_market(tmp_path: Path, params: MarketParams, providers: int) -> Iterator[ChainMarket]:
-    """A market on freshly deployed contracts with ``providers`` staked providers and 2 staked verifiers."""
+def chain_market(
+    tmp_path: Path, params: MarketParams, providers: int, *, round_audits: bool = True
+) -> Iterator[ChainMarket]:
+    """A market on freshly deployed contracts with ``providers`` staked providers and 2 staked verifiers
+    (``round_audits``: rosters open with them as their verifiers)."""
     with InProcessBackend() as backend:
         accounts = list(backend.dev_accounts(4 + providers))
         client = ChainClient.deploy(backend, accounts[0], params=params)
         funded_accounts(client, accounts)
         store = MarketStore(f"sqlite:///{tmp_path / 'market.sqlite3'}")
         store.create_schema()
-        yield ChainMarket(client, store, accounts[1], accounts[2 : 2 + providers], accounts[2 + providers :])
+        yield ChainMarket(
+            client,
+            store,
+            accounts[1],
+            accounts[2 : 2 + providers],
+            accounts[2 + providers :],
+            round_audits=round_audits,
+        )
         store.dispose()
 
 

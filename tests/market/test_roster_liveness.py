@@ -44,11 +44,11 @@ def honest(provider: str, work: Assignment) -> dict[str, Any] | None:
     return opening(work, provider)
 
 
-def market_with(tmp_path: Path, spot_check_ppm: int) -> Iterator[ChainMarket]:
+def market_with(tmp_path: Path, spot_check_ppm: int, round_audits: bool = True) -> Iterator[ChainMarket]:
     params = MarketParams(
         min_verifiers=1, spot_check_ppm=spot_check_ppm, solo_spot_check_ppm=spot_check_ppm, probation_streak=0
     )
-    with chain_market(tmp_path, params, 4) as m:
+    with chain_market(tmp_path, params, 4, round_audits=round_audits) as m:
         yield m
 
 
@@ -59,8 +59,9 @@ def market(tmp_path: Path) -> Iterator[ChainMarket]:
 
 @pytest.fixture
 def drawing_market(tmp_path: Path) -> Iterator[ChainMarket]:
-    """Every unit is drawn (k = 2 at a rate of 10⁶ ppm)."""
-    yield from market_with(tmp_path, 1_000_000)
+    """Every unit is drawn (k = 2 at a rate of 10⁶ ppm); rosters without verifiers (no round audits: every
+    drawn unit is set aside, tests/market/test_roster_audits.py has them)."""
+    yield from market_with(tmp_path, 1_000_000, round_audits=False)
 
 
 def opened(market: ChainMarket) -> tuple[TestClient, int, RosterView]:

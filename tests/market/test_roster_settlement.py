@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -67,7 +68,9 @@ def opened(market: ChainMarket) -> tuple[int, RosterView, dict[str, LocalAccount
             order_id, provider, signed.nonce, deadline, "0x" + signed.signature.hex()
         )
     assert drive(market) == ["sent"]
-    assert "0x" + market.client.get_roster(view.chain_order_id).key.hex() == view.roster_key
+    roster = market.service.rosters.roster(order_id)
+    assert view.roster_key == "0x" + roster.key.hex()  # the Accept covers the roster's verifiers
+    assert market.client.get_roster(view.chain_order_id).key == replace(roster, verifiers=()).key
     assert market.service.rosters.view(order_id).state == "open"
     return order_id, view, accounts
 

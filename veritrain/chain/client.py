@@ -343,8 +343,13 @@ class AuditRecord:
 def audit_records_after(records: Sequence[AuditRecord], receipt: Receipt) -> list[AuditRecord]:
     """A roster's audit records once `receipt` was mined: a `RoundRevealed` with `audited` units adds its
     round's record, an `AuditPosted` a posting's, an `AuditChallenged` updates its round's `info`."""
+    return audit_records_of(receipt.events, records)
+
+
+def audit_records_of(events: Sequence[Event], records: Sequence[AuditRecord] = ()) -> list[AuditRecord]:
+    """`records` extended by one roster's `events` in chain order (see `audit_records_after`)."""
     updated = list(records)
-    for event in receipt.events:
+    for event in events:
         if event.name == "RoundRevealed" and int(event.args["audited"]):
             digests = [bytes(d) for d in event.args["digests"]]
             updated.append(
@@ -1226,6 +1231,33 @@ class ChainClient:
             list(roster.verifiers),
             sequence_of_addresses(verifiers),
         )
+
+    def audit_records(self, order_id: int, from_block: int | None = None) -> list[AuditRecord]:
+        """The roster's audit records as its events left them (`audit_records_of`): one filtered log query
+        by event and order, for whoever steps, posts or closes the roster."""
+        names = ("RoundRevealed", "AuditPosted", "AuditChallenged")
+        items = [
+            item
+            for item in self.contracts["JobMarket"].abi
+            if item.get("type") == "event" and item.get("name") in names
+        ]
+        query: Any = {
+            "fromBlock": self.deployment.block if from_block is None else from_block,
+            "toBlock": "latest",
+            "address": self.market.address,
+            "topics": [
+                sorted({event_topic(item) for item in items}),
+                "0x" + order_id.to_bytes(32, "big").hex(),
+            ],
+        }
+        decoded = (self.transactor.event_decoder.decode(log) for log in self.w3.eth.get_logs(query))
+        return audit_records_of([event for event in decoded if event is not None and event.name in names])
+
+    def round_audit_signature(self, verifier: LocalAccount, order_id: int, records: bytes) -> bytes:
+        """A roster verifier's 65-byte `RoundAudit(orderId, records)` signature over the pending chain
+        `records` (`round_audit.records_through`); sign only what you recomputed and re-executed."""
+        message = {"orderId": order_id, "records": eip712.as_bytes32(records, "records")}
+        return eip712.sign_typed(verifier, self.market_domain, "RoundAudit", message)
 
     def get_roster(self, order_id: int) -> RosterInfo:
         raw, round_hash = self._view(self.market, "getRoster", order_id)
