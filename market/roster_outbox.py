@@ -44,7 +44,7 @@ OPEN_FINAL_ERRORS = frozenset(
         "InsufficientFreeStake",
     }
 )
-# the argument of each such revert that names the provider at fault
+# the argument of each such revert that names the party at fault (a provider, or a verifier of the roster)
 CULPRIT_ARGUMENT = {
     "ProviderNotTrusted": "provider",
     "InvalidSigner": "expected",
@@ -239,14 +239,16 @@ class RosterOutbox(Lifecycle):
         return self._record(action_id, "retrying", error, chain, retry_at=retry_at)
 
     def _after_failed_open(self, row: RosterRow, exc: Exception, error: str) -> None:
-        """Redraw the roster without the providers that made its open fail for good (the revert's named
-        party, or those whose Accept expired), or fall back to the per-unit path when none is named."""
+        """Redraw the roster without the parties that made its open fail for good (the revert's named
+        provider or verifier, or the providers whose Accept expired), or fall back to the per-unit path when
+        none is named."""
         now = self.clock()
         name = getattr(exc, "name", "")
         arguments: dict[str, Any] = getattr(exc, "arguments", {})
         with self.store.transaction() as session:
             roster_row = self.store.get_roster(session, row_id(row), for_update=True)
-            providers = {p.lower(): p for p in roster_of(roster_row).providers}
+            drawn = roster_of(roster_row)
+            parties = {p.lower(): p for p in (*drawn.providers, *drawn.verifiers)}
             if name == "SignatureExpired":
                 culprits = {
                     a.provider
@@ -255,7 +257,7 @@ class RosterOutbox(Lifecycle):
                 }
             else:
                 named = str(arguments.get(CULPRIT_ARGUMENT.get(name, ""), "")).lower()
-                culprits = {providers[named]} if named in providers else set()
+                culprits = {parties[named]} if named in parties else set()
             if culprits:
                 self.rosters.redraw(session, roster_row, culprits, f"open failed: {error}", now)
             else:

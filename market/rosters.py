@@ -108,7 +108,7 @@ def roster_of(row: RosterRow) -> Roster:
 
 
 def excluded_of(row: RosterRow) -> list[str]:
-    """The providers a redraw of the roster leaves out."""
+    """The parties (providers, verifiers) a redraw of the roster leaves out."""
     return list(json.loads(row.excluded_json or "[]"))
 
 
@@ -179,7 +179,7 @@ class RosterBook(Lifecycle):
                     )
                     if self.config.round_audits:
                         verifiers = self._draw_verifiers(
-                            session, roster, block_hash, terms.verifier_collateral
+                            session, roster, block_hash, terms.verifier_collateral, set(excluded_of(row))
                         )
                         roster = replace(roster, verifiers=verifiers)
                 except MarketError as exc:
@@ -262,13 +262,14 @@ class RosterBook(Lifecycle):
         return stakes, capacity
 
     def _draw_verifiers(
-        self, session: Session, roster: Roster, block_hash: str, collateral: int
+        self, session: Session, roster: Roster, block_hash: str, collateral: int, excluded: set[str]
     ) -> tuple[str, ...]:
         """The roster's verifiers, who audit its drawn units (market/round_audits.py): online registered
         verifiers with free stake for the verifier collateral, none a provider of the roster or run by a
         provider's operator, by the stake-weighted draw seeded by the roster's block hash and key (a draw
         of its own, as a unit's verifiers are drawn apart from its replicas); as many as the config asks (at
-        least the chain's minimum, at most 5). MarketError when too few can take it: the roster waits."""
+        least the chain's minimum, at most 5), none that made an earlier open of it fail (`excluded`).
+        MarketError when too few can take it: the roster waits."""
         providers = {p.lower() for p in roster.providers}
         operators = {
             agent.operator.lower()
@@ -280,6 +281,7 @@ class RosterBook(Lifecycle):
             for agent in self.store.agents(session, AgentRole.VERIFIER.value)
             if agent.online
             and agent.address.lower() not in providers
+            and agent.address not in excluded
             and agent.operator.lower() not in operators
             and agent.free_stake >= collateral
         }

@@ -275,7 +275,7 @@ class RosterRow(SQLModel, table=True):
     created_at: int
     updated_at: int
     drawn_at: int | None = None  # when the providers were drawn: their Accepts are due accept_timeout_s later
-    excluded_json: str | None = None  # providers a redraw leaves out (they failed an open of this roster)
+    excluded_json: str | None = None  # parties a redraw leaves out (they failed an open of this roster)
     # the roster's verifiers (JSON list, inside roster_key): they audit its drawn units (RoundAuditRow);
     # None or "[]": none, every drawn unit is set aside for a verdict
     verifiers_json: str | None = None

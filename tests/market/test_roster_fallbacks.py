@@ -6,8 +6,10 @@ slots count as load in the per-unit matchmaker."""
 from __future__ import annotations
 
 import itertools
+import json
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ from fastapi.testclient import TestClient
 
 from apps.protocol_harness import ChainMarket, result
 from market.api import create_app
+from market.rosters import roster_of
 from tests.market.test_chain_settlement import chain_market
 from tests.market.test_roster_api import accept_all, heartbeat, opening
 from tests.market.test_roster_liveness import judge, run_round, runs_of, trains
@@ -150,7 +153,7 @@ def test_a_roster_whose_accept_never_comes_is_redrawn_without_the_silent_provide
     assert slot_holders(market, order_id) == set(second.providers)
     accept_by(market, api, set(second.providers))
     assert drive(market) == ["sent"]  # openRoster with the new roster's Accepts
-    assert "0x" + market.client.get_roster(first.chain_order_id).key.hex() == second.roster_key
+    assert market.client.get_roster(first.chain_order_id).key == parties_key(market, order_id)
     running = {
         account.address
         for account in market.providers
@@ -176,8 +179,43 @@ def test_a_roster_whose_open_reverts_for_a_provider_is_redrawn_without_it(market
     assert "InsufficientFreeStake" in (second_error := market_roster_error(market, order_id)), second_error
     accept_by(market, api, set(second.providers))
     assert drive(market) == ["sent"]
-    assert "0x" + market.client.get_roster(first.chain_order_id).key.hex() == second.roster_key
+    assert market.client.get_roster(first.chain_order_id).key == parties_key(market, order_id)
     assert market.service.rosters.view(order_id).state == "open"
+
+
+def test_a_roster_whose_open_reverts_for_a_verifier_is_redrawn_without_it(market: ChainMarket) -> None:
+    """A roster verifier unstaked after every Accept came: the open reverts (InsufficientFreeStake, naming
+    the verifier); the roster is redrawn without it (the other verifier audits), not failed over to the
+    per-unit path, and opens."""
+    api = TestClient(create_app(market.service))
+    order_id = rounds_order(market, replicas=1)
+    with market.store.transaction() as session:
+        roster = market.store.roster_of_order(session, order_id)
+        assert roster is not None
+        auditor = json.loads(roster.verifiers_json or "[]")[0]
+    leaver = next(v for v in market.verifiers if v.address == auditor)
+    accept_by(market, api, set(market.service.rosters.view(order_id).providers))
+    market.client.request_unstake(leaver, market.client.stake_of(leaver).bonded)
+    drive(market)  # the open reverts: the roster is let go of ...
+    drive(market)  # ... and drawn again without that verifier
+    second = market.service.rosters.view(order_id)
+    assert second.state == "accepting", market_roster_error(market, order_id)
+    with market.store.transaction() as session:
+        roster = market.store.roster_of_order(session, order_id)
+        assert roster is not None
+        assert auditor not in json.loads(roster.verifiers_json or "[]")
+    accept_by(market, api, set(second.providers))
+    assert drive(market) == ["sent"]
+    assert market.service.rosters.view(order_id).state == "open"
+
+
+def parties_key(market: ChainMarket, order_id: int) -> bytes:
+    """The key the chain records for the order's roster as drawn now: its parties' (the Accept's key also
+    covers the roster's verifiers)."""
+    with market.store.transaction() as session:
+        roster = market.store.roster_of_order(session, order_id)
+        assert roster is not None
+        return replace(roster_of(roster), verifiers=()).key
 
 
 def market_roster_error(market: ChainMarket, order_id: int) -> str:
