@@ -174,11 +174,11 @@ def post_order(
     spec: OrderSpec,
     plan: EscrowPlan,
     market_url: str,
-    settlement: Literal["units", "rounds"] = "units",
+    settlement: Literal["units", "rounds"] | None = None,
 ) -> PostedOrder:
     """Allow the JobMarket to pull the escrow by an ERC-2612 permit (no standing approval is left behind
     beyond this order), post the order on chain, then register its spec with the market (`settlement`: how
-    the market settles it, per unit or by a roster, one step per round)."""
+    the market settles it, per unit or by a roster, one step per round; None: the market's default)."""
     from veritrain.api_client import MarketClient
     from veritrain.messages import OrderRequest
 

@@ -59,7 +59,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
         "start unbonding free stake",
     ),
     (("wallet", "release"), "apps.wallet:release", "take thawed stake back to the wallet"),
-    (("bench", "chain"), "veritrain.chain.bench", "gas of each contract action for one 3-replica unit"),
+    (("bench", "chain"), "apps.bench_chain", "gas per contract action and per settled unit, market path too"),
     (("bench", "training"), "apps.bench_training", "DiLoCo vs data-parallel, robust rounds, real size"),
     (("bench", "simulate"), "apps.bench_simulate", "network-scale simulation: time to train, GPU use, cost"),
     (("bench", "calibrate"), "verifier.calibrate", "honest-vs-honest distances and tolerances"),

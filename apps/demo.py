@@ -116,7 +116,8 @@ class DemoConfig:
     lazy_verifiers: int = 0  # the first N verifiers accept unanimous units unchecked (`verifier run --lazy`)
     shards: int = 1  # M > 1: DiLoCo rounds of M shard units and one aggregate unit
     outer_step: Literal["unit", "folded"] = "unit"  # folded: the shard units run the outer step (M > 1)
-    settlement: Literal["units", "rounds"] = "units"  # rounds: a roster per order, one stepRound per round
+    # rounds: a roster per order, one stepRound per round; None: the market's default (rounds where it can)
+    settlement: Literal["units", "rounds"] | None = None
     provider_env: tuple[dict[str, str], ...] = ()  # extra environment of provider i (CPU configurations)
     verifier_env: tuple[dict[str, str], ...] = VERIFIER_CPU_CONFIGURATIONS  # of verifier i, cycled
     seed: int = 2026
@@ -1009,9 +1010,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--settlement",
         choices=("units", "rounds"),
-        default="units",
+        default=None,
         help="settle each unit on chain (units) or the order's rounds by one roster, one step per round "
-        "(rounds: needs --outer-step folded and a fixed --replicas)",
+        "(rounds: needs --outer-step folded and a fixed --replicas); default: the market's, rounds where "
+        "the order can take them",
     )
     parser.add_argument("--dishonest-strategy", default=DEFAULT_DISHONEST_STRATEGY)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds before the demo gives up")

@@ -119,17 +119,17 @@ def configure_post(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--settlement",
         choices=("units", "rounds"),
-        default="units",
-        help="how the market settles the order on chain: 'units' (default: every unit on its own) or "
-        "'rounds' (one roster of providers for the order, one transaction per round; needs a folded "
-        "outer step, shards >= 2, and fixed replication)",
+        default=None,
+        help="how the market settles the order on chain: 'units' (every unit on its own) or 'rounds' (one "
+        "roster of providers for the order, one transaction per round; needs a folded outer step, shards "
+        ">= 2, and fixed replication); default: 'rounds' when the order can take it, else 'units'",
     )
     add_session_arguments(parser)
 
 
 def run_post(args: argparse.Namespace) -> int:
     from apps.buyer import check_funds, escrow_for, load_spec_file, post_order, spec_from_table, veri
-    from market.domain.rosters import SETTLE_BY_ROUNDS, roster_shape
+    from market.domain.rosters import SETTLE_BY_ROUNDS, roster_shape, settlement_of
     from veritrain.chain.errors import WrongChainId
     from veritrain.keys import keystore_address
 
@@ -138,7 +138,8 @@ def run_post(args: argparse.Namespace) -> int:
     client = session.chain()
     buyer = keystore_address(session.keystore())
     spec = spec_from_table(table, buyer=buyer, now=client.pending_time())
-    if args.settlement == SETTLE_BY_ROUNDS:
+    settlement = settlement_of(spec, args.settlement)  # the market's own choice when none is asked
+    if settlement == SETTLE_BY_ROUNDS:
         roster_shape(spec)  # InvalidOrderSpec before anything is signed: the round path cannot serve it
     plan = escrow_for(spec)
     check_funds(client, buyer, plan)
@@ -153,7 +154,7 @@ def run_post(args: argparse.Namespace) -> int:
         f"escrow to lock on chain {client.chain_id}: {veri(plan.total)} = {plan.units} units x "
         f"({plan.replicas} x {veri(plan.price_per_replica)} + verifier fee "
         f"{veri(plan.verifier_fee_per_unit)}); what is not spent comes back with `veritrain order close`\n"
-        f"settlement: {args.settlement}",
+        f"settlement: {settlement}",
     )
     if not args.yes:
         if not sys.stdin.isatty():
@@ -170,7 +171,7 @@ def run_post(args: argparse.Namespace) -> int:
         "escrow": posted.escrow,
         "spec_hash": spec.spec_hash(),
         "spec": spec.model_dump(mode="json"),
-        "settlement": args.settlement,
+        "settlement": settlement,
     }
     if args.json:
         print(json.dumps(result, sort_keys=True))

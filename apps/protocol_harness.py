@@ -132,9 +132,10 @@ class ChainMarket:
             )
             self.service.agents.post_offer(sign_message(offer, account.key, self.client.chain_id))
 
-    def post_order(self, rounds: int = 2, settlement: str = "units", **spec_fields: Any) -> int:
+    def post_order(self, rounds: int = 2, settlement: str | None = None, **spec_fields: Any) -> int:
         """A buyer's order of ``rounds`` one-unit rounds with 3 replicas (``spec_fields`` override the
-        spec's), settled per unit or by ``settlement`` "rounds"; returns the market's order id."""
+        spec's), settled as ``settlement`` asks ("units", "rounds"; None: the market's default); returns the
+        market's order id."""
         spec = OrderSpec.model_validate({**self.order_spec(rounds).model_dump(), **spec_fields})
         plan = escrow_plan(spec, RegistryRecipeCatalog().lookup("digits-mlp").flops_per_step)
         self.client.approve(self.buyer, self.client.deployment.job_market, plan.total)

@@ -236,7 +236,10 @@ class CanaryBook(Lifecycle):
             existing = self.store.order_by_chain_id(session, chain_order_id)
             if existing is not None:  # registered before a crash
                 return row_id(existing)
-        return row_id(self.orders.post_order(OrderRequest(spec=spec, chain_order_id=chain_order_id)))
+        # a canary is a unit that must look like any other unit on the per-unit path: never a roster
+        return row_id(
+            self.orders.post_order(OrderRequest(spec=spec, chain_order_id=chain_order_id, settlement="units"))
+        )
 
     def _record(self, canary_id: int, state: str, chain_order_id: int | None, error: str) -> str:
         now = self.clock()

@@ -15,7 +15,7 @@ from market.context import Lifecycle, MarketContext, row_id
 from market.custody import CustodyBook, producers_of_state
 from market.domain.binding import is_bound
 from market.domain.pricing import escrow_plan
-from market.domain.rosters import SETTLE_BY_ROUNDS, roster_shape
+from market.domain.rosters import SETTLE_BY_ROUNDS, roster_shape, settlement_of
 from market.domain.rounds import (
     AcceptedReplica,
     UnitPlan,
@@ -62,8 +62,10 @@ class OrderBook(Lifecycle):
         spec = request.spec
         recipe = self.recipes.lookup(spec.recipe)
         now = self.clock()
-        # the round path's shape, checked before anything else (InvalidOrderSpec: not folded, adaptive ...)
-        shape = roster_shape(spec) if request.settlement == SETTLE_BY_ROUNDS else None
+        # the round path by default where the spec can have a roster; an explicit "rounds" the spec cannot
+        # take is refused before anything else (InvalidOrderSpec: not folded, adaptive ...)
+        settlement = settlement_of(spec, request.settlement)
+        shape = roster_shape(spec) if settlement == SETTLE_BY_ROUNDS else None
         if spec.total_steps % spec.unit_steps:
             raise InvalidInput(
                 f"total_steps {spec.total_steps} must be a multiple of unit_steps {spec.unit_steps}"

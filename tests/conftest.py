@@ -15,7 +15,8 @@ if str(Path(__file__).parent) not in sys.path:  # shared helpers beside this fil
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 # The longest test files (measured under load on a 2-core AMD EPYC, 2026-11-29: the protocol bench's
-# fixture ~5 min, the bench chain ~2.7 min, the fresh Hardhat compile ~2.5 min, the invariant machine and the
+# fixture ~5 min, the bench chain ~2.7 min (5.6 min on an Intel Xeon, load ~5, since it drives two M = 8
+# orders through the market), the fresh Hardhat compile ~2.5 min, the invariant machine and the
 # mutant check ~1.5 min now that the mutants' compiles come from the committed cache) go first: scripts/test
 # hands files to its two workers in this order (--no-loadscope-reorder), so none of them starts last and
 # becomes the run's tail.

@@ -424,9 +424,11 @@ class OrderRequest(Frozen):
     spec: OrderSpec
     chain_order_id: Uint256
     # "units": every unit settles on the per-unit path (assign, commit, reveal, finalize or verdict);
-    # "rounds": the round path (a roster per order, one step per round; a folded, fixed-k order only).
-    # Not part of the spec hash: it changes how the market settles, not what is trained or escrowed.
-    settlement: Literal["units", "rounds"] = "units"
+    # "rounds": the round path (a roster per order, one step per round; a folded, fixed-k order only);
+    # None: the market's default, the round path for every spec that can have a roster, else per unit
+    # (market.domain.rosters.settlement_of). Not part of the spec hash: it changes how the market settles,
+    # not what is trained or escrowed.
+    settlement: Literal["units", "rounds"] | None = None
 
 
 class RosterStatus(Frozen):

@@ -42,26 +42,44 @@ class RosterShape:
     rounds: int
 
 
-def roster_shape(spec: OrderSpec) -> RosterShape:
-    """The roster a spec that opts into the round path needs; InvalidOrderSpec when the spec cannot have
-    one: the outer step must be folded (no aggregate unit between rounds, whose inputs a step could not
-    carry), replication fixed (an adaptive order's k changes per unit; a roster's is fixed), k in 1..5 and
-    at most 51 replica slots per round."""
+def roster_refusal(spec: OrderSpec) -> str | None:
+    """Why a spec cannot have a roster, or None when it can: the outer step must be folded (no aggregate
+    unit between rounds, whose inputs a step could not carry), replication fixed (an adaptive order's k
+    changes per unit; a roster's is fixed), k in 1..5 and at most 51 replica slots per round."""
     if spec.outer_step != "folded":
-        raise InvalidOrderSpec(
+        return (
             f"settlement {SETTLE_BY_ROUNDS!r} needs outer_step 'folded' (shards >= 2), got "
             f"{spec.outer_step!r} with {spec.shards} shard(s)"
         )
     if spec.adaptive_replication:
-        raise InvalidOrderSpec(f"settlement {SETTLE_BY_ROUNDS!r} needs fixed replication, not adaptive")
+        return f"settlement {SETTLE_BY_ROUNDS!r} needs fixed replication, not adaptive"
     if not 1 <= spec.replicas <= 5:
-        raise InvalidOrderSpec(f"a roster unit has 1 to 5 replicas, got {spec.replicas}")
+        return f"a roster unit has 1 to 5 replicas, got {spec.replicas}"
     if spec.shards * spec.replicas > MAX_ROSTER_SLOTS:
-        raise InvalidOrderSpec(
+        return (
             f"a roster has at most {MAX_ROSTER_SLOTS} replica slots per round, got {spec.shards} shards x "
             f"{spec.replicas} replicas"
         )
+    return None
+
+
+def roster_shape(spec: OrderSpec) -> RosterShape:
+    """The roster a spec settled on the round path needs; InvalidOrderSpec (`roster_refusal`'s reason)
+    when the spec cannot have one."""
+    refusal = roster_refusal(spec)
+    if refusal is not None:
+        raise InvalidOrderSpec(refusal)
     return RosterShape(spec.replicas, spec.shards, spec.rounds)
+
+
+def settlement_of(spec: OrderSpec, asked: str | None) -> str:
+    """How the market settles an order: as the buyer asked, else by default on the round path whenever the
+    spec can have a roster (its gas per unit is a tenth of the per-unit path's, docs/BENCHMARKS.md), else
+    per unit (M = 1, an outer step as a unit per round, adaptive replication). An explicit "rounds" the
+    spec cannot take is refused by `roster_shape`, not quietly settled per unit."""
+    if asked is not None:
+        return asked
+    return SETTLE_BY_UNITS if roster_refusal(spec) is not None else SETTLE_BY_ROUNDS
 
 
 @dataclass(frozen=True)

@@ -122,6 +122,11 @@ def chain_state(chain: Chain) -> tuple[int, int, int]:
         (GOOD + "max_replicas = 3\n", (), "InvalidOrderSpec: max_replicas goes with replicas = 'auto'"),
         (GOOD.replace('"10 VERI"', '"100000 VERI"'), (), "UnderfundedOrder: the escrow is"),
         (GOOD, ("--chain-id", "1"), "WrongChainId: chain id 31337 where 1 was expected"),
+        (
+            GOOD.replace("replicas = 1", "replicas = 'auto'\nshards = 2\nouter_step = 'folded'"),
+            ("--settlement", "rounds"),
+            "InvalidOrderSpec: settlement 'rounds' needs fixed replication, not adaptive",
+        ),
     ],
     ids=[
         "malformed",
@@ -133,6 +138,7 @@ def chain_state(chain: Chain) -> tuple[int, int, int]:
         "max-without-auto",
         "underfunded",
         "chain-id",
+        "rounds-adaptive",
     ],
 )
 def test_bad_orders_are_refused_before_anything_is_signed(

@@ -58,13 +58,15 @@ def post_order(
     buyer: AgentKey,
     clock: Clock,
     chain_order_id: int = 1,
+    settlement: str | None = None,
     **overrides: Any,
 ) -> dict[str, Any]:
     spec = order_spec(buyer.address, clock, **overrides)
     ledger.add_order(chain_order_for(spec, chain_order_id))
-    response = client.post(
-        "/orders", json=OrderRequest(spec=spec, chain_order_id=chain_order_id).model_dump(mode="json")
+    request = OrderRequest.model_validate(
+        {"spec": spec, "chain_order_id": chain_order_id, "settlement": settlement}
     )
+    response = client.post("/orders", json=request.model_dump(mode="json"))
     assert response.status_code == 201, response.text
     return dict(response.json())
 

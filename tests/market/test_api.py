@@ -814,8 +814,17 @@ def test_a_folded_order_opens_an_aggregate_unit_only_after_its_last_round(
     no_audit(service)
     providers, _ = register_market(client, make_agent)
     keys = {k.address: k for k in providers}
+    # a folded order on the per-unit path (asked: by default it would go to the round path)
     order = post_order(
-        client, ledger, make_agent(), clock, shards=2, replicas=1, total_steps=60, outer_step="folded"
+        client,
+        ledger,
+        make_agent(),
+        clock,
+        settlement="units",
+        shards=2,
+        replicas=1,
+        total_steps=60,
+        outer_step="folded",
     )
     assert order["rounds_total"] == 3
     for round_index in range(3):
@@ -879,7 +888,9 @@ def test_a_folded_unit_s_reveal_must_name_the_outer_step_its_result_binds(
     no_audit(service)
     providers, _ = register_market(client, make_agent)
     keys = {k.address: k for k in providers}
-    post_order(client, ledger, make_agent(), clock, shards=2, replicas=1, outer_step="folded")
+    post_order(
+        client, ledger, make_agent(), clock, settlement="units", shards=2, replicas=1, outer_step="folded"
+    )
     order_id = _order_id(service)
 
     def reveal_again(reveal: Any, status: int) -> None:

@@ -8,6 +8,8 @@ import pytest
 from market.domain.rosters import (
     CLOSE_ACTION,
     MAX_ROSTER_PROVIDERS,
+    SETTLE_BY_ROUNDS,
+    SETTLE_BY_UNITS,
     RosterProgress,
     SetAsideReason,
     StepPlan,
@@ -15,7 +17,9 @@ from market.domain.rosters import (
     draw_roster,
     next_roster_action,
     predict_set_aside,
+    roster_refusal,
     roster_shape,
+    settlement_of,
     step_landed,
 )
 from tests.market.test_domain import spec
@@ -119,6 +123,23 @@ def test_a_round_path_order_is_folded_fixed_k_and_fits_the_layout() -> None:
         roster_shape(_spec().model_copy(update={"replicas": 6}))
     with pytest.raises(InvalidOrderSpec, match="51 replica slots"):
         roster_shape(_spec(shards=13, replicas=4))
+
+
+def test_the_round_path_is_the_default_for_every_spec_that_can_have_a_roster_and_only_for_those() -> None:
+    assert settlement_of(_spec(), None) == SETTLE_BY_ROUNDS
+    assert settlement_of(_spec(replicas=1), None) == SETTLE_BY_ROUNDS
+    # the per-unit path by default where a roster cannot serve: an outer step per round as a unit, M = 1,
+    # adaptive replication (its k changes per unit), more slots a round than the layout holds
+    for cannot in (
+        _spec(outer_step="unit"),
+        spec(),
+        _spec(adaptive_replication=True),
+        _spec(shards=13, replicas=4),
+    ):
+        assert roster_refusal(cannot) is not None
+        assert settlement_of(cannot, None) == SETTLE_BY_UNITS
+    assert settlement_of(_spec(), SETTLE_BY_UNITS) == SETTLE_BY_UNITS  # asked: per unit
+    assert settlement_of(spec(), SETTLE_BY_ROUNDS) == SETTLE_BY_ROUNDS  # asked: roster_shape refuses it
 
 
 def test_more_than_32_providers_is_a_typed_error() -> None:
