@@ -140,7 +140,7 @@ def run_post(args: argparse.Namespace) -> int:
     spec = spec_from_table(table, buyer=buyer, now=client.pending_time())
     if args.settlement == SETTLE_BY_ROUNDS:
         roster_shape(spec)  # InvalidOrderSpec before anything is signed: the round path cannot serve it
-    plan = escrow_for(spec)
+    plan = escrow_for(spec, args.settlement)
     check_funds(client, buyer, plan)
     with session.market() as api:
         market_chain = int(api.dashboard_data()["chain_id"])

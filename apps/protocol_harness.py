@@ -136,7 +136,7 @@ class ChainMarket:
         """A buyer's order of ``rounds`` one-unit rounds with 3 replicas (``spec_fields`` override the
         spec's), settled per unit or by ``settlement`` "rounds"; returns the market's order id."""
         spec = OrderSpec.model_validate({**self.order_spec(rounds).model_dump(), **spec_fields})
-        plan = escrow_plan(spec, RegistryRecipeCatalog().lookup("digits-mlp").flops_per_step)
+        plan = escrow_plan(spec, RegistryRecipeCatalog().lookup("digits-mlp").flops_per_step, settlement)
         self.client.approve(self.buyer, self.client.deployment.job_market, plan.total)
         chain_order, _ = self.client.post_order(
             self.buyer,
