@@ -143,12 +143,13 @@ def parse_amount(value: Any, name: str) -> int:
 # --- escrow and posting ------------------------------------------------------------------------------
 
 
-def escrow_for(spec: OrderSpec) -> EscrowPlan:
-    """The escrow the market will require for this spec (its own rule, market.domain.pricing)."""
+def escrow_for(spec: OrderSpec, settlement: Literal["units", "rounds"] = "units") -> EscrowPlan:
+    """The escrow the market will require for this spec settled by `settlement` (its own rule,
+    market.domain.pricing)."""
     from market.domain.pricing import escrow_plan
     from veritrain.recipes import get_recipe
 
-    return escrow_plan(spec, get_recipe(spec.recipe).flops_per_step())
+    return escrow_plan(spec, get_recipe(spec.recipe).flops_per_step(), settlement)
 
 
 def check_funds(client: ChainClient, buyer: str, plan: EscrowPlan) -> None:

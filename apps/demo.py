@@ -665,7 +665,7 @@ class Buyer:
             verifier_fee_per_unit=VERIFIER_FEE_PER_UNIT,
             deadline=client.pending_time() + 3600,
         )
-        plan = escrow_for(spec)
+        plan = escrow_for(spec, config.settlement)
         try:
             posted = post_order(
                 client, self.party.account, spec, plan, self.market.market_url, settlement=config.settlement

@@ -141,7 +141,7 @@ def run_post(args: argparse.Namespace) -> int:
     settlement = settlement_of(spec, args.settlement)  # the market's own choice when none is asked
     if settlement == SETTLE_BY_ROUNDS:
         roster_shape(spec)  # InvalidOrderSpec before anything is signed: the round path cannot serve it
-    plan = escrow_for(spec)
+    plan = escrow_for(spec, args.settlement)
     check_funds(client, buyer, plan)
     with session.market() as api:
         market_chain = int(api.dashboard_data()["chain_id"])

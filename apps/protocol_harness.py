@@ -137,7 +137,7 @@ class ChainMarket:
         spec's), settled as ``settlement`` asks ("units", "rounds"; None: the market's default); returns the
         market's order id."""
         spec = OrderSpec.model_validate({**self.order_spec(rounds).model_dump(), **spec_fields})
-        plan = escrow_plan(spec, RegistryRecipeCatalog().lookup("digits-mlp").flops_per_step)
+        plan = escrow_plan(spec, RegistryRecipeCatalog().lookup("digits-mlp").flops_per_step, settlement)
         self.client.approve(self.buyer, self.client.deployment.job_market, plan.total)
         chain_order, _ = self.client.post_order(
             self.buyer,

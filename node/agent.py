@@ -5,10 +5,13 @@ Why it is built this way:
   and holds no broker credentials (DESIGN.md §2). Heartbeats go on while a unit trains (training runs in
   a worker thread), so the market never mistakes a busy provider for a lost one.
 - It sends no transaction to work: stake (ERC-2612 permit), accepts and commits are EIP-712 signatures
-  the market relays; reveals are the commitment's preimage, valid from anyone. Its one transaction of its
-  own is an appeal (veritrain.chain.appeal_watch) of a verdict that calls a result it computed honestly
-  fraud: colluding verifiers could otherwise frame it, with no honest minority to appeal. That needs gas;
-  without it the appeal fails, is logged, and the verdict stands.
+  the market relays; reveals are the commitment's preimage, valid from anyone. Its transactions of its
+  own are an appeal (veritrain.chain.appeal_watch) of a verdict that calls a result it computed honestly
+  fraud: colluding verifiers could otherwise frame it, with no honest minority to appeal; and, on the
+  round path (veritrain.chain.slot_watch), the opening of a roster slot whose round is still unrevealed
+  near the end of its reveal window (`publishOpening`): a market that left it out could otherwise give the
+  slot as withheld. Both need gas; without it the transaction fails, is logged, and the chain decides
+  without it.
 - Everything it must not forget lives in its data dir: unit checkpoints (node/unit.py resumes from the
   last one) and the salt and result of a commit (written *before* the commit is sent). A crash or restart
   costs at most the steps since the last checkpoint of one unit.
@@ -64,6 +67,7 @@ from veritrain.agentkit import (
     unit_start_of,
 )
 from veritrain.chain.appeal_watch import VerdictWatch
+from veritrain.chain.slot_watch import SlotWatch
 from veritrain.errors import AgentError
 
 if TYPE_CHECKING:
@@ -147,6 +151,9 @@ class ProviderAgent(AgentPlumbing):
         self._units_trained = 0  # this process's training units, for --dishonest-after
         # the units we revealed honestly: a verdict calling our replica fraud is appealed
         self.watch = VerdictWatch(self.chain, self.account, config.data_dir / "appeals.json")
+        # the roster slots we opened: published on chain if their round is still pending late in its reveal
+        # window, and a set-aside unit of ours handed to `watch`
+        self.slots = SlotWatch(self.chain, self.account, config.data_dir / "slots.json", self.watch)
         self._watch_at = 0.0
         self.caught = False  # a plant whose fraud is on record, stopped once its open work is done
         if config.dishonest:
@@ -262,6 +269,7 @@ class ProviderAgent(AgentPlumbing):
         self.send_progress()
         if time.monotonic() >= self._watch_at:
             self._watch_at = time.monotonic() + APPEAL_WATCH_INTERVAL_S
+            self.slots.tick()
             self.watch.tick()
             if self.config.plant and not reply.assignments:
                 self._retire_if_caught()
@@ -565,8 +573,9 @@ class ProviderAgent(AgentPlumbing):
 
     def reveal(self, assignment: Assignment) -> None:
         """Reveal the result (the commitment's preimage and the state it reports); a roster slot's goes to
-        the market's round path, which keeps it off chain until the step that reveals the round. A set-aside
-        roster unit is appealed on the per-unit path under its own chain id: not watched here."""
+        the market's round path, which keeps it off chain until the step that reveals the round; the slot
+        watch remembers it first (it publishes it if the round is still pending late in its reveal window,
+        and watches the verdict of a unit the step sets aside)."""
         from veritrain.messages import RevealSubmission, RosterOpeningSubmission
 
         folder = self.unit_dir(assignment.unit_id)
@@ -585,6 +594,14 @@ class ProviderAgent(AgentPlumbing):
         }
         rostered = assignment.settlement == "rounds"
         if rostered:
+            self.slots.opened(
+                assignment.chain_order_id,
+                assignment.round_index,
+                assignment.shard,
+                record.result_digest,
+                record.salt,
+                honest=not record.forged,
+            )
             where = {
                 "order_id": assignment.order_id,
                 "round_index": assignment.round_index,

@@ -12,6 +12,13 @@ from veritrain.messages import OrderSpec
 
 FLOPS_PER_PFLOP = 10**15
 
+# A rounds order escrows this many units more than it runs: the verifier fees of per-unit retries of its
+# failed roster units. A retry is one verification more than the order's units, and a roster's close pays
+# a fee back only for a unit it paid without a verdict, so an order whose every roster unit was set aside
+# could not otherwise pay its last unit (`NoUnitBudget`). One unit's escrow (k prices and a fee) pays the
+# fees of 1 + k·price/fee drawn retries; what is not spent comes back when the order closes.
+ROSTER_SPARE_UNITS = 1
+
 
 def training_flops(parameters: int, tokens: int) -> int:
     """Forward + backward compute of a dense model: 6 · parameters · tokens (Kaplan et al. 2020)."""
@@ -42,11 +49,13 @@ class EscrowPlan:
         return self.units * (self.replicas * self.price_per_replica + self.verifier_fee_per_unit)
 
 
-def escrow_plan(spec: OrderSpec, flops_per_step: int) -> EscrowPlan:
-    """Escrow at the buyer's max price: every unit paid for ``replicas`` replicas plus its verifier fee."""
+def escrow_plan(spec: OrderSpec, flops_per_step: int, settlement: str = "units") -> EscrowPlan:
+    """Escrow at the buyer's max price: every unit paid for ``replicas`` replicas plus its verifier fee;
+    settled by ``settlement`` "rounds", ``ROSTER_SPARE_UNITS`` more units for its retries' fees."""
     unit_flops = flops_per_step * spec.unit_steps
+    spare = ROSTER_SPARE_UNITS if settlement == "rounds" else 0
     return EscrowPlan(
-        units=spec.unit_count,
+        units=spec.unit_count + spare,
         replicas=spec.replicas,
         price_per_replica=price_for_flops(spec.max_price_per_pflop, unit_flops),
         verifier_fee_per_unit=spec.verifier_fee_per_unit,

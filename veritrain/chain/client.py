@@ -1253,6 +1253,95 @@ class ChainClient:
         decoded = (self.transactor.event_decoder.decode(log) for log in self.w3.eth.get_logs(query))
         return audit_records_of([event for event in decoded if event is not None and event.name in names])
 
+    def roster_events(
+        self, order_id: int, names: Sequence[str], *, round_index: int | None = None
+    ) -> list[Event]:
+        """The round path's `names` events of one order (and of one round, for events that index it), in
+        chain order: one filtered log query, not a scan of every event since deployment."""
+        items = [
+            item
+            for item in self.contracts["JobMarket"].abi
+            if item.get("type") == "event" and item.get("name") in names
+        ]
+        topics: list[Any] = [
+            sorted({event_topic(item) for item in items}),
+            "0x" + order_id.to_bytes(32, "big").hex(),
+        ]
+        if round_index is not None:
+            topics.append("0x" + round_index.to_bytes(32, "big").hex())
+        query: Any = {
+            "fromBlock": self.deployment.block,
+            "toBlock": "latest",
+            "address": self.market.address,
+            "topics": topics,
+        }
+        decoded = (self.transactor.event_decoder.decode(log) for log in self.w3.eth.get_logs(query))
+        return [event for event in decoded if event is not None and event.name in names]
+
+    def opened_roster(self, order_id: int) -> Roster:
+        """The roster of `order_id` as the chain opened it (`RosterOpened`, `RosterVerifiers`): what a
+        provider publishes its opening with, read from the chain rather than from the market."""
+        events = self.roster_events(order_id, ("RosterOpened", "RosterVerifiers"))
+        opened = [e.args for e in events if e.name == "RosterOpened"]
+        if not opened:
+            raise ChainError(f"order {order_id} has no roster on chain")
+        args = opened[0]
+        replicas, units = int(args["replicas"]), int(args["unitsPerRound"])
+        layout = int(args["layout"])
+        return Roster(
+            providers=tuple(to_checksum_address(p) for p in args["providers"]),
+            slots=tuple((layout >> (5 * slot)) & 31 for slot in range(units * replicas)),
+            replicas=replicas,
+            units_per_round=units,
+            rounds=int(args["rounds"]),
+            verifiers=next((tuple(e.args["verifiers"]) for e in events if e.name == "RosterVerifiers"), ()),
+        )
+
+    def round_commitments(self, order_id: int, round_index: int) -> list[bytes]:
+        """Every slot's commitment of round `round_index` in slot order, from the calldata of the step that
+        committed it (the transaction of its `RoundCommitted`: `stepRound` sent to the JobMarket, alone or
+        inside its `multicall`). Events do not carry them; check them against the roster's round hash
+        (`round_audit.round_hash`) before use."""
+        committed = self.roster_events(order_id, ("RoundCommitted",), round_index=round_index)
+        if not committed:
+            raise ChainError(f"round {round_index} of order {order_id} is not committed on chain")
+        tx = self.w3.eth.get_transaction(committed[0].tx_hash)  # type: ignore[arg-type]
+        if to_checksum_address(tx["to"]) != self.market.address:
+            raise ChainError(f"the step committing round {round_index} did not call the JobMarket itself")
+        for args in self._step_calls(bytes(tx["input"])):
+            if int(args[0]) == order_id and args[7]:
+                return [bytes(work[0]) for work in args[7]]
+        raise ChainError(f"no stepRound of order {order_id} with works in {committed[0].tx_hash}")
+
+    def _step_calls(self, data: bytes) -> list[tuple[Any, ...]]:
+        """The decoded arguments of each `stepRound` call in JobMarket calldata `data` (a `multicall`'s
+        inner calls included)."""
+        from eth_abi import decode as abi_decode
+        from eth_utils import function_abi_to_4byte_selector, get_abi_input_types
+
+        found: list[tuple[Any, ...]] = []
+        for entry in self.contracts["JobMarket"].abi:
+            if entry.get("type") != "function" or entry.get("name") not in ("stepRound", "multicall"):
+                continue
+            item: Any = entry
+            if data[:4] != function_abi_to_4byte_selector(item):
+                continue
+            args = tuple(abi_decode(get_abi_input_types(item), data[4:]))
+            if item["name"] == "stepRound":
+                found.append(args)
+            else:
+                for call in args[0]:
+                    found += self._step_calls(bytes(call))
+        return found
+
+    def set_aside_unit(self, order_id: int, round_index: int, unit: int) -> int | None:
+        """The unit id unit `unit` of round `round_index` became when its step set it aside
+        (`UnitSetAside`; None: not set aside)."""
+        for event in self.roster_events(order_id, ("UnitSetAside",), round_index=round_index):
+            if int(event.args["unit"]) == unit:
+                return int(event.args["unitId"])
+        return None
+
     def round_audit_signature(self, verifier: LocalAccount, order_id: int, records: bytes) -> bytes:
         """A roster verifier's 65-byte `RoundAudit(orderId, records)` signature over the pending chain
         `records` (`round_audit.records_through`); sign only what you recomputed and re-executed."""
