@@ -143,9 +143,9 @@ def parse_amount(value: Any, name: str) -> int:
 # --- escrow and posting ------------------------------------------------------------------------------
 
 
-def escrow_for(spec: OrderSpec, settlement: Literal["units", "rounds"] = "units") -> EscrowPlan:
-    """The escrow the market will require for this spec settled by `settlement` (its own rule,
-    market.domain.pricing)."""
+def escrow_for(spec: OrderSpec, settlement: Literal["units", "rounds"] | None = "units") -> EscrowPlan:
+    """The escrow the market will require for this spec settled by `settlement` (None: the market's default
+    for the spec; its own rule, market.domain.pricing)."""
     from market.domain.pricing import escrow_plan
     from veritrain.recipes import get_recipe
 

@@ -74,7 +74,7 @@ class OrderBook(Lifecycle):
             raise InvalidInput(f"order deadline {spec.deadline} is not in the future (market clock {now})")
         if self.chain is None:
             raise MarketError("the market has no chain configured; it cannot check an order's escrow")
-        plan = escrow_plan(spec, recipe.flops_per_step, request.settlement)
+        plan = escrow_plan(spec, recipe.flops_per_step, settlement)
         on_chain = self.chain.get_order(request.chain_order_id)
         if on_chain is None:
             raise OrderMismatch(f"no order {request.chain_order_id} on the JobMarket")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from market.domain.rosters import SETTLE_BY_ROUNDS, SETTLE_BY_UNITS, settlement_of
 from veritrain.messages import OrderSpec
 
 FLOPS_PER_PFLOP = 10**15
@@ -49,11 +50,12 @@ class EscrowPlan:
         return self.units * (self.replicas * self.price_per_replica + self.verifier_fee_per_unit)
 
 
-def escrow_plan(spec: OrderSpec, flops_per_step: int, settlement: str = "units") -> EscrowPlan:
+def escrow_plan(spec: OrderSpec, flops_per_step: int, settlement: str | None = SETTLE_BY_UNITS) -> EscrowPlan:
     """Escrow at the buyer's max price: every unit paid for ``replicas`` replicas plus its verifier fee;
-    settled by ``settlement`` "rounds", ``ROSTER_SPARE_UNITS`` more units for its retries' fees."""
+    settled on the round path (``settlement`` "rounds", or None where that is the market's default for the
+    spec), ``ROSTER_SPARE_UNITS`` more units for its retries' fees."""
     unit_flops = flops_per_step * spec.unit_steps
-    spare = ROSTER_SPARE_UNITS if settlement == "rounds" else 0
+    spare = ROSTER_SPARE_UNITS if settlement_of(spec, settlement) == SETTLE_BY_ROUNDS else 0
     return EscrowPlan(
         units=spec.unit_count + spare,
         replicas=spec.replicas,
