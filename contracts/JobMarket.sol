@@ -1833,18 +1833,20 @@ abstract contract JobMarketRounds is JobMarketDelegate {
     /// provider below the roster's streak (bit `u` for unit `u`), are not set aside but pending, their round's
     /// record (`info` = the units | round << 176, `digestsHash` the keccak of their agreed digests in unit
     /// order) appended to the roster's pending chain (`audit.pending` before the step, kept in its round
-    /// hash), when the roster has verifiers and the step posts or comes from the operator without `verifiers`
-    /// (the operator pends a round only holding its verifiers' signatures over the pending chain through it;
-    /// with `verifiers` it sets them aside instead, as when its verifiers refuse to sign). A step that posts
+    /// hash), when the roster has verifiers and the step posts or has no `verifiers` (anyone's: a pending unit
+    /// is paid only once a posting covers it; the operator pends a round only holding its verifiers'
+    /// signatures over the pending chain through it, and with `verifiers` sets them aside instead, as when its
+    /// verifiers refuse to sign; pending records are set aside or dropped by
+    /// {JobMarketRoundAudits-setAsidePending}). A step that posts
     /// (`audit.signatures`, a majority of the roster's verifiers `audit.verifiers` as opened, each over
     /// `RoundAudit(orderId, records)`, `records` the pending chain once the step's round record is added;
     /// `audit.chain` the roster's posted chain, {RosterAudits}) covers every pending record: their units are
     /// paid at close like undrawn ones, each signer is counted them (its share of their fee), and the operator
-    /// may challenge each of them for `verdictWindow` from this step ({challengeAudit}). A posting without a
-    /// quorum, or with a signature that is not its roster verifier's over exactly that message, reverts the
-    /// step; the roster cannot close while records are pending ({AuditsPending}). A step with no round to
-    /// reveal and no work may post alone. Split units and units of a provider below the streak are always
-    /// set aside.
+    /// may challenge each of them for `verdictWindow` from this step ({JobMarketRoundAudits-challengeAudit}). A
+    /// posting without a quorum, or with a signature that is not its roster verifier's over exactly that
+    /// message, reverts the step; the roster cannot close while records are pending ({AuditsPending}). A step
+    /// with no round to reveal and no work may post alone. Split units and units of a provider below the
+    /// streak are always set aside.
     function stepRound(
         uint256 orderId,
         address[] calldata providers,
