@@ -1595,7 +1595,8 @@ abstract contract JobMarketRoundAudits is JobMarketDelegate {
     /// valid, its budget back to the order, its collateral released with the roster's, no verifier paid
     /// ({UnitSetAside} with unit id 0). `kept` is the pending chain before them, which stays pending (zero:
     /// none), `committed` the chained commitments of the round committed and not revealed (zero: none); with
-    /// them the records must hash to the roster's round hash ({AuditMismatch} otherwise).
+    /// them the records must hash to the roster's round hash ({AuditMismatch} otherwise; {EntryCountMismatch}
+    /// for `digests` not `unitsPerRound` a record when setting aside).
     function setAsidePending(
         uint256 orderId,
         address[] calldata providers,
@@ -1623,6 +1624,9 @@ abstract contract JobMarketRoundAudits is JobMarketDelegate {
         }
         uint256 n = roster.unitsPerRound;
         uint256 k = roster.replicas;
+        if (verifiers.length != 0 && digests.length != records.length * n) {
+            revert EntryCountMismatch(records.length * n, digests.length);
+        }
         uint256[] memory uses = _slotsPerProvider(providers, layout, k, n);
         bytes32[] memory values = new bytes32[](k);
         for (uint256 i; i < records.length; ++i) {

@@ -2453,6 +2453,8 @@ describe("JobMarket: round audits (roster verifiers, RoundAudit, challenges)", f
       await expect(setAsidePendingTx(R, 2, [v3, p4], undefined, opts)).to.be.revertedWithCustomError(market,
         "AuditMismatch").withArgs(orderId, 2);
     }
+    await expect(setAsidePendingTx(R, 2, [v3, p4], undefined, { digests: unitDigests(R, 0) }))
+      .to.be.revertedWithCustomError(market, "EntryCountMismatch").withArgs(4, 2);
     const wrong = unitDigests(R, 0).concat(unitDigests(R, 0));
     await expect(setAsidePendingTx(R, 2, [v3, p4], undefined, { digests: wrong })).to.be.revertedWithCustomError(market,
       "AuditMismatch").withArgs(orderId, 1);
