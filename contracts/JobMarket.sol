@@ -245,7 +245,7 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
     /// first on, the close all of them), so each signer's count of audited units (its fee:
     /// `verifierFeePerUnit / verifiers` each, paid at close) and the end of the last posting's challenge
     /// window are computed from them at close. `released` (bit `i`): verifier `i`'s collateral was
-    /// released before a slash of its audit ({JobMarketRounds-releaseAuditSigners}), so the close releases it
+    /// released before a slash of its audit ({JobMarketRoundAudits-releaseAuditSigners}), so the close releases it
     /// no more; a second slot, written only by those releases.
     struct RosterAudits {
         bytes32 key;
@@ -334,7 +334,7 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
     mapping(uint256 slotKey => bytes32) internal _publishedOpenings;
     mapping(uint256 orderId => mapping(address provider => RosterLock)) internal _rosterLocks;
     mapping(uint256 orderId => RosterAudits) internal _rosterAudits;
-    /// @dev A unit set aside by a challenge of its round audit ({JobMarketRounds-challengeAudit}): the party
+    /// @dev A unit set aside by a challenge of its round audit ({JobMarketRoundAudits-challengeAudit}): the party
     /// ids (24 bits each) of the roster verifiers who signed that audit, their roster indexes as a mask in
     /// bits 232..239 and their number in bits 240..: VerdictAppeals slashes them when the unit's truth has fraud.
     mapping(uint256 unitId => uint256) internal _auditSigners;
@@ -543,6 +543,9 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
     /// @notice The operator challenged unit `unit` of an audited round: it was set aside as `unitId`
     /// ({UnitSetAside}), and its audit's signers answer for its truth. `info`: the round's audit record now.
     event AuditChallenged(uint256 indexed orderId, uint32 indexed round, uint256 unit, uint256 unitId, uint256 info);
+    /// @notice The last `records` pending round records were taken off the roster's pending chain
+    /// ({JobMarketRoundAudits-setAsidePending}): their units set aside ({UnitSetAside}), or dropped unpaid.
+    event PendingSetAside(uint256 indexed orderId, uint256 records);
 
     /// @param token_ Payment token (must equal the stake manager's token).
     /// @param stakes_ Stake registry (it grants {JobMarket} its MARKET_ROLE after deployment).
@@ -1207,6 +1210,143 @@ abstract contract JobMarketDelegate is JobMarketBase {
         if (address(this) == _self) revert NotDelegated();
         _;
     }
+
+    /// @dev The open roster of `orderId`, after checking `providers` and `layout` are its own.
+    function _openRoster(uint256 orderId, address[] calldata providers, uint256 layout)
+        internal
+        view
+        returns (Roster memory roster)
+    {
+        roster = _rosters[orderId];
+        if (roster.partiesHash == 0 || roster.closed) revert RosterNotOpen(orderId);
+        bytes32 key = _rosterKey(providers, layout, roster.replicas, roster.unitsPerRound, roster.rounds);
+        if (key != roster.partiesHash) revert RosterMismatch(orderId);
+    }
+
+    /// @dev How many replica slots of a round each provider holds, after checking the layout: every index in
+    /// range, no provider twice in a unit, every provider used, no bits beyond the last slot.
+    function _slotsPerProvider(address[] calldata providers, uint256 layout, uint256 k, uint256 unitCount)
+        internal
+        pure
+        returns (uint256[] memory uses)
+    {
+        uint256 slots = unitCount * k;
+        if (providers.length == 0 || providers.length > 32 || slots > 51 || layout >> (5 * slots) != 0) {
+            revert InvalidLayout(slots);
+        }
+        uses = new uint256[](providers.length);
+        for (uint256 i; i < slots; ++i) {
+            uint256 p = (layout >> (5 * i)) & 31;
+            if (p >= providers.length) revert InvalidLayout(i);
+            for (uint256 j = i - (i % k); j < i; ++j) {
+                if ((layout >> (5 * j)) & 31 == p) revert InvalidLayout(i);
+            }
+            ++uses[p];
+        }
+        for (uint256 p; p < uses.length; ++p) {
+            if (uses[p] == 0) revert InvalidLayout(slots);
+        }
+    }
+
+    /// @dev Makes unit `unit` of `round` an ordinary unit in state Revealing, every replica committed, replica
+    /// `r`'s revealed digest (or an unrevealed replica's commitment: bit `r` of `unrevealed`) `values[r]`
+    /// stored as the per-unit path stores them, drawn, its reveal deadline a second ago so that its verdict
+    /// window is open from now (until `verdictWindow` later): the per-unit dispute path takes it from here.
+    /// Returns its unit id.
+    function _setAside(
+        uint256 orderId,
+        uint32 round,
+        uint256 unit,
+        address[] calldata providers,
+        uint256 layout,
+        bytes32[] memory values,
+        uint256 unrevealed,
+        address[] calldata verifiers,
+        uint256[] memory uses
+    ) internal returns (uint256 unitId) {
+        uint256 k = values.length;
+        unitId = _unitCounter.count + 1;
+        _unitCounter.count = uint128(unitId);
+        address[] memory unitProviders = new address[](k);
+        uint256 partyIds;
+        for (uint256 r; r < k; ++r) {
+            uint256 index = (layout >> (5 * (unit * k + r))) & 31;
+            unitProviders[r] = providers[index];
+            partyIds |= _partyIdOf(providers[index]) << (r * PARTY_ID_BITS);
+            _digests[unitId][r] = values[r];
+            _setAsideSlots[orderId][index] += 1;
+            _rosterLocks[orderId][providers[index]].held = uint128(uses[index] * _providerCollateral);
+        }
+        for (uint256 i; i < verifiers.length; ++i) {
+            address verifier = verifiers[i];
+            for (uint256 r; r < k; ++r) {
+                if (unitProviders[r] == verifier) revert DuplicateParty(verifier);
+            }
+            for (uint256 j; j < i; ++j) {
+                if (verifiers[j] == verifier) revert DuplicateParty(verifier);
+            }
+            partyIds |= _partyIdOf(verifier) << ((k + i) * PARTY_ID_BITS);
+        }
+        _unitParties[unitId] = partyIds;
+        stakes.lockBatch(verifiers, _verifierCollateral);
+        uint40 closed = uint40(block.timestamp) - 1; // its commit and reveal phases are over: verdicts open now
+        uint8 all = _fullMask(uint8(k));
+        uint8 revealed = all & ~uint8(unrevealed);
+        _units[unitId] = Unit({
+            orderId: uint64(orderId),
+            commitDeadline: closed,
+            revealDeadline: closed,
+            state: UnitState.Revealing,
+            replicas: uint8(k),
+            verifierCount: uint8(verifiers.length),
+            committedMask: all,
+            revealedMask: revealed,
+            drawn: true,
+            page: 0,
+            seedBlock: 0,
+            rostered: true
+        });
+        bytes32 unitKey = bytes32(_roundUnitId(orderId, round, unit));
+        emit UnitAssigned(unitId, orderId, unitKey, unitProviders, verifiers, closed);
+        emit VerificationRequested(unitId);
+        emit UnitSetAside(orderId, round, unit, unitId);
+    }
+
+    /// @dev keccak256(a, b) in scratch space, without allocating memory.
+    function _chain(bytes32 a, bytes32 b) internal pure returns (bytes32 hashed) {
+        assembly ("memory-safe") {
+            mstore(0x00, a)
+            mstore(0x20, b)
+            hashed := keccak256(0x00, 0x40)
+        }
+    }
+
+    /// @dev An audit chain extended by one record: keccak256(abi.encode(chain, info, digestsHash)) (the same
+    /// three-word hash as {_roundUnitId}, without allocating).
+    function _chainRecord(bytes32 chain, uint256 info, bytes32 digestsHash) internal pure returns (bytes32) {
+        return bytes32(_roundUnitId(uint256(chain), info, uint256(digestsHash)));
+    }
+
+    /// @dev A posted chain extended by `records` in order (record `at`'s `info` read as `info`): each round
+    /// record is chained into the pending chain, each posting's record into the posted chain with the pending
+    /// chain before it. Records left pending at the end change the result (it is then no roster's).
+    function _foldRecords(bytes32 chain, AuditRecord[] calldata records, uint256 at, uint256 info)
+        internal
+        pure
+        returns (bytes32)
+    {
+        bytes32 pending;
+        for (uint256 i; i < records.length; ++i) {
+            uint256 recordInfo = i == at ? info : records[i].info;
+            if (recordInfo >> 255 != 0) {
+                chain = _chainRecord(chain, recordInfo, pending);
+                pending = 0;
+            } else {
+                pending = _chainRecord(pending, recordInfo, records[i].digestsHash);
+            }
+        }
+        return pending == 0 ? chain : ~chain;
+    }
 }
 
 /// @title JobMarketVerdicts
@@ -1374,6 +1514,176 @@ abstract contract JobMarketVerdicts is JobMarketDelegate {
     }
 }
 
+/// @title JobMarketRoundAudits
+/// @notice The round path's audit disputes and way out ({challengeAudit}, {setAsidePending},
+/// {releaseAuditSigners}): part of {JobMarketExtension}, beside the verdict path their set-aside units take,
+/// because {JobMarketRounds} with them no longer fits one contract's 24,576 bytes (EIP-170).
+abstract contract JobMarketRoundAudits is JobMarketDelegate {
+    /// @notice Challenges the round audit of unit `at & 0xff` of the round record `records[at >> 8]` (operator
+    /// only, within `verdictWindow` of the posting that covered it, the first posting record after it): for a
+    /// known answer the unit missed (a canary) or any doubt of the audit. The unit is set aside as a step sets
+    /// one aside (with the operator's `verifiers`, none of whom signed the posting), so it settles on the
+    /// per-unit path (verdict, held fraud, {VerdictAppeals}) instead of at close, and the posting's signers
+    /// are not counted it at close; when the unit's truth has fraud, VerdictAppeals slashes each of them
+    /// ({auditSignersOf}). `records` are the roster's audit records from a posting's first round record to the
+    /// last posted one, as last emitted ({RoundRevealed} / {AuditPosted} / {AuditChallenged}), `prefix` the posted chain before
+    /// them ({RosterAudits}), `digests` the round's unit digests (of {RoundRevealed}), `auditors` the
+    /// roster's verifiers: with them they must hash to the roster's audit key ({AuditMismatch} otherwise), and
+    /// the round's record is updated in it.
+    function challengeAudit(
+        uint256 orderId,
+        address[] calldata providers,
+        uint256 layout,
+        uint256 at,
+        bytes32 prefix,
+        AuditRecord[] calldata records,
+        bytes32[] calldata digests,
+        address[] calldata auditors,
+        address[] calldata verifiers
+    ) external onlyDelegated onlyRole(OPERATOR_ROLE) nonReentrant {
+        Roster memory roster = _openRoster(orderId, providers, layout);
+        bytes32 verifiersHash = keccak256(abi.encode(auditors));
+        uint256 index = at >> 8;
+        uint256 info = index < records.length ? records[index].info : 1 << 255;
+        uint32 round = uint32(info >> 176);
+        if (
+            _chain(verifiersHash, _foldRecords(prefix, records, type(uint256).max, 0)) != _rosterAudits[orderId].key
+                || info >> 255 != 0 || keccak256(abi.encodePacked(digests)) != records[index].digestsHash
+        ) revert AuditMismatch(orderId, round);
+        uint256 posting = index;
+        while (records[posting].info >> 255 == 0) ++posting; // the fold ended on a posting
+        uint64 until = uint64(uint40(records[posting].info >> 72)) + _verdictWindow;
+        if (block.timestamp > until) revert AuditChallengeClosed(orderId, round, until);
+        uint256 audited = uint64(info);
+        uint256 bit = 1 << uint8(at);
+        if (audited & bit == 0 || (info >> 112) & bit != 0) revert NotAudited(orderId, round, uint8(at));
+        _checkVerifierCount(verifiers.length);
+        uint256 signerMask = uint8(records[posting].info >> 64);
+        uint256 signerIds;
+        uint256 signers;
+        for (uint256 i; i < auditors.length; ++i) {
+            if (signerMask & (1 << i) == 0) continue;
+            for (uint256 j; j < verifiers.length; ++j) {
+                if (verifiers[j] == auditors[i]) revert DuplicateParty(auditors[i]);
+            }
+            signerIds |= uint256(_parties[auditors[i]].id) << (PARTY_ID_BITS * signers++);
+        }
+        uint256 k = roster.replicas;
+        bytes32[] memory values = new bytes32[](k);
+        bytes32 digest = digests[uint8(at)];
+        for (uint256 r; r < k; ++r) {
+            values[r] = digest;
+        }
+        uint256[] memory uses = _slotsPerProvider(providers, layout, k, roster.unitsPerRound);
+        uint256 unitId = _setAside(orderId, round, uint8(at), providers, layout, values, 0, verifiers, uses);
+        _auditSigners[unitId] = signerIds | (signerMask << 232) | (signers << 240);
+        roster.setAsideUnits += 1;
+        roster.openSetAside += 1;
+        _rosters[orderId] = roster;
+        info |= bit << 112;
+        _rosterAudits[orderId].key = _chain(verifiersHash, _foldRecords(prefix, records, index, info));
+        emit AuditChallenged(orderId, round, uint8(at), unitId, info);
+    }
+
+    /// @notice Takes the last `records.length` pending round records off the roster's pending chain, so that no
+    /// posting can pay their units any more: the way out of pending audits. With `verifiers` (the operator's,
+    /// as a step passes them) each of their units is set aside for a verdict as a step sets one aside
+    /// ({UnitSetAside}), every replica revealing the record's digest (`digests`: each record's round's unit
+    /// digests, records in order); for when the roster's verifiers will not sign them. Without (anyone, after
+    /// the order's deadline and `verdictWindow`: the operator and the verifiers had that long to post or set
+    /// them aside) each is dropped as an expired unit whose replicas all revealed: unpaid and not counted
+    /// valid, its budget back to the order, its collateral released with the roster's, no verifier paid
+    /// ({UnitSetAside} with unit id 0). `kept` is the pending chain before them, which stays pending (zero:
+    /// none), `committed` the chained commitments of the round committed and not revealed (zero: none); with
+    /// them the records must hash to the roster's round hash ({AuditMismatch} otherwise; {EntryCountMismatch}
+    /// for `digests` not `unitsPerRound` a record when setting aside).
+    function setAsidePending(
+        uint256 orderId,
+        address[] calldata providers,
+        uint256 layout,
+        bytes32 kept,
+        AuditRecord[] calldata records,
+        bytes32[] calldata digests,
+        bytes32 committed,
+        address[] calldata verifiers
+    ) external onlyDelegated nonReentrant {
+        Roster memory roster = _openRoster(orderId, providers, layout);
+        Order storage order = _orders[orderId];
+        bytes32 pending = kept;
+        for (uint256 i; i < records.length; ++i) {
+            pending = _chainRecord(pending, records[i].info, records[i].digestsHash);
+        }
+        if (!roster.auditsPending || _chain(committed, pending) != _roundHashes[orderId]) {
+            revert AuditMismatch(orderId, roster.committed);
+        }
+        if (verifiers.length != 0) {
+            _checkRole(OPERATOR_ROLE);
+            _checkVerifierCount(verifiers.length);
+        } else if (block.timestamp <= order.deadline + _verdictWindow) {
+            revert RosterNotClosable(orderId, order.deadline + _verdictWindow);
+        }
+        uint256 n = roster.unitsPerRound;
+        uint256 k = roster.replicas;
+        if (verifiers.length != 0 && digests.length != records.length * n) {
+            revert EntryCountMismatch(records.length * n, digests.length);
+        }
+        uint256[] memory uses = _slotsPerProvider(providers, layout, k, n);
+        bytes32[] memory values = new bytes32[](k);
+        for (uint256 i; i < records.length; ++i) {
+            uint256 info = records[i].info;
+            uint32 round = uint32(info >> 176);
+            if (verifiers.length != 0 && keccak256(abi.encodePacked(digests[i * n:(i + 1) * n])) != records[i].digestsHash) {
+                revert AuditMismatch(orderId, round);
+            }
+            for (uint256 unit; unit < n; ++unit) {
+                if ((info >> unit) & 1 == 0) continue;
+                uint256 unitId;
+                if (verifiers.length != 0) {
+                    for (uint256 r; r < k; ++r) {
+                        values[r] = digests[i * n + unit];
+                    }
+                    unitId = _setAside(orderId, round, unit, providers, layout, values, 0, verifiers, uses);
+                    roster.openSetAside += 1;
+                } else {
+                    for (uint256 slot = unit * k; slot < (unit + 1) * k; ++slot) {
+                        _setAsideSlots[orderId][(layout >> (5 * slot)) & 31] += 1;
+                    }
+                    order.balance += uint128(k * order.pricePerReplica + order.verifierFeePerUnit);
+                    order.openUnits -= 1;
+                    emit UnitSetAside(orderId, round, unit, 0);
+                }
+                roster.setAsideUnits += 1;
+            }
+        }
+        _roundHashes[orderId] = kept == 0 ? committed : _chain(committed, kept);
+        roster.auditsPending = kept != 0;
+        _rosters[orderId] = roster;
+        emit PendingSetAside(orderId, records.length);
+    }
+
+    /// @notice Releases, once per roster verifier, the roster collateral of each signer of the round audit of
+    /// `unitId` (a unit {challengeAudit} set aside) while the roster is open (VerdictAppeals only, before it
+    /// slashes them, {VerdictAppeals-slashRoundAudit}): StakeManager caps a slashed account's `locked` at what
+    /// stays bonded, which would otherwise eat into the signer's other locks once the close released the
+    /// roster's. The close then skips them ({RosterAudits-released}); once it closed, nothing is left to release.
+    function releaseAuditSigners(uint256 unitId) external onlyDelegated onlyRole(APPEALS_ROLE) nonReentrant {
+        uint256 packed = _auditSigners[unitId];
+        uint256 orderId = _units[unitId].orderId;
+        if (packed == 0 || _rosters[orderId].closed) return;
+        uint8 released = _rosterAudits[orderId].released;
+        uint256 mask = (packed >> 232) & 0xff;
+        uint256 fresh = mask & ~uint256(released);
+        if (fresh == 0) return;
+        _rosterAudits[orderId].released = released | uint8(fresh);
+        uint256 s;
+        for (uint256 i; mask >> i != 0; ++i) {
+            if (mask & (1 << i) == 0) continue;
+            if (fresh & (1 << i) != 0) stakes.unlock(_partyAddresses[_idAt(packed, s)], _verifierCollateral);
+            ++s;
+        }
+    }
+}
+
 /// @title JobMarketRounds
 /// @notice {JobMarket}'s round path: an order whose providers stay the same from round to round (DiLoCo
 /// workers keep their shard) settles each round in one transaction instead of three per unit. Part of
@@ -1527,18 +1837,20 @@ abstract contract JobMarketRounds is JobMarketDelegate {
     /// provider below the roster's streak (bit `u` for unit `u`), are not set aside but pending, their round's
     /// record (`info` = the units | round << 176, `digestsHash` the keccak of their agreed digests in unit
     /// order) appended to the roster's pending chain (`audit.pending` before the step, kept in its round
-    /// hash), when the roster has verifiers and the step posts or comes from the operator without `verifiers`
-    /// (the operator pends a round only holding its verifiers' signatures over the pending chain through it;
-    /// with `verifiers` it sets them aside instead, as when its verifiers refuse to sign). A step that posts
+    /// hash), when the roster has verifiers and the step posts or has no `verifiers` (anyone's: a pending unit
+    /// is paid only once a posting covers it; the operator pends a round only holding its verifiers'
+    /// signatures over the pending chain through it, and with `verifiers` sets them aside instead, as when its
+    /// verifiers refuse to sign; pending records are set aside or dropped by
+    /// {JobMarketRoundAudits-setAsidePending}). A step that posts
     /// (`audit.signatures`, a majority of the roster's verifiers `audit.verifiers` as opened, each over
     /// `RoundAudit(orderId, records)`, `records` the pending chain once the step's round record is added;
     /// `audit.chain` the roster's posted chain, {RosterAudits}) covers every pending record: their units are
     /// paid at close like undrawn ones, each signer is counted them (its share of their fee), and the operator
-    /// may challenge each of them for `verdictWindow` from this step ({challengeAudit}). A posting without a
-    /// quorum, or with a signature that is not its roster verifier's over exactly that message, reverts the
-    /// step; the roster cannot close while records are pending ({AuditsPending}). A step with no round to
-    /// reveal and no work may post alone. Split units and units of a provider below the streak are always
-    /// set aside.
+    /// may challenge each of them for `verdictWindow` from this step ({JobMarketRoundAudits-challengeAudit}). A
+    /// posting without a quorum, or with a signature that is not its roster verifier's over exactly that
+    /// message, reverts the step; the roster cannot close while records are pending ({AuditsPending}). A step
+    /// with no round to reveal and no work may post alone. Split units and units of a provider below the
+    /// streak are always set aside.
     function stepRound(
         uint256 orderId,
         address[] calldata providers,
@@ -1686,72 +1998,6 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         emit RosterClosed(orderId, settled, paid);
     }
 
-    /// @notice Challenges the round audit of unit `at & 0xff` of the round record `records[at >> 8]` (operator
-    /// only, within `verdictWindow` of the posting that covered it, the first posting record after it): for a
-    /// known answer the unit missed (a canary) or any doubt of the audit. The unit is set aside as a step sets
-    /// one aside (with the operator's `verifiers`, none of whom signed the posting), so it settles on the
-    /// per-unit path (verdict, held fraud, {VerdictAppeals}) instead of at close, and the posting's signers
-    /// are not counted it at close; when the unit's truth has fraud, VerdictAppeals slashes each of them
-    /// ({auditSignersOf}). `records` are the roster's audit records from a posting's first round record to the
-    /// last posted one, as last emitted ({RoundRevealed} / {AuditPosted} / {AuditChallenged}), `prefix` the posted chain before
-    /// them ({RosterAudits}), `digests` the round's unit digests (of {RoundRevealed}), `auditors` the
-    /// roster's verifiers: with them they must hash to the roster's audit key ({AuditMismatch} otherwise), and
-    /// the round's record is updated in it.
-    function challengeAudit(
-        uint256 orderId,
-        address[] calldata providers,
-        uint256 layout,
-        uint256 at,
-        bytes32 prefix,
-        AuditRecord[] calldata records,
-        bytes32[] calldata digests,
-        address[] calldata auditors,
-        address[] calldata verifiers
-    ) external onlyDelegated onlyRole(OPERATOR_ROLE) nonReentrant {
-        Roster memory roster = _openRoster(orderId, providers, layout);
-        bytes32 verifiersHash = keccak256(abi.encode(auditors));
-        uint256 index = at >> 8;
-        uint256 info = index < records.length ? records[index].info : 1 << 255;
-        uint32 round = uint32(info >> 176);
-        if (
-            _chain(verifiersHash, _foldRecords(prefix, records, type(uint256).max, 0)) != _rosterAudits[orderId].key
-                || info >> 255 != 0 || keccak256(abi.encodePacked(digests)) != records[index].digestsHash
-        ) revert AuditMismatch(orderId, round);
-        uint256 posting = index;
-        while (records[posting].info >> 255 == 0) ++posting; // the fold ended on a posting
-        uint64 until = uint64(uint40(records[posting].info >> 72)) + _verdictWindow;
-        if (block.timestamp > until) revert AuditChallengeClosed(orderId, round, until);
-        uint256 audited = uint64(info);
-        uint256 bit = 1 << uint8(at);
-        if (audited & bit == 0 || (info >> 112) & bit != 0) revert NotAudited(orderId, round, uint8(at));
-        _checkVerifierCount(verifiers.length);
-        uint256 signerMask = uint8(records[posting].info >> 64);
-        uint256 signerIds;
-        uint256 signers;
-        for (uint256 i; i < auditors.length; ++i) {
-            if (signerMask & (1 << i) == 0) continue;
-            for (uint256 j; j < verifiers.length; ++j) {
-                if (verifiers[j] == auditors[i]) revert DuplicateParty(auditors[i]);
-            }
-            signerIds |= uint256(_parties[auditors[i]].id) << (PARTY_ID_BITS * signers++);
-        }
-        uint256 k = roster.replicas;
-        bytes32[] memory values = new bytes32[](k);
-        bytes32 digest = digests[uint8(at)];
-        for (uint256 r; r < k; ++r) {
-            values[r] = digest;
-        }
-        uint256[] memory uses = _slotsPerProvider(providers, layout, k, roster.unitsPerRound);
-        uint256 unitId = _setAside(orderId, round, uint8(at), providers, layout, values, 0, verifiers, uses);
-        _auditSigners[unitId] = signerIds | (signerMask << 232) | (signers << 240);
-        roster.setAsideUnits += 1;
-        roster.openSetAside += 1;
-        _rosters[orderId] = roster;
-        info |= bit << 112;
-        _rosterAudits[orderId].key = _chain(verifiersHash, _foldRecords(prefix, records, index, info));
-        emit AuditChallenged(orderId, round, uint8(at), unitId, info);
-    }
-
     /// @dev At close: checks `verifiers` and `records` are the roster's (none when it has no verifiers), that no
     /// record is pending ({AuditsPending}) and that no posting can still be challenged, credits each verifier
     /// its audit fees (per posting it signed, the units it covered that no challenge took back) and releases its
@@ -1806,40 +2052,6 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         for (uint256 i; i < verifiers.length; ++i) {
             if (released & (1 << i) == 0) stakes.unlock(verifiers[i], _verifierCollateral);
         }
-    }
-
-    /// @notice Releases, once per roster verifier, the roster collateral of each signer of the round audit of
-    /// `unitId` (a unit {challengeAudit} set aside) while the roster is open (VerdictAppeals only, before it
-    /// slashes them, {VerdictAppeals-slashRoundAudit}): StakeManager caps a slashed account's `locked` at what
-    /// stays bonded, which would otherwise eat into the signer's other locks once the close released the
-    /// roster's. The close then skips them ({RosterAudits-released}); once it closed, nothing is left to release.
-    function releaseAuditSigners(uint256 unitId) external onlyDelegated onlyRole(APPEALS_ROLE) nonReentrant {
-        uint256 packed = _auditSigners[unitId];
-        uint256 orderId = _units[unitId].orderId;
-        if (packed == 0 || _rosters[orderId].closed) return;
-        uint8 released = _rosterAudits[orderId].released;
-        uint256 mask = (packed >> 232) & 0xff;
-        uint256 fresh = mask & ~uint256(released);
-        if (fresh == 0) return;
-        _rosterAudits[orderId].released = released | uint8(fresh);
-        uint256 s;
-        for (uint256 i; mask >> i != 0; ++i) {
-            if (mask & (1 << i) == 0) continue;
-            if (fresh & (1 << i) != 0) stakes.unlock(_partyAddresses[_idAt(packed, s)], _verifierCollateral);
-            ++s;
-        }
-    }
-
-    /// @dev The open roster of `orderId`, after checking `providers` and `layout` are its own.
-    function _openRoster(uint256 orderId, address[] calldata providers, uint256 layout)
-        private
-        view
-        returns (Roster memory roster)
-    {
-        roster = _rosters[orderId];
-        if (roster.partiesHash == 0 || roster.closed) revert RosterNotOpen(orderId);
-        bytes32 key = _rosterKey(providers, layout, roster.replicas, roster.unitsPerRound, roster.rounds);
-        if (key != roster.partiesHash) revert RosterMismatch(orderId);
     }
 
     /// @dev Checks the round's openings against its chained commitments (and the pending audit chain), leaves the
@@ -1903,7 +2115,7 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         auditable &= ~split;
         if (
             auditable != 0 && (pending != 0 || _rosterAudits[orderId].key != 0)
-                && (audit.signatures.length != 0 || (verifiers.length == 0 && hasRole(OPERATOR_ROLE, msg.sender)))
+                && (audit.signatures.length != 0 || verifiers.length == 0)
         ) {
             setAside &= ~auditable; // pending: paid at close only once a posting covers them
             pending = _chainRecord(pending, auditable | (uint256(round) << 176), _hashWords(digests));
@@ -1995,70 +2207,6 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         }
     }
 
-    /// @dev Makes unit `unit` of `round` an ordinary unit in state Revealing, every replica committed, replica
-    /// `r`'s revealed digest (or an unrevealed replica's commitment: bit `r` of `unrevealed`) `values[r]`
-    /// stored as the per-unit path stores them, drawn, its reveal deadline a second ago so that its verdict
-    /// window is open from now (until `verdictWindow` later): the per-unit dispute path takes it from here.
-    /// Returns its unit id.
-    function _setAside(
-        uint256 orderId,
-        uint32 round,
-        uint256 unit,
-        address[] calldata providers,
-        uint256 layout,
-        bytes32[] memory values,
-        uint256 unrevealed,
-        address[] calldata verifiers,
-        uint256[] memory uses
-    ) private returns (uint256 unitId) {
-        uint256 k = values.length;
-        unitId = _unitCounter.count + 1;
-        _unitCounter.count = uint128(unitId);
-        address[] memory unitProviders = new address[](k);
-        uint256 partyIds;
-        for (uint256 r; r < k; ++r) {
-            uint256 index = (layout >> (5 * (unit * k + r))) & 31;
-            unitProviders[r] = providers[index];
-            partyIds |= _partyIdOf(providers[index]) << (r * PARTY_ID_BITS);
-            _digests[unitId][r] = values[r];
-            _setAsideSlots[orderId][index] += 1;
-            _rosterLocks[orderId][providers[index]].held = uint128(uses[index] * _providerCollateral);
-        }
-        for (uint256 i; i < verifiers.length; ++i) {
-            address verifier = verifiers[i];
-            for (uint256 r; r < k; ++r) {
-                if (unitProviders[r] == verifier) revert DuplicateParty(verifier);
-            }
-            for (uint256 j; j < i; ++j) {
-                if (verifiers[j] == verifier) revert DuplicateParty(verifier);
-            }
-            partyIds |= _partyIdOf(verifier) << ((k + i) * PARTY_ID_BITS);
-        }
-        _unitParties[unitId] = partyIds;
-        stakes.lockBatch(verifiers, _verifierCollateral);
-        uint40 closed = uint40(block.timestamp) - 1; // its commit and reveal phases are over: verdicts open now
-        uint8 all = _fullMask(uint8(k));
-        uint8 revealed = all & ~uint8(unrevealed);
-        _units[unitId] = Unit({
-            orderId: uint64(orderId),
-            commitDeadline: closed,
-            revealDeadline: closed,
-            state: UnitState.Revealing,
-            replicas: uint8(k),
-            verifierCount: uint8(verifiers.length),
-            committedMask: all,
-            revealedMask: revealed,
-            drawn: true,
-            page: 0,
-            seedBlock: 0,
-            rostered: true
-        });
-        bytes32 unitKey = bytes32(_roundUnitId(orderId, round, unit));
-        emit UnitAssigned(unitId, orderId, unitKey, unitProviders, verifiers, closed);
-        emit VerificationRequested(unitId);
-        emit UnitSetAside(orderId, round, unit, unitId);
-    }
-
     /// @dev Checks every replica slot's signed commitment for round `roster.committed` and returns their
     /// chained hash (the step stores it, with the pending audit chain).
     function _commitRound(
@@ -2112,46 +2260,6 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         }
     }
 
-    /// @dev How many replica slots of a round each provider holds, after checking the layout: every index in
-    /// range, no provider twice in a unit, every provider used, no bits beyond the last slot.
-    function _slotsPerProvider(address[] calldata providers, uint256 layout, uint256 k, uint256 unitCount)
-        private
-        pure
-        returns (uint256[] memory uses)
-    {
-        uint256 slots = unitCount * k;
-        if (providers.length == 0 || providers.length > 32 || slots > 51 || layout >> (5 * slots) != 0) {
-            revert InvalidLayout(slots);
-        }
-        uses = new uint256[](providers.length);
-        for (uint256 i; i < slots; ++i) {
-            uint256 p = (layout >> (5 * i)) & 31;
-            if (p >= providers.length) revert InvalidLayout(i);
-            for (uint256 j = i - (i % k); j < i; ++j) {
-                if ((layout >> (5 * j)) & 31 == p) revert InvalidLayout(i);
-            }
-            ++uses[p];
-        }
-        for (uint256 p; p < uses.length; ++p) {
-            if (uses[p] == 0) revert InvalidLayout(slots);
-        }
-    }
-
-    /// @dev keccak256(a, b) in scratch space, without allocating memory.
-    function _chain(bytes32 a, bytes32 b) private pure returns (bytes32 hashed) {
-        assembly ("memory-safe") {
-            mstore(0x00, a)
-            mstore(0x20, b)
-            hashed := keccak256(0x00, 0x40)
-        }
-    }
-
-    /// @dev An audit chain extended by one record: keccak256(abi.encode(chain, info, digestsHash)) (the same
-    /// three-word hash as {_roundUnitId}, without allocating).
-    function _chainRecord(bytes32 chain, uint256 info, bytes32 digestsHash) private pure returns (bytes32) {
-        return bytes32(_roundUnitId(uint256(chain), info, uint256(digestsHash)));
-    }
-
     /// @dev keccak256(abi.encodePacked(words)) without copying them.
     function _hashWords(bytes32[] memory words) private pure returns (bytes32 hashed) {
         assembly ("memory-safe") {
@@ -2159,33 +2267,13 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         }
     }
 
-    /// @dev A posted chain extended by `records` in order (record `at`'s `info` read as `info`): each round
-    /// record is chained into the pending chain, each posting's record into the posted chain with the pending
-    /// chain before it. Records left pending at the end change the result (it is then no roster's).
-    function _foldRecords(bytes32 chain, AuditRecord[] calldata records, uint256 at, uint256 info)
-        private
-        pure
-        returns (bytes32)
-    {
-        bytes32 pending;
-        for (uint256 i; i < records.length; ++i) {
-            uint256 recordInfo = i == at ? info : records[i].info;
-            if (recordInfo >> 255 != 0) {
-                chain = _chainRecord(chain, recordInfo, pending);
-                pending = 0;
-            } else {
-                pending = _chainRecord(pending, recordInfo, records[i].digestsHash);
-            }
-        }
-        return pending == 0 ? chain : ~chain;
-    }
 }
 
 /// @title JobMarketExtension
 /// @notice The code of {JobMarket} that does not fit its 24,576 bytes (EIP-170): the verdict path, in a
 /// contract deployed before JobMarket, which takes its address (checking its token, stake manager and
 /// parameters are its own) and reaches it by delegatecall. The round path is {JobMarketRoundsExtension}.
-contract JobMarketExtension is JobMarketVerdicts {
+contract JobMarketExtension is JobMarketVerdicts, JobMarketRoundAudits {
     constructor(IERC20 token_, StakeManager stakes_, Params memory params_) JobMarketBase(token_, stakes_, params_) {}
 }
 
@@ -2652,7 +2740,7 @@ contract JobMarket is JobMarketBase {
         _delegateRounds();
     }
 
-    /// @notice Sets aside a unit a round audit paid (operator); see {JobMarketRounds-challengeAudit}.
+    /// @notice Sets aside a unit a round audit paid (operator); see {JobMarketRoundAudits-challengeAudit}.
     function challengeAudit(
         uint256,
         address[] calldata,
@@ -2664,13 +2752,27 @@ contract JobMarket is JobMarketBase {
         address[] calldata,
         address[] calldata
     ) external {
-        _delegateRounds();
+        _delegate();
+    }
+
+    /// @notice Sets aside or drops a roster's pending round records; see {JobMarketRoundAudits-setAsidePending}.
+    function setAsidePending(
+        uint256,
+        address[] calldata,
+        uint256,
+        bytes32,
+        AuditRecord[] calldata,
+        bytes32[] calldata,
+        bytes32,
+        address[] calldata
+    ) external {
+        _delegate();
     }
 
     /// @notice Releases the roster collateral of a challenged audit's signers before VerdictAppeals slashes
-    /// them; see {JobMarketRounds-releaseAuditSigners}.
+    /// them; see {JobMarketRoundAudits-releaseAuditSigners}.
     function releaseAuditSigners(uint256) external {
-        _delegateRounds();
+        _delegate();
     }
 
     /// @dev Runs this call's calldata in {extension} within this contract's storage and returns or reverts

@@ -143,6 +143,7 @@ async function trackAudits(R, tx) {
       (R.records ??= []).push({ info: e.args.audited | (e.args.round << 176n), digestsHash: digestsHashOf([...e.args.digests]) });
     }
     if (e?.name === "AuditPosted") (R.records ??= []).push({ info: e.args.info, digestsHash: e.args.records });
+    if (e?.name === "PendingSetAside") R.records.splice(R.records.length - Number(e.args.records));
     if (e?.name === "AuditChallenged") {
       const index = R.records.findIndex((r) => !(r.info & POSTING) && (r.info >> 176n) === e.args.round);
       R.records[index] = { ...R.records[index], info: e.args.info };
@@ -1882,6 +1883,8 @@ async function expectWithheldOrderClosed(R, { honestSlots, refund, delivered, bu
 // ------------------------------------------------------------------------------------------------
 
 const MASK64 = (1n << 64n) - 1n;
+/** A 4-unit order's escrow (k = 3). */
+const ESCROW_4 = 4n * (3n * PRICE + FEE);
 const digestsHashOf = (digests) => ethers.keccak256(digests.length ? ethers.concat(digests) : "0x");
 
 /** The record a step that reveals `round` leaves pending for its drawn unanimous units `mask` (its digests hash:
@@ -1916,6 +1919,21 @@ async function challengeTx(R, round, unit, info, verifiers, caller, opts = {}) {
   const tx = await R.sys.market.connect(caller ?? R.sys.operator).challengeAudit(R.orderId, R.addrs, R.layout,
     opts.at ?? ((BigInt(index - start) << 8n) | BigInt(unit)), opts.prefix ?? auditChainsOf(R.records.slice(0, start)).chain,
     opts.records ?? sent, unitDigests(R, round), R.auditors, addrsOf(verifiers));
+  await trackAudits(R, tx);
+  return tx;
+}
+
+/** setAsidePending taking the last `count` of the roster's pending records (`R.records`) off its pending chain, with
+ * `verifiers` (set aside) or none (dropped); the chained commitments of the round committed and not revealed, if
+ * any, read from the chain. opts: kept, records, digests, committed replace what is sent. */
+async function setAsidePendingTx(R, count, verifiers, caller, opts = {}) {
+  const records = R.records.slice(R.records.length - count);
+  const roster = await rosterState(R.sys, R.orderId);
+  const committed = roster.pendingBlock !== 0n ? roundHashOf(R, Number(roster.committed) - 1) : ethers.ZeroHash;
+  const tx = await R.sys.market.connect(caller ?? R.sys.operator).setAsidePending(R.orderId, R.addrs, R.layout,
+    opts.kept ?? auditChainsOf(R.records.slice(0, R.records.length - count)).pending, opts.records ?? records,
+    opts.digests ?? records.flatMap((r) => unitDigests(R, Number(r.info >> 176n))), opts.committed ?? committed,
+    addrsOf(verifiers));
   await trackAudits(R, tx);
   return tx;
 }
@@ -2019,9 +2037,10 @@ describe("JobMarket: round audits (roster verifiers, RoundAudit, challenges)", f
     // the operator's step, its verifiers setting the split unit aside, unit 0 pending and posted by `audit`
     const reveal = (audit) => opStep(R, [v1, v2], { reveal: 0, commit: 1, audit });
     const r0 = roundRecordOf(R, 0, 1n); // unit 1 is split: the round's record holds unit 0 only
-    // a relayer may not leave a drawn unit pending: without a posting it needs the operator, as without audits
+    // a relayer may leave the drawn unit 0 pending (no posting can pay it without a quorum), but the split unit 1
+    // still needs the operator's verifiers
     await expect(step(R, { reveal: 0, commit: 1 })).to.be.revertedWithCustomError(market, "RoundUnitNeedsVerdict")
-      .withArgs(orderId, 0, 0, true);
+      .withArgs(orderId, 0, 1, false);
     // a posting signed over another record (both units), by a non-verifier under a verifier's index, one verifier
     // twice, an index out of range, a verifier list not the roster's, another order's message
     await expect(reveal(await postingOf(R, [roundRecordOf(R, 0, 3n)], [v1, v2]))).to.be.revertedWithCustomError(market,
@@ -2321,8 +2340,8 @@ describe("JobMarket: round audits (roster verifiers, RoundAudit, challenges)", f
     const { market } = sys;
     await expect(market.connect(sys.other).releaseAuditSigners(unitId)).to.be.revertedWithCustomError(market,
       "AccessControlUnauthorizedAccount").withArgs(sys.other.address, await market.APPEALS_ROLE());
-    const rounds = await ethers.getContractAt("JobMarketRoundsExtension", await market.roundsExtension());
-    await expect(rounds.releaseAuditSigners(unitId)).to.be.revertedWithCustomError(rounds, "NotDelegated");
+    const extension = await ethers.getContractAt("JobMarketExtension", await market.extension());
+    await expect(extension.releaseAuditSigners(unitId)).to.be.revertedWithCustomError(extension, "NotDelegated");
     expect((await market.rosterAuditsOf(orderId)).released).to.equal(0n);
   });
 
@@ -2413,4 +2432,161 @@ describe("JobMarket: round audits (roster verifiers, RoundAudit, challenges)", f
     await expectSolventLoose(sys);
   });
 
+  it("the way out of pending audits, by the operator: its verifiers' verdicts settle every pending unit; a posting can no longer pay them; the close pays the rest once",
+    async function () {
+    const { sys, orderId, R } = await load(auditedFixture);
+    const { market, buyer } = sys;
+    const [v1, v2, v3] = sys.verifiers;
+    const p4 = sys.providers[3];
+    await step(R, { commit: 0 });
+    await opStep(R, [], { reveal: 0, commit: 1 });
+    await opStep(R, [], { reveal: 1 }); // rounds 0 and 1 pending, nothing committed
+    expect(R.records).to.deep.equal([roundRecordOf(R, 0, 3n), roundRecordOf(R, 1, 3n)]);
+    const stale = await postingOf(R, [], [v1, v2]); // signed over both rounds: never sent
+    const before = await chainState(sys, orderId);
+    // only the operator chooses verifiers; at least minVerifiers; records, kept chain and commitments must be the roster's
+    await expect(setAsidePendingTx(R, 2, [v3, p4], sys.other)).to.be.revertedWithCustomError(market,
+      "AccessControlUnauthorizedAccount").withArgs(sys.other.address, await market.OPERATOR_ROLE());
+    await expect(setAsidePendingTx(R, 2, [v3])).to.be.revertedWithCustomError(market, "InvalidVerifierCount");
+    for (const opts of [{ kept: ethers.id("other") }, { records: [R.records[1]] }, { committed: ethers.id("other") },
+      { records: [R.records[1], R.records[0]] }, { records: [{ ...R.records[1], info: R.records[1].info | 4n }] }]) {
+      await expect(setAsidePendingTx(R, 2, [v3, p4], undefined, opts)).to.be.revertedWithCustomError(market,
+        "AuditMismatch").withArgs(orderId, 2);
+    }
+    await expect(setAsidePendingTx(R, 2, [v3, p4], undefined, { digests: unitDigests(R, 0) }))
+      .to.be.revertedWithCustomError(market, "EntryCountMismatch").withArgs(4, 2);
+    const wrong = unitDigests(R, 0).concat(unitDigests(R, 0));
+    await expect(setAsidePendingTx(R, 2, [v3, p4], undefined, { digests: wrong })).to.be.revertedWithCustomError(market,
+      "AuditMismatch").withArgs(orderId, 1);
+    // anyone's drop (no verifiers) waits for the order's deadline and verdictWindow
+    const droppable = (await market.getOrder(orderId)).deadline + PARAMS.verdictWindow;
+    await expect(setAsidePendingTx(R, 2, [], sys.other)).to.be.revertedWithCustomError(market, "RosterNotClosable")
+      .withArgs(orderId, droppable);
+    expect(await chainState(sys, orderId)).to.deep.equal(before);
+    const tx = await setAsidePendingTx(R, 2, [v3, p4]);
+    await expect(tx).to.emit(market, "PendingSetAside").withArgs(orderId, 2);
+    expect(await setAsideOf(R, tx)).to.deep.equal([
+      { round: 0n, unit: 0n, unitId: 1n }, { round: 0n, unit: 1n, unitId: 2n },
+      { round: 1n, unit: 0n, unitId: 3n }, { round: 1n, unit: 1n, unitId: 4n }]);
+    for (const id of [1n, 2n, 3n, 4n]) {
+      const unit = await market.getUnit(id);
+      expect([unit.state, unit.drawn, unit.verifierCount]).to.deep.equal([h.UNIT_STATE.Revealing, true, 2n]);
+    }
+    expect(R.records).to.deep.equal([]);
+    const roster = await rosterState(sys, orderId);
+    expect([roster.setAsideUnits, roster.openSetAside]).to.deep.equal([4n, 4n]);
+    // nothing pending: the posting signed before is refused, as is a second way out
+    await expect(step(R, { audit: stale })).to.be.revertedWithCustomError(market, "AuditorsMismatch").withArgs(orderId);
+    await expect(setAsidePendingTx(R, 0, [v3, p4])).to.be.revertedWithCustomError(market, "AuditMismatch")
+      .withArgs(orderId, 2);
+    await expect(closeTx(R)).to.be.revertedWithCustomError(market, "UnitsStillOpen").withArgs(orderId, 4);
+    for (const id of [1n, 2n, 3n, 4n]) await verdict(sys, id, [0, 0, 0], [v3, p4]);
+    // every unit was paid by its verdict: the close pays no slot again, and the roster's verifiers nothing
+    await expect(closeTx(R)).to.emit(market, "RosterClosed").withArgs(orderId, 2, 0n);
+    for (const p of R.signers) {
+      expect(await market.credits(p.address)).to.equal(4n * PRICE);
+      expect(await lockedOf(sys, p)).to.equal(0n);
+    }
+    for (const v of [v1, v2]) {
+      expect(await market.credits(v.address)).to.equal(0n);
+      expect(await lockedOf(sys, v)).to.equal(0n);
+    }
+    expect(await orderFields(sys, orderId)).to.deep.equal({ balance: 0n, delivered: 4n, openUnits: 0n, closed: false });
+    await market.connect(buyer).closeOrder(orderId);
+    await expectSolventLoose(sys);
+  });
+
+  it("a relayer's step leaves drawn units pending (no hasRole): racing the operator's set-aside step it only moves the set-aside to setAsidePending, which keeps the signed earlier round pending for a later posting",
+    async function () {
+    const sys = await h.fundedSystem({ ...PARAMS, spotCheckPpm: 1_000_000 });
+    const { market } = sys;
+    const [v1, v2, v3] = sys.verifiers;
+    const p4 = sys.providers[3];
+    const { orderId } = await h.postOrder(sys, { units: 6 });
+    const R = rosterOf(sys, orderId, sys.providers.slice(0, 3), { rounds: 3 });
+    R.auditors = addrsOf(sys.verifiers);
+    await openRoster(R);
+    await step(R, { commit: 0 });
+    await opStep(R, [], { reveal: 0, commit: 1 }); // round 0 pending, the verifiers' signatures over it held
+    // the verifiers refuse round 1: the operator's step would set it aside with its verifiers; a provider copies the
+    // step without them and gets it mined first: round 1 pending, round 2 committed
+    const openings = givenOpenings(R, 1);
+    const { works, deadline } = await worksFor(R, 2);
+    const operatorStep = market.connect(sys.operator).stepRound.populateTransaction(orderId, R.addrs, R.layout, openings,
+      0, addrsOf([v3, p4]), deadline, works, { ...NO_AUDIT, ...auditChainsOf(R.records) });
+    const tx1 = await market.connect(R.signers[0]).stepRound(orderId, R.addrs, R.layout, openings, 0, [], deadline, works,
+      { ...NO_AUDIT, ...auditChainsOf(R.records) });
+    await trackAudits(R, tx1);
+    await expect(tx1).to.emit(market, "RoundRevealed").withArgs(orderId, 1, unitDigests(R, 1), 3n);
+    await expect(tx1).to.not.emit(market, "UnitSetAside");
+    await expect(sys.operator.sendTransaction(await operatorStep)).to.be.revertedWithCustomError(market,
+      "RoundHashMismatch").withArgs(orderId, 2);
+    // the operator takes round 1 alone off the chain (round 2 committed), keeping round 0 pending
+    const tx2 = await setAsidePendingTx(R, 1, [v3, p4]);
+    expect((await setAsideOf(R, tx2)).map((x) => x.round)).to.deep.equal([1n, 1n]);
+    expect(R.records).to.deep.equal([roundRecordOf(R, 0, 3n)]);
+    for (const id of [1n, 2n]) await verdict(sys, id, [0, 0, 0], [v3, p4]);
+    // a posting that still holds round 1 is refused; the verifiers' posting over rounds 0 and 2 covers them once
+    const r2 = roundRecordOf(R, 2, 3n);
+    await expect(step(R, { reveal: 2, audit: await postingOf(R, [], [v1, v2],
+      { records: [roundRecordOf(R, 0, 3n), roundRecordOf(R, 1, 3n), r2] }) })).to.be.revertedWithCustomError(market,
+      "InvalidSigner");
+    const tx3 = await step(R, { reveal: 2, audit: await postingOf(R, [r2], [v1, v2]) });
+    expect(await auditCounts(R)).to.deep.equal([4n, 4n, 0n]);
+    await time.setNextBlockTimestamp((await timestampOf(tx3)) + PARAMS.verdictWindow + 1n);
+    const share = FEE / 3n;
+    expect(await closeCrediting(R, [v1, v2, v3])).to.deep.equal([4n * share, 4n * share, 0n]);
+    for (const p of R.signers) expect(await market.credits(p.address)).to.equal(6n * PRICE); // 4 by count, 2 by verdict
+    await expectSolventLoose(sys);
+  });
+
+  it("the way out of pending audits, by anyone: a provider pends its own drawn units and the operator vanishes; after the order's deadline and verdictWindow anyone drops them unpaid, and the close releases every lock and returns their budget",
+    async function () {
+    const { sys, orderId, R } = await load(auditedFixture);
+    const { market, buyer } = sys;
+    const [v1, v2] = sys.verifiers;
+    const [a] = R.signers;
+    await step(R, { commit: 0 });
+    await step(R, { reveal: 0, commit: 1, caller: a }); // round 0 pending, by a provider; round 1 committed
+    expect(R.records).to.deep.equal([roundRecordOf(R, 0, 3n)]);
+    const stale = await postingOf(R, [], [v1, v2]);
+    const deadline = (await market.getOrder(orderId)).deadline;
+    await time.increaseTo(deadline + 1n);
+    await expect(closeTx(R)).to.be.revertedWithCustomError(market, "AuditsPending").withArgs(orderId);
+    await time.setNextBlockTimestamp(deadline + PARAMS.verdictWindow);
+    await expect(setAsidePendingTx(R, 1, [], sys.other)).to.be.revertedWithCustomError(market, "RosterNotClosable")
+      .withArgs(orderId, deadline + PARAMS.verdictWindow);
+    await time.increaseTo(deadline + PARAMS.verdictWindow + 1n);
+    await expect(setAsidePendingTx(R, 1, [], sys.other, { committed: ethers.ZeroHash })).to.be.revertedWithCustomError(
+      market, "AuditMismatch").withArgs(orderId, 2);
+    const tx = await setAsidePendingTx(R, 1, [], sys.other);
+    await expect(tx).to.emit(market, "PendingSetAside").withArgs(orderId, 1);
+    expect(await setAsideOf(R, tx)).to.deep.equal([{ round: 0n, unit: 0n, unitId: 0n }, { round: 0n, unit: 1n, unitId: 0n }]);
+    expect(await market.unitCount()).to.equal(0n);
+    // their budget is back in the order; nothing is left to post
+    expect(await orderFields(sys, orderId)).to.deep.equal(
+      { balance: 2n * (3n * PRICE + FEE), delivered: 0n, openUnits: 2n, closed: false });
+    await expect(step(R, { reveal: 1, audit: stale })).to.be.revertedWithCustomError(market, "InvalidSigner");
+    // round 1 never revealed, round 0 dropped: nobody is paid, counted valid or given a streak; every lock released
+    await expect(closeTx(R)).to.emit(market, "RosterClosed").withArgs(orderId, 1, 0n);
+    for (const p of R.signers) {
+      expect(await market.credits(p.address)).to.equal(0n);
+      expect(await market.reputationOf(p.address)).to.deep.equal([0n, 0n, 0n, 0n]);
+      expect(await lockedOf(sys, p)).to.equal(0n);
+    }
+    for (const v of sys.verifiers.slice(0, 3)) {
+      expect(await market.credits(v.address)).to.equal(0n);
+      expect(await lockedOf(sys, v)).to.equal(0n);
+    }
+    expect(await orderFields(sys, orderId)).to.deep.equal({ balance: ESCROW_4, delivered: 0n, openUnits: 0n, closed: false });
+    await expect(market.connect(buyer).closeOrder(orderId)).to.emit(market, "OrderClosed").withArgs(orderId, ESCROW_4);
+    await expectSolventLoose(sys);
+  });
+
+  it("setAsidePending runs only delegated", async function () {
+    const { sys, orderId, R } = await load(auditedFixture);
+    const extension = await ethers.getContractAt("JobMarketExtension", await sys.market.extension());
+    await expect(extension.setAsidePending(orderId, R.addrs, R.layout, ethers.ZeroHash, [], [], ethers.ZeroHash, []))
+      .to.be.revertedWithCustomError(extension, "NotDelegated");
+  });
 });

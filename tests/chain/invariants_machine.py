@@ -58,16 +58,23 @@ the seeded bug trips the one it targets):
   of a revealed round that the draw takes (a provider below the roster's required streak, read from
   storage before the step, or the committing block's hash gone) is set aside by that step
   (`UnitSetAside`), never paid by count.
+- pending_audits: a roster's round hash holds exactly the model's pending audit chain (with the committed
+  round's commitments) and its audit key the model's verifiers and posted chain, and no roster closes with a
+  record pending: a drawn unit is paid only once a quorum's posting covers it, and a record taken off the
+  pending chain (setAsidePending: set aside for verdicts, or dropped unpaid after the deadline +
+  verdictWindow) can never be posted or paid again.
 - model_agreement: everything else the model predicts (success vs typed revert and its arguments,
   balances, stakes, credits, reputation, nonces, order and unit fields).
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from eth_abi import encode as abi_encode
 from eth_utils import keccak
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -116,6 +123,7 @@ INVARIANTS = (
     "collateral_locked",
     "truth_before_money",
     "framed_made_whole",
+    "pending_audits",
 )
 SETTLEMENT_EVENTS = {
     keccak(text="UnitFinalized(uint256,bytes32)"),
@@ -125,6 +133,7 @@ SETTLEMENT_EVENTS = {
 STAKE_SLASHED = keccak(text="StakeSlashed(address,uint256,address)")
 HELD_SETTLED = keccak(text="HeldSettled(uint256,uint8[])")
 UNIT_SET_ASIDE = keccak(text="UnitSetAside(uint256,uint32,uint256,uint256)")
+ROUND_REVEALED = keccak(text="RoundRevealed(uint256,uint32,bytes32[],uint256)")
 
 
 class InvariantViolation(AssertionError):
@@ -1479,26 +1488,30 @@ class MarketMachine(RuleBasedStateMachine):
         slots: list[list[str]],
         rounds: int,
         stale_nonce: bool = False,
+        verifiers: Sequence[str] = (),
     ) -> None:
         """Open `order_id`'s roster: `slots[u]` are unit u's providers (replica order), every round alike;
-        each provider signs one `Accept` of the roster's key."""
+        each provider signs one `Accept` of the roster's key (with `verifiers`: the roster's, who audit the
+        units the chain draws by `RoundAudit` postings)."""
         labels = list(dict.fromkeys(label for unit in slots for label in unit))
         providers = [self.address_of[label] for label in labels]
+        auditors = [self.address_of[label] for label in verifiers]
         layout_slots = [labels.index(label) for unit in slots for label in unit]
         replicas, per_round = len(slots[0]), len(slots)
         layout = sum(index << (5 * slot) for slot, index in enumerate(layout_slots))
-        key = eip712.roster_key(providers, layout, replicas, per_round, rounds)
+        key = eip712.roster_key(providers, layout, replicas, per_round, rounds, auditors)
         deadline = self._sig_deadline()
         accepts, nonces = self._sign_accepts(order_id, key, labels, deadline, stale_nonce)
         now = self._now()
         self._run(
-            f"openRoster(order {order_id}, {slots} x {rounds} rounds, stale={stale_nonce})",
+            f"openRoster(order {order_id}, {slots} x {rounds} rounds, verifiers {list(verifiers)}, "
+            f"stale={stale_nonce})",
             self.actors["operator"],
             "market",
             "openRoster",
-            [order_id, providers, layout, replicas, per_round, rounds, [], accepts],
+            [order_id, providers, layout, replicas, per_round, rounds, auditors, accepts],
             lambda: self.model.open_roster(
-                order_id, providers, layout_slots, replicas, per_round, rounds, nonces, now
+                order_id, providers, layout_slots, replicas, per_round, rounds, nonces, now, auditors
             ),
         )
 
@@ -1547,9 +1560,12 @@ class MarketMachine(RuleBasedStateMachine):
         sender: str = "operator",
         verifiers: Sequence[str] = VERIFIERS,
         wrong_key: bool = False,
+        post: bool = False,
     ) -> None:
         """One stepRound: the pending round's openings (when `reveal`; `withheld` slots given by their
-        commitment, slot `tampered` with a wrong salt) and the next round's works (when `commit`)."""
+        commitment, slot `tampered` with a wrong salt) and the next round's works (when `commit`), with the
+        roster's posted and pending audit chains; `post`: every roster verifier signs `RoundAudit` over the
+        pending chain as the step leaves it, and the step posts it."""
         roster = self.model.rosters.get(order_id)
         providers, layout = self._roster_args(order_id, wrong_key)
         openings: list[tuple[bytes, bytes]] = []
@@ -1573,6 +1589,10 @@ class MarketMachine(RuleBasedStateMachine):
         set_aside: list[int] = []
         must_set_aside = self._units_to_set_aside(order_id)
 
+        audit = self._round_audit(
+            order_id, post, openings, withheld, verifier_addresses, sender, model_works, deadline, now
+        )
+
         def model_action() -> Expected | None:
             expected, units = self.model.step_round(
                 order_id,
@@ -1584,12 +1604,14 @@ class MarketMachine(RuleBasedStateMachine):
                 model_works,
                 deadline,
                 now,
+                post,
             )
             set_aside.extend(units)
             return expected
 
         units_before = len(self.model.units)
         committed_round = roster.committed if roster is not None else 0
+        records_before = list(roster.audit_records) if roster is not None else []
         outcome = self._run(
             f"stepRound(order {order_id}, reveal={bool(openings)}, works={len(works)}, "
             f"withheld={withheld:#x}, deviant={sorted(deviant)}, forged={forged}, tampered={tampered}, "
@@ -1606,7 +1628,7 @@ class MarketMachine(RuleBasedStateMachine):
                 verifier_addresses,
                 deadline,
                 works,
-                (b"\x00" * 32, [], b"\x00" * 32, []),  # no audits: the model's rosters have no verifiers
+                audit,
             ],
             model_action,
         )
@@ -1627,6 +1649,8 @@ class MarketMachine(RuleBasedStateMachine):
             self.ghosts.unit_states[unit_id] = state
         if set_aside:
             self.call_stats.setdefault("stepRound (set aside)", [0, 0])[0] += 1
+        if roster.audit_records[-1:] != records_before[-1:]:
+            self.call_stats.setdefault("stepRound (pending or posted)", [0, 0])[0] += 1
         if withheld:
             self.call_stats.setdefault("stepRound (withheld)", [0, 0])[0] += 1
         events = [
@@ -1634,32 +1658,123 @@ class MarketMachine(RuleBasedStateMachine):
             for log in outcome.receipt["logs"]
             if _raw(log["topics"][0]) == UNIT_SET_ASIDE
         ]
-        missed = sorted(set(must_set_aside) - set(events))
+        audited = [  # RoundRevealed's `audited`: the drawn units left pending a posting
+            int.from_bytes(_raw(log["data"])[32:64], "big")
+            for log in outcome.receipt["logs"]
+            if _raw(log["topics"][0]) == ROUND_REVEALED
+        ]
+        pending = set(bits(audited[0])) - set(must_set_aside[1]) if audited else set()
+        missed = sorted(set(must_set_aside[0]) - set(events) - pending)
         if openings and missed:
             self._fail(
                 "drawn_never_finalized",
                 f"order {order_id} round {revealed_round}: units {missed} were drawn (a provider below the "
-                f"roster's streak, or the seed's hash gone), yet the step did not set them aside: the roster "
+                f"roster's streak, or the seed's hash gone), yet the step neither set them aside nor left "
+                f"them pending a posting (a unit of a provider below the streak only set aside): the roster "
                 f"pays them by count, unchecked",
             )
 
-    def _units_to_set_aside(self, order_id: int) -> list[int]:
+    def _audit_chains(self, order_id: int) -> tuple[bytes, bytes]:
+        """The roster's posted and pending audit chains, from the model's records."""
+        roster = self.model.rosters.get(order_id)
+        return eip712.audit_chains(roster.audit_records if roster is not None else [])
+
+    def _round_audit(
+        self,
+        order_id: int,
+        post: bool,
+        openings: Sequence[tuple[bytes, bytes]],
+        withheld: int,
+        verifiers: Sequence[str],
+        sender: str,
+        works: Sequence[tuple[bytes, str]],
+        deadline: int,
+        now: int,
+    ) -> tuple[bytes, list[str], bytes, list[tuple[int, bytes, bytes]]]:
+        """A step's RoundAudit: the roster's pending chain, and when `post` the roster's verifiers, its posted
+        chain and each verifier's signature over the pending chain the step leaves (found by running the step
+        on a copy of the model: its posting's record covers exactly that chain)."""
+        posted, pending = self._audit_chains(order_id)
+        roster = self.model.rosters.get(order_id)
+        if not post or roster is None:
+            return pending, [], posted, []
+        clock = (self.model.pending_block, self.model.block_hash)  # the chain's: shared, not copied
+        probe = copy.deepcopy(self.model, {id(f): f for f in clock})
+        probe.step_round(
+            order_id, True, openings, withheld, verifiers, sender == "operator", works, deadline, now, True
+        )
+        records = probe.rosters[order_id].audit_records
+        signed = records[-1][1] if records and records[-1][0] >> 255 else pending
+        signatures = []
+        for index, verifier in enumerate(roster.verifiers):
+            message = {"orderId": order_id, "records": signed}
+            signature = self.chain.sign_market(self.actors[self.label_of[verifier]], "RoundAudit", message)
+            r, vs = eip712.compact_signature(signature)
+            signatures.append((index, r, vs))
+        return pending, list(roster.verifiers), posted, signatures
+
+    def do_set_aside_pending(
+        self, order_id: int, count: int, verifiers: Sequence[str] = VERIFIERS, sender: str = "operator"
+    ) -> None:
+        """setAsidePending of the roster's last `count` pending records: set aside with `verifiers`, or (none)
+        dropped unpaid."""
+        roster = self.model.rosters[order_id]
+        providers, layout = self._roster_args(order_id)
+        pending = roster.pending_records
+        taken = pending[len(pending) - count :] if 0 < count <= len(pending) else pending
+        kept = eip712.audit_chain(pending[: len(pending) - len(taken)])
+        digests = [d for info, _ in taken for d in roster.revealed[info >> 176 & 0xFFFFFFFF][1]]
+        committed = bytes(32)
+        if roster.pending_block:
+            committed = eip712.round_commitments_chain(order_id, roster.committed - 1, roster.commitments)
+        verifier_addresses = [self.address_of[v] for v in verifiers]
+        caller = self.address_of[sender]
+        now = self._now()
+        units_before = len(self.model.units)
+        set_aside: list[tuple[int, int]] = []
+
+        def model_action() -> Expected | None:
+            expected, units = self.model.set_aside_pending(
+                order_id, count, verifier_addresses, caller, sender == "operator", now
+            )
+            set_aside.extend(units)
+            return expected
+
+        outcome = self._run(
+            f"setAsidePending(order {order_id}, last {count} of {len(pending)}, verifiers {list(verifiers)}, "
+            f"by {sender})",
+            self.actors[sender],
+            "market",
+            "setAsidePending",
+            [order_id, providers, layout, kept, list(taken), digests, committed, verifier_addresses],
+            model_action,
+        )
+        if outcome.receipt is None:
+            return
+        for offset, (round_, unit) in enumerate(set_aside):
+            unit_id = units_before + 1 + offset
+            self.secrets[unit_id] = UnitSecrets()
+            self.honest[unit_id] = keccak(text=f"honest-r{order_id}-{round_}-{unit}")
+            self.ghosts.unit_states[unit_id] = UnitState(self.storage.unit(unit_id)["state"])
+
+    def _units_to_set_aside(self, order_id: int) -> tuple[list[int], list[int]]:
         """The pending round's units the draw takes, from the chain's state before the step: those worked
         by a provider below the roster's required streak, or all when the committing block's hash is gone
-        (the spot-check rates are 0 here)."""
+        (the spot-check rates are 0 here); and the first kind alone (never left pending)."""
         roster = self.model.rosters.get(order_id)
         if roster is None:
-            return []
+            return [], []
         stored = self.storage.roster(order_id)
         if not stored["pendingBlock"]:
-            return []
+            return [], []
         units = range(roster.units_per_round)
-        if self.chain.pending_block() - stored["pendingBlock"] > 256:
-            return list(units)
         required = stored["requiredStreak"]
         weak = {p for p, a in enumerate(roster.providers) if self.storage.account(a)[4] < required}
         k = roster.replicas
-        return [u for u in units if any(roster.slots[u * k + r] in weak for r in range(k))]
+        by_weak = [u for u in units if any(roster.slots[u * k + r] in weak for r in range(k))]
+        if self.chain.pending_block() - stored["pendingBlock"] > 256:
+            return list(units), by_weak
+        return by_weak, by_weak
 
     def do_publish_opening(
         self, order_id: int, slot: int, wrong_salt: bool = False, wrong_commitments: bool = False
@@ -1694,7 +1809,13 @@ class MarketMachine(RuleBasedStateMachine):
             self.actors[sender],
             "market",
             "closeRoster",
-            [order_id, providers, layout, [], []],
+            [
+                order_id,
+                providers,
+                layout,
+                list(roster.verifiers) if roster else [],
+                list(roster.audit_records) if roster else [],
+            ],
             lambda: self.model.close_roster(order_id, not wrong_key, now),
         )
         if outcome.receipt is not None:
@@ -1750,6 +1871,13 @@ class MarketMachine(RuleBasedStateMachine):
             return
         now = self._now()
         can_commit = roster.committed < roster.rounds and now <= order.deadline
+        if roster.pending_records and _mostly(
+            data, 2 if can_commit or roster.pending_block else 0, "keep pending"
+        ):
+            pass
+        elif roster.pending_records:
+            self._audit_phase(order_id, data)
+            return
         if not roster.pending_block and not can_commit:
             closer = data.draw(st.sampled_from(["operator", self.label_of[order.buyer]]), label="closer")
             self.do_close_roster(order_id, closer)
@@ -1780,7 +1908,49 @@ class MarketMachine(RuleBasedStateMachine):
             and self._now() <= order.deadline
             and _mostly(data, 4, "commit next")
         )
-        self.do_step_round(order_id, commit=commit, withheld=withheld, deviant=deviant)
+        verifiers: Sequence[str] = VERIFIERS
+        post = False
+        if roster.verifiers:  # round audits: the seed's hash sometimes gone (every unit drawn)
+            if not _mostly(data, 2, "seed kept"):
+                self.chain.mine(max(0, roster.pending_block + 257 - self.chain.pending_block()))
+            post = not _mostly(data, 2, "no posting")
+            if not post and _mostly(data, 2, "pend drawn units"):
+                verifiers = ()
+        sender = (
+            "operator" if _mostly(data, 3, "the operator's step") else data.draw(st.sampled_from(PROVIDERS))
+        )
+        self.do_step_round(
+            order_id,
+            commit=commit,
+            withheld=withheld,
+            deviant=deviant,
+            verifiers=verifiers,
+            post=post,
+            sender=sender,
+        )
+
+    def _audit_phase(self, order_id: int, data: st.DataObject) -> None:
+        """A roster with pending round records: a posting alone (no round to reveal), the operator setting
+        the last few aside with its verifiers, or anyone dropping them after the order's deadline +
+        verdictWindow (sometimes too early: refused)."""
+        roster, order = self.model.rosters[order_id], self.model.orders[order_id]
+        pending = len(roster.pending_records)
+        count = data.draw(st.integers(1, pending), label="records taken")
+        choice = data.draw(st.sampled_from(["post", "set aside", "drop"]), label="way out")
+        if choice == "post" and not roster.pending_block:
+            self.do_step_round(order_id, commit=False, reveal=False, post=True)
+        elif choice == "set aside":
+            for verifier in VERIFIERS:
+                self._ensure_stake(
+                    verifier, self.chain.params.verifier_collateral * pending * roster.units_per_round
+                )
+            self.do_set_aside_pending(order_id, count)
+        else:
+            droppable = order.deadline + self.chain.params.verdict_window
+            if _mostly(data, 3, "in time"):
+                self.chain.advance(max(0, droppable - self._now() + 1))
+            closer = data.draw(st.sampled_from(["operator", *BUYERS, *PROVIDERS]), label="dropper")
+            self.do_set_aside_pending(order_id, count, (), closer)
 
     def _progress_open_roster(self, data: st.DataObject) -> None:
         """Open a roster on an order that can take one (posting a fitting order when none can)."""
@@ -1829,7 +1999,12 @@ class MarketMachine(RuleBasedStateMachine):
         for label, count in uses.items():
             self._ensure_stake(label, count * self.chain.params.provider_collateral)
         stale = not _mostly(data, 19, "fresh nonces")
-        self.do_open_roster(order_id, slots, rounds, stale)
+        verifiers: Sequence[str] = ()
+        if _mostly(data, 1, "the roster's verifiers"):
+            verifiers = VERIFIERS
+            for verifier in verifiers:
+                self._ensure_stake(verifier, self.chain.params.verifier_collateral)
+        self.do_open_roster(order_id, slots, rounds, stale, verifiers)
 
     @rule(data=st.data())
     def progress_roster_1(self, data: st.DataObject) -> None:
@@ -2055,6 +2230,8 @@ class MarketMachine(RuleBasedStateMachine):
         for order_id, roster in self.model.rosters.items():  # one collateral per slot, until close
             if self.storage.roster(order_id)["closed"]:
                 continue
+            for verifier in roster.verifiers:  # the roster's verifiers: one collateral each, until close
+                self._add(want, verifier, params.verifier_collateral)
             for provider, uses in zip(roster.providers, roster.uses, strict=True):
                 # its lock is released early only before a slash of the provider (RosterLock), and a
                 # slashed account is skipped below: so all of it
@@ -2166,10 +2343,12 @@ class MarketMachine(RuleBasedStateMachine):
                 "closed": int(roster.closed),
                 "setAsideUnits": roster.set_aside_units,
                 "openSetAside": roster.open_set_aside,
+                "auditsPending": int(bool(roster.pending_records)),
                 "faultMarks": marks,
             }
             if stored != want:
                 self._fail("model_agreement", f"roster of order {order_id}: {stored}, model {want}")
+            self._check_pending_audits(order_id, roster, bool(stored["closed"]))
             settled = stored["committed"] - (1 if stored["pendingBlock"] else 0)
             for index, (provider, uses) in enumerate(zip(roster.providers, roster.uses, strict=True)):
                 label = self.label_of.get(provider, provider)
@@ -2189,12 +2368,40 @@ class MarketMachine(RuleBasedStateMachine):
                         f"model {model}",
                     )
                 paid = self.ghosts.slot_pay.get((order_id, provider), 0)
-                if price_of.get(order_id) and paid > uses * settled:
+                dropped = roster.dropped_slots.get(index, 0)
+                if price_of.get(order_id) and paid > uses * settled - dropped:
                     self._fail(
                         "no_double_settlement",
                         f"roster of order {order_id}: {label} was paid for {paid} slots, holds {uses} a "
-                        f"round in {settled} revealed rounds",
+                        f"round in {settled} revealed rounds, {dropped} of them dropped unpaid",
                     )
+
+    def _check_pending_audits(self, order_id: int, roster: RosterState, closed: bool) -> None:
+        """pending_audits: the roster's round hash holds exactly the model's pending chain (with the committed
+        round's commitments), its audit key the model's verifiers and posted chain, and a closed roster has
+        nothing pending: no record is paid unposted, dropped twice, or posted after it was taken off."""
+        posted, pending = self._audit_chains(order_id)
+        if closed and roster.pending_records:
+            self._fail("pending_audits", f"roster of order {order_id} closed with records pending")
+        key = bytes(32)
+        if roster.verifiers:
+            verifiers_hash = keccak(abi_encode(["address[]"], [roster.verifiers]))
+            key = keccak(verifiers_hash + posted)
+        round_hash: bytes | None = None
+        if roster.pending_block:
+            round_hash = eip712.round_commitments_chain(order_id, roster.committed - 1, roster.commitments)
+            if roster.pending_records:
+                round_hash = keccak(round_hash + pending)
+        elif roster.pending_records:
+            round_hash = keccak(bytes(32) + pending)
+        stored_hash = self.storage.round_hash(order_id)
+        if self.storage.audit_key(order_id) != key or (round_hash is not None and stored_hash != round_hash):
+            self._fail(
+                "pending_audits",
+                f"roster of order {order_id}: stored audit key / round hash "
+                f"{self.storage.audit_key(order_id).hex()} / {stored_hash.hex()}, model {key.hex()} / "
+                f"{round_hash.hex() if round_hash else None} ({len(roster.pending_records)} records pending)",
+            )
 
     def _compare_orders(self) -> None:
         for order_id, order in self.model.orders.items():
@@ -2230,6 +2437,8 @@ class MarketMachine(RuleBasedStateMachine):
             + [a.vote_deadline for a in self.model.appeals.values()]
             + [o.deadline for o in self.model.orders.values()]
             + [r.pending_since + self.chain.params.reveal_window for r in self.model.rosters.values()]
+            + [r.last_posting_time + self.chain.params.verdict_window for r in self.model.rosters.values()]
+            + [o.deadline + self.chain.params.verdict_window for o in self.model.orders.values()]
             + [0]
         )
         if horizon >= self._now():
@@ -2253,7 +2462,14 @@ class MarketMachine(RuleBasedStateMachine):
         for unit_id, unit in self.model.units.items():  # every held replica can be settled
             if storage.unit(unit_id)["state"] == UnitState.VERDICTED and storage.held(unit_id):
                 self.do_settle_verdict(unit_id, list(unit.verdict or ()))
-        for order_id in self.model.rosters:  # their set-aside units all settled above
+        for order_id, roster in self.model.rosters.items():  # their set-aside units all settled above
+            if not storage.roster(order_id)["closed"] and roster.pending_records:  # the way out: dropped
+                self.do_set_aside_pending(
+                    order_id,
+                    len(roster.pending_records),
+                    (),
+                    self.label_of[self.model.orders[order_id].buyer],
+                )
             if not storage.roster(order_id)["closed"]:
                 self.do_close_roster(order_id)
         for order_id in self.model.orders:

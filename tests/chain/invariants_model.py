@@ -18,11 +18,12 @@ from typing import Any
 from eth_utils import keccak
 
 from tests.chain.invariants_harness import AppealParams, MarketParams
-from veritrain.chain.eip712 import commitment, outcomes_hash, round_unit_id
+from veritrain.chain.eip712 import audit_chain, commitment, digests_hash, outcomes_hash, round_unit_id
 
 BPS = 10_000
 PPM = 1_000_000
 ACCEPT, FAULT, FRAUD = 0, 1, 2
+OPERATOR_ROLE = keccak(text="OPERATOR_ROLE")
 
 
 class UnitState(IntEnum):
@@ -199,6 +200,17 @@ class RosterState:
     set_aside_slots: dict[int, int] = field(default_factory=dict)  # provider index -> set-aside slots
     lock_held: dict[str, int] = field(default_factory=dict)  # RosterLock.held (written at a set-aside)
     lock_released: dict[str, int] = field(default_factory=dict)  # RosterLock.released (before slashes)
+    verifiers: list[str] = field(
+        default_factory=list
+    )  # the roster's verifiers (round audits); none: no audits
+    # Audit records as the contract chains them (AuditRecord (info, digestsHash)): round records pending a
+    # posting after the last posting's record; each posting's digestsHash is the pending chain it covered.
+    audit_records: list[tuple[int, bytes]] = field(default_factory=list)
+    dropped_slots: dict[int, int] = field(default_factory=dict)  # provider index -> slots dropped unpaid
+    revealed: dict[int, tuple[list[bytes], list[bytes]]] = field(
+        default_factory=dict
+    )  # round -> (commitments
+    # per slot, replica 0's value per unit): what a record's units are set aside with
 
     @property
     def uses(self) -> list[int]:
@@ -216,6 +228,18 @@ class RosterState:
 
     def provider_of(self, slot: int) -> str:
         return self.providers[self.slots[slot]]
+
+    @property
+    def pending_records(self) -> list[tuple[int, bytes]]:
+        """The round records no posting covers yet (the roster's pending chain)."""
+        last = max((i + 1 for i, (info, _) in enumerate(self.audit_records) if info >> 255), default=0)
+        return self.audit_records[last:]
+
+    @property
+    def last_posting_time(self) -> int:
+        """The time of the roster's last posting (0: none): the close waits verdictWindow after it."""
+        postings = [info for info, _ in self.audit_records if info >> 255]
+        return (postings[-1] >> 72) & (2**40 - 1) if postings else 0
 
 
 @dataclass
@@ -839,8 +863,10 @@ class Model:
         rounds: int,
         accept_nonces: Sequence[int],
         now: int,
+        verifiers: Sequence[str] = (),
     ) -> Expected | None:
-        """JobMarketRounds.openRoster by the operator (every Accept signed by its provider)."""
+        """JobMarketRounds.openRoster by the operator (every Accept signed by its provider, over the key with
+        `verifiers`: the roster's, each locking verifierCollateral until the close)."""
         order = self.orders.get(order_id)
         refused = self._order_taking_units_error(order_id, order, now)
         if refused is not None or order is None:
@@ -861,6 +887,10 @@ class Model:
         uses = [list(slots).count(p) for p in range(len(providers))]
         required = order.trusted_streak if replicas < order.replicas else 0
         collateral = self.params.provider_collateral
+        if verifiers:
+            refused = self._verifiers_error(providers, verifiers)
+            if refused is not None:
+                return refused
         for p, provider in enumerate(providers):
             if provider in providers[:p]:
                 return Expected("DuplicateParty", (provider,))
@@ -873,6 +903,8 @@ class Model:
                 return Expected(
                     "InsufficientFreeStake", (provider, acc.bonded - acc.locked, uses[p] * collateral)
                 )
+        for verifier in verifiers:
+            self.stake_of(verifier).locked += self.params.verifier_collateral
         for p, provider in enumerate(providers):
             self.accept_nonces_used.add((provider, accept_nonces[p]))
             self.stake_of(provider).locked += uses[p] * collateral
@@ -888,7 +920,23 @@ class Model:
             rounds,
             max(required, self.params.probation_streak),
             marks,
+            verifiers=list(verifiers),
         )
+        return None
+
+    def _verifiers_error(self, providers: Sequence[str], verifiers: Sequence[str]) -> Expected | None:
+        """JobMarket's _checkVerifierCount, _checkVerifiers (none a provider, no two alike) and lockBatch."""
+        minimum = self.params.min_verifiers
+        if not minimum <= len(verifiers) <= 5:
+            return Expected("InvalidVerifierCount", (len(verifiers), minimum, 5))
+        for i, verifier in enumerate(verifiers):
+            if verifier in providers or verifier in verifiers[:i]:
+                return Expected("DuplicateParty", (verifier,))
+        for verifier in verifiers:
+            acc = self.stake_of(verifier)
+            if self.params.verifier_collateral > acc.bonded - acc.locked:
+                free = acc.bonded - acc.locked
+                return Expected("InsufficientFreeStake", (verifier, free, self.params.verifier_collateral))
         return None
 
     def _open_roster(self, order_id: int, key_ok: bool) -> RosterState | Expected:
@@ -919,11 +967,14 @@ class Model:
         works: Sequence[tuple[bytes, str]],
         deadline: int,
         now: int,
+        post: bool = False,
     ) -> tuple[Expected | None, list[int]]:
         """JobMarketRounds.stepRound: reveals the pending round (openings per slot: (digest, salt), or for a
         withheld slot (its commitment, anything)) and commits the next (works per slot: (commitment, the
-        address that signed it)). Returns the expected revert, or None and the units (of the revealed
-        round) set aside."""
+        address that signed it)). On a roster with verifiers the revealed round's units drawn by the seed
+        alone (unanimous, no provider below the streak) are left pending, not set aside, unless the step has
+        `verifiers` and does not post; `post`: every roster verifier signs the pending chain, which the step
+        then posts. Returns the expected revert, or None and the units (of the revealed round) set aside."""
         found = self._open_roster(order_id, key_ok)
         if isinstance(found, Expected):
             return found, []
@@ -931,6 +982,8 @@ class Model:
         k, n = roster.replicas, roster.units_per_round
         block = self.pending_block()
         set_aside: list[tuple[int, bool, list[bytes], int]] = []  # (unit, drawn, values, unrevealed mask)
+        record: tuple[int, bytes] | None = None  # the revealed round's record, when it leaves units pending
+        digests: list[bytes] = []  # replica 0's value of each unit of the revealed round
         if roster.pending_block:
             if len(openings) != n * k:
                 return Expected("EntryCountMismatch", (n * k, len(openings))), []
@@ -949,9 +1002,11 @@ class Model:
                 if roster.required_streak and self.rep(provider).consecutive < roster.required_streak
             }
             matches = True
+            auditable = 0  # bit u: drawn by the seed alone, unanimous, no provider below the streak
             for unit in range(n):
                 unit_id = round_unit_id(order_id, round_, unit)
                 drawn = self._round_drawn(unit_id, k, roster.pending_block, block)
+                by_seed = drawn
                 split = False
                 values: list[bytes] = []
                 unrevealed = 0
@@ -969,11 +1024,18 @@ class Model:
                         value = digest
                     split |= bool(values) and value != values[0]
                     values.append(value)
+                    by_seed &= roster.slots[slot] not in weak
                     drawn |= roster.slots[slot] in weak
+                digests.append(values[0])
+                if by_seed and not split:
+                    auditable |= 1 << unit
                 if drawn or split:
                     set_aside.append((unit, not split, values, unrevealed))
             if not matches:
                 return Expected("RoundHashMismatch", (order_id, round_)), []
+            if auditable and (roster.pending_records or roster.verifiers) and (post or not verifiers):
+                set_aside = [entry for entry in set_aside if not auditable >> entry[0] & 1]
+                record = (auditable | round_ << 176, digests_hash(digests))
             vc = self.params.verifier_collateral
             for j, (unit, drawn, _, _) in enumerate(set_aside):
                 if not by_operator or not self.params.min_verifiers <= len(verifiers) <= 5:
@@ -987,8 +1049,10 @@ class Model:
                     free = acc.bonded - acc.locked - j * vc
                     if vc > free:
                         return Expected("InsufficientFreeStake", (verifier, free, vc)), []
-        elif not works:
+        elif not works and not post:
             return Expected("EmptyBatch"), []
+        if post and not (roster.verifiers and (roster.pending_records or record)):
+            return Expected("AuditorsMismatch", (order_id,)), []
         if works:
             if roster.committed == roster.rounds:
                 return Expected("NoRoundToStep", (order_id, roster.committed)), []
@@ -1001,10 +1065,17 @@ class Model:
             for slot, (_, signer) in enumerate(works):
                 if signer != roster.provider_of(slot):
                     return Expected("InvalidSigner", (roster.provider_of(slot), signer)), []
+        if record is not None:
+            roster.audit_records.append(record)
+            roster.revealed[roster.committed - 1] = (list(roster.commitments), digests)
         if roster.pending_block:
             self._set_aside(roster, set_aside, verifiers, now)
             roster.pending_block = roster.pending_since = 0
             roster.commitments = []
+        if post:
+            signers = (1 << len(roster.verifiers)) - 1
+            covered = audit_chain(roster.pending_records)
+            roster.audit_records.append(((1 << 255) | signers << 64 | now << 72, covered))
         if works:
             roster.commitments = [c for c, _ in works]
             roster.pending_block, roster.pending_since = block, now
@@ -1017,10 +1088,13 @@ class Model:
         units: Sequence[tuple[int, bool, list[bytes], int]],
         verifiers: Sequence[str],
         now: int,
+        commitments: Sequence[bytes] | None = None,
     ) -> None:
         """Each unit becomes an ordinary unit: Revealing, every replica committed, drawn, its verdict window
-        open from now; its slots are paid by its settlement, not by the roster."""
+        open from now; its slots are paid by its settlement, not by the roster. `commitments`: its round's
+        (the pending round's when not given)."""
         k, collateral = roster.replicas, self.params.provider_collateral
+        commitments = roster.commitments if commitments is None else commitments
         uses = roster.uses
         for unit, _, values, unrevealed in units:
             replicas = []
@@ -1029,7 +1103,7 @@ class Model:
                 provider = roster.provider_of(slot)
                 index = roster.slots[slot]
                 revealed = not unrevealed >> r & 1
-                replicas.append(Replica(provider, roster.commitments[slot], values[r] if revealed else None))
+                replicas.append(Replica(provider, commitments[slot], values[r] if revealed else None))
                 roster.set_aside_slots[index] = roster.set_aside_slots.get(index, 0) + 1
                 roster.lock_held[provider] = uses[index] * collateral
             for verifier in verifiers:
@@ -1048,6 +1122,58 @@ class Model:
             )
             roster.set_aside_units += 1
             roster.open_set_aside += 1
+
+    def set_aside_pending(
+        self, order_id: int, count: int, verifiers: Sequence[str], caller: str, by_operator: bool, now: int
+    ) -> tuple[Expected | None, list[tuple[int, int]]]:
+        """JobMarketRoundAudits.setAsidePending with the roster's last `count` pending records (their true
+        digests and the committed round's commitments): with `verifiers` (the operator's) their units are set
+        aside as a step sets one aside, every replica revealing the record's digest; without (anyone, after
+        the deadline + verdictWindow) they are dropped unpaid (their slots never paid, their budget back to
+        the order). Returns the expected revert, or None and the set-aside units' (round, unit)."""
+        found = self._open_roster(order_id, True)
+        if isinstance(found, Expected):
+            return found, []
+        roster, order = found, self.orders[order_id]
+        pending = roster.pending_records
+        if not pending or count > len(pending):
+            return Expected("AuditMismatch", (order_id, roster.committed)), []
+        taken = pending[len(pending) - count :]
+        units = [(info >> 176 & 0xFFFFFFFF, u) for info, _ in taken for u in bits(info & (2**64 - 1))]
+        if verifiers:
+            if not by_operator:
+                return Expected("AccessControlUnauthorizedAccount", (caller, OPERATOR_ROLE)), []
+            minimum = self.params.min_verifiers
+            if not minimum <= len(verifiers) <= 5:
+                return Expected("InvalidVerifierCount", (len(verifiers), minimum, 5)), []
+            k, vc = roster.replicas, self.params.verifier_collateral
+            for j, (_, unit) in enumerate(units):
+                unit_providers = [roster.provider_of(unit * k + r) for r in range(k)]
+                for i, verifier in enumerate(verifiers):
+                    if verifier in unit_providers or verifier in verifiers[:i]:
+                        return Expected("DuplicateParty", (verifier,)), []
+                for verifier in verifiers:
+                    acc = self.stake_of(verifier)
+                    free = acc.bonded - acc.locked - j * vc
+                    if vc > free:
+                        return Expected("InsufficientFreeStake", (verifier, free, vc)), []
+        elif now <= order.deadline + self.params.verdict_window:
+            return Expected("RosterNotClosable", (order_id, order.deadline + self.params.verdict_window)), []
+        del roster.audit_records[len(roster.audit_records) - count :]
+        for round_, unit in units:
+            if verifiers:
+                commitments, digests = roster.revealed[round_]
+                values = [digests[unit]] * roster.replicas
+                self._set_aside(roster, [(unit, True, values, 0)], verifiers, now, commitments)
+                continue
+            for r in range(roster.replicas):
+                index = roster.slots[unit * roster.replicas + r]
+                roster.set_aside_slots[index] = roster.set_aside_slots.get(index, 0) + 1
+                roster.dropped_slots[index] = roster.dropped_slots.get(index, 0) + 1
+            roster.set_aside_units += 1
+            order.balance += order.cost_of(roster.replicas)
+            order.open_units -= 1
+        return None, units if verifiers else []
 
     def publish_opening(
         self,
@@ -1094,8 +1220,28 @@ class Model:
                 closable = max(closable, roster.pending_since + self.params.reveal_window)
             if now <= closable:
                 return Expected("RosterNotClosable", (order_id, closable))
+        if roster.pending_records:
+            return Expected("AuditsPending", (order_id,))
+        if roster.last_posting_time and now <= roster.last_posting_time + self.params.verdict_window:
+            return Expected(
+                "RosterNotClosable", (order_id, roster.last_posting_time + self.params.verdict_window)
+            )
         if roster.open_set_aside:
             return Expected("UnitsStillOpen", (order_id, roster.open_set_aside))
+        audit_fees = 0
+        if roster.verifiers:  # each signer: fee / verifiers per unit its postings covered
+            share, units_since = order.fee // len(roster.verifiers), 0
+            for info, _ in roster.audit_records:
+                if not info >> 255:
+                    units_since += len(bits(info & (2**64 - 1)))
+                    continue
+                for i, verifier in enumerate(roster.verifiers):
+                    if info >> (64 + i) & 1 and units_since * share:
+                        self._credit(verifier, units_since * share)
+                        audit_fees += units_since * share
+                units_since = 0
+            for verifier in roster.verifiers:
+                self._unlock(verifier, self.params.verifier_collateral)
         settled = roster.settled_rounds
         paid = 0
         for p, (provider, uses) in enumerate(zip(roster.providers, roster.uses, strict=True)):
@@ -1110,7 +1256,7 @@ class Model:
             release = uses * self.params.provider_collateral - roster.lock_released.get(provider, 0)
             self._unlock(provider, release)
         units = roster.units - roster.set_aside_units
-        order.balance += units * order.cost_of(roster.replicas) - paid
+        order.balance += units * order.cost_of(roster.replicas) - paid - audit_fees
         order.delivered += roster.units_per_round * settled - roster.set_aside_units
         order.open_units -= units
         roster.closed = True

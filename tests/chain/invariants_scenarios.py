@@ -393,6 +393,44 @@ def roster_overturn_slashes_missed_fraud(m: MarketMachine) -> None:
     m.check_step()
 
 
+def roster_pending_way_out(m: MarketMachine) -> None:
+    """Round audits with the chain's seed gone (every unit drawn): a roster of 1 unit x 2 replicas x 4 rounds
+    with the two verifiers. A provider's step leaves round 0 pending; the operator's step pends round 1 and
+    posts both (the verifiers sign the pending chain); round 2's units, pended by the operator, are set aside
+    for a verdict with its verifiers while round 3 is committed; round 3 is left pending, nobody posts: a drop
+    before the order's deadline + verdictWindow is refused, the close refuses pending records, then anyone
+    drops them unpaid and the roster closes, the verifiers paid for the two posted units only."""
+    _stake_everyone(m)
+    m.do_post_order("buyer0", 4, 2, 100, 50, 3_000)
+    m.check_step()
+    m.do_open_roster(1, [["provider0", "provider1"]], 4, verifiers=VERIFIERS)
+    m.check_step()
+    _step(m, 1, reveal=False)
+    m.chain.mine(257)
+    _step(m, 1, verifiers=(), sender="provider0")  # round 0 pending
+    m.chain.mine(257)
+    _step(m, 1, post=True)  # round 1 pending, both posted
+    m.chain.mine(257)
+    _step(m, 1, verifiers=())  # round 2 pending, round 3 committed
+    m.do_set_aside_pending(1, 1)  # round 2's unit set aside: unit 1
+    m.check_step()
+    m.do_submit_verdict(1, [ACCEPT, ACCEPT], list(VERIFIERS))
+    m.check_step()
+    m.chain.mine(257)
+    _step(m, 1, commit=False, verifiers=())  # round 3 pending
+    m.do_set_aside_pending(1, 1, (), "buyer0")  # RosterNotClosable: before the deadline + verdictWindow
+    m.check_step()
+    m.chain.advance(m.model.orders[1].deadline + m.chain.params.verdict_window - m.chain.now() + 1)
+    m.do_close_roster(1)  # AuditsPending
+    m.check_step()
+    m.do_set_aside_pending(1, 1, (), "buyer0")  # dropped
+    m.check_step()
+    m.do_close_roster(1)
+    m.check_step()
+    m.do_close_order(1)
+    m.check_step()
+
+
 SCENARIOS: dict[str, Scenario] = {
     "finalize_once": finalize_once,
     "finalize_twice": finalize_twice,
@@ -410,4 +448,5 @@ SCENARIOS: dict[str, Scenario] = {
     "roster_split": roster_split,
     "roster_withheld_then_drawn": roster_withheld_then_drawn,
     "roster_overturn_slashes_missed_fraud": roster_overturn_slashes_missed_fraud,
+    "roster_pending_way_out": roster_pending_way_out,
 }

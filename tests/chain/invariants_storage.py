@@ -115,6 +115,7 @@ ROSTER_FIELDS = (
     "closed",
     "setAsideUnits",
     "openSetAside",
+    "auditsPending",
     "faultMarks",
 )
 
@@ -150,6 +151,8 @@ class StorageReader:
         self._jm_roster_fields = market.members("_rosters", ROSTER_FIELDS)
         self._jm_set_aside_slots = market.slot("_setAsideSlots")
         self._jm_roster_locks = market.slot("_rosterLocks")
+        self._jm_round_hashes = market.slot("_roundHashes")
+        self._jm_roster_audits = market.slot("_rosterAudits")
         lock_type = market.value_type("_rosterLocks", depth=2)
         self._jm_roster_lock_fields = tuple(market.member(lock_type, n) for n in ("held", "released"))
         self._words: dict[tuple[str, int], int] = {}
@@ -230,6 +233,18 @@ class StorageReader:
         """`_setAsideSlots[orderId][providerIndex]`: the provider's slots in set-aside units. No view."""
         base = mapping_slot(order_id, self._jm_set_aside_slots)
         return self._word(self._market_address, mapping_slot(provider_index, base))
+
+    def round_hash(self, order_id: int) -> bytes:
+        """`_roundHashes[orderId]`: the committed round's chained commitments and/or the pending chain."""
+        return self._word(self._market_address, mapping_slot(order_id, self._jm_round_hashes)).to_bytes(
+            32, "big"
+        )
+
+    def audit_key(self, order_id: int) -> bytes:
+        """`_rosterAudits[orderId].key`: keccak(verifiers hash, posted chain); 0 without verifiers."""
+        return self._word(self._market_address, mapping_slot(order_id, self._jm_roster_audits)).to_bytes(
+            32, "big"
+        )
 
     def roster_lock(self, order_id: int, provider: str) -> tuple[int, int]:
         """`_rosterLocks[orderId][provider]`: (held, released). No view."""

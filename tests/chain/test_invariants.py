@@ -139,6 +139,8 @@ def test_market_invariants_hold() -> None:
         "stepRound (withheld)",
         "publishOpening",
         "closeRoster",
+        "stepRound (pending or posted)",
+        "setAsidePending",
     )
     idle = [fn for fn in required if machine.call_stats.get(fn, [0, 0])[0] == 0]
     assert not idle, f"these actions never succeeded, so the run proves little about them: {idle}"

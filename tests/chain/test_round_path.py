@@ -305,10 +305,8 @@ def test_deferred_round_audits_pay_drawn_units_and_a_challenge_sets_one_aside(dr
     works0, openings0 = _round(world, roster, order_id, 0, digests0, deadline)
     client.step_round(order_id, roster, [], deadline, works0)
     works1, openings1 = _round(world, roster, order_id, 1, [os.urandom(32), os.urandom(32)], deadline)
-    with pytest.raises(errors.RoundUnitNeedsVerdict):  # drawn: a relayer may not leave it pending
-        client.step_round(order_id, roster, openings0, deadline, works1, sender=world.outsider)
-    # the operator (the client's relayer) leaves round 0's drawn units pending, unposted
-    receipt = client.step_round(order_id, roster, openings0, deadline, works1)
+    # any step without verifiers leaves round 0's drawn units pending, unposted: only a posting pays them
+    receipt = client.step_round(order_id, roster, openings0, deadline, works1, sender=world.outsider)
     assert receipt.events_named("UnitSetAside") == [] and receipt.events_named("AuditPosted") == []
     records = audit_records_after([], receipt)
     assert records == [AuditRecord.of_round(0, 0b11, digests0)]
@@ -368,3 +366,65 @@ def test_deferred_round_audits_pay_drawn_units_and_a_challenge_sets_one_aside(dr
         0,
     ]
     assert all(client.stake_of(v.address).locked == 0 for v in verifiers)
+
+
+def test_pending_round_audits_are_set_aside_by_the_operator_or_dropped_by_anyone_after_the_deadline(
+    drawing_world: Any,
+) -> None:
+    world = drawing_world
+    client, verifiers = world.client, world.verifiers
+    providers = tuple(p.address for p in world.providers[:3])
+    roster = Roster(providers, (0, 1, 2, 0, 1, 2), 3, 2, 2, verifiers=tuple(v.address for v in verifiers))
+    order_id = _open(world, roster)
+    credits = [client.credits(p) for p in providers]
+    deadline = client.now() + 3600
+    digests0 = [os.urandom(32), os.urandom(32)]
+    works0, openings0 = _round(world, roster, order_id, 0, digests0, deadline)
+    client.step_round(order_id, roster, [], deadline, works0)
+    works1, openings1 = _round(world, roster, order_id, 1, [os.urandom(32), os.urandom(32)], deadline)
+    receipt = client.step_round(order_id, roster, openings0, deadline, works1, sender=world.outsider)
+    records = audit_records_after([], receipt)
+    assert records == [AuditRecord.of_round(0, 0b11, digests0)]
+
+    # the verifiers will not sign round 0: the operator sets its units aside with verifiers of its choice
+    unit_verifiers = [verifiers[2], world.providers[3]]
+    with pytest.raises(InvalidInput):
+        client.set_aside_pending(order_id, roster, records, 2)
+    with pytest.raises(errors.AuditMismatch):  # round 1 is committed: the round hash holds its commitments
+        client.set_aside_pending(order_id, roster, records, 1, digests=[digests0], verifiers=unit_verifiers)
+    receipt = client.set_aside_pending(
+        order_id,
+        roster,
+        records,
+        1,
+        digests=[digests0],
+        verifiers=unit_verifiers,
+        commitments=[w.commitment for w in works1],
+    )
+    set_aside = [int(e.args["unitId"]) for e in receipt.events_named("UnitSetAside")]
+    assert len(set_aside) == 2 and all(set_aside)
+    records = audit_records_after(records, receipt)
+    assert records == []
+    accept = (Outcome.ACCEPT,) * 3
+    for unit in set_aside:
+        client.submit_verdict(
+            unit, accept, [client.sign_verdict(v, unit, accept, deadline) for v in unit_verifiers]
+        )
+
+    # round 1 revealed (pending), and nobody posts: after the deadline and verdictWindow anyone drops it
+    receipt = client.step_round(order_id, roster, openings1, deadline, [], sender=world.outsider)
+    records = audit_records_after(records, receipt)
+    assert len(records) == 1
+    with pytest.raises(errors.RosterNotClosable):
+        client.set_aside_pending(order_id, roster, records, 1, sender=world.outsider)
+    world.backend.advance_time(86_400 + client.params.verdict_window + 1)
+    with pytest.raises(errors.AuditsPending):
+        client.close_roster(order_id, roster, records)
+    receipt = client.set_aside_pending(order_id, roster, records, 1, sender=world.outsider)
+    assert [int(e.args["unitId"]) for e in receipt.events_named("UnitSetAside")] == [0, 0]
+    records = audit_records_after(records, receipt)
+    assert records == []
+    client.close_roster(order_id, roster, records)
+    # each provider was paid its two round-0 slots by their verdicts, nothing for round 1; every lock released
+    assert [client.credits(p) - c for p, c in zip(providers, credits, strict=True)] == [2 * PRICE] * 3
+    assert all(client.stake_of(a).locked == 0 for a in (*providers, *roster.verifiers))

@@ -342,7 +342,8 @@ class AuditRecord:
 
 def audit_records_after(records: Sequence[AuditRecord], receipt: Receipt) -> list[AuditRecord]:
     """A roster's audit records once `receipt` was mined: a `RoundRevealed` with `audited` units adds its
-    round's record, an `AuditPosted` a posting's, an `AuditChallenged` updates its round's `info`."""
+    round's record, an `AuditPosted` a posting's, a `PendingSetAside` removes the last pending ones, an
+    `AuditChallenged` updates its round's `info`."""
     return audit_records_of(receipt.events, records)
 
 
@@ -357,6 +358,8 @@ def audit_records_of(events: Sequence[Event], records: Sequence[AuditRecord] = (
             )
         elif event.name == "AuditPosted":
             updated.append(AuditRecord(int(event.args["info"]), bytes(event.args["records"])))
+        elif event.name == "PendingSetAside":  # the last pending records, taken off (setAsidePending)
+            del updated[len(updated) - int(event.args["records"]) :]
         elif event.name == "AuditChallenged":
             index = next(
                 i for i, r in enumerate(updated) if not r.posting and r.round == int(event.args["round"])
@@ -1117,7 +1120,7 @@ class ChainClient:
         `UnitSetAside` events name the units it became). Bit i of `withheld` gives slot i as not opened
         (after the round's reveal window only): its opening's `result_digest` is then the slot's
         commitment, its salt is ignored. The revealed round's drawn unanimous units are left pending a
-        posting (the operator's step without `verifiers`, or a step that posts) or set aside. `audits`: a
+        posting (any step without `verifiers`, or a step that posts) or set aside. `audits`: a
         posting, a majority of the roster's verifiers' `sign_round_audit` of every pending record (this
         step's round's included): their units are paid at close. `audit_records`: the roster's audit records
         so far (`audit_records_after`), whose posted and pending chains the step checks."""
@@ -1235,7 +1238,7 @@ class ChainClient:
     def audit_records(self, order_id: int, from_block: int | None = None) -> list[AuditRecord]:
         """The roster's audit records as its events left them (`audit_records_of`): one filtered log query
         by event and order, for whoever steps, posts or closes the roster."""
-        names = ("RoundRevealed", "AuditPosted", "AuditChallenged")
+        names = ("RoundRevealed", "AuditPosted", "AuditChallenged", "PendingSetAside")
         items = [
             item
             for item in self.contracts["JobMarket"].abi
@@ -1347,6 +1350,45 @@ class ChainClient:
         `records` (`round_audit.records_through`); sign only what you recomputed and re-executed."""
         message = {"orderId": order_id, "records": eip712.as_bytes32(records, "records")}
         return eip712.sign_typed(verifier, self.market_domain, "RoundAudit", message)
+
+    def set_aside_pending(
+        self,
+        order_id: int,
+        roster: Roster,
+        audit_records: Sequence[AuditRecord],
+        count: int,
+        *,
+        digests: Sequence[Sequence[bytes]] = (),
+        verifiers: Sequence[str | LocalAccount] = (),
+        commitments: Sequence[bytes] = (),
+        sender: LocalAccount | None = None,
+    ) -> Receipt:
+        """Take the last `count` of the roster's pending audit records (`audit_records_after`) off its pending
+        chain, so that no posting pays them (the way out of pending audits): with `verifiers` (the operator
+        only) their units are set aside for verdicts, `digests` each taken record's round's unit digests in
+        unit order (`RoundRevealed`'s); without (anyone, after the order's deadline + verdictWindow) they are
+        dropped unpaid. `commitments`: every slot's commitment of the round committed and not yet revealed,
+        if one is (as its commit step carried them)."""
+        taken = list(audit_records[len(audit_records) - count :])
+        if count < 1 or len(taken) != count or any(r.posting for r in taken):
+            raise InvalidInput(f"the last {count} audit records are not all pending round records")
+        committed = b"\x00" * 32
+        if commitments:
+            round_index = self.get_roster(order_id).committed - 1
+            committed = eip712.round_commitments_chain(order_id, round_index, commitments)
+        return self._send(
+            sender,
+            self.market,
+            "setAsidePending",
+            order_id,
+            list(roster.providers),
+            roster.layout,
+            eip712.audit_chains([r.as_tuple() for r in audit_records[: len(audit_records) - count]])[1],
+            [r.as_tuple() for r in taken],
+            [eip712.as_bytes32(d, "digest") for round_digests in digests for d in round_digests],
+            committed,
+            sequence_of_addresses(verifiers),
+        )
 
     def get_roster(self, order_id: int) -> RosterInfo:
         raw, round_hash = self._view(self.market, "getRoster", order_id)

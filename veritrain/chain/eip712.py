@@ -269,6 +269,15 @@ def round_unit_id(order_id: int, round_index: int, unit: int) -> int:
     return int.from_bytes(keccak(abi_encode(["uint256"] * 3, [order_id, round_index, unit])), "big")
 
 
+def round_commitments_chain(order_id: int, round_index: int, commitments: Sequence[bytes]) -> bytes:
+    """The chained commitments JobMarket keeps for a committed round (with no audit record pending, its
+    round hash): keccak256(a, b) from (orderId, round) through every slot's commitment in slot order."""
+    chain = keccak(abi_encode(["uint256", "uint256"], [order_id, round_index]))
+    for c in commitments:
+        chain = keccak(chain + as_bytes32(c, "commitment"))
+    return chain
+
+
 def roster_key(
     providers: Sequence[str],
     layout: int,
