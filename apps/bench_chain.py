@@ -7,12 +7,13 @@ orders through :class:`market.service.MarketService` on freshly deployed contrac
 ``--rpc``): a buyer posts an M = 8 order of R = 10 folded rounds without naming a settlement, so the market
 picks its default (the round path for such an order, ``settlement_of``); simulated honest providers answer
 their heartbeats' assignments as the node agent does (the roster's Accept, each slot's signed UnitCommit
-and its opening; Accept, commit and reveal for a unit on the per-unit path, such as the order's last
-aggregate unit); simulated verifiers pull their jobs as the verifier agent does and sign accepting
-verdicts; the worker's passes (sweep, roster outbox, per-unit outbox, chain sync, matching, advancing) run
-until the order completes; the buyer closes it and every party withdraws its credit. Every transaction
-sent to the market's contracts in between is counted (the buyer's token approval is not, as in the
-hand-written flows), divided by the R x M shard units trained.
+and its opening; Accept, commit and reveal for a unit on the per-unit path, such as a retry); simulated
+verifiers pull their jobs as the verifier agent does and sign accepting verdicts; the worker's passes
+(sweep, roster outbox, per-unit outbox, chain sync, matching, advancing) run until the order completes
+(with its last round: the buyer runs the last outer step itself, so the order escrows and runs no
+aggregate unit); the buyer closes it and every party withdraws its credit. Every transaction sent to the
+market's contracts in between is counted (the buyer's token approval is not, as in the hand-written
+flows), divided by the R x M shard units trained.
 
 What the market does with a drawn unit is the market's: the bench only answers what the agents are handed.
 A roster opens with verifiers, who audit its rounds' drawn unanimous units: the simulated verifiers answer
@@ -476,17 +477,14 @@ def _accepting(job: VerificationJobView) -> tuple[list[int], str]:
 def _result(work: Assignment) -> dict[str, Any]:
     """The honest result of `work` (the same for each replica): its state and transcript digests bound to
     its result digest as the market checks (`market.domain.binding.is_bound`), a folded unit's outer step
-    and an aggregate unit's output included."""
-    from veritrain.diloco import Fold, aggregate_result_digest, folded_result_digest
-    from veritrain.messages import UnitKind
+    included (a round-path order has no aggregate unit)."""
+    from veritrain.diloco import Fold, folded_result_digest
     from veritrain.pol import result_digest
 
     label = f"{work.order_id} {work.round_index} {work.shard} {work.kind}"
     state, root = _h(f"state {label}"), _h(f"root {label}")
     parts = bytes.fromhex(state[2:]), bytes.fromhex(root[2:])
     body: dict[str, Any] = {"state_digest": state, "transcript_root": root}
-    if work.kind == UnitKind.AGGREGATE:
-        return {"result_digest": "0x" + aggregate_result_digest(*parts).hex(), **body}
     trained = result_digest(*parts)
     if work.folds:
         round_state, inputs = _h(f"round {work.order_id} {work.round_index}"), _h(f"inputs {work.order_id}")
