@@ -163,9 +163,9 @@ def test_bench_chain_writes_the_gas_schema(tmp_path: Path, capsys: pytest.Captur
         assert report[f"gas_per_settled_unit_market_path_k{k}_m8"] == order["per_shard_unit"]
         assert order["per_shard_unit"] == sum(order["gas_by_action"].values()) // 80
         counts = order["count_by_action"]
-        assert (
-            counts["openRoster"] == counts["closeRoster"] == counts["postOrder"] == counts["closeOrder"] == 1
-        )
+        assert counts["openRoster"] == counts["postOrder"] == counts["closeOrder"] == 1
+        # one close; two when the first reverts inside an audit posting's challenge window (sent again then)
+        assert counts["closeRoster"] in ((1, 2) if order["drawn_units"] else (1,))
         assert counts["stepRound"] >= 11  # one step per round and a reveal-only last step, at least
         assert "assign" not in counts and "commitBatch" not in counts  # no final aggregate unit
         assert order["drawn_units"] >= counts.get("submitVerdict", 0)  # audited in a round, or judged alone
