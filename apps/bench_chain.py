@@ -7,17 +7,20 @@ orders through :class:`market.service.MarketService` on freshly deployed contrac
 ``--rpc``): a buyer posts an M = 8 order of R = 10 folded rounds without naming a settlement, so the market
 picks its default (the round path for such an order, ``settlement_of``); simulated honest providers answer
 their heartbeats' assignments as the node agent does (the roster's Accept, each slot's signed UnitCommit
-and its opening; Accept, commit and reveal for a unit on the per-unit path, such as the order's last
-aggregate unit); simulated verifiers pull their jobs as the verifier agent does and sign accepting
-verdicts; the worker's passes (sweep, roster outbox, per-unit outbox, chain sync, matching, advancing) run
-until the order completes; the buyer closes it and every party withdraws its credit. Every transaction
-sent to the market's contracts in between is counted (the buyer's token approval is not, as in the
-hand-written flows), divided by the R x M shard units trained.
+and its opening; Accept, commit and reveal for a unit on the per-unit path, such as a retry); simulated
+verifiers pull their jobs as the verifier agent does and sign accepting verdicts; the worker's passes
+(sweep, roster outbox, per-unit outbox, chain sync, matching, advancing) run until the order completes
+(with its last round: the buyer runs the last outer step itself, so the order escrows and runs no
+aggregate unit); the buyer closes it and every party withdraws its credit. Every transaction sent to the
+market's contracts in between is counted (the buyer's token approval is not, as in the hand-written
+flows), divided by the R x M shard units trained.
 
 What the market does with a drawn unit is the market's: the bench only answers what the agents are handed.
-Today the market opens rosters without verifiers, so the chain sets a drawn unit aside and it settles by
-its own verdict; once the market posts round audits, the same run measures them (a verifier job the bench
-cannot sign stops it with a typed error, rather than measuring a path nobody takes).
+A roster opens with verifiers, who audit its rounds' drawn unanimous units: the simulated verifiers answer
+each round audit as the verifier agent does (`verifier.round_audit.signed_audit`: the records recomputed
+from chain state, then signed), the per-unit re-execution replaced by the accepting judgement they give
+verdicts; a unit the chain sets aside (split, a weak provider) settles by its own verdict. A verifier job
+the bench cannot sign stops it with a typed error, rather than measuring a path nobody takes.
 
 Audit draws come from block hashes the bench cannot choose, so each k is measured twice: with no unit drawn
 (the floor: the market's round path alone) and at the deployed default audit rates (one run; its drawn
@@ -47,7 +50,7 @@ if TYPE_CHECKING:
 
     from apps.protocol_harness import ChainMarket
     from veritrain.chain.backends import Backend
-    from veritrain.messages import Assignment
+    from veritrain.messages import Assignment, VerificationJobView
 
 SHARDS = chain_bench.DILOCO_SHARDS
 ROUNDS = 10
@@ -308,7 +311,8 @@ class _Agents:
         return submitted
 
     def drawn_units(self) -> int:
-        """Units the verifiers were asked to judge (set aside by the chain, or drawn per unit)."""
+        """Units the verifiers were asked to judge (audited in a round, set aside by the chain, or drawn per
+        unit)."""
         return len(self.drawn)
 
     def _heartbeat(self, account: LocalAccount) -> list[Assignment]:
@@ -412,7 +416,8 @@ class _Agents:
         return 1
 
     def _judge(self, verifier: LocalAccount) -> int:
-        """The verifier's open jobs, each judged honest: every replica accepted (all providers are)."""
+        """The verifier's open jobs, each judged honest (every replica accepted: all providers are), then
+        the round audits it owes, answered as the verifier agent answers them."""
         from veritrain.messages import Heartbeat, ReplicaOutcome, VerdictSubmission, sign_message
 
         market = self.market
@@ -431,7 +436,7 @@ class _Agents:
                 continue
             self.verdicts.add((verifier.address, job.job_id))
             self.drawn.add(job.unit_id)
-            outcomes = [0] * len(job.replicas)  # Outcome.ACCEPT for each
+            outcomes = _accepting(job)[0]
             deadline = market.client.now() + 3600
             verdict = market.client.sign_verdict(verifier, job.chain_unit_id, outcomes, deadline)
             market.service.verification.submit_verdict(
@@ -445,23 +450,41 @@ class _Agents:
                 )
             )
             signed += 1
-        return signed
+        return signed + self._audit_rounds(verifier)
+
+    def _audit_rounds(self, verifier: LocalAccount) -> int:
+        """The round audits `verifier` owes (its signed pull, as verifier/agent.py `audit_rounds`), each
+        answered once by the agent's own `signed_audit`; a refusal would be the market's or the chain's
+        disagreement with what it was handed: a bug here, so it stops the bench."""
+        from verifier.round_audit import signed_audit
+        from veritrain.messages import Heartbeat, sign_message
+
+        market = self.market
+        beat = Heartbeat(agent=verifier.address, nonce=next(market.nonces), timestamp=market.now())
+        signed_beat = sign_message(beat, verifier.key, market.client.chain_id)
+        reply = market.service.rosters.audits.jobs(signed_beat, market.service.orders.unit_work)
+        for job in reply.audits:
+            self.drawn.update(view.unit_id for view in job.jobs)
+            market.service.rosters.audits.submit(signed_audit(market.client, verifier, job, _accepting))
+        return len(reply.audits)
+
+
+def _accepting(job: VerificationJobView) -> tuple[list[int], str]:
+    """The simulated verifiers' re-execution: every replica accepted (every provider here is honest)."""
+    return [0] * len(job.replicas), ""  # Outcome.ACCEPT for each
 
 
 def _result(work: Assignment) -> dict[str, Any]:
     """The honest result of `work` (the same for each replica): its state and transcript digests bound to
     its result digest as the market checks (`market.domain.binding.is_bound`), a folded unit's outer step
-    and an aggregate unit's output included."""
-    from veritrain.diloco import Fold, aggregate_result_digest, folded_result_digest
-    from veritrain.messages import UnitKind
+    included (a round-path order has no aggregate unit)."""
+    from veritrain.diloco import Fold, folded_result_digest
     from veritrain.pol import result_digest
 
     label = f"{work.order_id} {work.round_index} {work.shard} {work.kind}"
     state, root = _h(f"state {label}"), _h(f"root {label}")
     parts = bytes.fromhex(state[2:]), bytes.fromhex(root[2:])
     body: dict[str, Any] = {"state_digest": state, "transcript_root": root}
-    if work.kind == UnitKind.AGGREGATE:
-        return {"result_digest": "0x" + aggregate_result_digest(*parts).hex(), **body}
     trained = result_digest(*parts)
     if work.folds:
         round_state, inputs = _h(f"round {work.order_id} {work.round_index}"), _h(f"inputs {work.order_id}")

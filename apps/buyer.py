@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from veritrain.agentkit import BlobPlane, UnitManifest
     from veritrain.chain.client import ChainClient
     from veritrain.chain.tx import Event
-    from veritrain.messages import OrderSpec
+    from veritrain.messages import OrderSpec, OrderStatus
+    from veritrain.pol import State
 
 PERMIT_TTL_S = 600
 OUTCOME_NAMES = {0: "accept", 1: "fault", 2: "fraud"}
@@ -361,6 +362,7 @@ def collect_training(
     recipe: str,
     final_digest: str,
     aggregates: frozenset[int] = frozenset(),
+    final: FinalState | None = None,
 ) -> TrainingResult:
     """Fetch each accepted training unit's PoL manifest from a provider the chain accepted (`peers`:
     address → libp2p address), each checked against the result digest the chain settled, then the order's
@@ -369,7 +371,8 @@ def collect_training(
     M = 1 (no `aggregates`, the chain unit ids of DiLoCo aggregate units): the final state must be the one
     the last accepted unit's chain-verified manifest names. M > 1: the last unit the chain accepted must be
     an aggregate; its output is taken by `final_digest`, which the fetched bytes must hash to (the buyer does
-    not re-derive the aggregate's result digest from the round's inputs yet)."""
+    not re-derive the aggregate's result digest from the round's inputs yet). A round-path order has no
+    final aggregate unit: `final` is the buyer's own last outer step (`final_outer_step`), taken as is."""
     from safetensors.torch import save_file
 
     from veritrain.agentkit import decode_state
@@ -387,18 +390,25 @@ def collect_training(
         last_manifest = _fetch_manifest(plane, unit, peers)
         boundaries.append(len(losses))
         losses.extend(float(loss) for loss in last_manifest.transcript["losses"])
-    if last is None or last_manifest is None:
-        raise DigestMismatch("no training unit of the order was accepted on chain: no verified result")
-    if not aggregates and last_manifest.state_digest != final_digest:
-        raise DigestMismatch(
-            f"the market names final state {final_digest}; the chain-verified last unit made "
-            f"{last_manifest.state_digest}"
-        )
-    if aggregates and last.chain_unit_id not in aggregates:
-        raise DigestMismatch(f"the last unit the chain accepted ({last.chain_unit_id}) is not an aggregate")
-    holders = [peers[p] for p in last.accepted if p in peers]
-    holders += [address for address in peers.values() if address not in holders]
-    state = decode_state(plane.fetch_any(holders, final_digest.removeprefix("0x")))  # blob address = digest
+    if final is not None:
+        state, final_digest = final.state, final.digest
+    else:
+        if last is None or last_manifest is None:
+            raise DigestMismatch("no training unit of the order was accepted on chain: no verified result")
+        if not aggregates and last_manifest.state_digest != final_digest:
+            raise DigestMismatch(
+                f"the market names final state {final_digest}; the chain-verified last unit made "
+                f"{last_manifest.state_digest}"
+            )
+        if aggregates and last.chain_unit_id not in aggregates:
+            raise DigestMismatch(
+                f"the last unit the chain accepted ({last.chain_unit_id}) is not an aggregate"
+            )
+        holders = [peers[p] for p in last.accepted if p in peers]
+        holders += [address for address in peers.values() if address not in holders]
+        state = decode_state(
+            plane.fetch_any(holders, final_digest.removeprefix("0x"))
+        )  # blob address = digest
     weights = {
         name.removeprefix("model."): tensor.contiguous()
         for name, tensor in state.items()
@@ -406,6 +416,166 @@ def collect_training(
     }
     save_file(weights, str(out), metadata={"state_digest": final_digest, "recipe": recipe})
     return TrainingResult(losses, boundaries[1:], final_digest, out)
+
+
+@dataclass(frozen=True)
+class FinalState:
+    """A round-path order's final state, computed by the buyer (`final_outer_step`)."""
+
+    digest: str
+    state: State
+
+
+def round_path_final(
+    client: ChainClient,
+    plane: BlobPlane,
+    peers: dict[str, str],
+    status: OrderStatus,
+    units: list[UnitOutcome],
+) -> FinalState | None:
+    """A round-path order's final state, run by the buyer (`final_outer_step`); None for an order that ends
+    with an aggregate unit (per unit, or M = 1: `market.domain.rounds.final_aggregate`)."""
+    from market.domain.rounds import final_aggregate
+
+    spec = status.spec
+    if status.roster is None or spec is None or spec.shards < 2 or final_aggregate(spec, rounds_path=True):
+        return None
+    return final_outer_step(client, plane, peers, spec, status.chain_order_id, client.events(), units)
+
+
+def final_outer_step(
+    client: ChainClient,
+    plane: BlobPlane,
+    peers: dict[str, str],
+    spec: OrderSpec,
+    chain_order_id: int,
+    events: list[Event],
+    units: list[UnitOutcome],
+) -> FinalState:
+    """The last outer step of a folded order settled on the round path, which escrows no aggregate unit for
+    it (market.domain.rounds `final_aggregate`): `diloco.aggregate` over the last round's state and each
+    shard's accepted result, as that unit would have run it (bitwise: the outer step is deterministic).
+
+    Nothing is the market's word: `spec` must be the escrowed one (its hash on chain), each shard's result is
+    one the chain accepted (`accepted_round_results`), its manifest must hash to that digest and its state to
+    the manifest's state digest, and the round's state is the one every last-round result binds (its fold),
+    or for a one-round order the spec's genesis."""
+    from veritrain.diloco import AggregateInputs, aggregate, order_genesis
+    from veritrain.recipes import get_recipe
+
+    posted = [
+        _hex(e.args["specHash"]).lower()
+        for e in events
+        if e.name == "OrderPosted" and int(e.args["orderId"]) == chain_order_id
+    ]
+    if posted != [spec.spec_hash()]:
+        raise DigestMismatch(f"order {chain_order_id} on chain does not escrow this spec")
+    last = spec.rounds - 1
+    accepted = accepted_round_results(client, events, units, chain_order_id, last, spec)
+    everyone = list(peers.values())
+    manifests = [None if not d else _manifest_of(plane, everyone, _majority(d)) for d in accepted]
+    results = tuple(
+        None if m is None else _verified_state(plane, everyone, m.state_digest) for m in manifests
+    )
+    if last == 0:
+        round_state = order_genesis(get_recipe(spec.recipe), spec.seed, spec.shards)
+    else:
+        bound = {m.round_state_digest for m in manifests if m is not None}
+        if len(bound) != 1 or None in bound:
+            raise DigestMismatch(
+                f"the last round's accepted results bind round states {sorted(map(str, bound))}"
+            )
+        round_state = _verified_state(plane, everyone, str(bound.pop()))
+    step = aggregate(AggregateInputs(last, round_state, results, spec.outer_config()))
+    return FinalState("0x" + step.output_digest.hex(), step.output_state)
+
+
+def accepted_round_results(
+    client: ChainClient,
+    events: list[Event],
+    units: list[UnitOutcome],
+    chain_order_id: int,
+    round_index: int,
+    spec: OrderSpec,
+) -> list[list[str] | None]:
+    """Per shard of a round-path order's round, the result digests the chain accepted (one per accepted
+    replica, in replica order; None: no accepted result, a shard left out under the quorum): a retry's on the
+    per-unit path if one was accepted (known by its unit key), else a unit the step set aside, by its
+    verdict, else the digest `RoundRevealed` names (every replica's: the unit was unanimous, and a closed
+    roster has no audit pending). DigestMismatch unless the roster is closed with the round revealed."""
+    from market.orders import unit_key_for
+
+    info = client.get_roster(chain_order_id)
+    if not info.closed or info.committed <= round_index:
+        raise DigestMismatch(
+            f"order {chain_order_id}'s roster is not closed with round {round_index} revealed"
+        )
+    revealed: list[str] | None = None
+    set_aside: dict[int, int] = {}  # unit of the round -> its chain unit id
+    keys: dict[str, int] = {}  # unit key -> chain unit id, of the order's per-unit units
+    for event in events:
+        args = event.args
+        if int(args.get("orderId", -1)) != chain_order_id:
+            continue
+        if event.name == "RoundRevealed" and int(args["round"]) == round_index:
+            revealed = [_hex(digest) for digest in args["digests"]]
+        elif event.name == "UnitSetAside" and int(args["round"]) == round_index:
+            set_aside[int(args["unit"])] = int(args["unitId"])
+        elif event.name == "UnitAssigned":
+            keys[_hex(args["unitKey"])] = int(args["unitId"])
+    if revealed is None:
+        raise DigestMismatch(f"no RoundRevealed for round {round_index} of order {chain_order_id}")
+    outcomes = {unit.chain_unit_id: unit for unit in units}
+    found: list[list[str] | None] = []
+    for shard in range(spec.shards):
+        attempts = range(len(keys), 0, -1)  # a per-unit retry's attempt is 1, 2, ... (latest first)
+        chain_units = [
+            keys[k] for a in attempts if (k := unit_key_for(chain_order_id, round_index, shard, a)) in keys
+        ]
+        if shard in set_aside:
+            chain_units.append(set_aside[shard])
+        digests: list[str] | None = None if chain_units else [revealed[shard]]
+        for unit_id in chain_units:
+            outcome = outcomes.get(unit_id)
+            accepted = [i for i, o in enumerate(outcome.outcomes if outcome else []) if o == "accept"]
+            if accepted:
+                digests = ["0x" + client.replica(unit_id, i).commitment_or_digest.hex() for i in accepted]
+                break
+        found.append(digests)
+    return found
+
+
+def _majority(digests: list[str]) -> str:
+    """The most accepted result, ties broken by replica order (the market's `next_state` rule)."""
+    return max(digests, key=lambda d: (digests.count(d), -digests.index(d)))
+
+
+def _manifest_of(plane: BlobPlane, peers: list[str], result_digest: str) -> UnitManifest:
+    """A manifest that hashes to `result_digest` (its result digest recomputed from what it opens)."""
+    from veritrain.agentkit import UnitManifest
+
+    errors = []
+    for peer in peers:
+        try:
+            manifest = UnitManifest.from_bytes(plane.fetch(peer, plane.lookup_manifest(peer, result_digest)))
+        except (VeritrainError, ValueError) as err:
+            errors.append(f"{peer}: {type(err).__name__}: {err}")
+            continue
+        if manifest.result_digest == result_digest == manifest.opened_result_digest():
+            return manifest
+        errors.append(f"{peer}: its manifest does not hash to {result_digest}")
+    raise DigestMismatch(f"no peer served a manifest of result {result_digest}: {errors}")
+
+
+def _verified_state(plane: BlobPlane, peers: list[str], digest: str) -> State:
+    """The state whose digest is `digest`, from any peer (its bytes checked by that digest)."""
+    from veritrain.agentkit import decode_state
+    from veritrain.pol import state_digest
+
+    state = decode_state(plane.fetch_any(peers, digest.removeprefix("0x")))
+    if state_digest(state).hex() != digest.removeprefix("0x").lower():
+        raise DigestMismatch(f"a peer served a state that is not {digest}")
+    return state
 
 
 def _fetch_manifest(plane: BlobPlane, unit: UnitOutcome, peers: dict[str, str]) -> UnitManifest:

@@ -759,15 +759,19 @@ def collect_training(
     market: Marketplace, units: list[UnitOutcome], status: dict[str, Any], out_dir: Path
 ) -> TrainingResult:
     """Fetch the verified results from the providers over libp2p (apps.buyer.collect_training): each
-    training unit's PoL manifest and the order's final state (for M > 1 the last aggregate's output)."""
+    training unit's PoL manifest and the order's final state (for M > 1 the last aggregate's output, or on
+    the round path the buyer's own last outer step)."""
+    from apps.buyer import round_path_final
     from veritrain.agentkit import BlobPlane
     from veritrain.blobstore import BlobStore
+    from veritrain.messages import OrderStatus
 
     folder = market.config.work_dir / "buyer"
     peers = {party.address: party.peer_addr for party in market.providers()}
     plane = BlobPlane(BlobStore(folder / "blobs"), market.parties["buyer"].account, free_port(), folder)
     plane.start()
     try:
+        final = round_path_final(market.client, plane, peers, OrderStatus.model_validate(status), units)
         return collect_training_from(
             plane,
             units,
@@ -776,6 +780,7 @@ def collect_training(
             recipe=market.config.recipe,
             final_digest=str(status["current_state_digest"]),
             aggregates=frozenset(u["chain_unit_id"] for u in status["units"] if u["kind"] == "aggregate"),
+            final=final,
         )
     finally:
         plane.stop()

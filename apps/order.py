@@ -290,7 +290,7 @@ def configure_fetch(parser: argparse.ArgumentParser) -> None:
 
 
 def run_fetch(args: argparse.Namespace) -> int:
-    from apps.buyer import collect_training, order_money
+    from apps.buyer import collect_training, order_money, round_path_final
     from apps.demo_report import write_loss_curve
     from veritrain.agentkit import BlobPlane
     from veritrain.blobstore import BlobStore
@@ -311,6 +311,7 @@ def run_fetch(args: argparse.Namespace) -> int:
     plane = BlobPlane(BlobStore(folder / "blobs"), session.signer(), 0, folder)
     plane.start()
     try:
+        final = round_path_final(client, plane, peers, status, units)
         training = collect_training(
             plane,
             units,
@@ -321,6 +322,7 @@ def run_fetch(args: argparse.Namespace) -> int:
             aggregates=frozenset(
                 u.chain_unit_id for u in status.units if u.kind == "aggregate" and u.chain_unit_id is not None
             ),
+            final=final,
         )
     finally:
         plane.stop()

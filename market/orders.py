@@ -210,6 +210,7 @@ class OrderBook(Lifecycle):
                 current_state_digest=order.current_state_digest,
                 units=tuple(units),
                 roster=self.rosters.status(session, order_id),
+                spec=OrderSpec.model_validate_json(order.spec_json),
             )
 
     def advance_orders(self) -> int:
@@ -272,7 +273,7 @@ class OrderBook(Lifecycle):
                 round_row.start_state_digest = folded_round_state(round_row.index, accepted)
                 order.current_state_digest = round_row.start_state_digest
                 session.add_all([round_row, order])
-            if aggregates_after(spec, round_row.index):
+            if aggregates_after(spec, round_row.index, rounds_path=roster is not None):
                 plan = plan_aggregate(spec, round_row.index)
                 self._new_unit(session, order, round_row, spec, plan, 0, now)
                 return len(decision.retry) + 1

@@ -241,15 +241,11 @@ class VerifierAgent(AgentPlumbing):
 
     def audit_round(self, job: RoundAuditJob) -> dict[str, Any]:
         """Check, re-execute and answer one round audit; returns what was answered."""
-        from verifier.round_audit import RoundAuditRefused, audit_records
-        from veritrain.messages import RoundAuditRefusal, RoundAuditSubmission, sign_message
+        from verifier.round_audit import RoundAuditRefused, signed_audit
+        from veritrain.messages import RoundAuditRefusal, sign_message
 
         try:
-            records = audit_records(self.chain, job, self.address)
-            for view in job.jobs:
-                outcomes, reasons = self.decide(view)
-                if any(outcome != OUTCOME_CODES["accept"] for outcome in outcomes):
-                    raise RoundAuditRefused(f"unit {view.shard}: outcomes {outcomes}: {reasons}")
+            submission = signed_audit(self.chain, self.account, job, self.decide)
         except RoundAuditRefused as err:
             logger.warning("round %d of order %d refused: %s", job.round_index, job.order_id, err)
             refusal = RoundAuditRefusal(
@@ -262,20 +258,11 @@ class VerifierAgent(AgentPlumbing):
             )
             self.market.round_audit_refusal(sign_message(refusal, self.account.key, self.deployment.chain_id))
             return {"refused": str(err)}
-        signature = self.chain.round_audit_signature(self.account, job.chain_order_id, records)
-        self.market.round_audit(
-            RoundAuditSubmission(
-                order_id=job.order_id,
-                round_index=job.round_index,
-                verifier=self.address,
-                records="0x" + records.hex(),
-                signature="0x" + signature.hex(),
-            )
-        )
+        self.market.round_audit(submission)
         logger.info(
             "round %d of order %d audited: units %#x signed", job.round_index, job.order_id, job.units
         )
-        return {"signed": "0x" + records.hex(), "units": job.units}
+        return {"signed": submission.records, "units": job.units}
 
     def judge(self, chain_unit_id: int) -> tuple[int, ...] | None:
         """A seated referee's re-execution of `chain_unit_id`, from the evidence the market serves; None

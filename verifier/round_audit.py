@@ -12,11 +12,20 @@ records to sign, or raises :class:`RoundAuditRefused` with why.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
 from veritrain.chain import eip712
 from veritrain.chain.client import ChainClient
 from veritrain.chain.round_audit import ZERO32, audited_units, records_through, round_hash, unit_digests
 from veritrain.errors import VeritrainError
-from veritrain.messages import RoundAuditJob
+from veritrain.messages import ReplicaOutcome, RoundAuditJob, RoundAuditSubmission, VerificationJobView
+
+if TYPE_CHECKING:
+    from eth_account.signers.local import LocalAccount
+
+# a unit's re-execution: its replicas' outcomes (ReplicaOutcome numbering) and the reasons behind them
+Decide = Callable[[VerificationJobView], tuple[Sequence[int], object]]
 
 BLOCKHASH_WINDOW = 256  # the EVM's readable block hashes: past them the contract draws every unit
 
@@ -82,3 +91,24 @@ def audit_records(chain: ChainClient, job: RoundAuditJob, verifier: str) -> byte
         if {r.result_digest for r in view.replicas} != opened or len(view.replicas) != k:
             raise RoundAuditRefused(f"unit {view.shard}'s check names other results than its openings")
     return records_through(pending, job.round_index, units, unit_digests(values, k))
+
+
+def signed_audit(
+    chain: ChainClient, account: LocalAccount, job: RoundAuditJob, decide: Decide
+) -> RoundAuditSubmission:
+    """The verifier's answer to `job`: the records recomputed from the chain (`audit_records`), every audited
+    unit re-executed by `decide` and accepted on every replica, then `RoundAudit(order, records)` signed;
+    RoundAuditRefused with why when any of it does not hold (the agent then sends a signed refusal)."""
+    records = audit_records(chain, job, account.address)
+    for view in job.jobs:
+        outcomes, reasons = decide(view)
+        if any(outcome != ReplicaOutcome.ACCEPT for outcome in outcomes):
+            raise RoundAuditRefused(f"unit {view.shard}: outcomes {tuple(outcomes)}: {reasons}")
+    signature = chain.round_audit_signature(account, job.chain_order_id, records)
+    return RoundAuditSubmission(
+        order_id=job.order_id,
+        round_index=job.round_index,
+        verifier=account.address,
+        records="0x" + records.hex(),
+        signature="0x" + signature.hex(),
+    )

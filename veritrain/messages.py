@@ -468,6 +468,9 @@ class OrderStatus(Frozen):
     current_state_digest: str | None
     units: tuple[UnitStatus, ...]
     roster: RosterStatus | None = None  # a round-path order's roster, once drawn
+    # the registered spec: a round-path buyer runs the last outer step itself from it (checked against the
+    # spec hash on chain, apps/buyer.py `final_outer_step`)
+    spec: OrderSpec | None = None
 
 
 class UnitStatus(Frozen):

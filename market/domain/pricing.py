@@ -13,11 +13,12 @@ from veritrain.messages import OrderSpec
 
 FLOPS_PER_PFLOP = 10**15
 
-# A rounds order escrows this many units more than it runs: the verifier fees of per-unit retries of its
-# failed roster units. A retry is one verification more than the order's units, and a roster's close pays
-# a fee back only for a unit it paid without a verdict, so an order whose every roster unit was set aside
-# could not otherwise pay its last unit (`NoUnitBudget`). One unit's escrow (k prices and a fee) pays the
-# fees of 1 + k·price/fee drawn retries; what is not spent comes back when the order closes.
+# A rounds order escrows its R·M roster units and this many more: the budget of per-unit retries of its
+# failed roster units. A failed unit's price and fee come back only at the roster's close, which waits for
+# the round the retry belongs to, so without it the first retry could not be assigned (`NoUnitBudget`) and
+# the order would wait for its deadline. One unit's escrow (k prices and a fee) pays one retry, or the fees
+# of 1 + k·price/fee drawn ones; what is not spent comes back when the order closes. (A round-path order
+# has no aggregate unit: the buyer runs the last outer step, apps/buyer.py.)
 ROSTER_SPARE_UNITS = 1
 
 
@@ -53,11 +54,11 @@ class EscrowPlan:
 def escrow_plan(spec: OrderSpec, flops_per_step: int, settlement: str | None = SETTLE_BY_UNITS) -> EscrowPlan:
     """Escrow at the buyer's max price: every unit paid for ``replicas`` replicas plus its verifier fee;
     settled on the round path (``settlement`` "rounds", or None where that is the market's default for the
-    spec), ``ROSTER_SPARE_UNITS`` more units for its retries' fees."""
+    spec), its R·M roster units and ``ROSTER_SPARE_UNITS`` for retries instead of ``spec.unit_count``."""
     unit_flops = flops_per_step * spec.unit_steps
-    spare = ROSTER_SPARE_UNITS if settlement_of(spec, settlement) == SETTLE_BY_ROUNDS else 0
+    by_rounds = settlement_of(spec, settlement) == SETTLE_BY_ROUNDS
     return EscrowPlan(
-        units=spec.unit_count + spare,
+        units=spec.rounds * spec.shards + ROSTER_SPARE_UNITS if by_rounds else spec.unit_count,
         replicas=spec.replicas,
         price_per_replica=price_for_flops(spec.max_price_per_pflop, unit_flops),
         verifier_fee_per_unit=spec.verifier_fee_per_unit,

@@ -9,7 +9,9 @@ without it once q shards are accepted. A round never closes on a unit that is no
 M > 1 with ``outer_step="folded"``: no aggregate unit between rounds. A round closes once its shards are
 accepted; each shard unit of round r >= 1 runs round r-1's outer step itself (over round r-1's state and
 accepted results) and reports the output, round r's state. Only the last round is followed by an aggregate
-unit, whose output is the buyer's final state as for "unit" orders.
+unit, whose output is the buyer's final state as for "unit" orders; except on the round path, where the
+order ends with its last round and the buyer runs that outer step itself over the results the chain
+accepted (apps/buyer.py `final_outer_step`: deterministic, every input checked against its digest on chain).
 """
 
 from __future__ import annotations
@@ -76,12 +78,25 @@ def folds(spec: OrderSpec, round_index: int) -> bool:
     return spec.outer_step == "folded" and round_index >= 1
 
 
-def aggregates_after(spec: OrderSpec, round_index: int) -> bool:
+def aggregates_after(spec: OrderSpec, round_index: int, *, rounds_path: bool = False) -> bool:
     """Whether an aggregate unit closes this round once its shards are accepted (every round of an M > 1
-    order, or only the last one when the outer step is folded into the shard units)."""
+    order, or only the last one when the outer step is folded into the shard units, and then not for an
+    order settled on the round path: `final_aggregate`)."""
     if spec.shards < 2:
         return False
-    return spec.outer_step == "unit" or round_index == spec.rounds - 1
+    return spec.outer_step == "unit" or (
+        round_index == spec.rounds - 1 and final_aggregate(spec, rounds_path)
+    )
+
+
+def final_aggregate(spec: OrderSpec, rounds_path: bool) -> bool:
+    """Whether the order ends with an aggregate unit after its last round. An order settled on the round
+    path does not (even where its units fall back to the per-unit path): its last outer step is a
+    deterministic function of the last round's results, whose digests the chain accepted, so the buyer
+    computes it itself and checks every input against them (another unit would only re-run it at ~300k gas
+    and k replicas' pay). Its escrow still counts that unit (`OrderSpec.unit_count`): the round path's
+    reserve for a per-unit retry, whose verifier fee the failed attempt spent (refunded if unused)."""
+    return spec.shards > 1 and not (rounds_path and spec.outer_step == "folded")
 
 
 def decide_shards(spec: OrderSpec, latest: Mapping[int, UnitState]) -> RoundDecision:

@@ -152,7 +152,9 @@ def test_bench_chain_writes_the_gas_schema(tmp_path: Path, capsys: pytest.Captur
     # The path the market takes by default, through the market's own code: an M = 8 folded order whose
     # settlement the market chose (the round path), R = 10, every transaction to the contracts counted
     # (the actions are the contracts' own functions), far below the per-unit path. Not held to issue 9's
-    # targets here: the draws come from block hashes, and the market does not post round audits yet.
+    # targets here: the draws come from block hashes. The roster's verifiers audit its drawn units (their
+    # signatures ride in the steps), a unit set aside settles by its verdict, and the order's last outer
+    # step is the buyer's own: no unit is assigned on the per-unit path.
     market_orders = report["market_path_orders"]
     assert set(market_orders) == {"k3_m8_r10_default_rates", "k1_m8_r10_default_rates"}
     for name, order in market_orders.items():
@@ -161,12 +163,12 @@ def test_bench_chain_writes_the_gas_schema(tmp_path: Path, capsys: pytest.Captur
         assert report[f"gas_per_settled_unit_market_path_k{k}_m8"] == order["per_shard_unit"]
         assert order["per_shard_unit"] == sum(order["gas_by_action"].values()) // 80
         counts = order["count_by_action"]
-        assert (
-            counts["openRoster"] == counts["closeRoster"] == counts["postOrder"] == counts["closeOrder"] == 1
-        )
+        assert counts["openRoster"] == counts["postOrder"] == counts["closeOrder"] == 1
+        # one close; two when the first reverts inside an audit posting's challenge window (sent again then)
+        assert counts["closeRoster"] in ((1, 2) if order["drawn_units"] else (1,))
         assert counts["stepRound"] >= 11  # one step per round and a reveal-only last step, at least
-        assert counts["assign"] >= 1  # the last aggregate unit, on the per-unit path
-        assert order["drawn_units"] == counts.get("submitVerdict", 0)  # each unit judged: one verdict relayed
+        assert "assign" not in counts and "commitBatch" not in counts  # no final aggregate unit
+        assert order["drawn_units"] >= counts.get("submitVerdict", 0)  # audited in a round, or judged alone
     assert report["gas_per_settled_unit_market_path"] == report["gas_per_settled_unit_market_path_k3_m8"]
     assert report["gas_per_settled_unit_market_path_k3_m8"] < per_unit
     printed = capsys.readouterr().out

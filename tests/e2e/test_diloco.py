@@ -274,9 +274,16 @@ def test_a_folded_m2_order_runs_the_outer_step_in_the_next_rounds_shard_units(
     fresh_postgres_url: str, redis_url: str, private_queue: str, tmp_path: Path
 ) -> None:
     # k = 1 and every unit drawn for a spot check, so the verifier re-executes each round-1 shard unit,
-    # recomputing the outer step it ran first, and the one aggregate unit after the last round.
+    # recomputing the outer step it ran first, and the one aggregate unit after the last round. Settled per
+    # unit (asked): by default the market puts a folded order on the round path, which has no aggregate unit
+    # (the buyer runs the last outer step itself: tests/e2e/test_rounds.py); this is the path that keeps it.
     config = folded_order_config(
-        tmp_path, fresh_postgres_url, redis_url, private_queue, solo_spot_check_ppm=1_000_000
+        tmp_path,
+        fresh_postgres_url,
+        redis_url,
+        private_queue,
+        settlement="units",
+        solo_spot_check_ppm=1_000_000,
     )
     emit = progress_printer()
     started = time.monotonic()

@@ -4,13 +4,16 @@ node, PostgreSQL, Redis, the market API, a Celery worker and the agents as separ
 The market draws the order's roster once; the provider agents sign its Accept, train each round's shard
 units (round 1's fold round 0's outer step, as on the per-unit path), sign each UnitCommit over the
 roster's works deadline and open their results to the market; the worker relays `openRoster`, the steps
-and `closeRoster`; the order's last aggregate unit settles on the per-unit path. The fresh providers are on
-probation, so every unit is set aside: each round is revealed by a step of its own, its units judged by
-the verifier, and the next round starts from their verdicts (committed by a step of its own).
+and `closeRoster`; the order runs no aggregate unit after its last round: the buyer runs that outer
+step itself over the last round's results the chain accepted (apps/buyer.py `final_outer_step`). The
+fresh providers are on probation, so every unit is set aside: each round is revealed by a step of its
+own, its units judged by the verifier, and the next round starts from their verdicts (committed by a step
+of its own).
 Checked from the chain's events and an independent recomputation of the training: every round committed
 and revealed by a step, the roster closed, the providers' credits exactly what the contract paid, and the
-buyer's final weights bitwise the outer step recomputed here from the blobs the providers serve (what the
-same order yields on the per-unit path: tests/e2e/test_diloco.py's folded test checks the same)."""
+buyer's final weights bitwise the outer step recomputed here from the blobs the providers serve: what an
+aggregate unit would have output (its result is `diloco.aggregate` of the same inputs, checked bitwise by
+its verifiers; tests/e2e/test_diloco.py's folded test checks it on the per-unit path)."""
 
 from __future__ import annotations
 
@@ -49,7 +52,7 @@ def rostered(status: dict[str, Any]) -> list[dict[str, Any]]:
 def recompute_final_state(market: Marketplace, status: dict[str, Any]) -> str:
     """The buyer's final state recomputed as an independent verifier: genesis, each round's outer step over
     the accepted shard results the providers serve (fetched by the digests the market reported; their
-    content addresses make them the committed bytes), the last one the order's aggregate unit."""
+    content addresses make them the committed bytes), the last one what the buyer runs itself."""
     from veritrain.agentkit import BlobPlane, decode_state
     from veritrain.blobstore import BlobStore
     from veritrain.diloco import AggregateInputs, OuterConfig, aggregate, order_genesis
@@ -119,24 +122,25 @@ def test_a_folded_order_on_the_round_path_completes_through_real_processes(
     assert sorted(int(e.args["round"]) for e in events if e.name == "RoundCommitted") == [0, 1]
     assert sorted(int(e.args["round"]) for e in events if e.name == "RoundRevealed") == [0, 1]
     # R·M training units on the roster, each set aside by the step that revealed it (probation) and
-    # accepted by its verdict, before the next round started from it; and the one aggregate unit
+    # accepted by its verdict, before the next round started from it; no aggregate unit
     trains = rostered(status)
     assert len(trains) == config.rounds * config.shards and all(u["state"] == "accepted" for u in trains)
     set_aside = [e for e in events if e.name == "UnitSetAside"]
     assert len(set_aside) == config.rounds * config.shards
     on_chain = {int(u["chain_unit_id"]): u for u in status["units"] if u["chain_unit_id"] is not None}
     assert {int(e.args["unitId"]) for e in set_aside} == {int(u["chain_unit_id"]) for u in trains}
-    assert sorted(u["kind"] for u in on_chain.values()) == ["aggregate"] + ["train"] * len(set_aside)
+    assert sorted(u["kind"] for u in on_chain.values()) == ["train"] * len(set_aside)
     assert all(unit.outcomes == ["accept"] for unit in closed.units), closed.units
     # the providers' credits: what the roster's close paid plus the per-unit payouts (the set-aside units'
-    # verdicts, the aggregate unit), to the unit
+    # verdicts), to the unit
     (closing,) = [e for e in events if e.name == "RosterClosed"]
     assert int(closing.args["settledRounds"]) == config.rounds
     money = closed.money
     assert credits == int(closing.args["paid"]) + money.payouts_total, (credits, closing.args, money)
     assert not money.slashed
-    # the buyer's final weights: the outer step over the last round, recomputed here bit for bit
-    assert status["current_state_digest"] == final == training.final_state_digest
+    # the buyer's final weights: its own outer step over the last round, recomputed here bit for bit (the
+    # market's current state is the last round's start, which that step began from)
+    assert final == training.final_state_digest != status["current_state_digest"]
     for name in ("parties_conserved", "supply_conserved"):
         assert closed.checks.results[name], (name, closed.checks.details.get(name))
 
@@ -202,6 +206,9 @@ def test_a_rounds_order_with_round_audits_pays_its_verifier_and_sets_nothing_asi
         }
         total_gas, roster_gas = operator_gas(market, buyer.posted_block, roster_txs)
         fee = market.client.get_order(buyer.chain_order_id).verifier_fee_per_unit
+        # the buyer's weights from the revealed digests alone (no unit set aside, none assigned per unit)
+        final = recompute_final_state(market, status)
+        training = collect_training(market, closed.units, status, tmp_path)
     emit(f"test: the audited rounds order completed and was checked in {time.monotonic() - started:.0f} s")
 
     names = [e.name for e in events]
@@ -213,13 +220,13 @@ def test_a_rounds_order_with_round_audits_pays_its_verifier_and_sets_nothing_asi
     assert len(trains) == config.rounds * config.shards and all(u["state"] == "accepted" for u in trains)
     assert all(u["chain_unit_id"] is None for u in trains)  # none set aside
     (verifier,) = verifiers
-    assert earned[verifier] >= config.rounds * config.shards * fee  # plus the aggregate unit's verdict fee
-    assert not closed.money.slashed
-    units = config.rounds * config.shards + 1  # the roster's units and the order's aggregate unit
+    assert earned[verifier] == config.rounds * config.shards * fee  # every audited unit, nothing else
+    assert not closed.money.slashed and not closed.units  # no unit on the per-unit path
+    assert final == training.final_state_digest
+    units = config.rounds * config.shards  # the roster's units: the order has no aggregate unit
     emit(
         f"test: the market's own transactions: {total_gas} gas for {units} settled units "
-        f"({total_gas // units} a unit); its roster transactions {roster_gas} for {units - 1} "
-        f"({roster_gas // (units - 1)} a unit)"
+        f"({total_gas // units} a unit); its roster transactions {roster_gas} ({roster_gas // units} a unit)"
     )
     for name in ("parties_conserved", "supply_conserved"):
         assert closed.checks.results[name], (name, closed.checks.details.get(name))

@@ -29,6 +29,7 @@ from market.domain.rounds import (
     RoundDecision,
     aggregates_after,
     decide_shards,
+    final_aggregate,
     folded_round_state,
     folds,
     next_state,
@@ -440,6 +441,18 @@ def test_outer_step_is_hashed_only_when_folded_and_needs_shards() -> None:
 def test_escrow_covers_the_aggregate_units() -> None:
     plan = escrow_plan(spec(shards=2), flops_per_step=4 * 10**13)
     assert plan.units == 4 * 3 and plan.total == 12 * (3 * 3 * 10**18 + 7)
+
+
+def test_a_round_path_order_runs_no_final_aggregate_unit() -> None:
+    # the buyer runs the last outer step itself (apps/buyer.py final_outer_step); per unit it stays, and the
+    # escrow keeps that unit either way (the round path's reserve for a retry)
+    folded = spec(shards=3, total_steps=100, unit_steps=25, outer_step="folded")
+    assert [aggregates_after(folded, r, rounds_path=True) for r in range(4)] == [False] * 4
+    assert [aggregates_after(folded, r, rounds_path=False) for r in range(4)] == [False, False, False, True]
+    assert not final_aggregate(folded, rounds_path=True) and final_aggregate(folded, rounds_path=False)
+    assert final_aggregate(spec(shards=2), rounds_path=True)  # outer step "unit": never on a roster
+    assert not final_aggregate(spec(), rounds_path=False)  # M = 1 has no outer step
+    assert escrow_plan(folded, 4 * 10**13).units == folded.unit_count == 4 * 3 + 1
 
 
 def test_pool_keeps_unusable_providers_out_of_the_scan_and_says_why() -> None:

@@ -1,7 +1,8 @@
 """The round path through the market's HTTP API and its training plane (in-process EVM, the real market
 service behind FastAPI's TestClient): providers learn their roster slots from their heartbeats, hand in
 their Accept, works and openings at /rosters/*, each round's units start from the round before as a folded
-order's do, and the order's last aggregate unit is matched on the per-unit path. Every refusal is typed
+order's do, and the order completes with its last round (the buyer runs the last outer step itself: no
+aggregate unit on the per-unit path). Every refusal is typed
 and leaves the market's state as it was."""
 
 from __future__ import annotations
@@ -142,7 +143,7 @@ def run_round(market: ChainMarket, api: TestClient, round_index: int) -> list[As
     return runs
 
 
-def test_a_rounds_order_runs_its_folded_rounds_through_the_api_and_ends_with_a_per_unit_aggregate(
+def test_a_rounds_order_runs_its_folded_rounds_through_the_api_and_completes_with_its_last_round(
     market: ChainMarket, api: TestClient
 ) -> None:
     order_id = rostered_order(market)
@@ -172,10 +173,11 @@ def test_a_rounds_order_runs_its_folded_rounds_through_the_api_and_ends_with_a_p
     trains = [u for u in status["units"] if u["kind"] == "train"]
     assert len(trains) == ROUNDS * SHARDS and all(u["state"] == "accepted" for u in trains)
     assert all(u["chain_unit_id"] is None for u in trains)  # settled by the roster, not per unit
-    (closing,) = [u for u in status["units"] if u["kind"] == "aggregate"]
-    assert (closing["round_index"], closing["state"]) == (ROUNDS - 1, "pending")  # per-unit matching
-    assert status["rounds_accepted"] == ROUNDS - 1
-    # the buyer's last round state is the one the round's units reported (their outer step)
+    # no aggregate unit: the buyer runs the last outer step itself (the escrow's R·M + 1-th unit is the
+    # reserve for a retry, refunded at close)
+    assert not [u for u in status["units"] if u["kind"] == "aggregate"]
+    assert (status["state"], status["rounds_accepted"]) == ("completed", ROUNDS)
+    # the last round's state is the one its units reported (their outer step): the buyer's final step's start
     assert status["current_state_digest"] == h(f"round {ROUNDS - 1}")
 
 

@@ -1,8 +1,7 @@
 """A rounds order's budget when a failed roster unit is retried per unit (in-process EVM, the real market
-service; PLAN 5e): the retry's verifier fee is one verification more than the R·M + 1 units' escrow, which a
-roster's close pays back only from units it paid without a verdict. With every roster unit set aside (drawn,
-no round audits) there is nothing to pay it back, so the order's last (aggregate) unit could never be
-assigned (`NoUnitBudget`) and the order waited for its deadline."""
+service; PLAN 5e): the roster holds the budget of its R·M units until it closes, which waits for the
+round the retry belongs to, so the retry is paid from the order's spare unit (market/domain/pricing.py);
+without it the retry could never be assigned (`NoUnitBudget`) and the order waited for its deadline."""
 
 from __future__ import annotations
 
@@ -59,10 +58,10 @@ def run_unit(market: ChainMarket, api: TestClient, order_id: int, label: str) ->
     return status
 
 
-def test_a_drawn_retry_of_a_failed_roster_unit_leaves_budget_for_the_last_unit(market: ChainMarket) -> None:
-    """k = 1: unit 1 of round 0 is withheld and judged a fault, its retry is drawn and judged (a fee the
-    escrow of R·M + 1 units did not plan), round 1 is set aside and judged, the roster closes having paid
-    nothing itself: the order's last aggregate unit is still assigned, from the order's spare unit."""
+def test_a_drawn_retry_of_a_failed_roster_unit_is_paid_from_the_spare_unit(market: ChainMarket) -> None:
+    """k = 1: unit 1 of round 0 is withheld and judged a fault, its retry is assigned from the spare unit,
+    drawn and judged, round 1 is set aside and judged, the roster closes having paid nothing itself, and
+    the order completes with its last round (no aggregate unit on the round path)."""
     api = TestClient(create_app(market.service))
     order_id = rounds_order(market, replicas=1)
     accept_all(market, api)
@@ -90,16 +89,13 @@ def test_a_drawn_retry_of_a_failed_roster_unit_leaves_budget_for_the_last_unit(m
         judge(market, unit, lambda _: Outcome.ACCEPT)
     drive(market)  # the close: every unit was set aside, it pays and returns nothing
     assert client.get_roster(chain_order).closed
-    market.service.orders.advance_orders()  # round 1 accepted: the last aggregate unit
-    (aggregate,) = [u for u in units_of(api, order_id) if u["kind"] == "aggregate"]
-    assert aggregate["state"] == "pending"
-    unit_id, _ = market.match_and_accept()
-    market.send_outbox()  # its assign: NoUnitBudget (retried until the order's deadline) without the spare
-    assert unit_id == aggregate["unit_id"] and market.unit(unit_id).chain_unit_id is not None
+    market.service.orders.advance_orders()  # round 1 accepted: the order's last round
+    assert api.get(f"/orders/{order_id}").json()["state"] == "completed"
+    assert not [u for u in units_of(api, order_id) if u["kind"] == "aggregate"]
     order = client.get_order(chain_order)
     price, fee = order.price_per_replica, order.verifier_fee_per_unit
-    assert order.units == ROUNDS * SHARDS + 2  # R·M + 1 and the spare
-    # delivered: unit 0, the retry, round 1's two (the withheld unit 1 not); the aggregate open
-    assert (order.delivered, order.open_units) == (4, 1)
-    # escrowed 6 units; paid 4 replicas and 5 verdicts' fees, the aggregate's budget reserved
-    assert order.balance == order.units * (price + fee) - 4 * price - 5 * fee - (price + fee) == price
+    assert order.units == ROUNDS * SHARDS + 1  # R·M and the spare
+    # delivered: unit 0, the retry, round 1's two (the withheld unit 1 not)
+    assert (order.delivered, order.open_units) == (4, 0)
+    # escrowed 5 units; paid 4 replicas and 5 verdicts' fees (unit 1's fault included): one price left
+    assert order.balance == order.units * (price + fee) - 4 * price - 5 * fee == price
