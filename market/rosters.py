@@ -657,11 +657,10 @@ class RosterBook(Lifecycle):
                 unheld = self.audits.first_unheld(session, row, records)
                 if chain is not None:
                     self.decide(session, row, chain, unheld_rounds(records, unheld))
-                action = next_roster_action(self._progress(session, row, chain, now))
-                if self._closable_at_deadline(session, row, chain, now):
-                    action = CLOSE_ACTION
+                step = next_roster_action(self._progress(session, row, chain, now))
+                action = CLOSE_ACTION if self._closable_at_deadline(session, row, chain, now) else step
                 if chain is not None and records:
-                    action = self._past_pending(chain, records, unheld, action)
+                    action = self._past_pending(chain, records, unheld, action, step)
                 if action == CLOSE_ACTION and not self._challenges_over(row, chain, now):
                     continue
                 name = action.action if isinstance(action, StepPlan) else action
@@ -686,20 +685,23 @@ class RosterBook(Lifecycle):
         records: Sequence[AuditRecord],
         unheld: tuple[int, str] | None,
         action: StepPlan | str | None,
+        step: StepPlan | str | None,
     ) -> StepPlan | str | None:
         """What gets the roster past the chain's pending audit records (it cannot close while any is): a
         record the market holds no quorum over (`unheld`: anyone may reveal a round without verifiers) is
         taken off the pending chain with every record after it once its audit is refused or lapsed
         (`aside:<round>`: set aside for verdicts, or dropped after the deadline when no verifier can take
         them); while the audit collects the roster goes on without closing; with a quorum over every
-        record, a roster due to close posts it first (`post:<records>`, a step that only posts)."""
+        record, a roster due to close posts it first: `post:<records>` (a step that only posts), or, with a
+        round still pending its reveal, the `step` revealing it (the last round's posts, its silent slots
+        given as withheld)."""
         if unheld is not None:
             round_index, answer = unheld
             if answer == REFUSED:
                 return f"{ASIDE_PREFIX}{round_index}"
             return None if action == CLOSE_ACTION else action
-        if action == CLOSE_ACTION and chain.pending_block == 0:
-            return f"{POST_PREFIX}{len(records)}"
+        if action == CLOSE_ACTION:
+            return f"{POST_PREFIX}{len(records)}" if chain.pending_block == 0 else step
         return action
 
     def _challenges_over(self, row: RosterRow, chain: RosterChainState | None, now: int) -> bool:

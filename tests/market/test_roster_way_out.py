@@ -189,3 +189,66 @@ def test_pending_records_nobody_can_judge_are_dropped_after_the_deadline_and_the
     assert [client.stake_of(p).locked for p in parties] == [0] * len(parties)  # every lock released
     order = client.get_order(chain_order)
     assert (order.balance, order.open_units, order.delivered) == (escrow, 0, 0)  # the whole budget is back
+
+
+def test_a_signed_pending_round_at_the_deadline_is_posted_then_the_roster_closes(market: ChainMarket) -> None:
+    """Round 0 audited and left pending with its quorum held, then round 1 committed and never opened: past
+    the deadline and the reveal window the market's last step reveals round 1 (its silent slots withheld,
+    set aside) and posts round 0's quorum; once those units settle it closes after the posting's challenge
+    window, paying round 0 (the close reverted `AuditsPending` before, for ever)."""
+    client = market.client
+    api, order_id, view = opened(market)
+    chain_order = view.chain_order_id
+    credits = {p: client.credits(p) for p in view.providers}
+    run_round(market, api, 0)
+    drive(market)
+    sign_all(market, 0)
+    drive(market)
+    market.service.orders.advance_orders()
+    run_round(market, api, 1, lambda provider, work: None)  # committed, never opened
+    drive(market)
+    assert client.get_roster(chain_order).audits_pending  # round 0's record, its quorum in the market's hands
+    client.advance_time(
+        client.get_order(chain_order).deadline + client.params.reveal_window + 1 - client.now()
+    )
+    market.heartbeats()
+    drive(market)
+    assert [r.posting for r in client.audit_records(chain_order)] == [False, True]
+    assert not client.get_roster(chain_order).audits_pending
+    for unit in trains(api, order_id, 1):  # withheld: set aside, the silent replicas at fault
+        judge(market, unit, lambda _: Outcome.FAULT)
+    client.advance_time(client.params.verdict_window + client.deployment.appeal_params.appeal_window + 1)
+    market.heartbeats()
+    market.send_outbox()
+    market.service.sync.sync_chain_events()
+    drive(market)
+    assert client.get_roster(chain_order).closed
+    assert close_attempts(market, order_id) == (1, None)
+    price = client.get_order(chain_order).price_per_replica
+    for provider in view.providers:
+        slots = view.slots.count(view.providers.index(provider))
+        assert client.credits(provider) - credits[provider] == slots * price  # round 0's slots, no more
+
+
+def test_a_last_round_someone_else_reveals_is_posted_by_a_step_of_its_own(market: ChainMarket) -> None:
+    """Someone reveals the last round (both audits signed) before the market's last step: nothing is left
+    for that step, so the market posts its quorum in a post-only step, then closes once."""
+    client = market.client
+    api, order_id, view = opened(market)
+    for round_index in range(ROUNDS):
+        run_round(market, api, round_index)
+        drive(market)
+        sign_all(market, round_index)
+        if round_index + 1 < ROUNDS:
+            drive(market)
+            market.service.orders.advance_orders()
+    reveal_first(market, order_id, ROUNDS - 1, market.providers[1])
+    market.service.sync.sync_chain_events()  # the market's next tick sees the reveal
+    drive(market)
+    assert [r.posting for r in client.audit_records(view.chain_order_id)] == [False, False, True]
+    assert actions(market, order_id)[-2:] == [f"step:{ROUNDS - 1}", "post:2"]  # no last step to send
+    client.advance_time(client.params.verdict_window + 1)
+    market.heartbeats()
+    drive(market)
+    assert client.get_roster(view.chain_order_id).closed
+    assert close_attempts(market, order_id) == (1, None)
