@@ -29,6 +29,7 @@ from market.ports import (
 )
 from veritrain.chain import client as chain
 from veritrain.chain.client import (
+    AuditRecord,
     AuditSignature,
     ChainClient,
     Roster,
@@ -193,6 +194,7 @@ class ChainClientSettlement:
             required_streak=info.required_streak,
             pending_since=info.pending_since,
             set_aside_units=info.set_aside_units,
+            audits_pending=info.audits_pending,
         )
 
     def open_roster(self, order_id: int, roster: Roster, accepts: Sequence[SignedAccept]) -> str:
@@ -235,6 +237,35 @@ class ChainClientSettlement:
     def pending_audits(self, order_id: int) -> str:
         records = self.client.audit_records(order_id)
         return "0x" + audit_chains([r.as_tuple() for r in records])[1].hex()
+
+    def audit_records(self, order_id: int) -> list[AuditRecord]:
+        return self.client.audit_records(order_id)
+
+    def set_aside_pending(self, order_id: int, roster: Roster, count: int, verifiers: Sequence[str]) -> str:
+        # everything the contract checks comes from the chain: the records, each taken round's unit digests
+        # (its `RoundRevealed`) and, when a round is committed and not revealed, its slots' commitments
+        records = self.client.audit_records(order_id)
+        digests: list[list[bytes]] = []
+        if verifiers:
+            for record in records[len(records) - count :]:
+                (revealed,) = self.client.roster_events(
+                    order_id, ("RoundRevealed",), round_index=record.round
+                )
+                digests.append([bytes(d) for d in revealed.args["digests"]])
+        info = self.client.get_roster(order_id)
+        commitments = (
+            self.client.round_commitments(order_id, info.committed - 1) if info.pending_block else []
+        )
+        receipt = self.client.set_aside_pending(
+            order_id,
+            roster,
+            records,
+            count,
+            digests=digests,
+            verifiers=list(verifiers),
+            commitments=commitments,
+        )
+        return _mined("set_aside_pending", receipt)
 
     def close_roster(self, order_id: int, roster: Roster) -> str:
         records = self.client.audit_records(order_id)

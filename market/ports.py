@@ -16,7 +16,7 @@ from market.domain.pricing import EscrowPlan
 from market.domain.replication import Reputation
 
 if TYPE_CHECKING:
-    from veritrain.chain.client import Roster
+    from veritrain.chain.client import AuditRecord, Roster
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +185,7 @@ class RosterChainState:
     required_streak: int  # a provider below it has each of its units set aside
     pending_since: int = 0  # that commit's time: after it plus revealWindow a silent slot may be withheld
     set_aside_units: int = 0  # units its steps set aside so far
+    audits_pending: bool = False  # round audit records no posting covers yet: the roster cannot close
 
     @property
     def exists(self) -> bool:
@@ -220,6 +221,16 @@ class RosterPort(Protocol):
 
     def pending_audits(self, order_id: int) -> str:
         """The roster's pending audit chain (`RoundAudit.pending`; zero: none), from the chain's events."""
+        ...
+
+    def audit_records(self, order_id: int) -> list[AuditRecord]:
+        """The roster's audit records in chain order (round records, postings), from the chain's events."""
+        ...
+
+    def set_aside_pending(self, order_id: int, roster: Roster, count: int, verifiers: Sequence[str]) -> str:
+        """Take the roster's last `count` pending round records off its pending chain (`setAsidePending`):
+        with `verifiers` (the operator) their units are set aside for verdicts; without (anyone, after the
+        order's deadline + verdictWindow) they are dropped unpaid."""
         ...
 
     def close_roster(self, order_id: int, roster: Roster) -> str:

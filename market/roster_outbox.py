@@ -4,9 +4,12 @@ sent to the chain one claim at a time, as the unit outbox (market/outbox.py) sen
 Each send first reads the roster on chain (a free call): an action the chain already shows done (by this
 market before a crash, or by anyone: steps and the close are permissionless) is confirmed, never sent
 again. A revert is never a success: the roster is read again and the action is confirmed only if the chain
-shows it done; a step refused for `RoundUnitNeedsVerdict` (a unit the market did not predict set aside)
-goes again with verifiers; an open refused for an expired or untrusted Accept fails its roster; any other
-refusal or an RPC error is retried after a backoff.
+shows it done. Past the chain's pending audit records (market/rosters.py `_past_pending`): `post:<n>` posts
+a quorum over them in a step of its own, `aside:<round>` takes the records the market holds no quorum over
+off the pending chain (`setAsidePending`). A close waits, unsent, while records are pending or the last
+posting's challenge window is open; a step refused for `RoundUnitNeedsVerdict` (a unit the market did
+not predict set aside) goes again with verifiers; an open refused for an expired or untrusted Accept fails
+its roster; any other refusal or an RPC error is retried after a backoff.
 """
 
 from __future__ import annotations
@@ -26,10 +29,12 @@ from market.ports import (
     SignedAudit,
     SignedCommit,
 )
-from market.rosters import RosterBook, roster_of, roster_port
+from market.rosters import ASIDE_PREFIX, POST_PREFIX, RosterBook, roster_of, roster_port
+from market.round_audits import pending_records, posting_closes_at
 from market.store import RosterRow
 from veritrain.chain.client import Roster
 from veritrain.chain.eip712 import round_unit_id
+from veritrain.errors import MarketError
 
 # An open refused for these can never land as it is (an Accept past its deadline or with a spent nonce, a
 # provider whose streak or free stake no longer holds): the roster is redrawn without the providers the
@@ -105,6 +110,21 @@ class RosterOutbox(Lifecycle):
             return self._record(
                 action_id, "retrying", f"{before.open_set_aside} set-aside unit(s) still open"
             )
+        if action == CLOSE_ACTION and before.audits_pending:  # a post or a way out goes first (RosterBook)
+            return self._record(action_id, "retrying", "round audit records still pending")
+        if action == CLOSE_ACTION and row.verifiers_json not in (None, "", "[]"):
+            # the chain refuses the close until the last posting's challenge window has passed: wait for it
+            # rather than send a close that reverts
+            assert self.chain is not None
+            records = port.audit_records(row.chain_order_id)
+            closes_at = posting_closes_at(records, self.chain.terms().verdict_window_s)
+            if now <= closes_at:
+                return self._record(
+                    action_id,
+                    "retrying",
+                    "an audit posting's challenge window is open",
+                    retry_at=closes_at + 1,
+                )
         from veritrain.chain.errors import ContractReverted
 
         try:
@@ -130,6 +150,14 @@ class RosterOutbox(Lifecycle):
             return "confirmed" if chain.key.lower() == parties else "reverted"
         if action == CLOSE_ACTION:
             return "confirmed" if chain.closed else None
+        if action.startswith((POST_PREFIX, ASIDE_PREFIX)) and (chain.closed or not chain.audits_pending):
+            return "confirmed"
+        if action.startswith(POST_PREFIX):
+            return None
+        if action.startswith(ASIDE_PREFIX):
+            records = roster_port(self.chain).audit_records(row.chain_order_id)
+            pending = {round_index for round_index, _ in pending_records(records)}
+            return None if int(action.removeprefix(ASIDE_PREFIX)) in pending else "confirmed"
         if chain.exists and action_landed(action, row.rounds, chain.committed, chain.pending_block != 0):
             return "confirmed"
         return None
@@ -152,21 +180,31 @@ class RosterOutbox(Lifecycle):
             return port.open_roster(row.chain_order_id, roster, accepts)
         if action == CLOSE_ACTION:
             return port.close_roster(row.chain_order_id, roster)
+        if action.startswith(ASIDE_PREFIX):
+            return self._take_pending(row, roster, int(action.removeprefix(ASIDE_PREFIX)), action_id)
+        if action.startswith(POST_PREFIX):  # a step that only posts: a quorum over every pending record
+            quorum = self.rosters.audits.posting(row, port.pending_audits(row.chain_order_id))
+            return port.step_round(row.chain_order_id, roster, [], 0, [], [], 0, quorum)
+        # someone else may have revealed the round already (steps are permissionless): then only commit
+        reveal = payload.get("reveal")
+        revealing = reveal is not None and chain.pending_block != 0 and chain.committed - 1 == int(reveal)
         # a withheld slot's entry carries its commitment (the chain reads a published opening itself)
         openings = [
             RevealForm(o["provider"], o["withheld"], "0x" + "00" * 32)
             if "withheld" in o
             else RevealForm(o["provider"], o["result_digest"], o["salt"])
-            for o in payload.get("openings", [])
+            for o in (payload.get("openings", []) if revealing else [])
         ]
-        withheld = sum(1 << i for i, o in enumerate(payload.get("openings", [])) if "withheld" in o)
+        withheld = sum(
+            1 << i for i, o in enumerate(payload.get("openings", [])) if "withheld" in o and revealing
+        )
         works = [
             SignedCommit(w["provider"], w["commitment"], payload["deadline"], w["signature"])
             for w in payload.get("works", [])
         ]
         verifiers: list[str] = []
         audits: list[SignedAudit] = []
-        if payload.get("reveal") is not None:
+        if revealing:
             # the revealed round's audited units stay pending (their audit is signed over the chain's pending
             # audit chain); the last step, or one that sets units aside, posts what is pending after it
             pending = port.pending_audits(row.chain_order_id)
@@ -202,14 +240,44 @@ class RosterOutbox(Lifecycle):
             return []
         seed_key = f"0x{round_unit_id(row.chain_order_id, round_index, 0):064x}"
         verifiers = self.rosters.choose_verifiers(roster, block_hash, seed_key)
+        self._remember(
+            action_id,
+            verifiers=verifiers,
+            reasons={str(unit): reason.value for unit, reason in reasons.items()},
+        )
+        return verifiers
+
+    def _take_pending(self, row: RosterRow, roster: Roster, round_index: int, action_id: int) -> str:
+        """`setAsidePending` of round `round_index`'s pending record and every record after it (the signed
+        chain before it stays pending, for a posting): with verifiers, drawn as for a step's set-aside
+        units, so that their units settle by verdict (a forgery slashed, honest replicas paid); without, only
+        when none can take them and the order's deadline + verdictWindow has passed (anyone may then drop
+        them unpaid; the roster can close and the budget and collateral come back)."""
+        assert self.chain is not None
+        port = roster_port(self.chain)
+        rounds = [r for r, _ in pending_records(port.audit_records(row.chain_order_id))]
+        taken = rounds[rounds.index(round_index) :]
+        seed_key = f"0x{round_unit_id(row.chain_order_id, round_index, 0):064x}"
+        try:
+            head_hash = self.chain.block_hash(self.chain.block_number())
+            verifiers = self.rosters.choose_verifiers(roster, head_hash, seed_key)
+        except MarketError:
+            with self.store.transaction() as session:
+                deadline = self.store.get_order(session, row.order_id).deadline
+            if self.clock() <= deadline + self.chain.terms().verdict_window_s:
+                raise  # retried: a verifier may come back before the drop is allowed
+            verifiers = []
+        self._remember(action_id, verifiers=verifiers, rounds=taken)
+        return port.set_aside_pending(row.chain_order_id, roster, len(taken), verifiers)
+
+    def _remember(self, action_id: int, **fields: Any) -> None:
+        """Store `fields` in the action's payload (what its events need to know: the verifiers it sent)."""
         with self.store.transaction() as session:
             entry = self.store.get_roster_action(session, action_id, for_update=True)
             stored = json.loads(entry.payload_json)
-            stored["verifiers"] = verifiers
-            stored["reasons"] = {str(unit): reason.value for unit, reason in reasons.items()}
+            stored.update(fields)
             entry.payload_json = json.dumps(stored, sort_keys=True)
             session.add(entry)
-        return verifiers
 
     def _after_revert(self, action_id: int, action: str, row: RosterRow, exc: Exception) -> OutboxResult:
         """Re-read the roster: confirmed only if the chain shows the action done, else retried (with
@@ -227,12 +295,7 @@ class RosterOutbox(Lifecycle):
             self._after_failed_open(row, exc, error)
             return self._record(action_id, "reverted", error, chain)
         if name == NEEDS_VERIFIERS:
-            with self.store.transaction() as session:
-                entry = self.store.get_roster_action(session, action_id, for_update=True)
-                stored = json.loads(entry.payload_json)
-                stored["force_verifiers"] = True
-                entry.payload_json = json.dumps(stored, sort_keys=True)
-                session.add(entry)
+            self._remember(action_id, force_verifiers=True)
         retry_at = None
         if name == NOT_CLOSABLE_YET:  # an audit posting's challenge window (or the deadline): try again then
             retry_at = int(getattr(exc, "arguments", {}).get("closableAfter", 0)) + 1

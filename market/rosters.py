@@ -50,7 +50,7 @@ from market.domain.rounds import plan_round
 from market.domain.selection import ROLE_VERIFIERS, sample, selection_seed
 from market.domain.states import OrderState, ReplicaState, UnitState, advance
 from market.ports import ChainEvent, RosterChainState, RosterPort
-from market.round_audits import RoundAudits, verifiers_of
+from market.round_audits import REFUSED, RoundAudits, pending_records, posting_closes_at, verifiers_of
 from market.store import (
     OrderRow,
     ReplicaRow,
@@ -61,7 +61,7 @@ from market.store import (
     UnitRow,
     VerificationJobRow,
 )
-from veritrain.chain.client import Roster
+from veritrain.chain.client import AuditRecord, Roster
 from veritrain.chain.eip712 import commitment as commitment_of
 from veritrain.chain.eip712 import market_domain, round_unit_id
 from veritrain.errors import IllegalTransition, InvalidInput, MarketError, NotFound
@@ -81,6 +81,11 @@ ROSTER_EVENTS = frozenset(
 # A round's draw reads the hash of the block that committed it; the EVM keeps 256. Past this many blocks the
 # market predicts the hash unreadable (every unit drawn): the step revealing it may land later still.
 SEED_HASH_MARGIN_BLOCKS = 200
+# The way past the chain's pending audit records: `aside:<round>` takes the round's record and every one
+# after it off the pending chain (setAsidePending), `post:<records>` posts a quorum over them (a post-only
+# step).
+ASIDE_PREFIX = "aside:"
+POST_PREFIX = "post:"
 # Roster states in which the market still has something to do.
 LIVE_ROSTER_STATES = ("drawing", "accepting", "opening", "open")
 
@@ -105,6 +110,15 @@ def roster_of(row: RosterRow) -> Roster:
         row.rounds,
         tuple(verifiers_of(row)),
     )
+
+
+def unheld_rounds(records: Sequence[AuditRecord], unheld: tuple[int, str] | None) -> frozenset[int]:
+    """The rounds of the pending records from the first the market holds no quorum over (`unheld`) on: a
+    way out takes them off together, so none of their units may be used before it."""
+    if unheld is None:
+        return frozenset()
+    rounds = [round_index for round_index, _ in pending_records(records)]
+    return frozenset(rounds[rounds.index(unheld[0]) :])
 
 
 def excluded_of(row: RosterRow) -> list[str]:
@@ -635,15 +649,20 @@ class RosterBook(Lifecycle):
                     continue
                 try:
                     chain = self._read(row)
+                    records = self._pending_records(row, chain)
                 except Exception as exc:  # RPC down: nothing decided or planned for this roster now
                     row.last_error = f"roster read failed: {type(exc).__name__}: {exc}"
                     session.add(row)
                     continue
+                unheld = self.audits.first_unheld(session, row, records)
                 if chain is not None:
-                    self.decide(session, row, chain)
-                action = next_roster_action(self._progress(session, row, chain, now))
-                if self._closable_at_deadline(session, row, chain, now):
-                    action = CLOSE_ACTION
+                    self.decide(session, row, chain, unheld_rounds(records, unheld))
+                step = next_roster_action(self._progress(session, row, chain, now))
+                action = CLOSE_ACTION if self._closable_at_deadline(session, row, chain, now) else step
+                if chain is not None and records:
+                    action = self._past_pending(chain, records, unheld, action, step)
+                if action == CLOSE_ACTION and not self._challenges_over(row, chain, now):
+                    continue
                 name = action.action if isinstance(action, StepPlan) else action
                 if name is None or self.store.roster_action(session, row_id(row), name) is not None:
                     continue
@@ -653,6 +672,46 @@ class RosterBook(Lifecycle):
         if queued:
             self.triggers.settle()
         return queued
+
+    def _pending_records(self, row: RosterRow, chain: RosterChainState | None) -> list[AuditRecord]:
+        """The roster's audit records while some are pending (none read otherwise: this runs every tick)."""
+        if chain is None or not chain.audits_pending:
+            return []
+        return roster_port(self.chain).audit_records(row.chain_order_id)
+
+    def _past_pending(
+        self,
+        chain: RosterChainState,
+        records: Sequence[AuditRecord],
+        unheld: tuple[int, str] | None,
+        action: StepPlan | str | None,
+        step: StepPlan | str | None,
+    ) -> StepPlan | str | None:
+        """What gets the roster past the chain's pending audit records (it cannot close while any is): a
+        record the market holds no quorum over (`unheld`: anyone may reveal a round without verifiers) is
+        taken off the pending chain with every record after it once its audit is refused or lapsed
+        (`aside:<round>`: set aside for verdicts, or dropped after the deadline when no verifier can take
+        them); while the audit collects the roster goes on without closing; with a quorum over every
+        record, a roster due to close posts it first: `post:<records>` (a step that only posts), or, with a
+        round still pending its reveal, the `step` revealing it (the last round's posts, its silent slots
+        given as withheld)."""
+        if unheld is not None:
+            round_index, answer = unheld
+            if answer == REFUSED:
+                return f"{ASIDE_PREFIX}{round_index}"
+            return None if action == CLOSE_ACTION else action
+        if action == CLOSE_ACTION:
+            return f"{POST_PREFIX}{len(records)}" if chain.pending_block == 0 else step
+        return action
+
+    def _challenges_over(self, row: RosterRow, chain: RosterChainState | None, now: int) -> bool:
+        """Whether the last audit posting's challenge window (verdictWindow from the posting's time, on
+        chain) has passed: the chain refuses a close before, so the close is planned for after it."""
+        if not verifiers_of(row) or chain is None:
+            return True
+        records = roster_port(self.chain).audit_records(row.chain_order_id)
+        assert self.chain is not None
+        return now > posting_closes_at(records, self.chain.terms().verdict_window_s)
 
     def _redraw_when_late(self, session: Session, row: RosterRow, now: int) -> int:
         """Redraw a roster whose Accepts did not all come within ``accept_timeout_s`` of its draw, without
@@ -682,7 +741,9 @@ class RosterBook(Lifecycle):
         chain = roster_port(self.chain).roster_state(row.chain_order_id)
         return chain if chain.exists else None
 
-    def decide(self, session: Session, row: RosterRow, chain: RosterChainState) -> None:
+    def decide(
+        self, session: Session, row: RosterRow, chain: RosterChainState, unheld: frozenset[int] = frozenset()
+    ) -> None:
         """Accept the training units the chain will not set aside, from their openings: a unit of the
         pending round whose slots all opened one result, that the revealing step will neither draw (the
         draw is fixed by the block that committed the round, readable now) nor set aside for a provider
@@ -690,9 +751,10 @@ class RosterBook(Lifecycle):
         result is never used before it is verified, as on the per-unit path), and the round is held: the
         step revealing it commits nothing (:func:`next_roster_action`). Also accepts a unit of a revealed
         round that the chain paid after all (a provider's streak grew between prediction and step), once
-        the market has seen every set-aside event of the roster."""
+        the market has seen every set-aside event of the roster, and unless its round is `unheld` (pending on
+        chain without the market's quorum: someone else revealed it; its units wait for their way out)."""
         assert self.chain is not None
-        self._accept_paid(session, row, chain)
+        self._accept_paid(session, row, chain, unheld)
         if chain.pending_block == 0:
             return
         round_index = chain.committed - 1
@@ -748,7 +810,9 @@ class RosterBook(Lifecycle):
             return "0x" + "00" * 32
         return self.chain.block_hash(block_number)
 
-    def _accept_paid(self, session: Session, row: RosterRow, chain: RosterChainState) -> None:
+    def _accept_paid(
+        self, session: Session, row: RosterRow, chain: RosterChainState, unheld: frozenset[int]
+    ) -> None:
         revealed = chain.committed - (1 if chain.pending_block else 0)
         units = self.store.units_of_order(session, row.order_id)
         seen = sum(1 for u in units if is_slot_unit(u) and u.chain_unit_id is not None)
@@ -756,6 +820,8 @@ class RosterBook(Lifecycle):
             return  # the sync has not applied every UnitSetAside yet: a unit left ROSTERED may be one
         for unit in units:
             if unit.state == UnitState.ROSTERED.value and unit.round_index < revealed:
+                if unit.round_index in unheld:
+                    continue
                 replicas = self._unanimous(session, unit)
                 if replicas is not None:
                     self._accept(session, unit, replicas)
@@ -961,6 +1027,14 @@ class RosterBook(Lifecycle):
         settles on the per-unit path, and its verdict decides what the next round starts from. A unit with no
         ROSTERED training unit (accepted before the step: a provider's streak fell in between; or none, off
         the training plane) becomes an ordinary unit of its own. A repeated event changes nothing."""
+        providers = {roster_of(row).provider_of(unit, r) for r in range(row.replicas)}
+        if chain_unit_id == 0:  # dropped unpaid (setAsidePending without verifiers): nothing to verify
+            dropped = self._training_unit(session, row.order_id, round_index, unit)
+            if dropped is not None:
+                dropped.state = advance(UnitState.ROSTERED, UnitState.FAILED, what=f"unit {dropped.id}").value
+                dropped.updated_at = now
+                session.add(dropped)
+            return providers
         if self.store.unit_by_chain_id(session, chain_unit_id) is not None:
             return set()
         order = self.store.get_order(session, row.order_id)
@@ -971,15 +1045,15 @@ class RosterBook(Lifecycle):
             session.add(round_row)
             session.flush()
         sent: dict[str, Any] = {}
-        for action in (f"step:{round_index + 1}", f"{REVEAL_PREFIX}{round_index}"):
-            step = self.store.roster_action(session, row_id(row), action)
-            if step is not None and "verifiers" in (payload := json.loads(step.payload_json)):
+        for step in self.store.roster_actions_of(session, row_id(row)):
+            payload = json.loads(step.payload_json)
+            revealing = step.action in (f"step:{round_index + 1}", f"{REVEAL_PREFIX}{round_index}")
+            if "verifiers" in payload and (revealing or round_index in payload.get("rounds", ())):
                 sent = payload
         verifiers_json = json.dumps(sent.get("verifiers", []))
         # the per-unit sweep expires it a verdict window after now, as the chain allows
         commit_deadline = now - self.config.reveal_window_s
         works = {w.slot: w for w in self.store.roster_works(session, row_id(row), round_index)}
-        providers = {roster_of(row).provider_of(unit, r) for r in range(row.replicas)}
         mirror = self._training_unit(session, row.order_id, round_index, unit)
         if mirror is not None:
             unit_row = mirror

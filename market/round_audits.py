@@ -15,6 +15,10 @@ every audited round at close.
   a roster without verifiers.
 - posting: a step that must post (the last, or one that carries verifiers) takes the quorum signed over the
   pending chain it leaves (:meth:`RoundAudits.posting`); every signature is checked before it is stored.
+- the chain's pending records (:meth:`RoundAudits.first_unheld`): anyone may reveal a round without
+  verifiers and so pend its drawn units, the market's quorum or not. A pending record the market holds no
+  quorum for waits while its audit collects (the verifiers still sign it: the same record), else it and
+  every record after it are taken off the pending chain (`setAsidePending`, market/roster_outbox.py).
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ from market.domain.rosters import SetAsideReason
 from market.domain.states import UnitState
 from market.ports import SignedAudit
 from market.store import OrderRow, RosterRow, RoundAuditRow, RoundAuditVoteRow, UnitRow
-from veritrain.chain.eip712 import market_domain, round_unit_id
+from veritrain.chain.client import AuditRecord
+from veritrain.chain.eip712 import audit_chains, market_domain, round_unit_id
 from veritrain.chain.round_audit import records_through, unit_digests
 from veritrain.errors import IllegalTransition, InvalidInput, MarketError, NotFound
 from veritrain.messages import (
@@ -56,6 +61,22 @@ UnitWorkOf = Callable[[Session, OrderRow, UnitRow], dict[str, Any]]
 def majority(verifier_count: int) -> int:
     """Signatures a posting needs: a majority of the roster's verifiers (JobMarket `_postAudits`)."""
     return verifier_count // 2 + 1
+
+
+def pending_records(records: Sequence[AuditRecord]) -> list[tuple[int, str]]:
+    """The roster's pending round records (those after its last posting), each as (its round, the pending
+    chain through it: what a posting covering it signs)."""
+    start = max((i + 1 for i, r in enumerate(records) if r.posting), default=0)
+    return [
+        (records[i].round, "0x" + audit_chains([r.as_tuple() for r in records[: i + 1]])[1].hex())
+        for i in range(start, len(records))
+    ]
+
+
+def posting_closes_at(records: Sequence[AuditRecord], verdict_window_s: int) -> int:
+    """When the last posting's challenge window ends (the close reverts until after it; 0: no posting)."""
+    times = [(r.info >> 72) & ((1 << 40) - 1) for r in records if r.posting]
+    return times[-1] + verdict_window_s if times else 0
 
 
 def verifiers_of(row: RosterRow) -> list[str]:
@@ -134,6 +155,27 @@ class RoundAudits(Lifecycle):
             if audit is None or audit.state != SIGNED or audit.pending != pending.lower():
                 return 0, pending.lower()
             return audit.units, audit.records
+
+    def first_unheld(
+        self, session: Session, row: RosterRow, records: Sequence[AuditRecord]
+    ) -> tuple[int, str] | None:
+        """The first of the chain's pending round records the market holds no quorum over (so no posting of
+        its can pay it, nor any record after it), as (its round, the answer it waits for): "collecting" while
+        the round's audit may still be signed over exactly that record, else "refused" (refused, past its
+        deadline, signed over another chain, or never opened: someone else revealed the round). None when
+        the market holds a quorum over every pending record."""
+        now = self.clock()
+        for round_index, through in pending_records(records):
+            audit = self.store.round_audit(session, row_id(row), round_index, for_update=True)
+            if audit is not None and audit.state == SIGNED and audit.records == through:
+                continue
+            if audit is None or audit.state != COLLECTING:
+                return round_index, REFUSED
+            if now > audit.deadline or audit.records != through:  # no quorum can come for this record
+                self._set_state(session, audit, REFUSED, now)
+                return round_index, REFUSED
+            return round_index, COLLECTING
+        return None
 
     def posting(self, row: RosterRow, records: str) -> list[SignedAudit]:
         """A quorum of the roster's verifiers' signatures over the pending chain `records` (MarketError when

@@ -49,8 +49,10 @@ def audit_records(chain: ChainClient, job: RoundAuditJob, verifier: str) -> byte
     parties = eip712.roster_key(job.providers, layout, k, units_per_round, job.rounds)
     if info.key != parties:
         raise RoundAuditRefused(f"the roster of order {job.chain_order_id} on chain is not the job's")
-    if info.closed or info.pending_block == 0 or info.committed - 1 != job.round_index:
-        raise RoundAuditRefused(f"round {job.round_index} is not the roster's pending round on chain")
+    if info.closed:
+        raise RoundAuditRefused(f"the roster of order {job.chain_order_id} is closed")
+    if info.pending_block == 0 or info.committed - 1 != job.round_index:
+        return _revealed_records(chain, job)
     if len(job.openings) != len(job.slots):
         raise RoundAuditRefused(f"{len(job.openings)} openings for {len(job.slots)} slots")
     values = [_word(o.result_digest) for o in job.openings]
@@ -91,6 +93,37 @@ def audit_records(chain: ChainClient, job: RoundAuditJob, verifier: str) -> byte
         if {r.result_digest for r in view.replicas} != opened or len(view.replicas) != k:
             raise RoundAuditRefused(f"unit {view.shard}'s check names other results than its openings")
     return records_through(pending, job.round_index, units, unit_digests(values, k))
+
+
+def _revealed_records(chain: ChainClient, job: RoundAuditJob) -> bytes:
+    """The pending audit chain through the job's round when someone revealed the round already (steps are
+    permissionless): its pending record on chain names the drawn units and every unit's digest, which the
+    job's units, openings and pending chain before it must be (RoundAuditRefused otherwise)."""
+    records = chain.audit_records(job.chain_order_id)
+    start = max((i + 1 for i, r in enumerate(records) if r.posting), default=0)
+    index = next((i for i in range(start, len(records)) if records[i].round == job.round_index), None)
+    if index is None:
+        raise RoundAuditRefused(f"round {job.round_index} is neither pending nor pending an audit on chain")
+    record = records[index]
+    pending = eip712.audit_chains([r.as_tuple() for r in records[:index]])[1]
+    if pending != _word(job.pending):
+        raise RoundAuditRefused("the pending audit chain is not the one before the round's record on chain")
+    units = record.info & ((1 << 64) - 1)
+    if units != job.units:
+        raise RoundAuditRefused(f"the chain's record audits units {units:#x}, the job names {job.units:#x}")
+    k = job.replicas
+    if len(job.openings) != len(job.slots):
+        raise RoundAuditRefused(f"{len(job.openings)} openings for {len(job.slots)} slots")
+    digests = unit_digests([_word(o.result_digest) for o in job.openings], k)
+    if eip712.digests_hash(digests) != record.digests_hash:
+        raise RoundAuditRefused("the openings are not the digests the chain revealed")
+    for view in job.jobs:
+        opened = {o.result_digest for o in job.openings[view.shard * k : (view.shard + 1) * k]}
+        if len(opened) != 1 or {r.result_digest for r in view.replicas} != opened or len(view.replicas) != k:
+            raise RoundAuditRefused(f"unit {view.shard}'s check names other results than the chain's")
+    if sorted(view.shard for view in job.jobs) != [u for u in range(len(digests)) if units >> u & 1]:
+        raise RoundAuditRefused("the job's unit checks are not one per drawn unit")
+    return records_through(pending, job.round_index, units, digests)
 
 
 def signed_audit(

@@ -96,6 +96,16 @@ def audit_rows(market: ChainMarket) -> list[tuple[int, str, int]]:
         return [(a.round_index, a.state, sum(v.audit_id == a.id for v in votes)) for a in audits]
 
 
+def close_attempts(market: ChainMarket, order_id: int) -> tuple[int, str | None]:
+    """How many times the market tried its close of the order's roster, and its last error."""
+    with market.store.transaction() as session:
+        roster = market.store.roster_of_order(session, order_id)
+        assert roster is not None
+        close = market.store.roster_action(session, roster.id or 0, "close")
+        assert close is not None
+        return close.attempts, close.last_error
+
+
 def gas_of(market: ChainMarket, order_id: int) -> int:
     """Gas of every roster transaction the market sent for the order (their receipts)."""
     with market.store.transaction() as session:
@@ -136,13 +146,15 @@ def test_audited_rounds_pend_and_one_posting_pays_the_verifiers_at_close(market:
     drive(market)  # the last step reveals round 1 and posts one quorum over both rounds
     records = client.audit_records(view.chain_order_id)
     assert [r.posting for r in records] == [False, False, True]
-    assert actions(market, order_id) == ["open", "step:0", "step:1", "step:2", "close"]
+    # the posting's challenge window runs first: the close is planned for after it, not sent to revert
+    assert actions(market, order_id) == ["open", "step:0", "step:1", "step:2"]
     assert client.get_roster(view.chain_order_id).set_aside_units == 0
-    assert not client.get_roster(view.chain_order_id).closed  # the posting's challenge window runs first
+    assert not client.get_roster(view.chain_order_id).closed
     client.advance_time(client.params.verdict_window + 1)
     market.heartbeats()
     drive(market)
     assert client.get_roster(view.chain_order_id).closed
+    assert close_attempts(market, order_id) == (1, None)  # one close, sent once
     order = client.get_order(view.chain_order_id)
     fee = order.verifier_fee_per_unit // len(roster.verifiers)
     for verifier in market.verifiers:

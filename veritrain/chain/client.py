@@ -385,6 +385,7 @@ class RosterInfo:
     open_set_aside: int  # of which not settled yet: the roster cannot close while any is
     fault_marks: int  # 8 bits per provider: its fault + fraud count at open (mod 256)
     pending_round_hash: bytes
+    audits_pending: bool = False  # round audit records no posting covers yet: the roster cannot close
 
 
 @dataclass(frozen=True)
@@ -1406,6 +1407,7 @@ class ChainClient:
             open_set_aside=int(raw[10]),
             fault_marks=int(raw[12]),
             pending_round_hash=bytes(round_hash),
+            audits_pending=bool(raw[11]),
         )
 
     def assign_calldata(
