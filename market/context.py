@@ -26,7 +26,7 @@ from market.domain.states import ReplicaState
 from market.ports import RecipeCatalog, SettlementPort
 from market.store import AgentRow, HeartbeatRow, MarketStore, ReplicaRow, UnitRow
 from veritrain.errors import InvalidSignature, MarketError, NotFound
-from veritrain.messages import AgentMessage, AgentRole, require_fresh
+from veritrain.messages import AgentMessage, AgentRole, ReplicaResult, require_fresh
 
 
 @dataclass(frozen=True)
@@ -141,6 +141,23 @@ class MarketContext:
         return [
             r for r in self.store.replicas_of(session, row_id(unit)) if r.state != ReplicaState.DROPPED.value
         ]
+
+    def replica_results(self, session: Session, unit: UnitRow) -> tuple[ReplicaResult, ...]:
+        """What a verifier re-executes a unit against: each live replica's claimed result and where its
+        provider serves it (a per-unit verification job's view and a round audit's, alike)."""
+        results = []
+        for replica in self.live_replicas(session, unit):
+            agent = self.store.find_agent(session, replica.provider)
+            results.append(
+                ReplicaResult(
+                    provider=replica.provider,
+                    result_digest=replica.result_digest,
+                    state_digest=replica.state_digest,
+                    transcript_root=replica.transcript_root,
+                    p2p_addr=agent.p2p_addr if agent else "",
+                )
+            )
+        return tuple(results)
 
     def plant_addresses(self, session: Session) -> frozenset[str]:
         """The operator's plant keys: named in the config, or enrolled by its plant authority."""

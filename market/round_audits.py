@@ -41,7 +41,6 @@ from veritrain.errors import IllegalTransition, InvalidInput, MarketError, NotFo
 from veritrain.messages import (
     AgentRole,
     Heartbeat,
-    ReplicaResult,
     RoundAuditJob,
     RoundAuditJobsReply,
     RoundAuditRefusal,
@@ -328,24 +327,12 @@ class RoundAudits(Lifecycle):
             unit = units.get(shard)
             if unit is None or unit.state != UnitState.ROSTERED.value:
                 raise MarketError(f"round {audit.round_index}'s unit {shard} is not waiting for its audit")
-            replicas = []
-            for replica in self.ctx.live_replicas(session, unit):
-                agent = self.store.find_agent(session, replica.provider)
-                replicas.append(
-                    ReplicaResult(
-                        provider=replica.provider,
-                        result_digest=replica.result_digest,
-                        state_digest=replica.state_digest,
-                        transcript_root=replica.transcript_root,
-                        p2p_addr=agent.p2p_addr if agent else "",
-                    )
-                )
             views.append(
                 VerificationJobView(
                     **unit_work(session, order, unit),
                     job_id=row_id(audit),
                     chain_unit_id=round_unit_id(row.chain_order_id, audit.round_index, shard),
-                    replicas=tuple(replicas),
+                    replicas=self.ctx.replica_results(session, unit),
                     randomness=randomness,
                     reason=ROUND_AUDIT_REASON,
                 )

@@ -18,7 +18,6 @@ from veritrain.messages import (
     AgentRole,
     EvidenceRequest,
     Heartbeat,
-    ReplicaResult,
     Signed,
     VerdictSubmission,
     VerificationJobsReply,
@@ -87,23 +86,11 @@ class VerificationJobs(Lifecycle):
 
     def _job_view(self, session: Session, job: VerificationJobRow, unit: UnitRow) -> VerificationJobView:
         order = self.store.get_order(session, unit.order_id)
-        replicas = []
-        for r in self.ctx.live_replicas(session, unit):
-            agent = self.store.find_agent(session, r.provider)
-            replicas.append(
-                ReplicaResult(
-                    provider=r.provider,
-                    result_digest=r.result_digest,
-                    state_digest=r.state_digest,
-                    transcript_root=r.transcript_root,
-                    p2p_addr=agent.p2p_addr if agent else "",
-                )
-            )
         return VerificationJobView(
             **self.orders.unit_work(session, order, unit),
             job_id=row_id(job),
             chain_unit_id=unit.chain_unit_id,
-            replicas=tuple(replicas),
+            replicas=self.ctx.replica_results(session, unit),
             randomness=job.randomness,
             reason=job.reason,
         )

@@ -170,6 +170,16 @@ def test_audited_rounds_pend_and_one_posting_pays_the_verifiers_at_close(market:
     print(f"market's roster gas: {gas_of(market, order_id)} for {units} units")
 
 
+def forge_unit_1(provider: str, work: Assignment) -> dict[str, Any] | None:
+    """The opening a provider of unit 1 sends when the pair holding it colludes: another shard's result,
+    identical for both replicas (unanimous, so only a re-execution tells); every other unit opens honestly."""
+    body = opening(work, provider)
+    if work.shard != 1:
+        return body
+    forged = opening(work.model_copy(update={"shard": 9}), provider)
+    return {**body, **{k: forged[k] for k in ("state_digest", "transcript_root", "result_digest")}}
+
+
 def test_a_refused_audit_sets_the_drawn_units_aside_and_the_forgery_is_slashed(market: ChainMarket) -> None:
     """Two colluding providers open one forged result for unit 1 (unanimous, so only a re-execution tells):
     a verifier refuses the round; its drawn units are set aside with verifiers, judged, the pair slashed."""
@@ -177,14 +187,7 @@ def test_a_refused_audit_sets_the_drawn_units_aside_and_the_forgery_is_slashed(m
     api, order_id, view = opened(market)
     pair = {view.providers[view.slots[1 * REPLICAS + r]] for r in range(REPLICAS)}
 
-    def forge(provider: str, work: Assignment) -> dict[str, Any] | None:
-        body = opening(work, provider)
-        if work.shard != 1:
-            return body
-        forged = opening(work.model_copy(update={"shard": 9}), provider)
-        return {**body, **{k: forged[k] for k in ("state_digest", "transcript_root", "result_digest")}}
-
-    run_round(market, api, 0, forge)
+    run_round(market, api, 0, forge_unit_1)
     drive(market)
     first, second = market.verifiers
     (job,) = jobs(market, first)

@@ -12,17 +12,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from eth_account.signers.local import LocalAccount
 
 from apps.protocol_harness import ChainMarket
 from tests.market.test_chain_settlement import chain_market
-from tests.market.test_roster_api import REPLICAS, ROUNDS, SHARDS, opening
+from tests.market.test_roster_api import REPLICAS, ROUNDS, SHARDS
 from tests.market.test_roster_audits import (
     audit_rows,
     close_attempts,
+    forge_unit_1,
     jobs,
     refusal,
     sign_all,
@@ -32,7 +32,6 @@ from tests.market.test_roster_liveness import actions, judge, opened, run_round,
 from tests.market.test_roster_settlement import drive
 from veritrain.chain.client import Outcome, Reveal
 from veritrain.chain.deployment import MarketParams
-from veritrain.messages import Assignment
 
 pytestmark = pytest.mark.chain
 
@@ -111,14 +110,7 @@ def test_a_cheat_pending_its_own_forgery_is_set_aside_judged_and_slashed(market:
     pair = {view.providers[view.slots[1 * REPLICAS + r]] for r in range(REPLICAS)}
     honest_pair = {view.providers[view.slots[0 * REPLICAS + r]] for r in range(REPLICAS)}
 
-    def forge(provider: str, work: Assignment) -> dict[str, Any] | None:
-        body = opening(work, provider)
-        if work.shard != 1:
-            return body
-        forged = opening(work.model_copy(update={"shard": 9}), provider)
-        return {**body, **{k: forged[k] for k in ("state_digest", "transcript_root", "result_digest")}}
-
-    run_round(market, api, 0, forge)
+    run_round(market, api, 0, forge_unit_1)
     drive(market)
     cheater = next(a for a in market.providers if a.address in pair)
     reveal_first(market, order_id, 0, cheater)
