@@ -761,7 +761,7 @@ def collect_training(
     """Fetch the verified results from the providers over libp2p (apps.buyer.collect_training): each
     training unit's PoL manifest and the order's final state (for M > 1 the last aggregate's output, or on
     the round path the buyer's own last outer step)."""
-    from apps.buyer import round_path_final
+    from apps.buyer import round_path_final, set_aside_digests
     from veritrain.agentkit import BlobPlane
     from veritrain.blobstore import BlobStore
     from veritrain.messages import OrderStatus
@@ -769,6 +769,7 @@ def collect_training(
     folder = market.config.work_dir / "buyer"
     peers = {party.address: party.peer_addr for party in market.providers()}
     plane = BlobPlane(BlobStore(folder / "blobs"), market.parties["buyer"].account, free_port(), folder)
+    set_aside_digests(market.client, units)
     plane.start()
     try:
         final = round_path_final(market.client, plane, peers, OrderStatus.model_validate(status), units)
@@ -904,7 +905,7 @@ def build_report(
         "slashed_verifiers": {names.get(a, a): v for a, v in money.slashed_verifiers.items()},
         "payouts": {names[a]: v for a, v in money.payouts.items()},
         "deposit": money.deposit,
-        "verifier_fees": money.verdict_fees,
+        "verifier_fees": money.verifier_fees,
         "refund": money.refund,
         "held_refunds": money.held_refunds,
         "balances": {"before": balances(before), "after": balances(after)},
