@@ -188,7 +188,7 @@ def _run_order(market: ChainMarket, replicas: int, rounds: int) -> dict[str, Any
     order_id = market.post_order(rounds=rounds, shards=SHARDS, outer_step="folded", replicas=replicas)
     with market.store.transaction() as session:
         order = market.store.get_order(session, order_id)
-        spec, chain_order = OrderSpec.model_validate_json(order.spec_json), order.chain_order_id
+        spec, chain_order = OrderSpec.from_stored(order.spec_json), order.chain_order_id
     agents = _Agents(market)
     passes = 0
     while not _completed(market, order_id):

@@ -291,6 +291,8 @@ class Simulation:
             unit_steps=s.inner_steps,
             replicas=s.replicas,
             shards=s.shards,
+            # the simulation runs the per-unit path: an aggregate unit per round (M = 1 has no outer step)
+            outer_step="unit",
             seed=s.seed,
             max_price_per_pflop=MAX_PRICE_PER_PFLOP,
             verifier_fee_per_unit=VERIFIER_FEE_PER_UNIT,

@@ -50,6 +50,8 @@ def speedup_config(
         verifiers=1,
         replicas=1,
         shards=shards,
+        # an aggregate unit per round, as measured in docs/BENCHMARKS.md (`phase_of` times its "aggregate")
+        outer_step="unit",
         rounds=total_steps // (shards * unit_steps),
         unit_steps=unit_steps,
         provider_env=({"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads},) * shards,

@@ -44,6 +44,10 @@ MONEY_FIELDS = ("max_price_per_pflop", "verifier_fee_per_unit")
 AUTO_MAX_REPLICAS = 3  # a newcomer's units under `replicas = "auto"` (BOINC's); trusted providers work alone
 
 
+class RosterMismatch(VeritrainError):
+    """A roster's close paid other than its events say it should (`roster_payouts`)."""
+
+
 # --- the order spec from a TOML file ---------------------------------------------------------------
 
 
@@ -243,6 +247,7 @@ class UnitOutcome:
     finalized_digest: str | None = None  # the resultDigest the chain recorded on the fast path
     # replicas the verdict called fraud, held by the chain until the unit's truth is fixed (HeldSettled)
     held: list[int] = field(default_factory=list)
+    round_unit: tuple[int, int] | None = None  # set aside by the round path: (round, unit of the round)
 
     @property
     def accepted(self) -> list[str]:
@@ -250,7 +255,12 @@ class UnitOutcome:
 
 
 def order_money(events: list[Event], order_id: int) -> tuple[OrderMoney, list[UnitOutcome]]:
-    """Where one order's escrow went, from its JobMarket events alone (no market database involved)."""
+    """Where one order's escrow went, from its JobMarket events alone (no market database involved): the
+    per-unit path's payouts (`UnitFinalized`, `VerdictRecorded`, `HeldSettled`) and, for a round-path
+    order, what its roster's close paid (`roster_payouts`).
+
+    A unit the round path set aside (`UnitSetAside`) gets only its replica 0's result digest here (the one
+    `RoundRevealed` names for it); its other replicas' are on chain, not in events (`set_aside_digests`)."""
     deposit = refund = price = fee = verdict_fees = held_refunds = 0
     units: dict[int, UnitOutcome] = {}
     payouts: dict[str, int] = {}
@@ -316,12 +326,14 @@ def order_money(events: list[Event], order_id: int) -> tuple[OrderMoney, list[Un
                 unit.held = []
     for unit_id, (round_index, index) in set_aside.items():
         # a unit the round path set aside was revealed by its round's step, not by ReplicaRevealed; the step
-        # names one digest per unit (its first replica's: every replica's unless the unit was split, and a
-        # fetched manifest must hash to it anyway, so a wrong guess only fails that fetch)
+        # names one digest per unit, its replica 0's (a split unit's other replicas differ: set_aside_digests)
         found, digests = units.get(unit_id), round_digests.get(round_index, [])
-        if found is not None and index < len(digests):
-            for provider in found.providers:
-                found.result_digests.setdefault(provider, digests[index])
+        if found is not None and index < len(digests) and found.providers:
+            found.round_unit = (round_index, index)
+            found.result_digests.setdefault(found.providers[0], digests[index])
+    closed = roster_payouts(events, order_id, price, fee)
+    for provider, amount in closed.payouts.items():
+        payouts[provider] = payouts.get(provider, 0) + amount
     money = OrderMoney(
         deposit=deposit,
         payouts=payouts,
@@ -332,8 +344,78 @@ def order_money(events: list[Event], order_id: int) -> tuple[OrderMoney, list[Un
         slashed=slashed,
         slashed_verifiers=slashed_verifiers,
         reporters=frozenset(reporters),
+        audit_fees=closed.audit_fees,
     )
     return money, [units[key] for key in sorted(units)]
+
+
+@dataclass(frozen=True)
+class RosterClose:
+    """What a round-path order's `closeRoster` paid: per provider, and its roster verifiers' audit fees."""
+
+    payouts: dict[str, int]
+    audit_fees: int = 0
+
+
+def roster_payouts(events: list[Event], order_id: int, price: int, fee: int) -> RosterClose:
+    """What the roster of order `order_id` paid at its close (nothing before `RosterClosed`), recomputed
+    from events as JobMarket `closeRoster` pays it, whether it credits or transfers: each provider its
+    `price` for every replica slot it holds (`RosterOpened`'s providers, layout, replicas and unitsPerRound)
+    in each of the `settledRounds` revealed rounds (`RosterClosed`), but the slots of units set aside
+    (`UnitSetAside`, a verdict's or dropped unpaid); each roster verifier (`RosterVerifiers`) `fee` divided
+    among them for every unit of a posted audit it signed that no challenge took back (the audit records:
+    `RoundRevealed`'s `audited`, `AuditPosted`, `AuditChallenged`, `PendingSetAside`). The providers' sum
+    must be the event's `paid`, else RosterMismatch (this reading of the contract is wrong)."""
+    from veritrain.chain.client import audit_records_of
+
+    mine = [e for e in events if "orderId" in e.args and int(e.args["orderId"]) == order_id]
+    opened = [e.args for e in mine if e.name == "RosterOpened"]
+    closing = [e.args for e in mine if e.name == "RosterClosed"]
+    if not opened or not closing:
+        return RosterClose({})
+    roster, settled = opened[0], int(closing[0]["settledRounds"])
+    providers, layout = [str(p) for p in roster["providers"]], int(roster["layout"])
+    replicas, slots = int(roster["replicas"]), int(roster["unitsPerRound"]) * int(roster["replicas"])
+    holder = [(layout >> (5 * slot)) & 31 for slot in range(slots)]
+    counts = [0] * len(providers)
+    for index in holder:
+        counts[index] += settled
+    for event in mine:
+        if event.name == "UnitSetAside":
+            unit = int(event.args["unit"])
+            for slot in range(unit * replicas, (unit + 1) * replicas):
+                counts[holder[slot]] -= 1
+    payouts = {p: n * price for p, n in zip(providers, counts, strict=True) if n}
+    if "paid" in closing[0] and sum(payouts.values()) != int(closing[0]["paid"]):
+        raise RosterMismatch(
+            f"order {order_id}: RosterClosed paid {closing[0]['paid']}, the roster's slots make "
+            f"{sum(payouts.values())}"
+        )
+    verifiers = next((len(e.args["verifiers"]) for e in mine if e.name == "RosterVerifiers"), 0)
+    audit_fees = units = 0
+    for record in audit_records_of(mine) if verifiers else []:
+        if not record.posting:
+            units += bin((record.info & (2**64 - 1)) & ~(record.info >> 112)).count("1")
+            continue
+        signers = bin((record.info >> 64) & (2**verifiers - 1)).count("1")
+        audit_fees += signers * units * (fee // verifiers)
+        units = 0
+    return RosterClose(payouts, audit_fees)
+
+
+def set_aside_digests(client: ChainClient, units: list[UnitOutcome]) -> None:
+    """Fill in each revealed replica's own result digest of the units the round path set aside, from the
+    chain's state of the unit (`order_money` has only replica 0's from `RoundRevealed`: a split unit's
+    replicas revealed different results, each checked by the step against its slot's commitment)."""
+    for unit in units:
+        if unit.round_unit is None:
+            continue
+        for index, provider in enumerate(unit.providers):
+            replica = client.replica(unit.chain_unit_id, index)
+            if replica.revealed:
+                unit.result_digests[provider] = "0x" + replica.commitment_or_digest.hex()
+            else:
+                unit.result_digests.pop(provider, None)  # its commitment, not a result
 
 
 def _hex(value: Any) -> str:

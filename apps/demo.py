@@ -114,8 +114,9 @@ class DemoConfig:
     plant_strategy: str = "start-state"
     plant_rate_ppm: int = 0
     lazy_verifiers: int = 0  # the first N verifiers accept unanimous units unchecked (`verifier run --lazy`)
-    shards: int = 1  # M > 1: DiLoCo rounds of M shard units and one aggregate unit
-    outer_step: Literal["unit", "folded"] = "unit"  # folded: the shard units run the outer step (M > 1)
+    shards: int = 1  # M > 1: DiLoCo rounds of M shard units (and an aggregate unit per round: outer_step)
+    # folded: the shard units run the outer step (M > 1); None: the spec's default (folded for M > 1)
+    outer_step: Literal["unit", "folded"] | None = None
     # rounds: a roster per order, one stepRound per round; None: the market's default (rounds where it can)
     settlement: Literal["units", "rounds"] | None = None
     provider_env: tuple[dict[str, str], ...] = ()  # extra environment of provider i (CPU configurations)
@@ -649,22 +650,24 @@ class Buyer:
         from veritrain.recipes import get_recipe
 
         config, client = self.market.config, self.market.client
-        spec = OrderSpec(
-            buyer=self.party.address,
-            recipe=config.recipe,
-            dataset_digest="0x" + load_dataset(get_recipe(config.recipe).dataset).digest_hex,
-            total_steps=config.rounds * config.unit_steps,
-            unit_steps=config.unit_steps,
-            replicas=config.replicas,
-            adaptive_replication=config.adaptive_replication,
-            trusted_streak=config.trusted_streak,
-            shards=config.shards,
-            outer_step=config.outer_step,
-            seed=config.seed,
-            max_price_per_pflop=MAX_PRICE_PER_PFLOP,
-            verifier_fee_per_unit=VERIFIER_FEE_PER_UNIT,
-            deadline=client.pending_time() + 3600,
-        )
+        fields: dict[str, Any] = {
+            "buyer": self.party.address,
+            "recipe": config.recipe,
+            "dataset_digest": "0x" + load_dataset(get_recipe(config.recipe).dataset).digest_hex,
+            "total_steps": config.rounds * config.unit_steps,
+            "unit_steps": config.unit_steps,
+            "replicas": config.replicas,
+            "adaptive_replication": config.adaptive_replication,
+            "trusted_streak": config.trusted_streak,
+            "shards": config.shards,
+            "seed": config.seed,
+            "max_price_per_pflop": MAX_PRICE_PER_PFLOP,
+            "verifier_fee_per_unit": VERIFIER_FEE_PER_UNIT,
+            "deadline": client.pending_time() + 3600,
+        }
+        if config.outer_step is not None:  # else the spec's default (folded for M > 1)
+            fields["outer_step"] = config.outer_step
+        spec = OrderSpec.model_validate(fields)
         plan = escrow_for(spec, config.settlement)
         try:
             posted = post_order(
@@ -743,10 +746,27 @@ class Buyer:
             time.sleep(POLL_S)
 
     def close(self, deadline: float) -> None:
-        """Close the order (its leftover escrow becomes the buyer's credit); waits for settlements to land."""
+        """Close the order (its leftover escrow becomes the buyer's credit); waits for settlements to land:
+        a completed round-path order's roster first (`wait_roster_closed`)."""
         from apps.buyer import close_order
 
+        if self.status()["state"] == "completed":
+            self.wait_roster_closed(deadline)
         close_order(self.market.client, self.chain_order_id, self.party.account, deadline - time.monotonic())
+
+    def wait_roster_closed(self, deadline: float) -> None:
+        """A round-path order pays its roster's slots only at `closeRoster`, which the market sends once
+        every round is revealed, no set-aside unit is open and its last audit posting's challenge window has
+        passed: wait for it (an order without a roster returns at once), so the money checks see it."""
+        announced = False
+        while (roster := self.status()["roster"]) is not None and roster["state"] != "closed":
+            if not announced:
+                self.market.emit("buyer: waiting for the market to close the order's roster (its payouts)")
+                announced = True
+            self.market.check_children()
+            if time.monotonic() > deadline:
+                raise DemoCheckFailed(f"the order's roster is still {roster['state']} after the timeout")
+            time.sleep(POLL_S)
 
 
 def _unit_label(unit: dict[str, Any]) -> str:
@@ -761,7 +781,7 @@ def collect_training(
     """Fetch the verified results from the providers over libp2p (apps.buyer.collect_training): each
     training unit's PoL manifest and the order's final state (for M > 1 the last aggregate's output, or on
     the round path the buyer's own last outer step)."""
-    from apps.buyer import round_path_final
+    from apps.buyer import round_path_final, set_aside_digests
     from veritrain.agentkit import BlobPlane
     from veritrain.blobstore import BlobStore
     from veritrain.messages import OrderStatus
@@ -769,6 +789,7 @@ def collect_training(
     folder = market.config.work_dir / "buyer"
     peers = {party.address: party.peer_addr for party in market.providers()}
     plane = BlobPlane(BlobStore(folder / "blobs"), market.parties["buyer"].account, free_port(), folder)
+    set_aside_digests(market.client, units)
     plane.start()
     try:
         final = round_path_final(market.client, plane, peers, OrderStatus.model_validate(status), units)
@@ -904,7 +925,7 @@ def build_report(
         "slashed_verifiers": {names.get(a, a): v for a, v in money.slashed_verifiers.items()},
         "payouts": {names[a]: v for a, v in money.payouts.items()},
         "deposit": money.deposit,
-        "verifier_fees": money.verdict_fees,
+        "verifier_fees": money.verifier_fees,
         "refund": money.refund,
         "held_refunds": money.held_refunds,
         "balances": {"before": balances(before), "after": balances(after)},
@@ -1003,21 +1024,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="replicas per unit (1-5), or 'auto': adaptive, at most 3 (1 for providers with a streak)",
     )
     parser.add_argument(
-        "--shards", type=int, default=1, help="M shards per round (M > 1: DiLoCo with an aggregate unit)"
+        "--shards", type=int, default=1, help="M shards per round (M > 1: DiLoCo, by default folded)"
     )
     parser.add_argument(
         "--outer-step",
         choices=("unit", "folded"),
-        default="unit",
+        default=None,
         help="M > 1: the outer step as an aggregate unit per round (unit) or run by the next round's shard "
-        "units themselves, one aggregate unit after the last round (folded)",
+        "units themselves (folded, the default: its rounds settle on the round path where the order can, "
+        "the buyer running the last outer step; per unit, one aggregate unit after the last round)",
     )
     parser.add_argument(
         "--settlement",
         choices=("units", "rounds"),
         default=None,
         help="settle each unit on chain (units) or the order's rounds by one roster, one step per round "
-        "(rounds: needs --outer-step folded and a fixed --replicas); default: the market's, rounds where "
+        "(rounds: needs a folded outer step and a fixed --replicas); default: the market's, rounds where "
         "the order can take them",
     )
     parser.add_argument("--dishonest-strategy", default=DEFAULT_DISHONEST_STRATEGY)

@@ -22,7 +22,8 @@ class OrderMoney:
     rounding dust to the buyer); the fee of a fast-path unit goes back to the order and into the refund.
     A replica a verdict called fraud is held until the unit's truth is fixed; its price is then paid (an
     overturned verdict) or credited straight to the buyer (`held_refunds`, outside the order's refund);
-    `held_replicas` counts those still held.
+    `held_replicas` counts those still held. `audit_fees`: a round-path order's roster verifiers' fees for
+    the units of the audits they posted, paid at the roster's close.
     """
 
     deposit: int
@@ -36,6 +37,7 @@ class OrderMoney:
     reporters: frozenset[str] = frozenset()
     held_refunds: int = 0
     held_replicas: int = 0
+    audit_fees: int = 0
 
     @property
     def payouts_total(self) -> int:
@@ -45,9 +47,14 @@ class OrderMoney:
     def slashed_total(self) -> int:
         return sum(self.slashed.values())
 
+    @property
+    def verifier_fees(self) -> int:
+        """Every verifier fee the order paid: its verdicts' and its roster's audits'."""
+        return self.verdict_fees + self.audit_fees
+
     def escrow_balanced(self) -> bool:
         """deposit = payouts + verifier fees + refund + held prices refunded, exactly; nothing still held."""
-        spent = self.payouts_total + self.verdict_fees + self.refund + self.held_refunds
+        spent = self.payouts_total + self.verifier_fees + self.refund + self.held_refunds
         return self.held_replicas == 0 and self.deposit == spent
 
 
@@ -118,7 +125,7 @@ def conservation_checks(
     checks.check(
         "escrow_balanced",
         money.escrow_balanced(),
-        f"deposit {money.deposit} = payouts {money.payouts_total} + verifier fees {money.verdict_fees} "
+        f"deposit {money.deposit} = payouts {money.payouts_total} + verifier fees {money.verifier_fees} "
         f"+ refund {money.refund} + held prices refunded {money.held_refunds}; "
         f"{money.held_replicas} replicas still held",
     )
@@ -133,9 +140,9 @@ def conservation_checks(
     bounties = sum(delta[r] for r in reporters)
     checks.check(
         "fees_and_slashes_distributed",
-        verifier_income + buyer_extra + bounties == money.verdict_fees + money.slashed_total,
+        verifier_income + buyer_extra + bounties == money.verifier_fees + money.slashed_total,
         f"verifiers {verifier_income} + buyer's share {buyer_extra} + reporters {bounties} = fees "
-        f"{money.verdict_fees} + slashed {money.slashed_total}",
+        f"{money.verifier_fees} + slashed {money.slashed_total}",
     )
     checks.check("parties_conserved", sum(delta.values()) == 0, f"sum of net changes {sum(delta.values())}")
     checks.check(

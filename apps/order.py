@@ -290,7 +290,7 @@ def configure_fetch(parser: argparse.ArgumentParser) -> None:
 
 
 def run_fetch(args: argparse.Namespace) -> int:
-    from apps.buyer import collect_training, order_money, round_path_final
+    from apps.buyer import collect_training, order_money, round_path_final, set_aside_digests
     from apps.demo_report import write_loss_curve
     from veritrain.agentkit import BlobPlane
     from veritrain.blobstore import BlobStore
@@ -304,6 +304,7 @@ def run_fetch(args: argparse.Namespace) -> int:
     if status.state != "completed":
         raise InvalidInput(f"order {args.order_id} is {status.state}, not completed: nothing final to fetch")
     money, units = order_money(client.events(), status.chain_order_id)
+    set_aside_digests(client, units)
     recipe = next((o["recipe"] for o in dashboard["orders"] if o["id"] == args.order_id), "")
     out: Path = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -350,7 +351,7 @@ def run_fetch(args: argparse.Namespace) -> int:
         ],
         "deposit": money.deposit,
         "payouts": money.payouts,
-        "verifier_fees": money.verdict_fees,
+        "verifier_fees": money.verifier_fees,
         "refund": money.refund,
     }
     report["final_weights_sha256"] = hashlib.sha256(

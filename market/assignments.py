@@ -239,7 +239,7 @@ class Assignments(Lifecycle):
                 )
             aggregate = unit.kind == UnitKind.AGGREGATE.value
             order = self.store.get_order(session, unit.order_id)
-            folded = not aggregate and folds(OrderSpec.model_validate_json(order.spec_json), unit.round_index)
+            folded = not aggregate and folds(OrderSpec.from_stored(order.spec_json), unit.round_index)
             round_state, inputs = submission.round_state_digest, submission.inputs_commitment
             fold = None if round_state is None or inputs is None else (round_state, inputs)
             if folded != (fold is not None) or (fold is None and (round_state or inputs)):

@@ -153,7 +153,7 @@ class CanaryBook(Lifecycle):
             return row
         if replay == Replay.NONE:
             return row
-        spec = OrderSpec.model_validate_json(order.spec_json)
+        spec = OrderSpec.from_stored(order.spec_json)
         known = self._round_0_answer(session, order, spec)
         if known is None:
             return row
@@ -206,7 +206,7 @@ class CanaryBook(Lifecycle):
                 session.add(row)
             state, spec_json, spec_hash = row.state, row.spec_json, row.spec_hash
             chain_order_id = row.chain_order_id
-        spec = OrderSpec.model_validate_json(spec_json)
+        spec = OrderSpec.from_stored(spec_json)
         if state == "planned":
             try:
                 chain_order_id = account.posted_order(spec_hash)  # posted before a crash: not again

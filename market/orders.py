@@ -210,7 +210,7 @@ class OrderBook(Lifecycle):
                 current_state_digest=order.current_state_digest,
                 units=tuple(units),
                 roster=self.rosters.status(session, order_id),
-                spec=OrderSpec.model_validate_json(order.spec_json),
+                spec=OrderSpec.from_stored(order.spec_json),
             )
 
     def advance_orders(self) -> int:
@@ -228,7 +228,7 @@ class OrderBook(Lifecycle):
         return changed
 
     def _advance_order(self, session: Session, order: OrderRow, now: int) -> int:
-        spec = OrderSpec.model_validate_json(order.spec_json)
+        spec = OrderSpec.from_stored(order.spec_json)
         roster = self.store.roster_of_order(session, row_id(order))
         if roster is not None and roster.providers_json == "[]" and roster.state != "failed":
             return 0  # a round-path order opens its first round once its roster is drawn
@@ -339,7 +339,7 @@ class OrderBook(Lifecycle):
         if order.current_state_digest is not None:
             digest = order.current_state_digest
             live[digest] = set(producers_of_state(session, row_id(order), digest))
-        spec = OrderSpec.model_validate_json(order.spec_json)
+        spec = OrderSpec.from_stored(order.spec_json)
         if spec.shards > 1:
             latest: dict[int, UnitRow] = {}
             inputs: list[UnitRow] = []
@@ -383,7 +383,7 @@ class OrderBook(Lifecycle):
 
     def unit_work(self, session: Session, order: OrderRow, unit: UnitRow) -> dict[str, Any]:
         """The UnitWork fields shared by a provider's assignment and a verifier's job."""
-        spec = OrderSpec.model_validate_json(order.spec_json)
+        spec = OrderSpec.from_stored(order.spec_json)
         work: dict[str, Any] = {
             "unit_id": row_id(unit),
             "order_id": row_id(order),
@@ -438,7 +438,7 @@ class OrderBook(Lifecycle):
         round_row = self.store.get_round(session, unit.round_id)
         order = self.store.get_order(session, unit.order_id)
         if unit.kind == UnitKind.TRAIN.value and folds(
-            OrderSpec.model_validate_json(order.spec_json), unit.round_index
+            OrderSpec.from_stored(order.spec_json), unit.round_index
         ):
             round_row = self._round(session, unit.order_id, unit.round_index - 1)
         digest = round_row.start_state_digest

@@ -1038,7 +1038,7 @@ class RosterBook(Lifecycle):
         if self.store.unit_by_chain_id(session, chain_unit_id) is not None:
             return set()
         order = self.store.get_order(session, row.order_id)
-        spec = OrderSpec.model_validate_json(order.spec_json)
+        spec = OrderSpec.from_stored(order.spec_json)
         round_row = self.store.round_of(session, row_id(order), round_index)
         if round_row is None:
             round_row = RoundRow(order_id=row_id(order), index=round_index)

@@ -327,8 +327,35 @@ class OrderSpec(Frozen):
     # "unit": the outer step of every round is an aggregate unit. "folded": each shard unit of round r >= 1
     # runs round r-1's outer step itself before training, so a round's units need only the previous round's
     # accepted results (all of a round's units can be committed together); one aggregate unit still runs
-    # after the last round. Hashed into `specHash` only when "folded".
+    # after the last round (none on the round path). Hashed into `specHash` only when "folded". A spec that
+    # does not name it is "folded" for M >= 2 (`_folded_by_default`: it settles on the round path by
+    # default) and "unit" for M = 1; a stored spec is read with `from_stored`.
     outer_step: Literal["unit", "folded"] = "unit"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _folded_by_default(cls, data: Any) -> Any:
+        """M >= 2 and no `outer_step` named: "folded", so that a plain sharded order can settle on the round
+        path (issue 9). A spec that names "unit" keeps it, and its hash."""
+        if isinstance(data, dict) and "outer_step" not in data:
+            shards = data.get("shards", 1)
+            if isinstance(shards, int) and not isinstance(shards, bool) and shards >= 2:
+                return {**data, "outer_step": "folded"}
+        return data
+
+    @classmethod
+    def from_stored(cls, text: str | bytes) -> OrderSpec:
+        """A spec the market stored (`model_dump_json`, which names every field, so it reads back as it was
+        hashed). One stored without `outer_step` was written before the field existed, when every order's
+        outer step was a unit: it reads as "unit", so its hash stays the one its chain order escrows
+        (`model_validate_json` would read it as a new spec naming nothing: "folded", another hash)."""
+        try:
+            fields = json.loads(text)
+        except ValueError as err:
+            raise InvalidInput(f"a stored order spec is not JSON: {err}") from err
+        if isinstance(fields, dict):
+            fields.setdefault("outer_step", "unit")
+        return cls.model_validate(fields)
 
     @model_validator(mode="after")
     def _replication_fields(self) -> OrderSpec:

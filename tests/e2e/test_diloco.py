@@ -104,6 +104,7 @@ def test_m2_order_completes_with_a_shard_provider_killed_mid_unit(
         verifiers=1,
         replicas=1,
         shards=2,
+        outer_step="unit",  # an aggregate unit per round (the default for M = 2 is folded)
         rounds=2,
         unit_steps=60,
         commit_window_s=40,
@@ -165,6 +166,7 @@ def test_honest_providers_on_different_cpu_configurations_are_all_paid(
         verifiers=1,
         replicas=2,
         shards=2,
+        outer_step="unit",  # an aggregate unit per round (the default for M = 2 is folded)
         rounds=2,
         unit_steps=40,
         database_url=fresh_postgres_url,

@@ -131,17 +131,18 @@ def test_a_folded_order_on_the_round_path_completes_through_real_processes(
     assert {int(e.args["unitId"]) for e in set_aside} == {int(u["chain_unit_id"]) for u in trains}
     assert sorted(u["kind"] for u in on_chain.values()) == ["train"] * len(set_aside)
     assert all(unit.outcomes == ["accept"] for unit in closed.units), closed.units
-    # the providers' credits: what the roster's close paid plus the per-unit payouts (the set-aside units'
-    # verdicts), to the unit
+    # the providers' credits: the buyer's view of the payouts (the set-aside units' verdicts and what the
+    # roster's close paid, apps/buyer.py `roster_payouts`), to the unit
     (closing,) = [e for e in events if e.name == "RosterClosed"]
     assert int(closing.args["settledRounds"]) == config.rounds
     money = closed.money
-    assert credits == int(closing.args["paid"]) + money.payouts_total, (credits, closing.args, money)
+    assert credits == money.payouts_total, (credits, closing.args, money)
+    assert closed.checks.results["escrow_balanced"], closed.checks.details.get("escrow_balanced")
     assert not money.slashed
     # the buyer's final weights: its own outer step over the last round, recomputed here bit for bit (the
     # market's current state is the last round's start, which that step began from)
     assert final == training.final_state_digest != status["current_state_digest"]
-    for name in ("parties_conserved", "supply_conserved"):
+    for name in ("parties_conserved", "supply_conserved", "providers_paid_exactly"):
         assert closed.checks.results[name], (name, closed.checks.details.get(name))
 
 
@@ -223,10 +224,11 @@ def test_a_rounds_order_with_round_audits_pays_its_verifier_and_sets_nothing_asi
     assert earned[verifier] == config.rounds * config.shards * fee  # every audited unit, nothing else
     assert not closed.money.slashed and not closed.units  # no unit on the per-unit path
     assert final == training.final_state_digest
+    assert closed.money.audit_fees == earned[verifier]  # the buyer's view of the close's audit fees
     units = config.rounds * config.shards  # the roster's units: the order has no aggregate unit
     emit(
         f"test: the market's own transactions: {total_gas} gas for {units} settled units "
         f"({total_gas // units} a unit); its roster transactions {roster_gas} ({roster_gas // units} a unit)"
     )
-    for name in ("parties_conserved", "supply_conserved"):
+    for name in ("escrow_balanced", "providers_paid_exactly", "parties_conserved", "supply_conserved"):
         assert closed.checks.results[name], (name, closed.checks.details.get(name))

@@ -743,7 +743,7 @@ def test_diloco_order_runs_m_shards_then_an_aggregate_unit_per_round(
     no_audit(service)
     providers, _ = register_market(client, make_agent)
     keys = {k.address: k for k in providers}
-    order = post_order(client, ledger, make_agent(), clock, shards=2, replicas=1)
+    order = post_order(client, ledger, make_agent(), clock, shards=2, replicas=1, outer_step="unit")
     assert order["rounds_total"] == 2
     root = "0x" + "77" * 32
 
@@ -943,7 +943,7 @@ def test_an_aggregate_reveal_that_does_not_open_its_result_is_refused(
     no_audit(service)
     providers, _ = register_market(client, make_agent)
     keys = {k.address: k for k in providers}
-    post_order(client, ledger, make_agent(), clock, shards=2, replicas=1, total_steps=20)
+    post_order(client, ledger, make_agent(), clock, shards=2, replicas=1, total_steps=20, outer_step="unit")
     service.matching.match_pending()
     digest = "0x" + "cd" * 32
     run_proposed_units(client, service, keys, lambda a: (bound(digest, ROOT), digest, ROOT))
@@ -964,7 +964,17 @@ def test_a_shard_quorum_aggregates_without_a_failed_shard(
     no_audit(service)
     providers, _ = register_market(client, make_agent)
     keys = {k.address: k for k in providers}
-    post_order(client, ledger, make_agent(), clock, shards=3, shard_quorum=2, replicas=1, total_steps=20)
+    post_order(
+        client,
+        ledger,
+        make_agent(),
+        clock,
+        shards=3,
+        shard_quorum=2,
+        replicas=1,
+        total_steps=20,
+        outer_step="unit",
+    )
     service.matching.match_pending()
     digest = "0x" + "cd" * 32
     run_proposed_units(

@@ -155,7 +155,9 @@ def test_each_shards_accepted_result_is_kept_too_and_listed_for_the_aggregate_un
     providers, verifiers = register_market(client, make_agent, providers=3, verifiers=1)
     keys = {k.address: k for k in providers}
     everyone = [*providers, *verifiers]
-    order = post_order(client, ledger, make_agent(), clock, shards=2, replicas=1, total_steps=40)
+    order = post_order(
+        client, ledger, make_agent(), clock, shards=2, replicas=1, total_steps=40, outer_step="unit"
+    )
     service.matching.match_pending()
     results = {0: "0x" + "d0" * 32, 1: "0x" + "d1" * 32}
     run_proposed_units(

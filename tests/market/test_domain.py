@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import replace
 
@@ -46,7 +47,7 @@ from market.domain.states import (
     can_advance,
 )
 from veritrain.diloco import OuterConfig
-from veritrain.errors import IllegalTransition, MarketError
+from veritrain.errors import IllegalTransition, InvalidInput, MarketError
 from veritrain.messages import OrderSpec, UnitKind
 
 
@@ -340,7 +341,7 @@ def test_rounds_plan_and_next_state_of_sequential_training() -> None:
 
 
 def test_diloco_round_has_m_shard_units_and_one_aggregate_unit() -> None:
-    order = spec(shards=3, total_steps=90, unit_steps=25)
+    order = spec(shards=3, total_steps=90, unit_steps=25, outer_step="unit")
     assert order.rounds == 4 and order.unit_count == 4 * 4  # 3 training + 1 aggregate per round
     assert [(u.shard, u.start_step, u.steps) for u in plan_round(order, 3)] == [
         (0, 75, 15),
@@ -408,7 +409,8 @@ def test_diloco_spec_fields_are_checked_and_hashed() -> None:
 
 
 def test_a_folded_order_opens_no_aggregate_unit_except_after_its_last_round() -> None:
-    folded, unit = spec(shards=3, total_steps=100, unit_steps=25, outer_step="folded"), spec(shards=3)
+    folded, unit = spec(shards=3, total_steps=100, unit_steps=25), spec(shards=3, outer_step="unit")
+    assert folded.outer_step == "folded"  # the default for M >= 2
     assert folded.rounds == 4 and folded.unit_count == 4 * 3 + 1  # one aggregate unit, after round 3
     assert [aggregates_after(folded, r) for r in range(4)] == [False, False, False, True]
     assert [folds(folded, r) for r in range(4)] == [False, True, True, True]  # round 0 starts from genesis
@@ -428,8 +430,9 @@ def test_a_folded_order_opens_no_aggregate_unit_except_after_its_last_round() ->
 def test_outer_step_is_hashed_only_when_folded_and_needs_shards() -> None:
     fields = {"buyer": "0x" + "12" * 20, "recipe": "digits-mlp", "dataset_digest": "0x" + "ab" * 32}
     fields |= {"total_steps": 10, "unit_steps": 5, "replicas": 3, "seed": 1, "max_price_per_pflop": 10}
-    two = OrderSpec.model_validate({**fields, "deadline": 99, "shards": 2})
-    # the hash this M = 2 spec had before outer_step existed (computed with the code of d0d996e)
+    two = OrderSpec.model_validate({**fields, "deadline": 99, "shards": 2, "outer_step": "unit"})
+    # the hash this M = 2 spec had before outer_step existed (computed with the code of d0d996e): naming
+    # "unit" keeps it
     assert two.spec_hash() == "0xfed434a00fc0b72201b6dc37f26932ec2da126c3f07e9ad808c8b86e0651a71a"
     assert two.model_copy(update={"outer_step": "folded"}).spec_hash() != two.spec_hash()
     with pytest.raises(ValidationError, match="outer_step 'folded' needs shards >= 2"):
@@ -438,8 +441,31 @@ def test_outer_step_is_hashed_only_when_folded_and_needs_shards() -> None:
         spec(shards=2, outer_step="sometimes")
 
 
+def test_a_sharded_spec_naming_no_outer_step_is_folded_and_a_stored_one_keeps_its_hash() -> None:
+    """The folded outer step is the default for M >= 2 (the round path's, issue 9); M = 1 and a spec naming
+    "unit" are unchanged. Stored specs name every field (`model_dump_json`) and read back as hashed; one
+    stored before `outer_step` existed (it names nothing) was a "unit" order and reads back as one
+    (`OrderSpec.from_stored`), its hash the one its chain order escrows."""
+    fields = {"buyer": "0x" + "12" * 20, "recipe": "digits-mlp", "dataset_digest": "0x" + "ab" * 32}
+    fields |= {"total_steps": 10, "unit_steps": 5, "replicas": 3, "seed": 1, "max_price_per_pflop": 10}
+    old = {**fields, "deadline": 99, "shards": 2}  # a spec of d0d996e's time: no outer_step
+    old_hash = "0xfed434a00fc0b72201b6dc37f26932ec2da126c3f07e9ad808c8b86e0651a71a"
+    fresh = OrderSpec.model_validate(old)
+    assert fresh.outer_step == "folded" and fresh.spec_hash() != old_hash  # a new order naming nothing
+    stored = OrderSpec.from_stored(json.dumps(old))
+    assert stored.outer_step == "unit" and stored.spec_hash() == old_hash
+    for spec_ in (fresh, stored, OrderSpec.model_validate({**old, "shards": 1})):
+        assert '"outer_step"' in spec_.model_dump_json()  # what the market stores names it
+        again = OrderSpec.from_stored(spec_.model_dump_json())
+        assert again == spec_ and again.spec_hash() == spec_.spec_hash()
+        assert OrderSpec.model_validate_json(spec_.model_dump_json()) == spec_
+    assert OrderSpec.model_validate({**old, "shards": 1}).outer_step == "unit"  # M = 1: no outer step
+    with pytest.raises(InvalidInput):
+        OrderSpec.from_stored("{not json")
+
+
 def test_escrow_covers_the_aggregate_units() -> None:
-    plan = escrow_plan(spec(shards=2), flops_per_step=4 * 10**13)
+    plan = escrow_plan(spec(shards=2, outer_step="unit"), flops_per_step=4 * 10**13)
     assert plan.units == 4 * 3 and plan.total == 12 * (3 * 3 * 10**18 + 7)
 
 
@@ -450,7 +476,7 @@ def test_a_round_path_order_runs_no_final_aggregate_unit() -> None:
     assert [aggregates_after(folded, r, rounds_path=True) for r in range(4)] == [False] * 4
     assert [aggregates_after(folded, r, rounds_path=False) for r in range(4)] == [False, False, False, True]
     assert not final_aggregate(folded, rounds_path=True) and final_aggregate(folded, rounds_path=False)
-    assert final_aggregate(spec(shards=2), rounds_path=True)  # outer step "unit": never on a roster
+    assert final_aggregate(spec(shards=2, outer_step="unit"), rounds_path=True)  # never on a roster
     assert not final_aggregate(spec(), rounds_path=False)  # M = 1 has no outer step
     assert escrow_plan(folded, 4 * 10**13).units == folded.unit_count == 4 * 3 + 1
 
