@@ -11,7 +11,8 @@ and its opening; Accept, commit and reveal for a unit on the per-unit path, such
 verifiers pull their jobs as the verifier agent does and sign accepting verdicts; the worker's passes
 (sweep, roster outbox, per-unit outbox, chain sync, matching, advancing) run until the order completes
 (with its last round: the buyer runs the last outer step itself, so the order escrows and runs no
-aggregate unit); the buyer closes it and every party withdraws its credit. Every transaction sent to the
+aggregate unit); the buyer closes it (the roster's close paid its providers and verifiers, the order's close
+pays the buyer) and every party with a credit left withdraws it. Every transaction sent to the
 market's contracts in between is counted (the buyer's token approval is not, as in the hand-written
 flows), divided by the R x M shard units trained.
 
@@ -242,8 +243,9 @@ def _worker_pass(market: ChainMarket) -> int:
 
 
 def _close_and_withdraw(market: ChainMarket, chain_order: int) -> None:
-    """The buyer closes the order (its leftover escrow becomes its credit); every party with a credit
-    withdraws it, once, as at the end of an order."""
+    """The buyer closes the order (which pays it its leftover escrow); every party with a credit left (a
+    set-aside unit's verdict credits its verifiers; a close credits a party the token refuses) withdraws it,
+    once, as at the end of an order: none is sent for nothing."""
     client = market.client
     market.send_outbox()
     client.close_order(chain_order, sender=market.buyer)

@@ -212,7 +212,8 @@ def post_order(
 def close_order(
     client: ChainClient, chain_order_id: int, account: LocalAccount, timeout_s: float, poll_s: float = 0.5
 ) -> int:
-    """Close the order (what is left of its escrow becomes the buyer's credit) and return the refund. A unit
+    """Close the order (the close pays the buyer what is left of its escrow: its credit only when the token
+    refuses the transfer) and return the refund. A unit
     the market saw accepted may still be settling on chain, so UnitsStillOpen is retried until `timeout_s`."""
     from veritrain.chain.errors import UnitsStillOpen
 

@@ -403,7 +403,8 @@ def run_close(args: argparse.Namespace) -> int:
         print(json.dumps(result, sort_keys=True))
     else:
         print(
-            f"closed chain order {status.chain_order_id}: refund {veri(refund)}; withdrew {veri(credit)}, "
+            f"closed chain order {status.chain_order_id}: refund {veri(refund)} (paid by the close); "
+            f"withdrew {veri(credit)} of other credit, "
             f"wallet {veri(result['balance'])}"
         )
     return 0

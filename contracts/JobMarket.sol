@@ -513,6 +513,9 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
     event OrderClosed(uint256 indexed orderId, uint256 refund);
     /// @notice `account` withdrew `amount` of credit.
     event CreditWithdrawn(address indexed account, uint256 amount);
+    /// @notice A close could not pay `account` its `amount` (the token refused the transfer): it stays its
+    /// credit, for {withdrawCredit}.
+    event CreditKept(address indexed account, uint256 amount);
     /// @notice A round-path order's roster was fixed: `rounds` rounds of `unitsPerRound` units, `replicas`
     /// each, replica slot `i` worked by `providers[(layout >> 5 * i) & 31]`.
     event RosterOpened(
@@ -1159,6 +1162,25 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
         uint256 expected = party.nonce;
         if (given != expected) revert InvalidNonce(account, expected, given);
         party.nonce += 1;
+    }
+
+    /// @dev Pays `account` its whole credit now, as {withdrawCredit} would (a push at close, so that nobody
+    /// needs a withdrawal of its own): the credit is zeroed before the token is called and, when the token
+    /// refuses the transfer (reverts or returns false), put back for {withdrawCredit}, so a recipient the
+    /// token refuses cannot block the close that pays it. Callers are nonReentrant and call it after their
+    /// other effects.
+    function _payCredit(address account) internal {
+        uint128 amount = _accounts[account].credit;
+        if (amount == 0) return;
+        _accounts[account].credit = 0;
+        _totals.credits -= amount;
+        if (token.trySafeTransfer(account, amount)) {
+            emit CreditWithdrawn(account, amount);
+        } else {
+            _accounts[account].credit += amount; // re-read: whatever else was credited meanwhile stays
+            _totals.credits += amount;
+            emit CreditKept(account, amount);
+        }
     }
 
     function _withdrawCredit(address account) internal {
@@ -1939,6 +1961,8 @@ abstract contract JobMarketRounds is JobMarketDelegate {
     /// off a round its providers are revealing). Never while an audited round's challenge window is open;
     /// then each roster verifier (`verifiers`, as opened) is credited `verifierFeePerUnit / verifiers.length`
     /// for every audited unit it signed that no challenge took back, and its collateral is released.
+    /// Last, each provider and verifier is paid its whole credit (a token transfer each; one the token refuses
+    /// stays a credit for {withdrawCredit}), so no party of a roster needs a withdrawal of its own.
     /// `records`: every audit record of the roster in order ({RoundRevealed}, {AuditPosted}, as updated by
     /// {AuditChallenged}); none may be pending ({AuditsPending});
     /// with `verifiers` they must hash to the roster's audit key ({AuditorsMismatch} otherwise).
@@ -1996,6 +2020,12 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         totals.credits += uint128(paid + auditFees);
         _totals = totals;
         emit RosterClosed(orderId, settled, paid);
+        for (uint256 p; p < providers.length; ++p) {
+            _payCredit(providers[p]);
+        }
+        for (uint256 i; i < verifiers.length; ++i) {
+            _payCredit(verifiers[i]);
+        }
     }
 
     /// @dev At close: checks `verifiers` and `records` are the roster's (none when it has no verifiers), that no
@@ -2298,8 +2328,9 @@ contract JobMarketRoundsExtension is JobMarketRounds {
 /// verifier locks `verifierCollateral` of stake for the unit. A verdict can be appealed to a referee
 /// panel ({VerdictAppeals}, which reads {verdictHashOf}); only that contract slashes a verifier whose
 /// signed outcomes contradict the unit's refereed truth. A unit nobody settles expires after its verdict deadline and its
-/// budget returns to the order (its verifiers earn nothing). All payouts are pull credits; tokens leave
-/// only through {withdrawCredit}.
+/// budget returns to the order (its verifiers earn nothing). Payouts are credits that leave through
+/// {withdrawCredit}, but for the closes: {closeOrder} pays the buyer and {JobMarketRounds-closeRoster} the
+/// roster's parties their whole credit directly (one credited is kept when the token refuses the transfer).
 ///
 /// Spot checks are drawn by the contract: when the last replica commits, the unit records that block
 /// as its seed block; reveals are refused until a later block, and the first reveal (or {finalize})
@@ -2462,9 +2493,10 @@ contract JobMarket is JobMarketBase {
         );
     }
 
-    /// @notice Closes an order and credits its remaining balance to the buyer. The buyer may close at any
+    /// @notice Closes an order and pays its remaining balance to the buyer (with the rest of the buyer's credit;
+    /// kept as its credit when the token refuses the transfer). The buyer may close at any
     /// time, anyone else after the order deadline; no unit of the order may be open.
-    function closeOrder(uint256 orderId) external {
+    function closeOrder(uint256 orderId) external nonReentrant {
         Order storage order = _orders[orderId];
         address buyer = order.buyer;
         if (buyer == address(0)) revert UnknownOrder(orderId);
@@ -2482,6 +2514,7 @@ contract JobMarket is JobMarketBase {
         totals.credits += refund;
         _totals = totals;
         emit OrderClosed(orderId, refund);
+        _payCredit(buyer);
     }
 
     // ----------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ seed, unit length and replication policy, one unit long, posted and escrowed on 
 account and registered like a buyer's order. The canary's work is paid by the operator (it counts in the
 network's compute multiplier, docs/VERIFICATION.md §3d). Once the canary order has ended, the account
 closes it, so what its escrow did not spend (the replicas a solo unit did not need, an unused verifier
-fee) becomes the account's credit instead of staying locked.
+fee) is paid back to the account instead of staying locked.
 
 Planted cheats test the verifiers the same way (:mod:`market.domain.canary`): a drawn unit is replayed
 as a *planted* canary at ``MarketConfig.plant_rate_ppm`` instead (one replica, matched only to one of the

@@ -256,7 +256,7 @@ class CanaryAccount(Protocol):
         ...
 
     def close_order(self, order_id: int) -> None:
-        """Close the account's order (its unspent escrow becomes the account's credit); nothing if closed."""
+        """Close the account's order (the close pays the account its unspent escrow); nothing if closed."""
         ...
 
 

@@ -79,16 +79,33 @@ describe("JobMarket: re-entrancy", function () {
 
   it("refuses a malicious token re-entering withdrawCreditWithSig during a withdrawal", async function () {
     const sys = await loadFixture(reentrantFixture);
+    const { unitId } = await h.unitAt(sys, "revealed");
+    await sys.market.connect(sys.operator).finalize(unitId);
+    const p = sys.providers[0];
+    const s = await signWithdraw(sys, p);
+    await sys.token.setHook(await sys.market.getAddress(), sys.market.interface.encodeFunctionData(
+      "withdrawCreditWithSig", [p.address, s.nonce, s.deadline, s.signature]));
+    await expect(sys.market.connect(p).withdrawCredit()).to.changeTokenBalance(sys.token, p, PRICE);
+    expect(await sys.token.hookCalls()).to.equal(1n);
+    expect(await sys.token.lastHookSucceeded()).to.equal(false);
+    expect(await sys.token.lastHookReturn()).to.equal(sys.market.interface.getError("ReentrancyGuardReentrantCall").selector);
+    expect(await sys.market.nonces(p.address)).to.equal(0n);
+    await h.expectSolvent(sys);
+  });
+
+  it("refuses a malicious token re-entering during the payment a close makes (closeOrder pays the buyer once)",
+    async function () {
+    const sys = await loadFixture(reentrantFixture);
     const { orderId } = await h.postOrder(sys, { units: 1 });
-    await sys.market.connect(sys.buyer).closeOrder(orderId);
     const s = await signWithdraw(sys, sys.buyer);
     await sys.token.setHook(await sys.market.getAddress(), sys.market.interface.encodeFunctionData(
       "withdrawCreditWithSig", [sys.buyer.address, s.nonce, s.deadline, s.signature]));
-    await expect(sys.market.connect(sys.buyer).withdrawCredit()).to.changeTokenBalance(sys.token, sys.buyer, UNIT_COST);
+    await expect(sys.market.connect(sys.buyer).closeOrder(orderId)).to.changeTokenBalance(sys.token, sys.buyer, UNIT_COST);
     expect(await sys.token.hookCalls()).to.equal(1n);
     expect(await sys.token.lastHookSucceeded()).to.equal(false);
     expect(await sys.token.lastHookReturn()).to.equal(sys.market.interface.getError("ReentrancyGuardReentrantCall").selector);
     expect(await sys.market.nonces(sys.buyer.address)).to.equal(0n);
+    expect(await sys.market.credits(sys.buyer.address)).to.equal(0n);
     await h.expectSolvent(sys);
   });
 
@@ -162,8 +179,7 @@ describe("JobMarket: every fund can exit after its deadlines", function () {
       const { verdictDeadline } = await sys.market.getUnit(unitId);
       await time.increaseTo((verdictDeadline > deadline ? verdictDeadline : deadline) + 1n);
       await sys.market.connect(sys.other).expireUnit(unitId);
-      await sys.market.connect(sys.other).closeOrder(orderId);
-      await sys.market.connect(sys.buyer).withdrawCredit();
+      await sys.market.connect(sys.other).closeOrder(orderId); // pays the buyer its refund
       expect(await sys.token.balanceOf(sys.buyer.address)).to.equal(start);
       await drain(sys, [...sys.providers, ...sys.verifiers]);
       expect(await sys.token.balanceOf(await sys.market.getAddress())).to.equal(0n);

@@ -350,11 +350,14 @@ describe("JobMarket: requestVerification", function () {
 });
 
 describe("JobMarket: closeOrder", function () {
-  it("lets the buyer close at any time and credits the whole balance", async function () {
+  it("lets the buyer close at any time and pays it the whole balance", async function () {
     const { sys, orderId } = await loadFixture(h.orderFixture);
-    await expect(sys.market.connect(sys.buyer).closeOrder(orderId))
-      .to.emit(sys.market, "OrderClosed").withArgs(orderId, 2n * UNIT_COST);
-    expect(await sys.market.credits(sys.buyer.address)).to.equal(2n * UNIT_COST);
+    const closed = sys.market.connect(sys.buyer).closeOrder(orderId);
+    await expect(closed).to.emit(sys.market, "OrderClosed").withArgs(orderId, 2n * UNIT_COST);
+    await expect(closed).to.emit(sys.market, "CreditWithdrawn").withArgs(sys.buyer.address, 2n * UNIT_COST);
+    await expect(closed).to.changeTokenBalance(sys.token, sys.buyer, 2n * UNIT_COST);
+    expect(await sys.market.credits(sys.buyer.address)).to.equal(0n);
+    expect(await sys.market.totalCredits()).to.equal(0n);
     expect(await sys.market.totalEscrow()).to.equal(0n);
     expect((await sys.market.getOrder(orderId)).closed).to.equal(true);
     await expect(sys.market.connect(sys.buyer).closeOrder(orderId))
@@ -368,8 +371,10 @@ describe("JobMarket: closeOrder", function () {
     await expect(sys.market.connect(sys.other).closeOrder(orderId))
       .to.be.revertedWithCustomError(sys.market, "OrderNotClosable").withArgs(orderId, deadline);
     await time.setNextBlockTimestamp(deadline + 1n);
-    await expect(sys.market.connect(sys.other).closeOrder(orderId)).to.emit(sys.market, "OrderClosed");
-    expect(await sys.market.credits(sys.buyer.address)).to.equal(2n * UNIT_COST);
+    const closed = sys.market.connect(sys.other).closeOrder(orderId);
+    await expect(closed).to.emit(sys.market, "OrderClosed");
+    await expect(closed).to.changeTokenBalances(sys.token, [sys.buyer, sys.other], [2n * UNIT_COST, 0n]);
+    expect(await sys.market.credits(sys.buyer.address)).to.equal(0n);
     expect(await sys.market.credits(sys.other.address)).to.equal(0n);
   });
 

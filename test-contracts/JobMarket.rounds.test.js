@@ -237,6 +237,13 @@ async function verdict(sys, unitId, outcomes, signers) {
   return sys.market.connect(sys.other).submitVerdict(unitId, outcomes, sigs);
 }
 
+/** What the market ever owed `account`: its credit plus every payment to it (CreditWithdrawn: a withdrawal, or
+ * a close paying it directly), so a check reads the same whether a close paid a party or credited it. */
+async function earnedOf(market, account) {
+  const paid = await market.queryFilter(market.filters.CreditWithdrawn(account));
+  return (await market.credits(account)) + paid.reduce((sum, e) => sum + e.args.amount, 0n);
+}
+
 async function orderFields(sys, orderId) {
   const o = await sys.market.getOrder(orderId);
   return { balance: o.balance, delivered: o.delivered, openUnits: o.openUnits, closed: o.closed };
@@ -344,9 +351,15 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
 
       // close (anyone): each provider 2 slots x 3 rounds x PRICE
       const paidEach = 2n * 3n * PRICE;
-      await expect(closeTx(R)).to.emit(market, "RosterClosed").withArgs(orderId, 3, 3n * paidEach);
-      for (const p of [a, b, c]) {
-        expect(await market.credits(p.address)).to.equal(paidEach);
+      const tokensBefore = await Promise.all([a, b, c].map((p) => token.balanceOf(p.address)));
+      const closed = closeTx(R);
+      await expect(closed).to.emit(market, "RosterClosed").withArgs(orderId, 3, 3n * paidEach);
+      for (const [i, p] of [a, b, c].entries()) {
+        // paid by the close itself: nothing left to withdraw
+        await expect(closed).to.emit(market, "CreditWithdrawn").withArgs(p.address, paidEach);
+        expect(await token.balanceOf(p.address)).to.equal(tokensBefore[i] + paidEach);
+        expect(await market.credits(p.address)).to.equal(0n);
+        await expect(market.connect(p).withdrawCredit()).to.be.revertedWithCustomError(market, "NothingToWithdraw");
         expect(await market.reputationOf(p.address)).to.deep.equal([6n, 0n, 0n, 6n]);
         expect(await lockedOf(sys, p)).to.equal(0n);
         expect(await stakes.freeStake(p.address)).to.equal(200n * E18);
@@ -355,25 +368,20 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       expect([order.balance, order.openUnits, order.delivered, order.closed]).to.deep.equal([6n * FEE, 0n, 6n, false]);
       expect((await rosterState(sys, orderId)).closed).to.equal(true);
       expect(await market.totalEscrow()).to.equal(6n * FEE);
-      expect(await market.totalCredits()).to.equal(3n * paidEach);
+      expect(await market.totalCredits()).to.equal(0n);
       await expectSolventLoose(sys);
       // a closed roster takes no step and no second close
       await expect(step(R, { reveal: null, commit: 0 })).to.be.revertedWithCustomError(market, "RosterNotOpen")
         .withArgs(orderId);
       await expect(closeTx(R)).to.be.revertedWithCustomError(market, "RosterNotOpen").withArgs(orderId);
 
-      // the buyer gets the unused verifier fees back
-      await expect(market.connect(buyer).closeOrder(orderId)).to.emit(market, "OrderClosed").withArgs(orderId, 6n * FEE);
-      expect(await market.credits(buyer.address)).to.equal(6n * FEE);
+      // the buyer gets the unused verifier fees back, paid by the close
       const buyerBefore = await token.balanceOf(buyer.address);
-      await expect(market.connect(buyer).withdrawCredit()).to.emit(market, "CreditWithdrawn").withArgs(buyer.address, 6n * FEE);
+      const closedOrder = market.connect(buyer).closeOrder(orderId);
+      await expect(closedOrder).to.emit(market, "OrderClosed").withArgs(orderId, 6n * FEE);
+      await expect(closedOrder).to.emit(market, "CreditWithdrawn").withArgs(buyer.address, 6n * FEE);
       expect(await token.balanceOf(buyer.address)).to.equal(buyerBefore + 6n * FEE);
-      for (const p of [a, b, c]) {
-        const before = await token.balanceOf(p.address);
-        await expect(market.connect(p).withdrawCredit()).to.emit(market, "CreditWithdrawn").withArgs(p.address, paidEach);
-        expect(await token.balanceOf(p.address)).to.equal(before + paidEach);
-        expect(await market.credits(p.address)).to.equal(0n);
-      }
+      expect(await market.credits(buyer.address)).to.equal(0n);
       expect([await market.totalEscrow(), await market.totalCredits()]).to.deep.equal([0n, 0n]);
       expect(await token.balanceOf(await market.getAddress())).to.equal(0n);
       await expectSolventLoose(sys);
@@ -395,7 +403,7 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       await expect(step(R, { reveal: 1 })).to.emit(market, "RoundRevealed");
       await expect(closeTx(R)).to.emit(market, "RosterClosed").withArgs(orderId, 2, 2n * 6n * PRICE);
       for (let p = 0; p < 4; p++) {
-        expect(await market.credits(R.addrs[p])).to.equal(uses[p] * 2n * PRICE);
+        expect(await earnedOf(market, R.addrs[p])).to.equal(uses[p] * 2n * PRICE);
         expect(await market.reputationOf(R.addrs[p])).to.deep.equal([uses[p] * 2n, 0n, 0n, uses[p] * 2n]);
         expect(await lockedOf(sys, R.signers[p])).to.equal(0n);
       }
@@ -461,7 +469,7 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       await expect(step(R, { reveal: 0, commit: 1 })).to.emit(market, "RoundRevealed").withArgs(orderId, 0, unitDigests(R, 0), 0n);
       await step(R, { reveal: 1 });
       await expect(closeTx(R)).to.emit(market, "RosterClosed").withArgs(orderId, 2, 4n * PRICE);
-      expect(await market.credits(a.address)).to.equal(2n * PRICE + 4n * PRICE); // 2 per-unit + 4 round units
+      expect(await earnedOf(market, a.address)).to.equal(2n * PRICE + 4n * PRICE); // 2 per-unit + 4 round units
       expect(await market.reputationOf(a.address)).to.deep.equal([6n, 0n, 0n, 6n]);
       expect(await lockedOf(sys, a)).to.equal(0n);
       const order = await market.getOrder(orderId);
@@ -630,7 +638,7 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       await verdict(sys, 2n, [0, 0, 0], [v1, v2]);
       await verdict(sys, 3n, [0, 0, 0], [c, v1]);
       expect(await market.reputationOf(d.address)).to.deep.equal([2n, 0n, 0n, 2n]);
-      expect(await market.credits(d.address)).to.equal(2n * PRICE);
+      expect(await earnedOf(market, d.address)).to.equal(2n * PRICE);
       expect(await lockedOf(sys, d)).to.equal(COLLATERAL); // the roster's, until it closes
       expect(await lockedOf(sys, c)).to.equal(COLLATERAL);
       for (const v of [v1, v2]) expect(await lockedOf(sys, v)).to.equal(0n);
@@ -644,15 +652,15 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       await expect(closeTx(R)).to.emit(market, "RosterClosed").withArgs(orderId, 3, 12n * PRICE);
       // a, b: 1 per-unit + 2 set aside + 4 roster; c: 1 per-unit + 3 roster (+ half a fee); d: 2 set aside + 1 roster
       for (const p of [a, b]) {
-        expect(await market.credits(p.address)).to.equal(7n * PRICE);
+        expect(await earnedOf(market, p.address)).to.equal(7n * PRICE);
         expect(await market.reputationOf(p.address)).to.deep.equal([7n, 0n, 0n, 7n]);
       }
-      expect(await market.credits(c.address)).to.equal(4n * PRICE + FEE / 2n);
+      expect(await earnedOf(market, c.address)).to.equal(4n * PRICE + FEE / 2n);
       expect(await market.reputationOf(c.address)).to.deep.equal([4n, 0n, 0n, 4n]);
-      expect(await market.credits(d.address)).to.equal(3n * PRICE);
+      expect(await earnedOf(market, d.address)).to.equal(3n * PRICE);
       expect(await market.reputationOf(d.address)).to.deep.equal([3n, 0n, 0n, 3n]);
-      expect(await market.credits(v1.address)).to.equal(3n * FEE / 2n);
-      expect(await market.credits(v2.address)).to.equal(FEE);
+      expect(await earnedOf(market, v1.address)).to.equal(3n * FEE / 2n);
+      expect(await earnedOf(market, v2.address)).to.equal(FEE);
       for (const p of [a, b, c, d]) expect(await stakes.stakeOf(p.address)).to.deep.equal([200n * E18, 0n, 0n, 0n]);
       // the order: 1 per-unit unit + 6 round units delivered; the roster's 4 own units' fees come back
       expect(await orderFields(sys, orderId)).to.deep.equal(
@@ -943,7 +951,7 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       const paid = 3n * 2n * PRICE; // 3 providers x 2 slots x 1 round
       await expect(closeTx(R)).to.emit(market, "RosterClosed").withArgs(orderId, 1, paid);
       for (const p of R.signers) {
-        expect(await market.credits(p.address)).to.equal(2n * PRICE);
+        expect(await earnedOf(market, p.address)).to.equal(2n * PRICE);
         expect(await market.reputationOf(p.address)).to.deep.equal([2n, 0n, 0n, 2n]);
         expect(await lockedOf(sys, p)).to.equal(0n);
       }
@@ -953,9 +961,9 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       // the pending round can no longer be revealed
       await expect(step(R, { reveal: 1 })).to.be.revertedWithCustomError(market, "RosterNotOpen").withArgs(orderId);
       await expect(market.connect(sys.other).closeOrder(orderId)).to.emit(market, "OrderClosed").withArgs(orderId, ESCROW - paid);
-      expect(await market.credits(sys.buyer.address)).to.equal(ESCROW - paid);
+      expect(await earnedOf(market, sys.buyer.address)).to.equal(ESCROW - paid);
       expect(await market.totalEscrow()).to.equal(0n);
-      expect(await market.totalCredits()).to.equal(ESCROW);
+      expect(await market.totalCredits()).to.equal(0n); // the closes paid the providers and the buyer
       await expectSolventLoose(sys);
     });
 
@@ -995,6 +1003,52 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       for (const p of R.signers) expect(await lockedOf(sys, p)).to.equal(0n);
       await expect(sys.market.connect(sys.other).closeOrder(orderId)).to.emit(sys.market, "OrderClosed")
         .withArgs(orderId, ESCROW);
+      await expectSolventLoose(sys);
+    });
+    it("the closes pay each party directly; a recipient the token refuses (revert or false) keeps a credit and " +
+      "blocks nobody", async function () {
+      const sys = await h.fundedSystem(PARAMS, "RefusingToken");
+      const { market, token, buyer } = sys;
+      const { orderId } = await h.postOrder(sys, { units: UNITS });
+      const R = { ...rosterOf(sys, orderId, sys.providers.slice(0, 3)), digests: {} };
+      const [a, b, c] = R.signers;
+      await openRoster(R);
+      await step(R, { commit: 0 });
+      await step(R, { reveal: 0, commit: 1 });
+      await step(R, { reveal: 1, commit: 2 });
+      await step(R, { reveal: 2 });
+      await token.refuse(a.address, 1); // reverts
+      await token.refuse(b.address, 2); // returns false
+      const paidEach = 2n * 3n * PRICE;
+      const before = await Promise.all([a, b, c].map((p) => token.balanceOf(p.address)));
+      const closed = closeTx(R);
+      await expect(closed).to.emit(market, "RosterClosed").withArgs(orderId, 3, 3n * paidEach);
+      await expect(closed).to.emit(market, "CreditKept").withArgs(a.address, paidEach);
+      await expect(closed).to.emit(market, "CreditKept").withArgs(b.address, paidEach);
+      await expect(closed).to.emit(market, "CreditWithdrawn").withArgs(c.address, paidEach);
+      expect(await Promise.all([a, b, c].map((p) => token.balanceOf(p.address))))
+        .to.deep.equal([before[0], before[1], before[2] + paidEach]);
+      expect(await Promise.all([a, b, c].map((p) => market.credits(p.address)))).to.deep.equal([paidEach, paidEach, 0n]);
+      expect(await market.totalCredits()).to.equal(2n * paidEach);
+      await expectSolventLoose(sys);
+      // a refused buyer's refund is kept likewise; the order closes
+      await token.refuse(buyer.address, 1);
+      const closedOrder = market.connect(buyer).closeOrder(orderId);
+      await expect(closedOrder).to.emit(market, "OrderClosed").withArgs(orderId, 6n * FEE);
+      await expect(closedOrder).to.emit(market, "CreditKept").withArgs(buyer.address, 6n * FEE);
+      expect(await market.credits(buyer.address)).to.equal(6n * FEE);
+      await expectSolventLoose(sys);
+      // each withdraws its credit once the token takes it: paid once in all
+      await expect(market.connect(a).withdrawCredit()).to.be.revertedWith("refused");
+      for (const p of [a, b, buyer]) await token.refuse(p.address, 0);
+      await expect(market.connect(a).withdrawCredit()).to.changeTokenBalance(token, a, paidEach);
+      await expect(market.connect(b).withdrawCredit()).to.changeTokenBalance(token, b, paidEach);
+      await expect(market.connect(buyer).withdrawCredit()).to.changeTokenBalance(token, buyer, 6n * FEE);
+      for (const p of [a, b, c, buyer]) {
+        await expect(market.connect(p).withdrawCredit()).to.be.revertedWithCustomError(market, "NothingToWithdraw");
+      }
+      expect([await market.totalEscrow(), await market.totalCredits()]).to.deep.equal([0n, 0n]);
+      expect(await token.balanceOf(await market.getAddress())).to.equal(0n);
       await expectSolventLoose(sys);
     });
   });
@@ -1047,12 +1101,12 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       await expect(vtx).to.not.emit(market, "FraudHeld");
       expect((await market.getUnit(unitId)).state).to.equal(h.UNIT_STATE.Verdicted);
       for (const p of [a, b, c]) {
-        expect(await market.credits(p.address)).to.equal(PRICE);
+        expect(await earnedOf(market, p.address)).to.equal(PRICE);
         expect(await market.reputationOf(p.address)).to.deep.equal([1n, 0n, 0n, 1n]);
         expect(await lockedOf(sys, p)).to.equal(2n * COLLATERAL); // still the roster's
       }
       for (const v of [v1, v2, v3]) {
-        expect(await market.credits(v.address)).to.equal(FEE / 3n);
+        expect(await earnedOf(market, v.address)).to.equal(FEE / 3n);
         expect(await lockedOf(sys, v)).to.equal(0n);
       }
       expect(await rosterState(sys, orderId)).to.include({ setAsideUnits: 1n, openSetAside: 0n, closed: false });
@@ -1063,7 +1117,7 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       // close: the roster's other 3 units (9 slots) only; each provider 3 roster slots + 1 paid by the verdict
       await expect(closeTx(R)).to.emit(market, "RosterClosed").withArgs(orderId, 2, 9n * PRICE);
       for (const p of [a, b, c]) {
-        expect(await market.credits(p.address)).to.equal(4n * PRICE);
+        expect(await earnedOf(market, p.address)).to.equal(4n * PRICE);
         expect(await market.reputationOf(p.address)).to.deep.equal([4n, 0n, 0n, 4n]);
         expect(await stakes.stakeOf(p.address)).to.deep.equal([200n * E18, 0n, 0n, 0n]);
       }
@@ -1071,9 +1125,10 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       expect(await orderFields(sys, orderId)).to.deep.equal({ balance: 3n * FEE, delivered: 4n, openUnits: 0n, closed: false });
       expect(await rosterState(sys, orderId)).to.include({ closed: true, setAsideUnits: 1n, openSetAside: 0n });
       await expect(market.connect(buyer).closeOrder(orderId)).to.emit(market, "OrderClosed").withArgs(orderId, 3n * FEE);
-      expect(await market.credits(buyer.address)).to.equal(3n * FEE);
+      expect(await earnedOf(market, buyer.address)).to.equal(3n * FEE);
       expect(await market.totalEscrow()).to.equal(0n);
-      expect(await market.totalCredits()).to.equal(4n * (3n * PRICE + FEE));
+      // the closes paid the providers and the buyer: the set-aside unit's verifiers' fee is left to withdraw
+      expect(await market.totalCredits()).to.equal(FEE);
       await expectSolventLoose(sys);
     });
 
@@ -1102,12 +1157,12 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       const [mask, since] = await market.heldOf(1n);
       expect([mask, since]).to.deep.equal([4n, await timestampOf(vtx)]);
       for (const p of [a, b]) {
-        expect(await market.credits(p.address)).to.equal(PRICE);
+        expect(await earnedOf(market, p.address)).to.equal(PRICE);
         expect(await market.reputationOf(p.address)).to.deep.equal([1n, 0n, 0n, 1n]);
       }
-      expect(await market.credits(c.address)).to.equal(0n);
+      expect(await earnedOf(market, c.address)).to.equal(0n);
       expect(await market.reputationOf(c.address)).to.deep.equal([0n, 0n, 1n, 0n]);
-      for (const v of [v1, v2]) expect(await market.credits(v.address)).to.equal(FEE / 2n);
+      for (const v of [v1, v2]) expect(await earnedOf(market, v.address)).to.equal(FEE / 2n);
       for (const v of [v1, v2, v3]) expect(await lockedOf(sys, v)).to.equal(0n);
       for (const p of [a, b, c]) expect(await lockedOf(sys, p)).to.equal(2n * COLLATERAL);
       expect(await rosterState(sys, orderId)).to.include({ setAsideUnits: 1n, openSetAside: 1n }); // fraud held
@@ -1128,29 +1183,30 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       // before the slash one slot's collateral of the roster's lock was released (as any unit's is), so the
       // slash (bonded 140) leaves the roster's other slot locked and never cuts into another lock
       expect(await stakes.stakeOf(c.address)).to.deep.equal([200n * E18 - PARAMS.slashAmount, COLLATERAL, 0n, 0n]);
-      for (const v of [v1, v2]) expect(await market.credits(v.address)).to.equal(FEE / 2n + bounty / 2n);
-      expect(await market.credits(v3.address)).to.equal(0n);
-      expect(await market.credits(buyer.address)).to.equal(PARAMS.slashAmount - bounty + PRICE);
+      for (const v of [v1, v2]) expect(await earnedOf(market, v.address)).to.equal(FEE / 2n + bounty / 2n);
+      expect(await earnedOf(market, v3.address)).to.equal(0n);
+      expect(await earnedOf(market, buyer.address)).to.equal(PARAMS.slashAmount - bounty + PRICE);
       expect(await rosterState(sys, orderId)).to.include({ setAsideUnits: 1n, openSetAside: 0n });
       await expectSolventLoose(sys);
 
       // close: 5 units x 3 slots by the roster
       await expect(closeTx(R)).to.emit(market, "RosterClosed").withArgs(orderId, 3, 15n * PRICE);
       for (const p of [a, b]) {
-        expect(await market.credits(p.address)).to.equal(6n * PRICE);
+        expect(await earnedOf(market, p.address)).to.equal(6n * PRICE);
         expect(await market.reputationOf(p.address)).to.deep.equal([6n, 0n, 0n, 6n]);
         expect(await stakes.stakeOf(p.address)).to.deep.equal([200n * E18, 0n, 0n, 0n]);
       }
-      expect(await market.credits(c.address)).to.equal(5n * PRICE); // its 5 other slots
+      expect(await earnedOf(market, c.address)).to.equal(5n * PRICE); // its 5 other slots
       // c's 5 roster slots count valid but do not rebuild the streak its fraud ended (some were revealed
       // before the verdict: counting them after it would undo the catch)
       expect(await market.reputationOf(c.address)).to.deep.equal([5n, 0n, 1n, 0n]);
       expect(await stakes.stakeOf(c.address)).to.deep.equal([200n * E18 - PARAMS.slashAmount, 0n, 0n, 0n]);
       expect(await orderFields(sys, orderId)).to.deep.equal({ balance: 5n * FEE, delivered: 6n, openUnits: 0n, closed: false });
       await expect(market.connect(buyer).closeOrder(orderId)).to.emit(market, "OrderClosed").withArgs(orderId, 5n * FEE);
-      expect(await market.credits(buyer.address)).to.equal(5n * FEE + PARAMS.slashAmount - bounty + PRICE);
+      expect(await earnedOf(market, buyer.address)).to.equal(5n * FEE + PARAMS.slashAmount - bounty + PRICE);
       expect(await market.totalEscrow()).to.equal(0n);
-      expect(await market.totalCredits()).to.equal(ESCROW + PARAMS.slashAmount);
+      // the closes paid the providers and the buyer: the set-aside unit's verifiers' fee and bounty are left
+      expect(await market.totalCredits()).to.equal(FEE + bounty);
       await expectSolventLoose(sys);
     });
 
@@ -1177,7 +1233,7 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       expect((await market.getUnit(1n)).state).to.equal(h.UNIT_STATE.Expired);
       for (const v of [v1, v2]) {
         expect(await lockedOf(sys, v)).to.equal(0n);
-        expect(await market.credits(v.address)).to.equal(0n);
+        expect(await earnedOf(market, v.address)).to.equal(0n);
       }
       for (const p of R.signers) {
         expect(await lockedOf(sys, p)).to.equal(2n * COLLATERAL); // the roster's until it closes
@@ -1190,7 +1246,7 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
 
       await expect(closeTx(R)).to.emit(market, "RosterClosed").withArgs(orderId, 1, 3n * PRICE);
       for (const p of R.signers) {
-        expect(await market.credits(p.address)).to.equal(PRICE); // unit 1 only
+        expect(await earnedOf(market, p.address)).to.equal(PRICE); // unit 1 only
         expect(await market.reputationOf(p.address)).to.deep.equal([1n, 0n, 0n, 1n]);
         expect(await lockedOf(sys, p)).to.equal(0n);
       }
@@ -1303,11 +1359,11 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
 
       // close: round 0's unit by the roster, the other two by their verdicts
       await expect(closeTx(R)).to.emit(market, "RosterClosed").withArgs(orderId, 3, PRICE);
-      expect(await market.credits(a.address)).to.equal(2n * PRICE + 2n * PRICE + PRICE);
+      expect(await earnedOf(market, a.address)).to.equal(2n * PRICE + 2n * PRICE + PRICE);
       // the roster's own unit counts valid but adds no streak: a's fault since the roster opened ended it
       expect(await market.reputationOf(a.address)).to.deep.equal([5n, 1n, 0n, 2n]);
       expect(await lockedOf(sys, a)).to.equal(0n);
-      for (const v of [v1, v2]) expect(await market.credits(v.address)).to.equal(FEE);
+      for (const v of [v1, v2]) expect(await earnedOf(market, v.address)).to.equal(FEE);
       // 2 per-unit units of 3 replicas, 3 round units of 1: the fees of the 2 finalized units and of the roster's
       // own unit come back, and the 3 round units' unused 2 replicas were never reserved
       const expected = 6n * (3n * PRICE + FEE) - 2n * 3n * PRICE - 3n * PRICE - 2n * FEE;
@@ -1543,16 +1599,16 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       expect(await stakes.stakeOf(c.address)).to.deep.equal([200n * E18 - PENALTY, COLLATERAL, 0n, 0n]);
       for (const p of [a, b]) expect(await stakes.stakeOf(p.address)).to.deep.equal([200n * E18, 2n * COLLATERAL, 0n, 0n]);
       for (const p of [a, b]) {
-        expect(await market.credits(p.address)).to.equal(PRICE);
+        expect(await earnedOf(market, p.address)).to.equal(PRICE);
         expect(await market.reputationOf(p.address)).to.deep.equal([1n, 0n, 0n, 1n]);
       }
-      expect(await market.credits(c.address)).to.equal(0n);
+      expect(await earnedOf(market, c.address)).to.equal(0n);
       expect(await market.reputationOf(c.address)).to.deep.equal([0n, 1n, 0n, 0n]);
       for (const v of [v1, v2]) {
-        expect(await market.credits(v.address)).to.equal((FEE + BOUNTY) / 2n);
+        expect(await earnedOf(market, v.address)).to.equal((FEE + BOUNTY) / 2n);
         expect(await lockedOf(sys, v)).to.equal(0n);
       }
-      expect(await market.credits(buyer.address)).to.equal(PENALTY - BOUNTY);
+      expect(await earnedOf(market, buyer.address)).to.equal(PENALTY - BOUNTY);
       expect(await rosterState(sys, orderId)).to.include({ setAsideUnits: 1n, openSetAside: 0n });
       // c's unpaid price is the order's again
       expect(await orderFields(sys, orderId)).to.deep.equal({ balance: PRICE, delivered: 1n, openUnits: 5n, closed: false });
@@ -1563,7 +1619,7 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       await step(R, { reveal: 1, commit: 2 });
       await step(R, { reveal: 2 });
       await expectWithheldOrderClosed(R, { honestSlots: 6n, refund: PRICE + 5n * FEE, delivered: 6n,
-        buyerBefore: PENALTY - BOUNTY });
+        buyerBefore: PENALTY - BOUNTY, creditsLeft: FEE + BOUNTY });
     });
 
     it("a withheld set-aside unit nobody settles expires: the withhold penalty is slashed to the buyer, the close pays the rest",
@@ -1592,9 +1648,9 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       }
       for (const v of [v1, v2]) {
         expect(await lockedOf(sys, v)).to.equal(0n);
-        expect(await market.credits(v.address)).to.equal(0n);
+        expect(await earnedOf(market, v.address)).to.equal(0n);
       }
-      expect(await market.credits(buyer.address)).to.equal(PENALTY);
+      expect(await earnedOf(market, buyer.address)).to.equal(PENALTY);
       expect(await rosterState(sys, orderId)).to.include({ setAsideUnits: 1n, openSetAside: 0n });
       expect(await orderFields(sys, orderId)).to.deep.equal(
         { balance: 3n * PRICE + FEE, delivered: 0n, openUnits: 5n, closed: false });
@@ -1604,7 +1660,7 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       await step(R, { reveal: 1, commit: 2 });
       await step(R, { reveal: 2 });
       await expectWithheldOrderClosed(R, { honestSlots: 5n, refund: 3n * PRICE + 6n * FEE, delivered: 5n,
-        buyerBefore: PENALTY });
+        buyerBefore: PENALTY, creditsLeft: 0n });
     });
 
     it("an opening published on chain makes the withheld bit harmless: revealed with the published digest, nothing set aside",
@@ -1637,7 +1693,7 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       // every slot paid by the roster, nobody penalized
       await expect(closeTx(R)).to.emit(market, "RosterClosed").withArgs(orderId, 3, 18n * PRICE);
       for (const p of [a, b, c]) {
-        expect(await market.credits(p.address)).to.equal(6n * PRICE);
+        expect(await earnedOf(market, p.address)).to.equal(6n * PRICE);
         expect(await market.reputationOf(p.address)).to.deep.equal([6n, 0n, 0n, 6n]);
         expect(await sys.stakes.stakeOf(p.address)).to.deep.equal([200n * E18, 0n, 0n, 0n]);
       }
@@ -1795,15 +1851,14 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       }
       g.closeRoster = await gasOf(closeTx(R));
       g.closeOrder = await gasOf(market.connect(sys.buyer).closeOrder(orderId));
-      g.withdrawBuyer = await gasOf(market.connect(sys.buyer).withdrawCredit());
-      g.withdrawProviders = 0n;
-      for (const p of R.signers) g.withdrawProviders += await gasOf(market.connect(p).withdrawCredit());
+      // the closes paid every party: nothing is left to withdraw
+      for (const p of [sys.buyer, ...R.signers]) expect(await market.credits(p.address)).to.equal(0n);
       const stepsTotal = steps.reduce((x, y) => x + y, 0n);
       const total = Object.values(g).reduce((x, y) => x + y, 0n) + stepsTotal;
       const perShard = total / BigInt(SHARDS * rounds);
       console.log(`    k=${k} providers=${k} unitsPerRound=${UNITS_PER_ROUND} rounds=${rounds}: ` +
         `openRoster ${g.openRoster}, steps [${steps.join(", ")}], closeRoster ${g.closeRoster}, ` +
-        `postOrder ${g.postOrder}, closeOrder ${g.closeOrder}, withdraw buyer ${g.withdrawBuyer} providers ${g.withdrawProviders}; ` +
+        `postOrder ${g.postOrder}, closeOrder ${g.closeOrder}; ` +
         `TOTAL ${total}, per shard unit ${perShard}`);
       for (const s of steps) expect(s).to.be.lt(600_000n);
       expect(g.openRoster).to.be.lt(600_000n);
@@ -1855,26 +1910,27 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
 /** The close of a 3-round roster on a, b, c whose slot 5 (c) was withheld in round 0 and settled alone: a
  * and b paid `honestSlots` each with their streak, c its 5 roster slots but no streak (its fault) and the
  * penalty gone from its stake, every lock released; the order closes with `refund` to a buyer credited
- * `buyerBefore` already; escrow empty and exact solvency. */
-async function expectWithheldOrderClosed(R, { honestSlots, refund, delivered, buyerBefore }) {
+ * `buyerBefore` already; escrow empty, `creditsLeft` (the set-aside unit's verifiers') the only credits left, and
+ * exact solvency. */
+async function expectWithheldOrderClosed(R, { honestSlots, refund, delivered, buyerBefore, creditsLeft }) {
   const { sys, orderId } = R;
   const { market, stakes, buyer } = sys;
   const [a, b, c] = R.signers;
   const PENALTY = PARAMS.withholdPenalty;
   await expect(closeTx(R)).to.emit(market, "RosterClosed").withArgs(orderId, 3, 15n * PRICE);
   for (const p of [a, b]) {
-    expect(await market.credits(p.address)).to.equal(honestSlots * PRICE);
+    expect(await earnedOf(market, p.address)).to.equal(honestSlots * PRICE);
     expect(await market.reputationOf(p.address)).to.deep.equal([honestSlots, 0n, 0n, honestSlots]);
     expect(await stakes.stakeOf(p.address)).to.deep.equal([200n * E18, 0n, 0n, 0n]);
   }
-  expect(await market.credits(c.address)).to.equal(5n * PRICE);
+  expect(await earnedOf(market, c.address)).to.equal(5n * PRICE);
   expect(await market.reputationOf(c.address)).to.deep.equal([5n, 1n, 0n, 0n]); // its fault ended the streak
   expect(await stakes.stakeOf(c.address)).to.deep.equal([200n * E18 - PENALTY, 0n, 0n, 0n]);
   expect(await orderFields(sys, orderId)).to.deep.equal({ balance: refund, delivered, openUnits: 0n, closed: false });
   await expect(market.connect(buyer).closeOrder(orderId)).to.emit(market, "OrderClosed").withArgs(orderId, refund);
-  expect(await market.credits(buyer.address)).to.equal(buyerBefore + refund);
+  expect(await earnedOf(market, buyer.address)).to.equal(buyerBefore + refund);
   expect(await market.totalEscrow()).to.equal(0n);
-  expect(await market.totalCredits()).to.equal(ESCROW + PENALTY);
+  expect(await market.totalCredits()).to.equal(creditsLeft); // the closes paid the roster's parties and the buyer
   await expectSolventLoose(sys);
 }
 
@@ -1941,10 +1997,10 @@ async function setAsidePendingTx(R, count, verifiers, caller, opts = {}) {
 // Closes the roster; returns what the close credited each of `verifiers` (their audit fees).
 async function closeCrediting(R, verifiers) {
   const before = [];
-  for (const v of verifiers) before.push(await R.sys.market.credits(v.address));
+  for (const v of verifiers) before.push(await earnedOf(R.sys.market, v.address));
   await closeTx(R);
   const credited = [];
-  for (const [i, v] of verifiers.entries()) credited.push((await R.sys.market.credits(v.address)) - before[i]);
+  for (const [i, v] of verifiers.entries()) credited.push((await earnedOf(R.sys.market, v.address)) - before[i]);
   return credited;
 }
 
@@ -2484,11 +2540,11 @@ describe("JobMarket: round audits (roster verifiers, RoundAudit, challenges)", f
     // every unit was paid by its verdict: the close pays no slot again, and the roster's verifiers nothing
     await expect(closeTx(R)).to.emit(market, "RosterClosed").withArgs(orderId, 2, 0n);
     for (const p of R.signers) {
-      expect(await market.credits(p.address)).to.equal(4n * PRICE);
+      expect(await earnedOf(market, p.address)).to.equal(4n * PRICE);
       expect(await lockedOf(sys, p)).to.equal(0n);
     }
     for (const v of [v1, v2]) {
-      expect(await market.credits(v.address)).to.equal(0n);
+      expect(await earnedOf(market, v.address)).to.equal(0n);
       expect(await lockedOf(sys, v)).to.equal(0n);
     }
     expect(await orderFields(sys, orderId)).to.deep.equal({ balance: 0n, delivered: 4n, openUnits: 0n, closed: false });
@@ -2536,7 +2592,7 @@ describe("JobMarket: round audits (roster verifiers, RoundAudit, challenges)", f
     await time.setNextBlockTimestamp((await timestampOf(tx3)) + PARAMS.verdictWindow + 1n);
     const share = FEE / 3n;
     expect(await closeCrediting(R, [v1, v2, v3])).to.deep.equal([4n * share, 4n * share, 0n]);
-    for (const p of R.signers) expect(await market.credits(p.address)).to.equal(6n * PRICE); // 4 by count, 2 by verdict
+    for (const p of R.signers) expect(await earnedOf(market, p.address)).to.equal(6n * PRICE); // 4 by count, 2 by verdict
     await expectSolventLoose(sys);
   });
 
@@ -2575,7 +2631,7 @@ describe("JobMarket: round audits (roster verifiers, RoundAudit, challenges)", f
       expect(await lockedOf(sys, p)).to.equal(0n);
     }
     for (const v of sys.verifiers.slice(0, 3)) {
-      expect(await market.credits(v.address)).to.equal(0n);
+      expect(await earnedOf(market, v.address)).to.equal(0n);
       expect(await lockedOf(sys, v)).to.equal(0n);
     }
     expect(await orderFields(sys, orderId)).to.deep.equal({ balance: ESCROW_4, delivered: 0n, openUnits: 0n, closed: false });

@@ -182,9 +182,9 @@ async function systemFixture() {
   return fundedSystem(PARAMS);
 }
 
-/** {systemFixture} with other market parameters. */
-async function fundedSystem(params) {
-  const sys = await deploySystem("VeriToken", params);
+/** {systemFixture} with other market parameters (and another token: a test mock with `mint`). */
+async function fundedSystem(params, tokenFactoryName = "VeriToken") {
+  const sys = await deploySystem(tokenFactoryName, params);
   const { token, stakes, market, buyer, providers, verifiers } = sys;
   const stakesAddr = await stakes.getAddress();
   const marketAddr = await market.getAddress();

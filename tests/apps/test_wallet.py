@@ -17,6 +17,7 @@ from apps.cli import main
 from veritrain import keys
 from veritrain.chain.backends import HardhatNode, RpcBackend, dev_accounts
 from veritrain.chain.client import ChainClient
+from veritrain.chain.deployment import MarketParams
 
 pytestmark = [pytest.mark.node_backend, pytest.mark.chain]
 
@@ -36,14 +37,15 @@ class Chain:
 
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chain]:
-    """A provider with STAKE bonded, one unit's collateral of it locked; a buyer with a refund as credit
-    (an order posted and closed)."""
+    """A provider with STAKE bonded, one unit's collateral of it locked; a buyer with 2 VERI of credit (a
+    unit it worked, finalized)."""
     folder = tmp_path_factory.mktemp("wallet")
     with HardhatNode() as node:
         accounts = dev_accounts(9)
         deployer, provider, buyer, verifiers = accounts[0], accounts[5], accounts[6], accounts[7:9]
         deployments = folder / "deployments.json"
-        client = ChainClient.deploy(RpcBackend(node.url), deployer, save_to=deployments)
+        params = MarketParams(solo_spot_check_ppm=0, probation_streak=0)
+        client = ChainClient.deploy(RpcBackend(node.url), deployer, params=params, save_to=deployments)
         for party in (provider, buyer, *verifiers):
             client.mint(party, 1_000 * TOKEN)
         for party in (provider, *verifiers):
@@ -55,8 +57,22 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chain]:
         key = os.urandom(32)
         accept = client.sign_accept(provider, order, key, deadline)
         client.assign(order, key, [provider], verifiers, [accept])  # locks the provider's collateral
-        refund, _ = client.post_order(buyer, os.urandom(32), 1, 1, TOKEN, TOKEN, deadline)
-        client.close_order(refund, sender=buyer)  # 2 VERI back to the buyer's credit
+        # a credit for the buyer to withdraw (a close pays its refund directly): 2 VERI earned working a
+        # one-replica unit of the deployer's order, finalized
+        client.mint(deployer, 100 * TOKEN)
+        client.approve(deployer, client.deployment.job_market, 100 * TOKEN)
+        client.approve(buyer, client.deployment.stake_manager, STAKE)
+        client.stake(buyer, STAKE)
+        paid, _ = client.post_order(deployer, os.urandom(32), 1, 1, 2 * TOKEN, TOKEN, deadline)
+        key = os.urandom(32)
+        accept = client.sign_accept(buyer, paid, key, deadline)
+        unit, _ = client.assign(paid, key, [buyer], verifiers, [accept])
+        digest, salt = os.urandom(32), os.urandom(32)
+        commitment = client.commitment(digest, salt, buyer.address, unit)
+        client.commit_with_sig(unit, buyer, commitment, client.sign_commit(buyer, unit, commitment, deadline))
+        client.advance_time(1)
+        client.reveal(unit, buyer, digest, salt)
+        client.finalize(unit)  # no solo spot check, no probation (params): never drawn
         for name, party in (("provider", provider), ("buyer", buyer)):
             keys.import_key(folder / "ks", name, bytes(party.key), "pw", light=True)
         yield Chain(node, client, deployments, folder / "ks", provider, buyer)

@@ -300,6 +300,14 @@ class Model:
     def _credit(self, account: str, amount: int) -> None:
         self.credits[account] = self.credits.get(account, 0) + amount
 
+    def _pay_credit(self, account: str) -> None:
+        """A close pays `account` its whole credit (JobMarketBase._payCredit; the model's token takes every
+        transfer)."""
+        amount = self.credits.get(account, 0)
+        if amount:
+            self.credits[account] = 0
+            self._move(self.token_holder_jm, account, amount)
+
     def total_staked(self) -> int:
         return sum(s.bonded + s.unbonding for s in self.stakes.values())
 
@@ -470,6 +478,7 @@ class Model:
         self._credit(order.buyer, order.balance)
         order.balance = 0
         order.closed = True
+        self._pay_credit(order.buyer)
         return None
 
     # ---- JobMarket: assignment ----
@@ -1209,7 +1218,8 @@ class Model:
     def close_roster(self, order_id: int, key_ok: bool, now: int) -> Expected | None:
         """JobMarketRounds.closeRoster (anyone): pays every slot of every revealed round but set-aside
         units', counts them valid (a streak only for a provider with no fault or fraud since the roster
-        opened), releases the roster's collateral not released before slashes, returns the rest."""
+        opened), releases the roster's collateral not released before slashes, returns the rest; then pays
+        each provider and roster verifier its whole credit."""
         found = self._open_roster(order_id, key_ok)
         if isinstance(found, Expected):
             return found
@@ -1260,6 +1270,8 @@ class Model:
         order.delivered += roster.units_per_round * settled - roster.set_aside_units
         order.open_units -= units
         roster.closed = True
+        for party in [*roster.providers, *roster.verifiers]:  # paid at close: nothing left to withdraw
+            self._pay_credit(party)
         return None
 
     # ---- VerdictAppeals ----

@@ -163,9 +163,13 @@ def test_expired_unit_returns_budget_and_order_closes_with_refund(world: Any) ->
     assert all(client.reputation(p).fault == 1 for p in world.providers[:3])
     assert all(client.stake_of(p).locked == 0 for p in world.providers[:3])
 
+    tokens = client.token_balance(world.buyer)
     receipt = client.close_order(order_id, sender=world.buyer)
     assert receipt.event("OrderClosed").args["refund"] == 3 * PRICE + FEE
-    assert client.credits(world.buyer) == 3 * PRICE + FEE
+    # the close pays the refund: nothing is left to withdraw
+    assert receipt.event("CreditWithdrawn").args["amount"] == 3 * PRICE + FEE
+    assert client.token_balance(world.buyer) == tokens + 3 * PRICE + FEE
+    assert client.credits(world.buyer) == 0
     assert client.get_order(order_id).closed
 
 

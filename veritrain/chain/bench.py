@@ -80,8 +80,7 @@ INCLUDED: dict[str, list[str]] = {
     ],
     "per_order_gas": [
         "postOrder",
-        "closeOrder",
-        "withdrawCredit (buyer's refund of unused verifier fees)",
+        "closeOrder (pays the buyer its refund of unused verifier fees)",
         "withdrawCredit x3 (providers, once per order)",
     ],
     "gas_per_settled_unit_with_order_amortized": [
@@ -93,35 +92,34 @@ INCLUDED: dict[str, list[str]] = {
         "assign",
         "commitBatch",
         "revealBatch+finalize",
-        "closeOrder",
-        "withdrawCredit (buyer)",
+        "closeOrder (pays the buyer its refund)",
         "withdrawCredit x3 (providers)",
     ],
     "gas_per_settled_unit_k3_m8": [
         f"postOrder ({DILOCO_ROUNDS} rounds x ({DILOCO_SHARDS} shard units + 1 aggregate unit))",
         "per unit: assign + commitBatch (3) + revealBatch+finalize",
-        "closeOrder + withdrawCredit (buyer) + withdrawCredit x3 (providers)",
+        "closeOrder (pays the buyer its refund) + withdrawCredit x3 (providers)",
     ],
     "gas_per_settled_unit_k1_m8": [
         f"postOrder ({DILOCO_ROUNDS} rounds x ({DILOCO_SHARDS} shard units + 1 aggregate unit)), k = 1",
         "per unit: assign + commitBatch (1) + revealBatch+finalize",
-        "closeOrder + withdrawCredit (buyer) + withdrawCredit (provider)",
+        "closeOrder (pays the buyer its refund) + withdrawCredit (provider)",
     ],
     "gas_per_settled_unit_per_unit_path": [
         f"postOrder ({DILOCO_ROUNDS} rounds x ({DILOCO_SHARDS} shard units + 1 aggregate unit)), k = 3",
         "per unit, as market/outbox.py sends it: assign + commitBatch (3) + revealBatch+finalize",
-        "closeOrder + withdrawCredit (buyer) + withdrawCredit x3 (providers)",
+        "closeOrder (pays the buyer its refund) + withdrawCredit x3 (providers)",
     ],
     "gas_per_settled_unit_round_multicall_m8": [
         f"postOrder ({DILOCO_ROUNDS} rounds x ({DILOCO_SHARDS} shard units + 1 aggregate unit)), k = 3",
         f"per round: assign x{DILOCO_SHARDS} + one multicall of the shards' commitBatches + one multicall of "
         "their revealBatches (finalize) + the aggregate unit batched alone",
-        "closeOrder + withdrawCredit (buyer) + withdrawCredit x3 (providers); not the market's path",
+        "closeOrder (pays the buyer its refund) + withdrawCredit x3 (providers); not the market's path",
     ],
     "gas_per_settled_unit_per_unit_path_per_message": [
         f"postOrder ({DILOCO_ROUNDS} rounds x ({DILOCO_SHARDS} shard units + 1 aggregate unit)), k = 3",
         "per unit, the outbox's path before batching: assign + commitWithSig x3 + reveal x3 + finalize",
-        "closeOrder + withdrawCredit (buyer) + withdrawCredit x3 (providers)",
+        "closeOrder (pays the buyer its refund) + withdrawCredit x3 (providers)",
     ],
 }
 
@@ -153,7 +151,8 @@ NOTES = {
     "round_path": (
         f"k{{3,1}}_m8_r{{{','.join(map(str, ROUND_PATH_ROUNDS))}}}: R rounds of {DILOCO_SHARDS} shard units "
         "+ 1 aggregate unit, openRoster, one stepRound per round (reveal the previous, commit this one), a "
-        "reveal-only last step, closeRoster, postOrder + closeOrder + withdrawals; per shard unit"
+        "reveal-only last step, closeRoster (pays the providers), postOrder + closeOrder (pays the buyer); "
+        "per shard unit"
     ),
     "round_path_two_step": (
         f"..._two_step: R rounds of {DILOCO_SHARDS} shard units (the aggregate folded into the next round's "
@@ -442,12 +441,14 @@ class _Parties:
         return unit_id, self.client.submit_verdict(unit_id, outcomes, signed).gas_used
 
     def close(self, order_id: int) -> dict[str, int]:
-        """The per-order transactions after the units: close, the buyer's and each provider's withdrawal."""
+        """The per-order transactions after the units: close (which pays the buyer its refund), and each
+        provider's withdrawal of what it is credited (none after a roster's close, which paid it)."""
         gas = {"closeOrder": self.client.close_order(order_id, sender=self.buyer).gas_used}
-        if self.client.credits(self.buyer.address):  # none when every unit's verifier fee was paid out
+        if self.client.credits(self.buyer.address):  # none: the close paid the buyer unless the token refused
             gas["withdrawCredit(buyer)"] = self.client.withdraw_credit(self.buyer).gas_used
         for index, provider in enumerate(self.providers[: self.order_replicas[order_id]], 1):
-            gas[f"withdrawCredit#{index}"] = self.client.withdraw_credit(provider).gas_used
+            if self.client.credits(provider.address):
+                gas[f"withdrawCredit#{index}"] = self.client.withdraw_credit(provider).gas_used
         return gas
 
     def diloco_order(self, replicas: int, settle_unit: Callable[[int], dict[str, int]]) -> dict[str, Any]:
