@@ -2097,7 +2097,9 @@ class MarketMachine(RuleBasedStateMachine):
         colluding: frozenset[int] = frozenset()
         if roster.verifiers:  # a unanimous forgery: only a challenge of the audit that paid it catches it
             colluding = frozenset(
-                u for u in range(roster.units_per_round) if not _mostly(data, 4, "no collusion")
+                u
+                for u in range(roster.units_per_round)
+                if not _mostly(data, 1 if audited else 4, "no collusion")
             )
         if not roster.pending_block:
             self.do_step_round(order_id, reveal=False, deviant=deviant, colluding=colluding)
@@ -2169,7 +2171,9 @@ class MarketMachine(RuleBasedStateMachine):
             if unit.order_id == order_id and unit.audit_signers and unit.state == UnitState.VERDICTED
         ]
         if disputed and _mostly(data, 2, "slash an audit"):
-            unit_id = data.draw(st.sampled_from(disputed), label="challenged unit")
+            caught = [u for u in disputed if FRAUD in self._fixed_truth(self.model.units[u])]
+            pool = caught if caught and _mostly(data, 3, "a caught audit") else disputed
+            unit_id = data.draw(st.sampled_from(pool), label="challenged unit")
             unit = self.model.units[unit_id]
             truth = self._fixed_truth(unit) if _mostly(data, 5, "its truth") else self._truth(unit)
             appeal = self.model.appeals.get(unit_id)
