@@ -1698,6 +1698,8 @@ class MarketMachine(RuleBasedStateMachine):
             self.call_stats.setdefault("stepRound (pending or posted)", [0, 0])[0] += 1
         if withheld:
             self.call_stats.setdefault("stepRound (withheld)", [0, 0])[0] += 1
+        if post and signers is not None and len(bits(signers)) < len(roster.verifiers):
+            self.call_stats.setdefault("stepRound (posted by a bare quorum)", [0, 0])[0] += 1
         events = [
             int.from_bytes(_raw(log["data"])[:32], "big")
             for log in outcome.receipt["logs"]
