@@ -440,17 +440,18 @@ def roster_pending_way_out(m: MarketMachine) -> None:
 
 def roster_audit_challenged(m: MarketMachine) -> None:
     """The round audits' dispute path with the chain's seed gone (every unit drawn): a roster of 1 unit x 2
-    replicas x 5 rounds audited by three verifiers (the last never committed: the close after the deadline). Round 0's unit is a unanimous forgery of both providers;
-    a bare quorum (verifier0, verifier1) posts it, the operator challenges it (verifier2 and verifier3, none
-    a signer; again: NotAudited) and the verdict calls both replicas fraud. Round 1's honest unit, posted by
-    verifier1 and verifier2, is challenged too (the records from its posting on) and accepted by its verdict.
-    Round 2's forgery, posted by verifier0 and verifier1, is challenged and judged fraud; round 3, posted by
-    all three, is challenged after its window (AuditChallengeClosed). Before the truth is fixed the slash is
-    refused; after it, slashRoundAudit slashes verifier0 and verifier1 for round 0 (their roster collateral
-    released first, while a per-unit unit keeps verifier0 and verifier1 locked), once (VerifierAlreadySlashed
-    again), then again for round 2 (nothing left to release); the honest unit's is refused
-    (AuditNotContradicted). The held fraud settles, the roster closes (verifier2 alone released there; each
-    signer paid for the audited units no challenge took back) and the order closes."""
+    replicas x 5 rounds audited by three verifiers (the last never committed: the close after the deadline).
+    Round 0's unit is a unanimous forgery of both providers; a bare quorum (verifier0, verifier1) posts it,
+    the operator challenges it (verifier2 and verifier3, none a signer; again: NotAudited) and the verdict
+    calls both replicas fraud. Round 1's honest unit, posted by verifier1 and verifier2, is challenged too
+    (the records from its posting on) and accepted by its verdict. Round 2's forgery, posted by verifier0 and
+    verifier1, is challenged and judged fraud; round 3, posted by all three, is challenged after its window
+    (AuditChallengeClosed). Before the truth is fixed the slash is refused; after it, slashRoundAudit slashes
+    verifier0 and verifier1 for round 0 (their roster collateral released first, while a per-unit unit keeps
+    verifier0 and verifier1 locked), once (VerifierAlreadySlashed again), then again for round 2 (nothing left
+    to release); the honest unit's is refused (AuditNotContradicted). The held fraud settles, the roster
+    closes (verifier2 alone released there; each signer paid for the audited units no challenge took back) and
+    the order closes."""
     _stake_everyone(m)
     for verifier in SPARE_VERIFIERS:
         m.do_stake(verifier, 2_000)
