@@ -440,7 +440,7 @@ def roster_pending_way_out(m: MarketMachine) -> None:
 
 def roster_audit_challenged(m: MarketMachine) -> None:
     """The round audits' dispute path with the chain's seed gone (every unit drawn): a roster of 1 unit x 2
-    replicas x 5 rounds audited by three verifiers (the last never committed: the close after the deadline).
+    replicas x 8 rounds audited by three verifiers (the last 4 never committed: the close after the deadline).
     Round 0's unit is a unanimous forgery of both providers; a bare quorum (verifier0, verifier1) posts it,
     the operator challenges it (verifier2 and verifier3, none a signer; again: NotAudited) and the verdict
     calls both replicas fraud. Round 1's honest unit, posted by verifier1 and verifier2, is challenged too
@@ -456,9 +456,9 @@ def roster_audit_challenged(m: MarketMachine) -> None:
     for verifier in SPARE_VERIFIERS:
         m.do_stake(verifier, 2_000)
         m.check_step()
-    m.do_post_order("buyer0", 5, 2, 100, 50, 3_000)
+    m.do_post_order("buyer0", 8, 2, 100, 50, 3_000)
     m.check_step()
-    m.do_open_roster(1, [["provider0", "provider1"]], 5, verifiers=AUDITORS_OF_THREE)
+    m.do_open_roster(1, [["provider0", "provider1"]], 8, verifiers=AUDITORS_OF_THREE)
     m.check_step()
     _step(m, 1, reveal=False, colluding=frozenset({0}))  # round 0 committed: a unanimous forgery
     m.chain.mine(257)
@@ -504,7 +504,9 @@ def roster_audit_challenged(m: MarketMachine) -> None:
     for unit_id in (1, 3):
         m.do_settle_verdict(unit_id, [FRAUD, FRAUD])
         m.check_step()
-    m.chain.advance(m.model.orders[1].deadline - m.chain.now() + 1)  # round 4 never committed
+    m.chain.advance(
+        m.model.orders[1].deadline - m.chain.now() + 1
+    )  # rounds 4.. never committed: budget a wrong close could pay
     m.do_close_roster(1)
     m.check_step()
     m.do_close_order(1)
