@@ -63,6 +63,12 @@ the seeded bug trips the one it targets):
   record pending: a drawn unit is paid only once a quorum's posting covers it, and a record taken off the
   pending chain (setAsidePending: set aside for verdicts, or dropped unpaid after the deadline +
   verdictWindow) can never be posted or paid again.
+- audit_challenges: the round audits' dispute path (challengeAudit, slashRoundAudit, releaseAuditSigners):
+  each signer of a challenged audit is slashed at most once per unit, only if it signed the posting that
+  paid the unit, and only when the unit's truth holds fraud; each roster verifier's collateral is released
+  exactly once (early, before a slash of its audit, or at the close; never both); and the close pays each
+  roster verifier no more fees than its share of the audited units it signed that no challenge took back
+  (a challenged unit's slots: no_double_settlement).
 - model_agreement: everything else the model predicts (success vs typed revert and its arguments,
   balances, stakes, credits, reputation, nonces, order and unit fields).
 """
@@ -102,10 +108,15 @@ BUYERS = ("buyer0", "buyer1")
 PROVIDERS = ("provider0", "provider1", "provider2")
 VERIFIERS = ("verifier0", "verifier1")
 REFEREE = "referee0"
-ACTOR_LABELS = ("operator", *BUYERS, *PROVIDERS, *VERIFIERS, REFEREE)
+# Round audits: a roster may have a third verifier (quorum 2 of 3: a posting signed by a bare majority), and
+# a challenge needs two verifiers none of whom signed the posting: the spares, staked on demand.
+SPARE_VERIFIERS = ("verifier2", "verifier3")
+AUDITORS_OF_THREE = (*VERIFIERS, SPARE_VERIFIERS[0])
+ALL_VERIFIERS = (*VERIFIERS, *SPARE_VERIFIERS)
+ACTOR_LABELS = ("operator", *BUYERS, *PROVIDERS, *VERIFIERS, REFEREE, *SPARE_VERIFIERS)
 STAKERS = (*PROVIDERS, *VERIFIERS)  # the stake rules' accounts; the referee's stake sits in the pool
-ALL_STAKERS = (*STAKERS, REFEREE)
-FUNDED = (*BUYERS, *PROVIDERS, *VERIFIERS, REFEREE)
+ALL_STAKERS = (*STAKERS, REFEREE, *SPARE_VERIFIERS)
+FUNDED = (*BUYERS, *PROVIDERS, *VERIFIERS, REFEREE, *SPARE_VERIFIERS)
 INITIAL_TOKENS = 1_000_000
 REFEREE_DEPOSIT = 1_000  # staked and joined to the referee pool at deployment (the pool locks part of it)
 SIG_LIFETIME = 10**6
@@ -124,6 +135,7 @@ INVARIANTS = (
     "truth_before_money",
     "framed_made_whole",
     "pending_audits",
+    "audit_challenges",
 )
 SETTLEMENT_EVENTS = {
     keccak(text="UnitFinalized(uint256,bytes32)"),
@@ -134,6 +146,7 @@ STAKE_SLASHED = keccak(text="StakeSlashed(address,uint256,address)")
 HELD_SETTLED = keccak(text="HeldSettled(uint256,uint8[])")
 UNIT_SET_ASIDE = keccak(text="UnitSetAside(uint256,uint32,uint256,uint256)")
 ROUND_REVEALED = keccak(text="RoundRevealed(uint256,uint32,bytes32[],uint256)")
+VERIFIER_SLASHED = keccak(text="VerifierSlashed(uint256,address,uint256,address)")
 
 
 class InvariantViolation(AssertionError):
@@ -219,6 +232,14 @@ class Ghosts:
     # Round path: per (order, provider), the roster slots paid (by the roster's close, or by the settlement
     # of a unit it set aside), measured as credit gained / the order's price.
     slot_pay: dict[tuple[int, str], int] = field(default_factory=dict)
+    # Round audits: per (unit, lowercase signer), slashRoundAudit's VerifierSlashed events; per (order,
+    # verifier), releases of its roster collateral seen (locked stake freed by a slashRoundAudit or the
+    # close, in verifierCollateral), and those that could not be told (a slash clamped the lock); per (order,
+    # verifier), the audit fees the close paid it (credit and tokens gained).
+    audit_slashes: dict[tuple[int, str], int] = field(default_factory=dict)
+    audit_releases: dict[tuple[int, str], int] = field(default_factory=dict)
+    audit_unclear: set[tuple[int, str]] = field(default_factory=set)
+    audit_pay: dict[tuple[int, str], int] = field(default_factory=dict)
 
 
 @dataclass
@@ -1372,7 +1393,7 @@ class MarketMachine(RuleBasedStateMachine):
             return
         self.do_appeal(unit_id, data.draw(st.sampled_from(appellants), label="appellant"))
         filed = self.model.appeals.get(unit_id)
-        path = data.draw(st.sampled_from(["decide"] * 8 + ["later", "lapse"]), label="appeal path")
+        path = data.draw(st.sampled_from(["decide"] * 7 + ["later", "lapse", "lapse"]), label="appeal path")
         if filed is None or path == "later":
             return  # left for later steps (or to lapse)
         if path == "lapse":  # nobody draws or votes in time
@@ -1401,7 +1422,7 @@ class MarketMachine(RuleBasedStateMachine):
                 outcomes.append(data.draw(st.sampled_from([0, 0, 0, 0, 1, 2, 2]), label="outcome"))
             else:
                 outcomes.append(data.draw(st.sampled_from([2, 2, 1]), label="outcome"))
-        self.do_submit_verdict(unit_id, outcomes, list(VERIFIERS))
+        self.do_submit_verdict(unit_id, outcomes, [self.label_of[v] for v in unit.verifiers])
         if unit.state == UnitState.VERDICTED:
             self._progress_appeal(unit_id, data)  # an appeal moves held money only within the hold
 
@@ -1516,11 +1537,17 @@ class MarketMachine(RuleBasedStateMachine):
         )
 
     def _round_work(
-        self, roster: RosterState, round_: int, deviant: set[int], forged: int | None
+        self,
+        roster: RosterState,
+        round_: int,
+        deviant: set[int],
+        forged: int | None,
+        colluding: frozenset[int] = frozenset(),
     ) -> tuple[list[tuple[bytes, bytes, bytes]], list[tuple[bytes, str]], list[tuple[bytes, bytes]], int]:
-        """Round `round_`'s signed works (honest digests but the `deviant` slots'; slot `forged` signed
-        by another provider): (the contract's RoundWork tuples, the model's (commitment, signer),
-        each slot's (digest, salt), the signatures' deadline)."""
+        """Round `round_`'s signed works (honest digests but the `deviant` slots' and the `colluding` units':
+        every replica of those the same forgery, a unanimous fraud only a verifier's re-execution sees; slot
+        `forged` signed by another provider): (the contract's RoundWork tuples, the model's (commitment,
+        signer), each slot's (digest, salt), the signatures' deadline)."""
         order_id, k = roster.order_id, roster.replicas
         deadline = self._sig_deadline()
         works, model_works, secrets = [], [], []
@@ -1529,6 +1556,8 @@ class MarketMachine(RuleBasedStateMachine):
             provider = roster.provider_of(slot)
             tag = f"r{order_id}-{round_}-{slot // k}"
             digest = keccak(text=f"deviant-{tag}-{slot}" if slot in deviant else f"honest-{tag}")
+            if slot // k in colluding and slot not in deviant:
+                digest = keccak(text=f"forged-{tag}")
             salt = keccak(text=f"salt-{tag}-{slot}")
             commitment = eip712.commitment(digest, salt, provider, unit_id)
             signer = provider
@@ -1561,11 +1590,14 @@ class MarketMachine(RuleBasedStateMachine):
         verifiers: Sequence[str] = VERIFIERS,
         wrong_key: bool = False,
         post: bool = False,
+        signers: int | None = None,
+        colluding: frozenset[int] = frozenset(),
     ) -> None:
         """One stepRound: the pending round's openings (when `reveal`; `withheld` slots given by their
-        commitment, slot `tampered` with a wrong salt) and the next round's works (when `commit`), with the
-        roster's posted and pending audit chains; `post`: every roster verifier signs `RoundAudit` over the
-        pending chain as the step leaves it, and the step posts it."""
+        commitment, slot `tampered` with a wrong salt) and the next round's works (when `commit`; the
+        `colluding` units' replicas all the same forgery), with the roster's posted and pending audit
+        chains; `post`: the roster verifiers of the mask `signers` (None: every one) sign `RoundAudit` over
+        the pending chain as the step leaves it, and the step posts it."""
         roster = self.model.rosters.get(order_id)
         providers, layout = self._roster_args(order_id, wrong_key)
         openings: list[tuple[bytes, bytes]] = []
@@ -1583,15 +1615,27 @@ class MarketMachine(RuleBasedStateMachine):
         deadline = self._sig_deadline()
         if roster is not None and commit:
             round_ = roster.committed
-            works, model_works, new_secrets, deadline = self._round_work(roster, round_, set(deviant), forged)
+            works, model_works, new_secrets, deadline = self._round_work(
+                roster, round_, set(deviant), forged, colluding
+            )
         verifier_addresses = [self.address_of[v] for v in verifiers]
         now = self._now()
         set_aside: list[int] = []
         must_set_aside = self._units_to_set_aside(order_id)
 
         audit = self._round_audit(
-            order_id, post, openings, withheld, verifier_addresses, sender, model_works, deadline, now
+            order_id,
+            post,
+            openings,
+            withheld,
+            verifier_addresses,
+            sender,
+            model_works,
+            deadline,
+            now,
+            signers,
         )
+        post = post and bool(audit[3])  # no signature (a roster without verifiers): no posting
 
         def model_action() -> Expected | None:
             expected, units = self.model.step_round(
@@ -1605,6 +1649,7 @@ class MarketMachine(RuleBasedStateMachine):
                 deadline,
                 now,
                 post,
+                signers,
             )
             set_aside.extend(units)
             return expected
@@ -1653,6 +1698,8 @@ class MarketMachine(RuleBasedStateMachine):
             self.call_stats.setdefault("stepRound (pending or posted)", [0, 0])[0] += 1
         if withheld:
             self.call_stats.setdefault("stepRound (withheld)", [0, 0])[0] += 1
+        if post and signers is not None and len(bits(signers)) < len(roster.verifiers):
+            self.call_stats.setdefault("stepRound (posted by a bare quorum)", [0, 0])[0] += 1
         events = [
             int.from_bytes(_raw(log["data"])[:32], "big")
             for log in outcome.receipt["logs"]
@@ -1690,10 +1737,12 @@ class MarketMachine(RuleBasedStateMachine):
         works: Sequence[tuple[bytes, str]],
         deadline: int,
         now: int,
+        signers: int | None = None,
     ) -> tuple[bytes, list[str], bytes, list[tuple[int, bytes, bytes]]]:
         """A step's RoundAudit: the roster's pending chain, and when `post` the roster's verifiers, its posted
-        chain and each verifier's signature over the pending chain the step leaves (found by running the step
-        on a copy of the model: its posting's record covers exactly that chain)."""
+        chain and the signature of each verifier of the mask `signers` (None: all) over the pending chain the
+        step leaves (found by running the step on a copy of the model: its posting's record covers exactly
+        that chain)."""
         posted, pending = self._audit_chains(order_id)
         roster = self.model.rosters.get(order_id)
         if not post or roster is None:
@@ -1707,6 +1756,8 @@ class MarketMachine(RuleBasedStateMachine):
         signed = records[-1][1] if records and records[-1][0] >> 255 else pending
         signatures = []
         for index, verifier in enumerate(roster.verifiers):
+            if signers is not None and not signers >> index & 1:
+                continue
             message = {"orderId": order_id, "records": signed}
             signature = self.chain.sign_market(self.actors[self.label_of[verifier]], "RoundAudit", message)
             r, vs = eip712.compact_signature(signature)
@@ -1757,6 +1808,155 @@ class MarketMachine(RuleBasedStateMachine):
             self.honest[unit_id] = keccak(text=f"honest-r{order_id}-{round_}-{unit}")
             self.ghosts.unit_states[unit_id] = UnitState(self.storage.unit(unit_id)["state"])
 
+    def _challengeable(self, order_id: int) -> list[tuple[int, int]]:
+        """(record index, unit) of every audited unit a posting paid on the roster that no challenge took
+        back yet (its posting's challenge window may have closed)."""
+        roster = self.model.rosters[order_id]
+        last = max((i for i, (info, _) in enumerate(roster.audit_records) if info >> 255), default=-1)
+        return [
+            (index, unit)
+            for index, (info, _) in enumerate(roster.audit_records[:last])
+            if not info >> 255
+            for unit in bits(info & (2**64 - 1) & ~(info >> 112))
+        ]
+
+    def do_challenge_audit(
+        self,
+        order_id: int,
+        index: int,
+        unit: int,
+        verifiers: Sequence[str],
+        sender: str = "operator",
+        from_posting: bool = False,
+    ) -> None:
+        """challengeAudit of unit `unit` of the roster's record `index`, set aside with `verifiers`; the call
+        carries the roster's records through its last posting (`from_posting`: only those after the posting
+        before the record's, with the posted chain before them as the prefix)."""
+        roster = self.model.rosters[order_id]
+        providers, layout = self._roster_args(order_id)
+        records = list(roster.audit_records)
+        end = max((i + 1 for i, (info, _) in enumerate(records) if info >> 255), default=0)
+        start = 0
+        if from_posting:
+            start = max(
+                (i + 1 for i, (info, _) in enumerate(records[: min(index, end)]) if info >> 255), default=0
+            )
+        prefix = eip712.audit_chains(records[:start])[0]
+        info = records[index][0] if index < len(records) else 0
+        round_ = info >> 176 & 0xFFFFFFFF
+        digests = roster.revealed[round_][1] if round_ in roster.revealed else []
+        verifier_addresses = [self.address_of[v] for v in verifiers]
+        caller = self.address_of[sender]
+        now = self._now()
+        units_before = len(self.model.units)
+        challenged: list[int] = []
+
+        def model_action() -> Expected | None:
+            expected, unit_id = self.model.challenge_audit(
+                order_id, index, end, unit, verifier_addresses, caller, sender == "operator", now
+            )
+            if unit_id is not None:
+                challenged.append(unit_id)
+            return expected
+
+        outcome = self._run(
+            f"challengeAudit(order {order_id}, record {index} unit {unit}, verifiers {list(verifiers)}, "
+            f"by {sender}, records {start}..{end})",
+            self.actors[sender],
+            "market",
+            "challengeAudit",
+            [
+                order_id,
+                providers,
+                layout,
+                (index - start) << 8 | unit,
+                prefix,
+                records[start:end],
+                digests,
+                list(roster.verifiers),
+                verifier_addresses,
+            ],
+            model_action,
+        )
+        if outcome.receipt is None:
+            return
+        unit_id = units_before + 1
+        self.secrets[unit_id] = UnitSecrets()
+        self.honest[unit_id] = keccak(text=f"honest-r{order_id}-{round_}-{unit}")
+        state = UnitState(self.storage.unit(unit_id)["state"])
+        if state != UnitState.REVEALING:
+            self._fail("unit_state_machine", f"unit {unit_id} challenged as {state.name}, not REVEALING")
+        self.ghosts.unit_states[unit_id] = state
+
+    def _fixed_truth(self, unit: Unit) -> list[int]:
+        """The truth VerdictAppeals judges `unit` by once fixed: a decided appeal's, else the verdict."""
+        appeal = self.model.appeals.get(unit.unit_id)
+        if appeal is not None and appeal.decided is not None:
+            return list(appeal.decided)
+        return list(unit.verdict or self._truth(unit))
+
+    def do_slash_round_audit(self, unit_id: int, truth: list[int], sender: str = "operator") -> None:
+        """slashRoundAudit of a challenged unit by `truth` (anyone's: `sender` gets the bounty); checks
+        audit_challenges on the signers it slashed and on the roster collateral it released."""
+        unit = self.model.units[unit_id]
+        roster = self.model.rosters.get(unit.order_id)
+        slash = self.chain.appeal_params.verifier_slash
+        slashes = {} if unit.audit_slashed else dict.fromkeys(unit.audit_signers, slash)
+        auditors = list(roster.verifiers) if roster is not None else []
+        pre = {v: self.storage.stake_of(v) for v in auditors}
+        now = self._now()
+        caller = self.address_of[sender]
+        outcome = self._settle(
+            f"slashRoundAudit(unit {unit_id}, {truth}, by {sender})",
+            unit_id,
+            self.actors[sender],
+            "slashRoundAudit",
+            [unit_id, truth],
+            lambda: self.model.slash_round_audit(unit_id, truth, caller, now),
+            slashes,
+            contract="appeals",
+        )
+        if outcome.receipt is None:
+            return
+        self.call_stats.setdefault("slashRoundAudit (signers slashed)", [0, 0])[0] += 1
+        slashed = [
+            "0x" + _raw(log["topics"][2])[-20:].hex()
+            for log in outcome.receipt["logs"]
+            if _raw(log["topics"][0]) == VERIFIER_SLASHED
+        ]
+        signers = {a.lower() for a in unit.audit_signers}
+        truth_now = self._fixed_truth(unit)
+        for account in slashed:
+            self._add(self.ghosts.audit_slashes, (unit_id, account), 1)
+            if account not in signers:
+                self._fail(
+                    "audit_challenges",
+                    f"slashRoundAudit(unit {unit_id}) slashed {account}, which did not sign the posting that "
+                    f"paid it (signers {sorted(signers)})",
+                )
+        if slashed and FRAUD not in truth_now:
+            self._fail(
+                "audit_challenges",
+                f"slashRoundAudit(unit {unit_id}) slashed {slashed}; its truth {truth_now} holds no fraud",
+            )
+        self._count_audit_releases(unit.order_id, auditors, pre)
+
+    def _count_audit_releases(
+        self, order_id: int, auditors: Sequence[str], pre: dict[str, tuple[int, int, int, int]]
+    ) -> None:
+        """Roster collateral a transaction released per roster verifier: the locked stake it freed, unless a
+        slash clamped the lock to the stake left (then it cannot be told)."""
+        collateral = self.chain.params.verifier_collateral
+        for verifier in auditors:
+            bonded, locked, _, _ = self.storage.stake_of(verifier)
+            before = pre[verifier][1]
+            freed = before - locked
+            clamped = locked >= bonded and before > bonded
+            if clamped or freed < 0 or freed % collateral or (not freed and before < collateral):
+                self.ghosts.audit_unclear.add((order_id, verifier))
+            elif freed:
+                self._add(self.ghosts.audit_releases, (order_id, verifier), freed // collateral)
+
     def _units_to_set_aside(self, order_id: int) -> tuple[list[int], list[int]]:
         """The pending round's units the draw takes, from the chain's state before the step: those worked
         by a provider below the roster's required streak, or all when the committing block's hash is gone
@@ -1802,6 +2002,9 @@ class MarketMachine(RuleBasedStateMachine):
         roster = self.model.rosters.get(order_id)
         providers, layout = self._roster_args(order_id, wrong_key)
         credits = {a: self.storage.account(a)[0] for a in (roster.providers if roster else [])}
+        auditors = list(roster.verifiers) if roster else []
+        pre = {v: self.storage.stake_of(v) for v in auditors}
+        earned = {v: self._earned(v) for v in auditors}
         escrow_before = self._escrow()
         now = self._now()
         outcome = self._run(
@@ -1821,6 +2024,11 @@ class MarketMachine(RuleBasedStateMachine):
         if outcome.receipt is not None:
             self._add(self.ghosts.escrow_out, order_id, escrow_before - self._escrow())
             self._count_slot_pay(order_id, credits)
+            self._count_audit_releases(order_id, auditors, pre)
+            for verifier in auditors:
+                self._add(
+                    self.ghosts.audit_pay, (order_id, verifier), self._earned(verifier) - earned[verifier]
+                )
 
     def _count_slot_pay(self, order_id: int, credits_before: dict[str, int]) -> None:
         """Roster slots paid to each provider by one transaction: its credit gained / the order's price."""
@@ -1836,22 +2044,24 @@ class MarketMachine(RuleBasedStateMachine):
         if short > 0:
             self.do_stake(label, short)
 
-    def _progress_roster(self, data: st.DataObject) -> None:
+    def _progress_roster(self, data: st.DataObject, audited: bool = False) -> None:
         """The natural next phase of a roster order, or a new one: open it (its order posted if none
         fits), commit a round (a replica sometimes deviant), reveal it (a slot sometimes withheld past the
         reveal window, its opening sometimes published first) with the next round's commit, push one of
         its set-aside units towards its settlement, or close it."""
-        open_rosters = [o for o, r in self.model.rosters.items() if not r.closed]
+        open_rosters = [
+            o for o, r in self.model.rosters.items() if not r.closed and (r.verifiers or not audited)
+        ]
         if not open_rosters or not _mostly(data, 4, "continue a roster"):
-            self._progress_open_roster(data)
+            self._progress_open_roster(data, audited)
             return
         order_id = data.draw(st.sampled_from(open_rosters), label="roster")
         for _ in range(4):  # a few phases at once: a roster's life takes a step per round
-            self._roster_phase(order_id, data)
+            self._roster_phase(order_id, data, audited)
             if self.model.rosters[order_id].closed or not _mostly(data, 2, "another phase"):
                 return
 
-    def _roster_phase(self, order_id: int, data: st.DataObject) -> None:
+    def _roster_phase(self, order_id: int, data: st.DataObject, audited: bool = False) -> None:
         """One phase of an open roster (see `_progress_roster`)."""
         roster, order = self.model.rosters[order_id], self.model.orders[order_id]
         set_aside = [
@@ -1869,10 +2079,12 @@ class MarketMachine(RuleBasedStateMachine):
             else:
                 self._progress_unit(unit_id, data)
             return
+        if roster.verifiers and self._audit_dispute_phase(order_id, data):
+            return
         now = self._now()
         can_commit = roster.committed < roster.rounds and now <= order.deadline
         if roster.pending_records and _mostly(
-            data, 2 if can_commit or roster.pending_block else 0, "keep pending"
+            data, (1 if audited else 2) if can_commit or roster.pending_block else 0, "keep pending"
         ):
             pass
         elif roster.pending_records:
@@ -1884,8 +2096,15 @@ class MarketMachine(RuleBasedStateMachine):
             return
         slots = roster.units_per_round * roster.replicas
         deviant = frozenset(s for s in range(slots) if not _mostly(data, 9, f"honest slot {s}"))
+        colluding: frozenset[int] = frozenset()
+        if roster.verifiers:  # a unanimous forgery: only a challenge of the audit that paid it catches it
+            colluding = frozenset(
+                u
+                for u in range(roster.units_per_round)
+                if not _mostly(data, 1 if audited else 4, "no collusion")
+            )
         if not roster.pending_block:
-            self.do_step_round(order_id, reveal=False, deviant=deviant)
+            self.do_step_round(order_id, reveal=False, deviant=deviant, colluding=colluding)
             if not roster.pending_block or not _mostly(data, 1, "reveal at once"):
                 return
             deviant = frozenset(s for s in range(slots) if not _mostly(data, 9, f"honest slot {s}"))
@@ -1910,12 +2129,14 @@ class MarketMachine(RuleBasedStateMachine):
         )
         verifiers: Sequence[str] = VERIFIERS
         post = False
+        signers: int | None = None
         if roster.verifiers:  # round audits: the seed's hash sometimes gone (every unit drawn)
-            if not _mostly(data, 2, "seed kept"):
+            if not (not audited and _mostly(data, 1, "seed kept")):
                 self.chain.mine(max(0, roster.pending_block + 257 - self.chain.pending_block()))
             post = not _mostly(data, 2, "no posting")
             if not post and _mostly(data, 2, "pend drawn units"):
                 verifiers = ()
+            signers = self._draw_signers(roster, data)
         sender = (
             "operator" if _mostly(data, 3, "the operator's step") else data.draw(st.sampled_from(PROVIDERS))
         )
@@ -1927,7 +2148,73 @@ class MarketMachine(RuleBasedStateMachine):
             verifiers=verifiers,
             post=post,
             sender=sender,
+            signers=signers,
+            colluding=colluding,
         )
+        if post and roster.verifiers:  # a challenge fits in the posting's window only if it comes soon
+            self._audit_dispute_phase(order_id, data)
+
+    def _draw_signers(self, roster: RosterState, data: st.DataObject) -> int | None:
+        """Who signs a posting: every roster verifier, or (three of them) mostly a bare quorum of two."""
+        if len(roster.verifiers) != 3:
+            return None
+        return data.draw(st.sampled_from([0b011, 0b101, 0b110] * 2 + [0b111]), label="signers")
+
+    def _audit_dispute_phase(self, order_id: int, data: st.DataObject) -> bool:
+        """A roster with round audits: mostly challenge a unit a posting paid while its window is open
+        (sometimes late, with a signer among the verifiers, twice, or not by the operator), or slash the
+        signers of a challenged unit's audit once its truth is fixed (sometimes early, or with another
+        truth); False when it did neither."""
+        roster = self.model.rosters[order_id]
+        now = self._now()
+        disputed = [
+            u
+            for u, unit in self.model.units.items()
+            if unit.order_id == order_id and unit.audit_signers and unit.state == UnitState.VERDICTED
+        ]
+        if disputed and _mostly(data, 2, "slash an audit"):
+            caught = [u for u in disputed if FRAUD in self._fixed_truth(self.model.units[u])]
+            pool = caught if caught and _mostly(data, 3, "a caught audit") else disputed
+            unit_id = data.draw(st.sampled_from(pool), label="challenged unit")
+            unit = self.model.units[unit_id]
+            truth = self._fixed_truth(unit) if _mostly(data, 5, "its truth") else self._truth(unit)
+            appeal = self.model.appeals.get(unit_id)
+            if (appeal is None or appeal.state != AppealState.PENDING) and _mostly(data, 1, "truth fixed"):
+                self.chain.advance(max(0, self.model.appeal_closes(unit) - self._now() + 1))
+            sender = data.draw(st.sampled_from(["operator", *BUYERS, *PROVIDERS]), label="slasher")
+            self.do_slash_round_audit(unit_id, truth, sender)
+            return True
+        candidates = self._challengeable(order_id)
+        vw = self.chain.params.verdict_window
+
+        def window_end(index: int) -> int:
+            posting = next(i for i, _ in roster.audit_records[index:] if i >> 255)
+            return (posting >> 72 & (2**40 - 1)) + vw
+
+        in_time = [c for c in candidates if now <= window_end(c[0])]
+        if not in_time or not _mostly(data, 1, "challenge"):
+            return False
+        kind = data.draw(
+            st.sampled_from(["in time"] * 8 + ["late", "a signer", "again", "by a provider"]),
+            label="challenge",
+        )
+        index, unit = data.draw(st.sampled_from(in_time), label="audited unit")
+        posting = next(i for i, _ in roster.audit_records[index:] if i >> 255)
+        signers = [self.label_of[roster.verifiers[i]] for i in bits(posting >> 64 & 0xFF)]
+        others = [v for v in ALL_VERIFIERS if v not in signers]
+        verifiers = list(data.draw(st.permutations(others), label="challenge verifiers"))[:2]
+        if kind == "a signer" or len(verifiers) < 2:
+            verifiers = [*verifiers[:1], data.draw(st.sampled_from(signers), label="signer")]
+        if kind == "late":
+            self.chain.advance(window_end(index) - self._now() + 1)
+        for verifier in verifiers:
+            self._ensure_stake(verifier, self.chain.params.verifier_collateral)
+        sender = "operator" if kind != "by a provider" else data.draw(st.sampled_from(PROVIDERS))
+        from_posting = _mostly(data, 1, "records from the posting")
+        self.do_challenge_audit(order_id, index, unit, verifiers, sender, from_posting)
+        if kind == "again":
+            self.do_challenge_audit(order_id, index, unit, verifiers, sender, not from_posting)  # NotAudited
+        return True
 
     def _audit_phase(self, order_id: int, data: st.DataObject) -> None:
         """A roster with pending round records: a posting alone (no round to reveal), the operator setting
@@ -1938,7 +2225,9 @@ class MarketMachine(RuleBasedStateMachine):
         count = data.draw(st.integers(1, pending), label="records taken")
         choice = data.draw(st.sampled_from(["post", "set aside", "drop"]), label="way out")
         if choice == "post" and not roster.pending_block:
-            self.do_step_round(order_id, commit=False, reveal=False, post=True)
+            signers = self._draw_signers(roster, data)
+            self.do_step_round(order_id, commit=False, reveal=False, post=True, signers=signers)
+            self._audit_dispute_phase(order_id, data)
         elif choice == "set aside":
             for verifier in VERIFIERS:
                 self._ensure_stake(
@@ -1952,7 +2241,7 @@ class MarketMachine(RuleBasedStateMachine):
             closer = data.draw(st.sampled_from(["operator", *BUYERS, *PROVIDERS]), label="dropper")
             self.do_set_aside_pending(order_id, count, (), closer)
 
-    def _progress_open_roster(self, data: st.DataObject) -> None:
+    def _progress_open_roster(self, data: st.DataObject, audited: bool = False) -> None:
         """Open a roster on an order that can take one (posting a fitting order when none can)."""
         now = self._now()
         fits = [
@@ -2000,8 +2289,8 @@ class MarketMachine(RuleBasedStateMachine):
             self._ensure_stake(label, count * self.chain.params.provider_collateral)
         stale = not _mostly(data, 19, "fresh nonces")
         verifiers: Sequence[str] = ()
-        if _mostly(data, 1, "the roster's verifiers"):
-            verifiers = VERIFIERS
+        if audited or _mostly(data, 1, "the roster's verifiers"):
+            verifiers = VERIFIERS if _mostly(data, 1, "two verifiers") else AUDITORS_OF_THREE
             for verifier in verifiers:
                 self._ensure_stake(verifier, self.chain.params.verifier_collateral)
         self.do_open_roster(order_id, slots, rounds, stale, verifiers)
@@ -2019,6 +2308,12 @@ class MarketMachine(RuleBasedStateMachine):
     def progress_roster_3(self, data: st.DataObject) -> None:
         self._progress_roster(data)
 
+    @rule(data=st.data())
+    def progress_round_audits(self, data: st.DataObject) -> None:
+        """A roster with verifiers whose rounds' seeds are gone (every unit drawn): round audits pended,
+        posted (by a bare quorum of three), challenged, their signers slashed."""
+        self._progress_roster(data, audited=True)
+
     @precondition(lambda self: bool(self.model.rosters))
     @rule(
         data=st.data(),
@@ -2035,6 +2330,8 @@ class MarketMachine(RuleBasedStateMachine):
                 "empty",
                 "by a provider",
                 "thin verifiers",
+                "thin quorum",
+                "challenge",
             ]
         ),
     )
@@ -2071,6 +2368,12 @@ class MarketMachine(RuleBasedStateMachine):
             self.do_step_round(order_id, commit=False, reveal=False)
         elif kind == "by a provider":
             self.do_step_round(order_id, sender=data.draw(st.sampled_from(PROVIDERS), label="sender"))
+        elif kind == "thin quorum":  # one signature: below any roster's majority
+            self.do_step_round(order_id, commit=False, post=True, signers=1)
+        elif kind == "challenge":  # any record and unit, mostly not one a posting paid
+            index = data.draw(st.integers(0, len(roster.audit_records)), label="record")
+            unit = data.draw(st.integers(0, roster.units_per_round), label="unit")
+            self.do_challenge_audit(order_id, index, unit, SPARE_VERIFIERS)
         else:
             self.do_step_round(order_id, commit=False, verifiers=VERIFIERS[:1])
 
@@ -2093,6 +2396,7 @@ class MarketMachine(RuleBasedStateMachine):
         self._compare_accounts()
         self._compare_orders()
         self._compare_rosters()
+        self._check_audit_challenges()
         self._raise_failures()
 
     def _raise_failures(self) -> None:
@@ -2230,8 +2534,9 @@ class MarketMachine(RuleBasedStateMachine):
         for order_id, roster in self.model.rosters.items():  # one collateral per slot, until close
             if self.storage.roster(order_id)["closed"]:
                 continue
-            for verifier in roster.verifiers:  # the roster's verifiers: one collateral each, until close
-                self._add(want, verifier, params.verifier_collateral)
+            for i, verifier in enumerate(roster.verifiers):  # one collateral each, until close or a slash
+                if not roster.audit_released >> i & 1:
+                    self._add(want, verifier, params.verifier_collateral)
             for provider, uses in zip(roster.providers, roster.uses, strict=True):
                 # its lock is released early only before a slash of the provider (RosterLock), and a
                 # slashed account is skipped below: so all of it
@@ -2403,6 +2708,46 @@ class MarketMachine(RuleBasedStateMachine):
                 f"{round_hash.hex() if round_hash else None} ({len(roster.pending_records)} records pending)",
             )
 
+    def _check_audit_challenges(self) -> None:
+        """audit_challenges (see the module notice), from the ghosts of slashRoundAudit and closeRoster."""
+        for (unit_id, account), count in self.ghosts.audit_slashes.items():
+            if count > 1:
+                self._fail(
+                    "audit_challenges", f"{account} slashed {count} times for the audit of unit {unit_id}"
+                )
+        fee_share: dict[tuple[int, str], int] = {}
+        for order_id, roster in self.model.rosters.items():
+            if not roster.verifiers:
+                continue
+            closed = bool(self.storage.roster(order_id)["closed"])
+            share = self.model.orders[order_id].fee // len(roster.verifiers)
+            units = 0
+            for info, _ in roster.audit_records:  # each signer's unchallenged audited units, by postings
+                if not info >> 255:
+                    units += len(bits(info & (2**64 - 1) & ~(info >> 112)))
+                    continue
+                for i, verifier in enumerate(roster.verifiers):
+                    if info >> (64 + i) & 1:
+                        self._add(fee_share, (order_id, verifier), units * share)
+                units = 0
+            for verifier in roster.verifiers:
+                key = (order_id, verifier)
+                label = self.label_of.get(verifier, verifier)
+                releases = self.ghosts.audit_releases.get(key, 0)
+                if releases > 1 or (closed and not releases and key not in self.ghosts.audit_unclear):
+                    self._fail(
+                        "audit_challenges",
+                        f"roster of order {order_id}: {label}'s collateral released {releases} times"
+                        f"{' after the close' if closed else ' while open'}, should be once by the close",
+                    )
+                paid = self.ghosts.audit_pay.get(key, 0)
+                if paid > fee_share.get(key, 0):
+                    self._fail(
+                        "audit_challenges",
+                        f"roster of order {order_id}: {label} was paid {paid} in audit fees; its share of "
+                        f"the unchallenged units it signed is {fee_share.get(key, 0)}",
+                    )
+
     def _compare_orders(self) -> None:
         for order_id, order in self.model.orders.items():
             stored = self.storage.order(order_id)
@@ -2462,6 +2807,13 @@ class MarketMachine(RuleBasedStateMachine):
         for unit_id, unit in self.model.units.items():  # every held replica can be settled
             if storage.unit(unit_id)["state"] == UnitState.VERDICTED and storage.held(unit_id):
                 self.do_settle_verdict(unit_id, list(unit.verdict or ()))
+        for unit_id, unit in self.model.units.items():  # every lazy audit a challenge caught is slashed
+            if unit.audit_signers and not unit.audit_slashed and FRAUD in self._fixed_truth(unit):
+                appeal = self.model.appeals.get(unit_id)
+                if storage.unit(unit_id)["state"] == UnitState.VERDICTED and (
+                    appeal is None or appeal.state != AppealState.LAPSED
+                ):
+                    self.do_slash_round_audit(unit_id, self._fixed_truth(unit))
         for order_id, roster in self.model.rosters.items():  # their set-aside units all settled above
             if not storage.roster(order_id)["closed"] and roster.pending_records:  # the way out: dropped
                 self.do_set_aside_pending(
@@ -2525,6 +2877,10 @@ class MarketMachine(RuleBasedStateMachine):
 
     def _sm_balance(self) -> int:
         return self.storage.token_balance(self.chain.stakes.address)
+
+    def _earned(self, account: str) -> int:
+        """What the market owes or paid `account`: its credit and its tokens."""
+        return self.storage.account(account)[0] + self.storage.token_balance(account)
 
     def _jm_balance(self) -> int:
         return self.storage.token_balance(self.chain.market.address)

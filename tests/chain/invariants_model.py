@@ -139,6 +139,10 @@ class Unit:
     # A round-path unit set aside for a verdict (JobMarketRounds): its providers' collateral is the roster's,
     # so settling it releases only its verifiers' (and one slot of the roster's lock before each slash).
     rostered: bool = False
+    # A unit set aside by challengeAudit: the roster verifiers who signed the posting that paid it (JobMarket
+    # `_auditSigners`, in roster index order), and whether slashRoundAudit slashed them (at most once).
+    audit_signers: tuple[str, ...] = ()
+    audit_slashed: bool = False
 
     @property
     def all_committed(self) -> bool:
@@ -207,6 +211,7 @@ class RosterState:
     # posting after the last posting's record; each posting's digestsHash is the pending chain it covered.
     audit_records: list[tuple[int, bytes]] = field(default_factory=list)
     dropped_slots: dict[int, int] = field(default_factory=dict)  # provider index -> slots dropped unpaid
+    audit_released: int = 0  # RosterAudits.released: verifiers whose collateral a slashRoundAudit released
     revealed: dict[int, tuple[list[bytes], list[bytes]]] = field(
         default_factory=dict
     )  # round -> (commitments
@@ -977,13 +982,15 @@ class Model:
         deadline: int,
         now: int,
         post: bool = False,
+        signers: int | None = None,
     ) -> tuple[Expected | None, list[int]]:
         """JobMarketRounds.stepRound: reveals the pending round (openings per slot: (digest, salt), or for a
         withheld slot (its commitment, anything)) and commits the next (works per slot: (commitment, the
         address that signed it)). On a roster with verifiers the revealed round's units drawn by the seed
         alone (unanimous, no provider below the streak) are left pending, not set aside, unless the step has
-        `verifiers` and does not post; `post`: every roster verifier signs the pending chain, which the step
-        then posts. Returns the expected revert, or None and the units (of the revealed round) set aside."""
+        `verifiers` and does not post; `post`: the roster verifiers of the mask `signers` (None: every one)
+        sign the pending chain, which the step then posts (a majority, or QuorumNotReached). Returns the
+        expected revert, or None and the units (of the revealed round) set aside."""
         found = self._open_roster(order_id, key_ok)
         if isinstance(found, Expected):
             return found, []
@@ -1062,6 +1069,10 @@ class Model:
             return Expected("EmptyBatch"), []
         if post and not (roster.verifiers and (roster.pending_records or record)):
             return Expected("AuditorsMismatch", (order_id,)), []
+        signer_mask = (1 << len(roster.verifiers)) - 1 if signers is None else signers
+        if post and len(bits(signer_mask)) < len(roster.verifiers) // 2 + 1:
+            required = len(roster.verifiers) // 2 + 1
+            return Expected("QuorumNotReached", (order_id, len(bits(signer_mask)), required)), []
         if works:
             if roster.committed == roster.rounds:
                 return Expected("NoRoundToStep", (order_id, roster.committed)), []
@@ -1082,9 +1093,8 @@ class Model:
             roster.pending_block = roster.pending_since = 0
             roster.commitments = []
         if post:
-            signers = (1 << len(roster.verifiers)) - 1
             covered = audit_chain(roster.pending_records)
-            roster.audit_records.append(((1 << 255) | signers << 64 | now << 72, covered))
+            roster.audit_records.append(((1 << 255) | signer_mask << 64 | now << 72, covered))
         if works:
             roster.commitments = [c for c, _ in works]
             roster.pending_block, roster.pending_since = block, now
@@ -1184,6 +1194,121 @@ class Model:
             order.open_units -= 1
         return None, units if verifiers else []
 
+    def challenge_audit(
+        self,
+        order_id: int,
+        index: int,
+        end: int,
+        unit: int,
+        verifiers: Sequence[str],
+        caller: str,
+        by_operator: bool,
+        now: int,
+    ) -> tuple[Expected | None, int | None]:
+        """JobMarketRoundAudits.challengeAudit (operator) of unit `unit` of the round record
+        `audit_records[index]`, the call carrying the roster's records up to `end` (exclusive; a posting's
+        record is the last): the unit is set aside with `verifiers` (none of whom signed the posting that
+        covered it) as a step sets one aside, every replica revealing the record's digest, its record marks
+        it challenged (the close neither pays its slots nor counts it to the posting's signers), and the
+        posting's signers are kept for slashRoundAudit. Returns the expected revert, or None and the unit
+        id."""
+        if not by_operator:
+            return Expected("AccessControlUnauthorizedAccount", (caller, OPERATOR_ROLE)), None
+        found = self._open_roster(order_id, True)
+        if isinstance(found, Expected):
+            return found, None
+        roster = found
+        if index >= end:
+            return Expected("AuditMismatch", (order_id, 0)), None
+        info, digests_of_round = roster.audit_records[index]
+        round_ = info >> 176 & 0xFFFFFFFF
+        if info >> 255:
+            return Expected("AuditMismatch", (order_id, round_)), None
+        posting = next(info for info, _ in roster.audit_records[index:end] if info >> 255)
+        until = (posting >> 72 & (2**40 - 1)) + self.params.verdict_window
+        if now > until:
+            return Expected("AuditChallengeClosed", (order_id, round_, until)), None
+        if not info >> unit & 1 or info >> (112 + unit) & 1:
+            return Expected("NotAudited", (order_id, round_, unit)), None
+        minimum = self.params.min_verifiers
+        if not minimum <= len(verifiers) <= 5:
+            return Expected("InvalidVerifierCount", (len(verifiers), minimum, 5)), None
+        signers = [roster.verifiers[i] for i in bits(posting >> 64 & 0xFF) if i < len(roster.verifiers)]
+        for signer in signers:
+            if signer in verifiers:
+                return Expected("DuplicateParty", (signer,)), None
+        k = roster.replicas
+        unit_providers = [roster.provider_of(unit * k + r) for r in range(k)]
+        for i, verifier in enumerate(verifiers):
+            if verifier in unit_providers or verifier in verifiers[:i]:
+                return Expected("DuplicateParty", (verifier,)), None
+        vc = self.params.verifier_collateral
+        for verifier in verifiers:
+            acc = self.stake_of(verifier)
+            if vc > acc.bonded - acc.locked:
+                return Expected("InsufficientFreeStake", (verifier, acc.bonded - acc.locked, vc)), None
+        commitments, digests = roster.revealed[round_]
+        unit_id = len(self.units) + 1
+        self._set_aside(roster, [(unit, True, [digests[unit]] * k, 0)], verifiers, now, commitments)
+        self.units[unit_id].audit_signers = tuple(signers)
+        roster.audit_records[index] = (info | 1 << (112 + unit), digests_of_round)
+        return None, unit_id
+
+    def truth_of(self, unit_id: int, now: int) -> bytes | Expected:
+        """VerdictAppeals.truthOf: a decided appeal's outcomes, else the verdict once nobody can appeal it."""
+        appeal = self.appeals.get(unit_id)
+        state = self.appeal_state(unit_id)
+        if appeal is not None and state in (AppealState.CONFIRMED, AppealState.OVERTURNED):
+            return outcomes_hash(appeal.decided or ())
+        if state == AppealState.LAPSED:
+            return Expected("AppealLapsed", (unit_id,))
+        if state == AppealState.PENDING:
+            return Expected("TruthNotFixed", (unit_id,))
+        unit = self.units.get(unit_id)
+        if unit is None or unit.state != UnitState.VERDICTED:
+            return Expected("NoVerdict", (unit_id,))
+        if now <= self.appeal_closes(unit):
+            return Expected("TruthNotFixed", (unit_id,))
+        return self.verdict_hash(unit_id)
+
+    def slash_round_audit(self, unit_id: int, truth: Sequence[int], caller: str, now: int) -> Expected | None:
+        """VerdictAppeals.slashRoundAudit (anyone): once the unit's truth is fixed and calls a replica fraud,
+        each signer of the challenged round audit that paid it loses `verifierSlash` (after JobMarket's
+        releaseAuditSigners freed its roster collateral while the roster is open): the bounty to the caller,
+        the rest to the buyer; once per signer and unit."""
+        truth_hash = self.truth_of(unit_id, now)
+        if isinstance(truth_hash, Expected):
+            return truth_hash
+        if outcomes_hash(truth) != truth_hash:
+            return Expected("OutcomesMismatch", (unit_id, truth_hash, outcomes_hash(truth)))
+        if FRAUD not in truth:
+            return Expected("AuditNotContradicted", (unit_id,))
+        unit = self.units[unit_id]
+        if not unit.audit_signers or unit.audit_slashed:
+            return Expected("VerifierAlreadySlashed", (unit_id, "0x" + "00" * 20))
+        self.release_audit_signers(unit)
+        unit.audit_slashed = True
+        va = self.token_holder_va
+        slashed = sum(self.slash(s, self.appeal_params.verifier_slash, va) for s in unit.audit_signers)
+        bounty = slashed * self.appeal_params.bounty_bps // BPS
+        if bounty:
+            self._move(va, caller, bounty)
+        if slashed != bounty:
+            self._move(va, self.orders[unit.order_id].buyer, slashed - bounty)
+        return None
+
+    def release_audit_signers(self, unit: Unit) -> None:
+        """JobMarketRoundAudits.releaseAuditSigners: each signer's roster collateral, once per roster
+        verifier, while the roster is open."""
+        roster = self.rosters[unit.order_id]
+        if not unit.audit_signers or roster.closed:
+            return
+        mask = sum(1 << roster.verifiers.index(s) for s in unit.audit_signers)
+        fresh = mask & ~roster.audit_released
+        roster.audit_released |= fresh
+        for i in bits(fresh):
+            self._unlock(roster.verifiers[i], self.params.verifier_collateral)
+
     def publish_opening(
         self,
         order_id: int,
@@ -1243,15 +1368,16 @@ class Model:
             share, units_since = order.fee // len(roster.verifiers), 0
             for info, _ in roster.audit_records:
                 if not info >> 255:
-                    units_since += len(bits(info & (2**64 - 1)))
+                    units_since += len(bits(info & (2**64 - 1) & ~(info >> 112)))  # challenged: not
                     continue
                 for i, verifier in enumerate(roster.verifiers):
                     if info >> (64 + i) & 1 and units_since * share:
                         self._credit(verifier, units_since * share)
                         audit_fees += units_since * share
                 units_since = 0
-            for verifier in roster.verifiers:
-                self._unlock(verifier, self.params.verifier_collateral)
+            for i, verifier in enumerate(roster.verifiers):  # but those a slashRoundAudit released
+                if not roster.audit_released >> i & 1:
+                    self._unlock(verifier, self.params.verifier_collateral)
         settled = roster.settled_rounds
         paid = 0
         for p, (provider, uses) in enumerate(zip(roster.providers, roster.uses, strict=True)):

@@ -11,7 +11,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tests.chain.invariants_machine import REFEREE, VERIFIERS, InvariantViolation, MarketMachine
+from tests.chain.invariants_machine import (
+    AUDITORS_OF_THREE,
+    REFEREE,
+    SPARE_VERIFIERS,
+    VERIFIERS,
+    InvariantViolation,
+    MarketMachine,
+)
 from tests.chain.invariants_model import ACCEPT, FAULT, FRAUD
 
 Scenario = Callable[[MarketMachine], None]
@@ -431,6 +438,81 @@ def roster_pending_way_out(m: MarketMachine) -> None:
     m.check_step()
 
 
+def roster_audit_challenged(m: MarketMachine) -> None:
+    """The round audits' dispute path with the chain's seed gone (every unit drawn): a roster of 1 unit x 2
+    replicas x 8 rounds audited by three verifiers (the last 4 never committed: the close after the deadline).
+    Round 0's unit is a unanimous forgery of both providers; a bare quorum (verifier0, verifier1) posts it,
+    the operator challenges it (verifier2 and verifier3, none a signer; again: NotAudited) and the verdict
+    calls both replicas fraud. Round 1's honest unit, posted by verifier1 and verifier2, is challenged too
+    (the records from its posting on) and accepted by its verdict. Round 2's forgery, posted by verifier0 and
+    verifier1, is challenged and judged fraud; round 3, posted by all three, is challenged after its window
+    (AuditChallengeClosed). Before the truth is fixed the slash is refused; after it, slashRoundAudit slashes
+    verifier0 and verifier1 for round 0 (their roster collateral released first, while a per-unit unit keeps
+    verifier0 and verifier1 locked), once (VerifierAlreadySlashed again), then again for round 2 (nothing left
+    to release); the honest unit's is refused (AuditNotContradicted). The held fraud settles, the roster
+    closes (verifier2 alone released there; each signer paid for the audited units no challenge took back) and
+    the order closes."""
+    _stake_everyone(m)
+    for verifier in SPARE_VERIFIERS:
+        m.do_stake(verifier, 2_000)
+        m.check_step()
+    m.do_post_order("buyer0", 8, 2, 100, 50, 3_000)
+    m.check_step()
+    m.do_open_roster(1, [["provider0", "provider1"]], 8, verifiers=AUDITORS_OF_THREE)
+    m.check_step()
+    _step(m, 1, reveal=False, colluding=frozenset({0}))  # round 0 committed: a unanimous forgery
+    m.chain.mine(257)
+    _step(m, 1, post=True, signers=0b011)  # round 0 pending and posted by verifier0 + verifier1
+    m.do_challenge_audit(1, 0, 0, SPARE_VERIFIERS)  # unit 1
+    m.check_step()
+    m.do_challenge_audit(1, 0, 0, SPARE_VERIFIERS)  # NotAudited: taken back already
+    m.check_step()
+    m.do_submit_verdict(1, [FRAUD, FRAUD], list(SPARE_VERIFIERS))
+    m.check_step()
+    m.do_slash_round_audit(1, [FRAUD, FRAUD])  # TruthNotFixed
+    m.check_step()
+    m.chain.mine(257)
+    _step(m, 1, post=True, signers=0b110, colluding=frozenset({0}))  # round 1 (honest) posted, round 2 forged
+    m.do_challenge_audit(1, 2, 0, ["verifier0", "verifier3"], from_posting=True)  # unit 2
+    m.check_step()
+    m.do_submit_verdict(2, [ACCEPT, ACCEPT], ["verifier0", "verifier3"])
+    m.check_step()
+    m.chain.mine(257)
+    _step(m, 1, post=True, signers=0b011)  # round 2 posted by verifier0 + verifier1, round 3 committed
+    m.do_challenge_audit(1, 4, 0, SPARE_VERIFIERS)  # unit 3
+    m.check_step()
+    m.do_submit_verdict(3, [FRAUD, FRAUD], list(SPARE_VERIFIERS))
+    m.check_step()
+    m.chain.mine(257)
+    _step(m, 1, commit=False, post=True)  # round 3 posted by all three
+    m.chain.advance(m.chain.params.verdict_window + 1)
+    m.do_challenge_audit(1, 6, 0, SPARE_VERIFIERS)  # AuditChallengeClosed
+    m.check_step()
+    m.do_post_order("buyer1", 1, 1, 100, 50, 3_000)  # a per-unit unit keeps verifier0 and verifier1 locked
+    m.check_step()
+    m.do_assign(2, ["provider2"], list(VERIFIERS))
+    m.check_step()
+    m.chain.advance(max(0, m.model.appeal_closes(m.model.units[3]) - m.chain.now() + 1))
+    m.do_slash_round_audit(1, [FRAUD, FRAUD], "buyer1")  # verifier0, verifier1 released, then slashed
+    m.check_step()
+    m.do_slash_round_audit(1, [FRAUD, FRAUD])  # VerifierAlreadySlashed
+    m.check_step()
+    m.do_slash_round_audit(3, [FRAUD, FRAUD])  # slashed again, nothing left to release
+    m.check_step()
+    m.do_slash_round_audit(2, [ACCEPT, ACCEPT])  # AuditNotContradicted
+    m.check_step()
+    for unit_id in (1, 3):
+        m.do_settle_verdict(unit_id, [FRAUD, FRAUD])
+        m.check_step()
+    m.chain.advance(
+        m.model.orders[1].deadline - m.chain.now() + 1
+    )  # rounds 4.. never committed: budget a wrong close could pay
+    m.do_close_roster(1)
+    m.check_step()
+    m.do_close_order(1)
+    m.check_step()
+
+
 SCENARIOS: dict[str, Scenario] = {
     "finalize_once": finalize_once,
     "finalize_twice": finalize_twice,
@@ -449,4 +531,5 @@ SCENARIOS: dict[str, Scenario] = {
     "roster_withheld_then_drawn": roster_withheld_then_drawn,
     "roster_overturn_slashes_missed_fraud": roster_overturn_slashes_missed_fraud,
     "roster_pending_way_out": roster_pending_way_out,
+    "roster_audit_challenged": roster_audit_challenged,
 }

@@ -141,6 +141,9 @@ def test_market_invariants_hold() -> None:
         "closeRoster",
         "stepRound (pending or posted)",
         "setAsidePending",
+        "stepRound (posted by a bare quorum)",
+        "challengeAudit",
+        "slashRoundAudit",
     )
     idle = [fn for fn in required if machine.call_stats.get(fn, [0, 0])[0] == 0]
     assert not idle, f"these actions never succeeded, so the run proves little about them: {idle}"
