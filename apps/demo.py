@@ -746,7 +746,7 @@ class Buyer:
             time.sleep(POLL_S)
 
     def close(self, deadline: float) -> None:
-        """Close the order (its leftover escrow becomes the buyer's credit); waits for settlements to land:
+        """Close the order (the close pays the buyer its leftover escrow); waits for settlements to land:
         a completed round-path order's roster first (`wait_roster_closed`)."""
         from apps.buyer import close_order
 
@@ -978,7 +978,9 @@ def run_demo(config: DemoConfig, emit: Callable[[str], None]) -> dict[str, Any]:
         buyer.wait_truth_fixed(deadline)
         market.withdraw_all_credits()
         after = market.holdings()
-        emit("buyer: order closed, every party withdrew its credit; fetching results over libp2p")
+        emit(
+            "buyer: order closed (the closes paid), every credit left withdrawn; fetching results over libp2p"
+        )
         _, units = order_money(market.events(buyer.posted_block), buyer.chain_order_id)
         training = collect_training(market, units, buyer.status(), config.out_dir)
         write_loss_curve(training.losses, training.round_boundaries, config.out_dir / "loss-curve.png")

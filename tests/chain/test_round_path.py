@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from earned import earned
 
 from tests.chain.conftest import TEST_PARAMS, build_world, reverted
 from veritrain.chain import eip712, errors
@@ -21,12 +22,6 @@ TOKEN = 10**18
 PRICE = 10 * TOKEN
 FEE = 3 * TOKEN
 COLLATERAL = 100 * TOKEN  # tests/chain/conftest.py TEST_PARAMS
-
-
-def _earned(client: Any, account: str) -> int:
-    """What `account` holds of the market's money: its credit plus its tokens (a roster's close pays its
-    parties directly; a withdrawal moves a credit into tokens), so a delta reads the same either way."""
-    return int(client.credits(account)) + int(client.token_balance(account))
 
 
 def _roster(world: Any, *, units_per_round: int = 2, rounds: int = 2) -> Roster:
@@ -88,12 +83,12 @@ def test_a_roster_settles_each_round_in_one_step_and_pays_every_slot_at_close(wo
         client.close_roster(order_id, roster, sender=world.outsider)
     client.step_round(order_id, roster, openings1, deadline, [])
 
-    credits_before = {p: _earned(client, p) for p in roster.providers}
+    credits_before = {p: earned(client, p) for p in roster.providers}
     valid_before = {p: client.reputation(p).valid for p in roster.providers}
     closed = client.close_roster(order_id, roster, sender=world.outsider)
     assert closed.event("RosterClosed").args["paid"] == 2 * 2 * 3 * PRICE
     for provider, n in uses.items():
-        assert _earned(client, provider) - credits_before[provider] == 2 * n * PRICE
+        assert earned(client, provider) - credits_before[provider] == 2 * n * PRICE
         assert client.reputation(provider).valid - valid_before[provider] == 2 * n
         assert client.stake_of(provider).locked == stake_before[provider]
     order = client.get_order(order_id)
@@ -189,14 +184,14 @@ def test_a_split_unit_is_set_aside_by_the_operators_step_and_settles_by_verdict(
     # round 1 on the roster path; at close every slot is paid but the set-aside unit's (its verdict paid it)
     works1, openings1 = _round(world, roster, order_id, 1, [os.urandom(32), os.urandom(32)], deadline)
     client.step_round(order_id, roster, [], deadline, works1)
-    before = {p: _earned(client, p) for p in roster.providers}
+    before = {p: earned(client, p) for p in roster.providers}
     receipt = client.step_round(order_id, roster, openings1, deadline, [], verifiers=world.verifiers[:2])
     assert receipt.events_named("UnitSetAside") == []  # the cheater's streak is 0 but the order needs none
     client.close_roster(order_id, roster)
     slots = {p: roster.slots.count(i) for i, p in enumerate(roster.providers)}
     in_unit_1 = {roster.provider_of(1, r) for r in range(3)}
     for provider, n in slots.items():
-        assert _earned(client, provider) - before[provider] == (2 * n - (provider in in_unit_1)) * PRICE
+        assert earned(client, provider) - before[provider] == (2 * n - (provider in in_unit_1)) * PRICE
     order = client.get_order(order_id)
     assert (order.delivered, order.open_units) == (4, 0)
 
@@ -359,14 +354,14 @@ def test_deferred_round_audits_pay_drawn_units_and_a_challenge_sets_one_aside(dr
 
     with pytest.raises(errors.RosterNotClosable):
         client.close_roster(order_id, roster, records)
-    credits = [_earned(client, v.address) for v in verifiers]
+    credits = [earned(client, v.address) for v in verifiers]
     world.backend.advance_time(client.params.verdict_window + 1)
     with pytest.raises(errors.AuditorsMismatch):  # every record, in order
         client.close_roster(order_id, roster, records[1:])
     client.close_roster(order_id, roster, records)
     share = FEE // 3
     # verifiers 0 and 1 signed the posting of 4 units, one of which was challenged; verifier 2 signed nothing
-    assert [_earned(client, v.address) - c for v, c in zip(verifiers, credits, strict=True)] == [
+    assert [earned(client, v.address) - c for v, c in zip(verifiers, credits, strict=True)] == [
         3 * share,
         3 * share,
         0,
@@ -382,7 +377,7 @@ def test_pending_round_audits_are_set_aside_by_the_operator_or_dropped_by_anyone
     providers = tuple(p.address for p in world.providers[:3])
     roster = Roster(providers, (0, 1, 2, 0, 1, 2), 3, 2, 2, verifiers=tuple(v.address for v in verifiers))
     order_id = _open(world, roster)
-    credits = [_earned(client, p) for p in providers]
+    credits = [earned(client, p) for p in providers]
     deadline = client.now() + 3600
     digests0 = [os.urandom(32), os.urandom(32)]
     works0, openings0 = _round(world, roster, order_id, 0, digests0, deadline)
@@ -432,5 +427,5 @@ def test_pending_round_audits_are_set_aside_by_the_operator_or_dropped_by_anyone
     assert records == []
     client.close_roster(order_id, roster, records)
     # each provider was paid its two round-0 slots by their verdicts, nothing for round 1; every lock released
-    assert [_earned(client, p) - c for p, c in zip(providers, credits, strict=True)] == [2 * PRICE] * 3
+    assert [earned(client, p) - c for p, c in zip(providers, credits, strict=True)] == [2 * PRICE] * 3
     assert all(client.stake_of(a).locked == 0 for a in (*providers, *roster.verifiers))

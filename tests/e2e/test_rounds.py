@@ -10,7 +10,7 @@ fresh providers are on probation, so every unit is set aside: each round is reve
 own, its units judged by the verifier, and the next round starts from their verdicts (committed by a step
 of its own).
 Checked from the chain's events and an independent recomputation of the training: every round committed
-and revealed by a step, the roster closed, the providers' credits exactly what the contract paid, and the
+and revealed by a step, the roster closed, each provider paid exactly what the contract owed it, and the
 buyer's final weights bitwise the outer step recomputed here from the blobs the providers serve: what an
 aggregate unit would have output (its result is `diloco.aggregate` of the same inputs, checked bitwise by
 its verifiers; tests/e2e/test_diloco.py's folded test checks it on the per-unit path)."""
@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from earned import earned
 from orders import close_and_check, folded_order_config, wait_until
 
 from apps.demo import (
@@ -94,6 +95,9 @@ def test_a_folded_order_on_the_round_path_completes_through_real_processes(
     started = time.monotonic()
     with marketplace(config, emit) as market:
         before = start_stack(market)
+        providers = [p.address for p in market.providers()]
+        # what each provider holds of the market's money once staked: the close pays it (credit + tokens)
+        earned_before = {p: earned(market.client, p) for p in providers}
         buyer = Buyer(market)
         buyer.post_order()
         buyer.wait_completed(started + 480)
@@ -103,8 +107,7 @@ def test_a_folded_order_on_the_round_path_completes_through_real_processes(
             started + 500,
             "the roster was not closed",
         )
-        providers = [p.address for p in market.providers()]
-        credits = sum(market.client.credits(p) for p in providers)  # before anyone withdraws
+        paid = {p: earned(market.client, p) - earned_before[p] for p in providers}
         closed = close_and_check(market, buyer, before, started, started + 520)
         events = [
             e for e in market.events(buyer.posted_block) if e.args.get("orderId") == buyer.chain_order_id
@@ -131,12 +134,14 @@ def test_a_folded_order_on_the_round_path_completes_through_real_processes(
     assert {int(e.args["unitId"]) for e in set_aside} == {int(u["chain_unit_id"]) for u in trains}
     assert sorted(u["kind"] for u in on_chain.values()) == ["train"] * len(set_aside)
     assert all(unit.outcomes == ["accept"] for unit in closed.units), closed.units
-    # the providers' credits: the buyer's view of the payouts (the set-aside units' verdicts and what the
-    # roster's close paid, apps/buyer.py `roster_payouts`), to the unit
+    # what each provider was paid (its verdicts' credits and the roster's close, which pays it its whole
+    # credit): the buyer's view of the payouts (the set-aside units' verdicts and what the roster's close
+    # paid, apps/buyer.py `roster_payouts`), to the unit, provider by provider
     (closing,) = [e for e in events if e.name == "RosterClosed"]
     assert int(closing.args["settledRounds"]) == config.rounds
     money = closed.money
-    assert credits == money.payouts_total, (credits, closing.args, money)
+    assert paid == {p: money.payouts.get(p, 0) for p in providers}, (paid, closing.args, money)
+    assert sum(paid.values()) == money.payouts_total > 0
     assert closed.checks.results["escrow_balanced"], closed.checks.details.get("escrow_balanced")
     assert not money.slashed
     # the buyer's final weights: its own outer step over the last round, recomputed here bit for bit (the
@@ -169,7 +174,7 @@ def test_a_rounds_order_with_round_audits_pays_its_verifier_and_sets_nothing_asi
     """No probation and every unit drawn: each round's units are audited by the roster's verifier off chain
     (it re-executes them, recomputes the pending audit chain from the chain and signs), the next round
     starts from them, the step revealing a round leaves them pending and the last step posts the one
-    audit; nothing is set aside, and the close credits the verifier its fee for every audited unit."""
+    audit; nothing is set aside, and the close pays the verifier its fee for every audited unit."""
     config = folded_order_config(
         tmp_path,
         fresh_postgres_url,
@@ -185,7 +190,7 @@ def test_a_rounds_order_with_round_audits_pays_its_verifier_and_sets_nothing_asi
     with marketplace(config, emit) as market:
         before = start_stack(market)
         verifiers = [p.address for p in market.verifiers()]
-        verifier_credits = {v: market.client.credits(v) for v in verifiers}
+        earned_before = {v: earned(market.client, v) for v in verifiers}  # once staked
         buyer = Buyer(market)
         buyer.post_order()
         buyer.wait_completed(started + 480)
@@ -195,7 +200,7 @@ def test_a_rounds_order_with_round_audits_pays_its_verifier_and_sets_nothing_asi
             started + 500,
             "the roster was not closed",
         )
-        earned = {v: market.client.credits(v) - verifier_credits[v] for v in verifiers}
+        paid = {v: earned(market.client, v) - earned_before[v] for v in verifiers}  # the close pays them
         closed = close_and_check(market, buyer, before, started, started + 520)
         events = [
             e for e in market.events(buyer.posted_block) if e.args.get("orderId") == buyer.chain_order_id
@@ -221,10 +226,10 @@ def test_a_rounds_order_with_round_audits_pays_its_verifier_and_sets_nothing_asi
     assert len(trains) == config.rounds * config.shards and all(u["state"] == "accepted" for u in trains)
     assert all(u["chain_unit_id"] is None for u in trains)  # none set aside
     (verifier,) = verifiers
-    assert earned[verifier] == config.rounds * config.shards * fee  # every audited unit, nothing else
+    assert paid[verifier] == config.rounds * config.shards * fee  # every audited unit, nothing else
     assert not closed.money.slashed and not closed.units  # no unit on the per-unit path
     assert final == training.final_state_digest
-    assert closed.money.audit_fees == earned[verifier]  # the buyer's view of the close's audit fees
+    assert closed.money.audit_fees == paid[verifier]  # the buyer's view of the close's audit fees
     units = config.rounds * config.shards  # the roster's units: the order has no aggregate unit
     emit(
         f"test: the market's own transactions: {total_gas} gas for {units} settled units "

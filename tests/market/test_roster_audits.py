@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from earned import earned
 from eth_account.signers.local import LocalAccount
 
 from apps.protocol_harness import ChainMarket
@@ -117,14 +118,14 @@ def gas_of(market: ChainMarket, order_id: int) -> int:
 
 def test_audited_rounds_pend_and_one_posting_pays_the_verifiers_at_close(market: ChainMarket) -> None:
     client = market.client
-    verifier_credits = {v.address: client.credits(v) for v in market.verifiers}
+    verifier_earned = {v.address: earned(client, v) for v in market.verifiers}
     locked = {v.address: client.stake_of(v).locked for v in market.verifiers}
     api, order_id, view = opened(market)
     roster = market.service.rosters.roster(order_id)
     assert set(roster.verifiers) == {v.address for v in market.verifiers}  # inside the Accepts' key
     collateral = client.params.verifier_collateral
     assert all(client.stake_of(v).locked == locked[v.address] + collateral for v in market.verifiers)
-    credits_before = {p: client.credits(p) for p in view.providers}
+    earned_before = {p: earned(client, p) for p in view.providers}
 
     run_round(market, api, 0)
     drive(market)  # round 0 committed; every unit drawn: its audit opens, nothing is sent meanwhile
@@ -158,11 +159,11 @@ def test_audited_rounds_pend_and_one_posting_pays_the_verifiers_at_close(market:
     order = client.get_order(view.chain_order_id)
     fee = order.verifier_fee_per_unit // len(roster.verifiers)
     for verifier in market.verifiers:
-        assert client.credits(verifier) - verifier_credits[verifier.address] == ROUNDS * SHARDS * fee
+        assert earned(client, verifier) - verifier_earned[verifier.address] == ROUNDS * SHARDS * fee
         assert client.stake_of(verifier).locked == locked[verifier.address]
     for provider in view.providers:
         slots = view.slots.count(view.providers.index(provider))
-        assert client.credits(provider) - credits_before[provider] == ROUNDS * slots * order.price_per_replica
+        assert earned(client, provider) - earned_before[provider] == ROUNDS * slots * order.price_per_replica
     market.service.orders.advance_orders()
     status = api.get(f"/orders/{order_id}").json()  # no aggregate unit: the buyer runs the last outer step
     assert (status["state"], status["rounds_accepted"]) == ("completed", ROUNDS)

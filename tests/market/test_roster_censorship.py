@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from earned import earned
 
 from apps.protocol_harness import ChainMarket
 from tests.market.test_roster_api import opening
@@ -40,7 +41,7 @@ def test_a_provider_whose_opening_the_market_censors_publishes_it_and_is_paid_no
     account = next(a for a in market.providers if a.address == victim)
     verdicts = VerdictWatch(client, account, tmp_path / "appeals.json")
     watch = SlotWatch(client, account, tmp_path / "slots.json", verdicts)
-    credits_before = {p: client.credits(p) for p in view.providers}
+    earned_before = {p: earned(client, p) for p in view.providers}
     stake_before = client.stake_of(victim).bonded
     opened_digests: dict[int, str] = {}  # unit -> what the victim opened
 
@@ -91,6 +92,6 @@ def test_a_provider_whose_opening_the_market_censors_publishes_it_and_is_paid_no
     price = client.get_order(chain_order).price_per_replica
     for provider in view.providers:
         slots = view.slots.count(view.providers.index(provider))
-        assert client.credits(provider) - credits_before[provider] == slots * price, provider  # round 0
+        assert earned(client, provider) - earned_before[provider] == slots * price, provider  # round 0
     assert client.reputation(victim).fault == 0
     assert client.stake_of(victim).bonded == stake_before

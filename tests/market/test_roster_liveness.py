@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from earned import earned
 from fastapi.testclient import TestClient
 
 from apps.protocol_harness import ChainMarket
@@ -180,7 +181,7 @@ def test_a_split_unit_is_set_aside_judged_and_the_order_goes_on_from_the_honest_
     api, order_id, view = opened(market)
     client = market.client
     cheater = view.providers[view.slots[1 * REPLICAS + 1]]  # replica 1 of unit 1
-    credits_before = {p: client.credits(p) for p in view.providers}
+    earned_before = {p: earned(client, p) for p in view.providers}
 
     def forge(provider: str, work: Assignment) -> dict[str, Any] | None:
         body = opening(work, provider)
@@ -219,7 +220,7 @@ def test_a_split_unit_is_set_aside_judged_and_the_order_goes_on_from_the_honest_
     for provider in view.providers:
         slots = view.slots.count(view.providers.index(provider))
         expected = (ROUNDS * slots - (provider == cheater)) * price
-        assert client.credits(provider) - credits_before[provider] == expected, provider
+        assert earned(client, provider) - earned_before[provider] == expected, provider
 
 
 def test_a_provider_that_commits_and_never_opens_is_withheld_after_the_reveal_window_and_penalized(
@@ -228,7 +229,7 @@ def test_a_provider_that_commits_and_never_opens_is_withheld_after_the_reveal_wi
     api, order_id, view = opened(market)
     client = market.client
     silent = view.providers[view.slots[0]]  # replica 0 of unit 0: it commits, never opens
-    credits_before = {p: client.credits(p) for p in view.providers}
+    earned_before = {p: earned(client, p) for p in view.providers}
     stake_before = client.stake_of(silent).bonded
 
     def mute(provider: str, work: Assignment) -> dict[str, Any] | None:
@@ -262,12 +263,12 @@ def test_a_provider_that_commits_and_never_opens_is_withheld_after_the_reveal_wi
     )
     assert client.reputation(silent).fault == withheld
     assert client.stake_of(silent).bonded == stake_before - withheld * client.params.withhold_penalty
-    assert client.credits(silent) == credits_before[silent]
+    assert earned(client, silent) == earned_before[silent]
     price = client.get_order(view.chain_order_id).price_per_replica
     for provider in view.providers:
         if provider != silent:
             slots = view.slots.count(view.providers.index(provider))
-            assert client.credits(provider) - credits_before[provider] == ROUNDS * slots * price, provider
+            assert earned(client, provider) - earned_before[provider] == ROUNDS * slots * price, provider
     status = api.get(f"/orders/{order_id}").json()
     assert (status["state"], status["rounds_accepted"]) == ("completed", ROUNDS)  # no aggregate unit
 

@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from earned import earned
 from eth_account.signers.local import LocalAccount
 from sqlmodel import select
 
@@ -120,7 +121,7 @@ def test_a_folded_order_on_the_round_path_settles_in_one_step_per_round_and_pays
 ) -> None:
     client = market.client
     order_id, view, accounts = opened(market)
-    credits_before = {p: client.credits(p) for p in view.providers}
+    earned_before = {p: earned(client, p) for p in view.providers}
 
     work(market, order_id, view, accounts, 0, {})
     assert drive(market) == ["sent"]  # step 0: commits round 0
@@ -136,7 +137,7 @@ def test_a_folded_order_on_the_round_path_settles_in_one_step_per_round_and_pays
     assert (info.committed, info.pending_block, info.closed) == (ROUNDS, 0, True)
     price = client.get_order(view.chain_order_id).price_per_replica
     for provider, slots in slots_of(view).items():
-        assert client.credits(provider) - credits_before[provider] == ROUNDS * slots * price
+        assert earned(client, provider) - earned_before[provider] == ROUNDS * slots * price
     with market.store.transaction() as session:
         roster = market.store.roster_of_order(session, order_id)
         assert roster is not None and (roster.state, roster.committed, roster.revealed) == ("closed", 2, 2)
@@ -154,7 +155,7 @@ def _actions(market: ChainMarket, roster_id: int) -> list[RosterActionRow]:
 def test_a_split_unit_is_set_aside_by_the_step_and_settles_by_verdict(market: ChainMarket) -> None:
     client = market.client
     order_id, view, accounts = opened(market)
-    credits_before = {p: client.credits(p) for p in view.providers}
+    earned_before = {p: earned(client, p) for p in view.providers}
     cheater = view.providers[view.slots[1 * view.replicas + 2]]  # replica 2 of unit 1
     split = {(1, cheater): digest("forged")}
 
@@ -191,7 +192,7 @@ def test_a_split_unit_is_set_aside_by_the_step_and_settles_by_verdict(market: Ch
     for provider, slots in slots_of(view).items():
         roster_pay = (ROUNDS * slots - (provider in in_unit_1)) * price
         verdict_pay = price if provider in in_unit_1 and provider != cheater else 0
-        assert client.credits(provider) - credits_before[provider] == roster_pay + verdict_pay
+        assert earned(client, provider) - earned_before[provider] == roster_pay + verdict_pay
     assert client.reputation(cheater).fraud == 1
 
 

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from earned import earned
 from eth_account.signers.local import LocalAccount
 
 from apps.protocol_harness import ChainMarket
@@ -69,7 +70,7 @@ def test_a_round_someone_pends_while_its_audit_collects_goes_on_once_the_verifie
     usual: one posting at the last step, nothing set aside, one close after the challenge window."""
     client = market.client
     api, order_id, view = opened(market)
-    credits_before = {p: client.credits(p) for p in view.providers}
+    earned_before = {p: earned(client, p) for p in view.providers}
     run_round(market, api, 0)
     drive(market)
     assert audit_rows(market) == [(0, "collecting", 0)]
@@ -97,7 +98,7 @@ def test_a_round_someone_pends_while_its_audit_collects_goes_on_once_the_verifie
     order = client.get_order(chain_order)
     for provider in view.providers:
         slots = view.slots.count(view.providers.index(provider))
-        assert client.credits(provider) - credits_before[provider] == ROUNDS * slots * order.price_per_replica
+        assert earned(client, provider) - earned_before[provider] == ROUNDS * slots * order.price_per_replica
 
 
 def test_a_cheat_pending_its_own_forgery_is_set_aside_judged_and_slashed(market: ChainMarket) -> None:
@@ -127,7 +128,7 @@ def test_a_cheat_pending_its_own_forgery_is_set_aside_judged_and_slashed(market:
     assert (info.set_aside_units, info.open_set_aside, info.audits_pending) == (SHARDS, SHARDS, False)
     assert client.audit_records(view.chain_order_id) == []
     stakes = {p: client.stake_of(p).bonded for p in pair}
-    credits = {p: client.credits(p) for p in honest_pair}
+    before = {p: earned(client, p) for p in honest_pair}
     unit0, unit1 = trains(api, order_id, 0)
     assert (unit0["state"], unit1["state"]) == ("verifying", "verifying")
     judge(market, unit0, lambda _: Outcome.ACCEPT)
@@ -141,7 +142,7 @@ def test_a_cheat_pending_its_own_forgery_is_set_aside_judged_and_slashed(market:
         assert client.stake_of(provider).bonded < stakes[provider]
     price = client.get_order(view.chain_order_id).price_per_replica
     for provider in honest_pair:
-        assert client.credits(provider) - credits[provider] >= price  # paid for its unit by the verdict
+        assert earned(client, provider) - before[provider] >= price  # paid for its unit by the verdict
 
 
 def test_pending_records_nobody_can_judge_are_dropped_after_the_deadline_and_the_roster_closes(
@@ -191,7 +192,7 @@ def test_a_signed_pending_round_at_the_deadline_is_posted_then_the_roster_closes
     client = market.client
     api, order_id, view = opened(market)
     chain_order = view.chain_order_id
-    credits = {p: client.credits(p) for p in view.providers}
+    before = {p: earned(client, p) for p in view.providers}
     run_round(market, api, 0)
     drive(market)
     sign_all(market, 0)
@@ -219,7 +220,7 @@ def test_a_signed_pending_round_at_the_deadline_is_posted_then_the_roster_closes
     price = client.get_order(chain_order).price_per_replica
     for provider in view.providers:
         slots = view.slots.count(view.providers.index(provider))
-        assert client.credits(provider) - credits[provider] == slots * price  # round 0's slots, no more
+        assert earned(client, provider) - before[provider] == slots * price  # round 0's slots, no more
 
 
 def test_a_last_round_someone_else_reveals_is_posted_by_a_step_of_its_own(market: ChainMarket) -> None:
