@@ -815,7 +815,7 @@ class MarketMachine(RuleBasedStateMachine):
         sm_before = self._sm_balance()
         pre = {account: self.storage.stake_of(account) for account in slashes or {}}
         rostered = [r.provider for r in unit.replicas] if unit is not None and unit.rostered else []
-        credits = {provider: self.storage.account(provider)[0] for provider in rostered}
+        credits = {provider: self._earned(provider) for provider in rostered}
         outcome = self._run(what, sender, contract, fn, args, model_action)
         if outcome.receipt is not None:
             self._count_slot_pay(order_id, credits)
@@ -2001,7 +2001,7 @@ class MarketMachine(RuleBasedStateMachine):
     def do_close_roster(self, order_id: int, sender: str = "operator", wrong_key: bool = False) -> None:
         roster = self.model.rosters.get(order_id)
         providers, layout = self._roster_args(order_id, wrong_key)
-        credits = {a: self.storage.account(a)[0] for a in (roster.providers if roster else [])}
+        credits = {a: self._earned(a) for a in (roster.providers if roster else [])}
         auditors = list(roster.verifiers) if roster else []
         pre = {v: self.storage.stake_of(v) for v in auditors}
         earned = {v: self._earned(v) for v in auditors}
@@ -2030,11 +2030,12 @@ class MarketMachine(RuleBasedStateMachine):
                     self.ghosts.audit_pay, (order_id, verifier), self._earned(verifier) - earned[verifier]
                 )
 
-    def _count_slot_pay(self, order_id: int, credits_before: dict[str, int]) -> None:
-        """Roster slots paid to each provider by one transaction: its credit gained / the order's price."""
+    def _count_slot_pay(self, order_id: int, earned_before: dict[str, int]) -> None:
+        """Roster slots paid to each provider by one transaction: what it earned (credit and tokens: a close
+        pays its whole credit out) / the order's price."""
         price = self.model.orders[order_id].price if order_id in self.model.orders else 0
-        for provider, before in credits_before.items():
-            gained = self.storage.account(provider)[0] - before
+        for provider, before in earned_before.items():
+            gained = self._earned(provider) - before
             if gained and price:
                 self._add(self.ghosts.slot_pay, (order_id, provider), gained // price)
 
@@ -2312,6 +2313,12 @@ class MarketMachine(RuleBasedStateMachine):
     def progress_round_audits(self, data: st.DataObject) -> None:
         """A roster with verifiers whose rounds' seeds are gone (every unit drawn): round audits pended,
         posted (by a bare quorum of three), challenged, their signers slashed."""
+        self._progress_roster(data, audited=True)
+
+    @rule(data=st.data())
+    def progress_round_audits_2(self, data: st.DataObject) -> None:
+        """A second: a dispute takes a few steps (a colluding round, its posting, the challenge, the verdict,
+        its truth fixed, the slash)."""
         self._progress_roster(data, audited=True)
 
     @precondition(lambda self: bool(self.model.rosters))
