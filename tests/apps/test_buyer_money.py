@@ -30,11 +30,8 @@ def _digest(byte: int) -> bytes:
     return bytes([byte]) * 32
 
 
-def _rounds_order(cheat_digest: bytes = _digest(0xCC)) -> list[Event]:
-    """Two rounds of two units, k = 2. Round 0 unanimous; in round 1 CHEAT (replica 0 of unit 1) and P1 split:
-    the step set the unit aside, its verdict called CHEAT fraud (held, then slashed) and accepted P1. The
-    roster's close paid every other slot of both rounds."""
-    paid = (2 * 4 - 2) * PRICE  # 8 slots, less the split unit's 2
+def _posted_and_opened() -> list[Event]:
+    """The order both event lists share: four units of k = 2, a roster of two rounds of two units."""
     return [
         _event(
             "OrderPosted",
@@ -52,6 +49,16 @@ def _rounds_order(cheat_digest: bytes = _digest(0xCC)) -> list[Event]:
             unitsPerRound=2,
             rounds=2,
         ),
+    ]
+
+
+def _rounds_order(cheat_digest: bytes = _digest(0xCC)) -> list[Event]:
+    """Two rounds of two units, k = 2. Round 0 unanimous; in round 1 CHEAT (replica 0 of unit 1) and P1 split:
+    the step set the unit aside, its verdict called CHEAT fraud (held, then slashed) and accepted P1. The
+    roster's close paid every other slot of both rounds."""
+    paid = (2 * 4 - 2) * PRICE  # 8 slots, less the split unit's 2
+    return [
+        *_posted_and_opened(),
         _event("RoundCommitted", orderId=ORDER, round=0),
         _event("RoundRevealed", orderId=ORDER, round=0, digests=[_digest(1), _digest(2)], audited=0),
         _event("RoundCommitted", orderId=ORDER, round=1),
@@ -140,22 +147,7 @@ def test_the_roster_verifiers_audit_fees_count_as_verifier_fees() -> None:
     round1 = AuditRecord.of_round(1, 0b11, [_digest(3), _digest(4)])
     posting1 = (1 << 255) | (0b01 << 64)
     events = [
-        _event(
-            "OrderPosted",
-            orderId=ORDER,
-            escrow=4 * (2 * PRICE + FEE),
-            pricePerReplica=PRICE,
-            verifierFeePerUnit=FEE,
-        ),
-        _event(
-            "RosterOpened",
-            orderId=ORDER,
-            providers=PROVIDERS,
-            layout=LAYOUT,
-            replicas=2,
-            unitsPerRound=2,
-            rounds=2,
-        ),
+        *_posted_and_opened(),
         _event("RosterVerifiers", orderId=ORDER, verifiers=[V1, V2]),
         _event("RoundRevealed", orderId=ORDER, round=0, digests=[_digest(1), _digest(2)], audited=0b11),
         _event("AuditPosted", orderId=ORDER, info=posting0, records=b"\x00" * 32),
