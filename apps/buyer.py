@@ -396,9 +396,9 @@ def roster_payouts(events: list[Event], order_id: int, price: int, fee: int) -> 
     audit_fees = units = 0
     for record in audit_records_of(mine) if verifiers else []:
         if not record.posting:
-            units += bin((record.info & (2**64 - 1)) & ~(record.info >> 112)).count("1")
+            units += bin(record.units & ~record.challenged).count("1")
             continue
-        signers = bin((record.info >> 64) & (2**verifiers - 1)).count("1")
+        signers = bin(record.signers & (2**verifiers - 1)).count("1")
         audit_fees += signers * units * (fee // verifiers)
         units = 0
     return RosterClose(payouts, audit_fees)

@@ -108,7 +108,7 @@ def _revealed_records(chain: ChainClient, job: RoundAuditJob) -> bytes:
     pending = eip712.audit_chains([r.as_tuple() for r in records[:index]])[1]
     if pending != _word(job.pending):
         raise RoundAuditRefused("the pending audit chain is not the one before the round's record on chain")
-    units = record.info & ((1 << 64) - 1)
+    units = record.units
     if units != job.units:
         raise RoundAuditRefused(f"the chain's record audits units {units:#x}, the job names {job.units:#x}")
     k = job.replicas

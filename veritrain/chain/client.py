@@ -329,6 +329,21 @@ class AuditRecord:
     def posting(self) -> bool:
         return bool(self.info & eip712.POSTING_FLAG)
 
+    @property
+    def units(self) -> int:
+        """A round's record: its drawn unanimous units, as a bit mask (bits 0..63)."""
+        return self.info & 0xFFFFFFFFFFFFFFFF
+
+    @property
+    def challenged(self) -> int:
+        """A round's record: its units a challenge took back, as a bit mask (bits 112..175)."""
+        return (self.info >> 112) & 0xFFFFFFFFFFFFFFFF
+
+    @property
+    def signers(self) -> int:
+        """A posting's record: the roster verifiers that signed it, as a bit mask (bits 64..71)."""
+        return (self.info >> 64) & 0xFF
+
     @classmethod
     def of_round(cls, round_index: int, units: int, digests: Sequence[bytes]) -> AuditRecord:
         """The record a step that reveals round `round_index` leaves pending for its drawn unanimous `units`
