@@ -14,7 +14,7 @@ core's own detection rate is `veritrain bench verification`'s figure), a lazy or
 the attack needs.
 
 Accounting, per trial, over every party's tokens + market credit + bonded and unbonding stake (the
-buyer closes its orders at the end, so unspent escrow is back in its credit); gas is ETH and is reported
+buyer closes its orders at the end, so unspent escrow is back in its tokens); gas is ETH and is reported
 apart (``cheater_gas_wei``):
 
 - ``cheater_net_gain``: the cheaters' change minus what the same parties would have got playing honestly
