@@ -43,6 +43,9 @@ abstract contract JobMarketBase is AccessControl, ReentrancyGuardTransient, Type
         keccak256("WithdrawCredit(address account,uint256 nonce,uint256 deadline)");
     bytes32 internal constant UNIT_COMMIT_TYPEHASH =
         keccak256("UnitCommit(uint256 unitId,address provider,bytes32 commitment,uint256 deadline)");
+    bytes32 internal constant ROUND_COMMIT_TYPEHASH = keccak256(
+        "RoundCommit(uint256 orderId,uint256 round,address provider,bytes32 commitmentsHash,uint256 deadline)"
+    );
     bytes32 internal constant ROUND_AUDIT_TYPEHASH =
         keccak256("RoundAudit(uint256 orderId,bytes32 records)");
     uint256 internal constant BPS = 10_000;
@@ -1718,8 +1721,9 @@ abstract contract JobMarketRoundAudits is JobMarketDelegate {
 ///   per slot it holds) and moves the budget of every unit of every round out of the order's balance.
 /// - {stepRound} (anyone): reveals the pending round (every replica's opening checked against the round's
 ///   chained commitments; each unit drawn by the hash of the block that committed it, at the spot-check
-///   rates) and commits the next (every replica's `UnitCommit` signature ecrecovered, for the unit id
-///   {JobMarket-roundUnitId}, and chained into one stored hash). Nothing is written per unit or per provider.
+///   rates) and commits the next (every replica slot's commitment, for the unit id {JobMarket-roundUnitId},
+///   each roster provider's one `RoundCommit` signature over its slots' commitments ecrecovered, and the
+///   commitments chained into one stored hash). Nothing is written per unit or per provider.
 /// - {closeRoster}: credits each provider its price for every replica slot of every revealed round but
 ///   set-aside units (one write per provider per order), counts them valid, releases the collateral,
 ///   returns unspent budget and the unused verifier fees to the order.
@@ -1737,10 +1741,18 @@ abstract contract JobMarketRoundAudits is JobMarketDelegate {
 /// step may give the slot as withheld), and a step then takes it from the chain. The
 /// market service does not use this path yet.
 abstract contract JobMarketRounds is JobMarketDelegate {
-    /// @notice A replica's commitment for one round's unit with its compact (EIP-2098) `UnitCommit`
-    /// signature: three words of calldata instead of seven.
+    /// @notice A round's commitments: every replica slot's (slot order; each {JobMarket-commitmentOf} with
+    /// {JobMarket-roundUnitId}) and each roster provider's compact (EIP-2098) signature (roster provider
+    /// order) over `RoundCommit(orderId, round, provider, commitmentsHash, deadline)`, `commitmentsHash` the
+    /// keccak256 of its own slots' commitments in slot order (abi.encodePacked): one signature per provider
+    /// per round instead of one per slot.
     struct RoundWork {
-        bytes32 commitment;
+        bytes32[] commitments;
+        CompactSignature[] signatures;
+    }
+
+    /// @notice An EIP-2098 compact signature.
+    struct CompactSignature {
         bytes32 r;
         bytes32 vs;
     }
@@ -1842,8 +1854,9 @@ abstract contract JobMarketRounds is JobMarketDelegate {
     }
 
     /// @notice Reveals the pending round (when one is pending: `openings` for every replica slot, in slot
-    /// order) and commits the next (when `works` is not empty: every replica slot's commitment and its
-    /// `UnitCommit(roundUnitId(orderId, round, unit), provider, commitment, deadline)` signature). Anyone
+    /// order) and commits the next (when `work.commitments` is not empty: every replica slot's commitment
+    /// and each roster provider's `RoundCommit(orderId, round, provider, commitmentsHash, deadline)`
+    /// signature over its slots' commitments, see {RoundWork}). Anyone
     /// may relay: the signatures and openings are the authorization. The pending round is revealed only in
     /// a later block than the one that committed it; a unit that needs a verdict is set aside (see the
     /// contract's notice) with `verifiers` (the operator's: at least `minVerifiers`, none of the unit's
@@ -1881,7 +1894,7 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         uint256 withheld,
         address[] calldata verifiers,
         uint256 deadline,
-        RoundWork[] calldata works,
+        RoundWork calldata work,
         RoundAudit calldata audit
     ) external onlyDelegated {
         Roster memory roster = _openRoster(orderId, providers, layout);
@@ -1895,14 +1908,14 @@ abstract contract JobMarketRounds is JobMarketDelegate {
             if (roster.auditsPending ? _chain(0, pending) != _roundHashes[orderId] : pending != 0) {
                 revert AuditMismatch(orderId, roster.committed);
             }
-            if (works.length == 0 && audit.signatures.length == 0) revert EmptyBatch();
+            if (work.commitments.length == 0 && audit.signatures.length == 0) revert EmptyBatch();
         }
         if (audit.signatures.length != 0) {
             _postAudits(orderId, pending, audit);
             pending = 0;
         }
-        if (works.length != 0) {
-            bytes32 chained = _commitRound(orderId, roster, providers, layout, deadline, works);
+        if (work.commitments.length != 0) {
+            bytes32 chained = _commitRound(orderId, roster, providers, layout, deadline, work);
             _roundHashes[orderId] = pending == 0 ? chained : _chain(chained, pending);
             roster.pendingBlock = uint40(block.number);
             roster.pendingSince = uint40(block.timestamp);
@@ -2237,56 +2250,76 @@ abstract contract JobMarketRounds is JobMarketDelegate {
         }
     }
 
-    /// @dev Checks every replica slot's signed commitment for round `roster.committed` and returns their
-    /// chained hash (the step stores it, with the pending audit chain).
+    /// @dev Checks round `roster.committed`'s commitments (one per replica slot) against each roster
+    /// provider's `RoundCommit` signature and returns their chained hash (the step stores it, with the
+    /// pending audit chain).
     function _commitRound(
         uint256 orderId,
         Roster memory roster,
         address[] calldata providers,
         uint256 layout,
         uint256 deadline,
-        RoundWork[] calldata works
+        RoundWork calldata work
     ) private returns (bytes32 chained) {
         uint32 round = roster.committed;
         if (round == roster.rounds) revert NoRoundToStep(orderId, round);
         uint64 orderDeadline = _orders[orderId].deadline;
         if (block.timestamp > orderDeadline) revert OrderExpired(orderId, orderDeadline);
         if (block.timestamp > deadline) revert SignatureExpired(deadline, block.timestamp);
-        uint256 k = roster.replicas;
-        if (works.length != roster.unitsPerRound * k) revert EntryCountMismatch(roster.unitsPerRound * k, works.length);
+        bytes32[] calldata commitments = work.commitments;
+        uint256 slots = roster.unitsPerRound * uint256(roster.replicas);
+        if (commitments.length != slots) revert EntryCountMismatch(slots, commitments.length);
+        if (work.signatures.length != providers.length) {
+            revert EntryCountMismatch(providers.length, work.signatures.length);
+        }
         chained = _chain(bytes32(orderId), bytes32(uint256(round)));
+        for (uint256 i; i < slots; ++i) {
+            chained = _chain(chained, commitments[i]);
+        }
         // once per step, not per signature: inside JobMarket's delegatecall EIP712 rebuilds it on every call
         bytes32 domain = _domainSeparatorV4();
-        uint256 unitId;
-        for (uint256 i; i < works.length; ++i) {
-            if (i % k == 0) unitId = _roundUnitId(orderId, round, i / k);
-            RoundWork calldata work = works[i];
-            address provider = providers[(layout >> (5 * i)) & 31];
-            bytes32 structHash = _unitCommitHash(unitId, provider, work.commitment, deadline);
+        bytes32[] memory own = new bytes32[](slots);
+        for (uint256 p; p < providers.length; ++p) {
+            uint256 n;
+            for (uint256 i; i < slots; ++i) {
+                if (((layout >> (5 * i)) & 31) == p) own[n++] = commitments[i];
+            }
+            address provider = providers[p];
+            bytes32 structHash = _roundCommitHash(orderId, round, provider, _hashWords(own, n), deadline);
+            CompactSignature calldata signature = work.signatures[p];
             (address recovered,,) =
-                ECDSA.tryRecover(MessageHashUtils.toTypedDataHash(domain, structHash), work.r, work.vs);
+                ECDSA.tryRecover(MessageHashUtils.toTypedDataHash(domain, structHash), signature.r, signature.vs);
             if (recovered != provider) revert InvalidSigner(provider, recovered);
-            chained = _chain(chained, work.commitment);
         }
         emit RoundCommitted(orderId, round);
     }
 
-    /// @dev keccak256(abi.encode(UNIT_COMMIT_TYPEHASH, unitId, provider, commitment, deadline)) without
-    /// allocating (one per replica slot of a round).
-    function _unitCommitHash(uint256 unitId, address provider, bytes32 commitment, uint256 deadline)
-        private
-        pure
-        returns (bytes32 structHash)
-    {
-        bytes32 typeHash = UNIT_COMMIT_TYPEHASH;
+    /// @dev keccak256(abi.encode(ROUND_COMMIT_TYPEHASH, orderId, round, provider, commitmentsHash, deadline))
+    /// without allocating (one per roster provider of a round).
+    function _roundCommitHash(
+        uint256 orderId,
+        uint256 round,
+        address provider,
+        bytes32 commitmentsHash,
+        uint256 deadline
+    ) private pure returns (bytes32 structHash) {
+        bytes32 typeHash = ROUND_COMMIT_TYPEHASH;
         assembly ("memory-safe") {
             let ptr := mload(0x40)
             mstore(ptr, typeHash)
-            mstore(add(ptr, 0x20), unitId)
-            mstore(add(ptr, 0x40), and(provider, 0xffffffffffffffffffffffffffffffffffffffff))
-            mstore(add(ptr, 0x60), commitment)
-            mstore(add(ptr, 0x80), deadline)
-            structHash := keccak256(ptr, 0xa0)
+            mstore(add(ptr, 0x20), orderId)
+            mstore(add(ptr, 0x40), round)
+            mstore(add(ptr, 0x60), and(provider, 0xffffffffffffffffffffffffffffffffffffffff))
+            mstore(add(ptr, 0x80), commitmentsHash)
+            mstore(add(ptr, 0xa0), deadline)
+            structHash := keccak256(ptr, 0xc0)
+        }
+    }
+
+    /// @dev keccak256 of the first `n` of `words`, packed, without copying them.
+    function _hashWords(bytes32[] memory words, uint256 n) private pure returns (bytes32 hashed) {
+        assembly ("memory-safe") {
+            hashed := keccak256(add(words, 0x20), shl(5, n))
         }
     }
 
@@ -2755,7 +2788,7 @@ contract JobMarket is JobMarketBase {
         uint256,
         address[] calldata,
         uint256,
-        JobMarketRounds.RoundWork[] calldata,
+        JobMarketRounds.RoundWork calldata,
         JobMarketRounds.RoundAudit calldata
     ) external {
         _delegateRounds();

@@ -12,6 +12,8 @@ const COLLATERAL = PARAMS.providerCollateral;
 const coder = ethers.AbiCoder.defaultAbiCoder();
 /** A step's round audit with no posting and nothing pending. */
 const NO_AUDIT = { pending: ethers.ZeroHash, verifiers: [], chain: ethers.ZeroHash, signatures: [] };
+/** A step's round work that commits nothing. */
+const NO_WORK = { commitments: [], signatures: [] };
 
 // ------------------------------------------------------------------------------------------------
 // Off-chain mirror of the round path's encodings
@@ -65,21 +67,25 @@ function slotData(R, round, i) {
   return { unit, provider, unitId, resultDigest, salt, commitment: h.commitmentOf(resultDigest, salt, provider.address, unitId) };
 }
 
-/** Every slot's RoundWork for `round`. opts: digests (per slot), deadline, signerAt(i), roundSigned (the round
- * the signatures name). */
+/** The RoundWork committing `round`: every slot's commitment and each roster provider's `RoundCommit` signature
+ * over its slots' commitments. opts: digests (per slot), deadline, signerAt(p) (who signs for provider p),
+ * roundSigned / orderSigned (the round / order the signatures name), slotsOf(p) (the slots provider p's
+ * signature covers). */
 async function worksFor(R, round, opts = {}) {
   if (opts.digests) R.digests[round] = opts.digests;
   const deadline = opts.deadline ?? (await h.farDeadline());
-  const works = [];
-  for (let i = 0; i < R.slots.length; i++) {
-    const d = slotData(R, round, i);
-    const signer = opts.signerAt?.(i) ?? d.provider;
-    const unitId = opts.roundSigned === undefined ? d.unitId : roundUnitIdOf(R.orderId, opts.roundSigned, d.unit);
-    const sig = ethers.Signature.from(await h.signMarket(signer, R.sys.market, "UnitCommit",
-      { unitId, provider: d.provider.address, commitment: d.commitment, deadline }));
-    works.push({ commitment: d.commitment, r: sig.r, vs: sig.yParityAndS });
+  const commitments = R.slots.map((_, i) => slotData(R, round, i).commitment);
+  const signatures = [];
+  for (let p = 0; p < R.addrs.length; p++) {
+    const slots = opts.slotsOf?.(p) ?? R.slots.flatMap((q, i) => (q === p ? [i] : []));
+    const commitmentsHash = ethers.keccak256(ethers.concat(slots.map((i) => commitments[i])));
+    const signer = opts.signerAt?.(p) ?? R.signers[p];
+    const sig = ethers.Signature.from(await h.signMarket(signer, R.sys.market, "RoundCommit", {
+      orderId: opts.orderSigned ?? R.orderId, round: opts.roundSigned ?? round, provider: R.addrs[p], commitmentsHash, deadline,
+    }));
+    signatures.push({ r: sig.r, vs: sig.yParityAndS });
   }
-  return { works, deadline };
+  return { works: { commitments, signatures }, deadline };
 }
 
 const openingsFor = (R, round) => R.slots.map((_, i) => {
@@ -107,7 +113,7 @@ const givenOpenings = (R, round, withheld = 0n) => openingsFor(R, round).map((o,
  * aside; `overrides` go to the transaction. */
 async function step(R, { reveal = null, commit = null, caller, verifiers = [], withheld = 0n, audit = {}, overrides = {}, ...opts } = {}) {
   const openings = reveal === null ? [] : givenOpenings(R, reveal, withheld);
-  const { works, deadline } = commit === null ? { works: [], deadline: 0n } : await worksFor(R, commit, opts);
+  const { works, deadline } = commit === null ? { works: NO_WORK, deadline: 0n } : await worksFor(R, commit, opts);
   const tx = await R.sys.market.connect(caller ?? R.sys.other).stepRound(R.orderId, R.addrs, R.layout, openings, withheld,
     addrsOf(verifiers), deadline, works, { ...NO_AUDIT, ...auditChainsOf(R.records ?? []), ...audit }, overrides);
   await trackAudits(R, tx);
@@ -684,41 +690,64 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
         .withArgs(orderId);
       await expect(step({ ...R, layout: layoutOf([0, 1, 2, 1, 2, 0]) }, { commit: 0 }))
         .to.be.revertedWithCustomError(market, "RosterMismatch").withArgs(orderId);
-      await expect(market.stepRound(orderId, R.addrs, R.layout, [], 0, [], 0, [], NO_AUDIT)).to.be.revertedWithCustomError(market, "EmptyBatch");
+      await expect(market.stepRound(orderId, R.addrs, R.layout, [], 0, [], 0, NO_WORK, NO_AUDIT)).to.be.revertedWithCustomError(market, "EmptyBatch");
       // nothing pending: openings alone are nothing to do (they are ignored, see the copied-reveal test)
-      await expect(market.stepRound(orderId, R.addrs, R.layout, openingsFor(R, 0), 0, [], 0, [], NO_AUDIT))
+      await expect(market.stepRound(orderId, R.addrs, R.layout, openingsFor(R, 0), 0, [], 0, NO_WORK, NO_AUDIT))
         .to.be.revertedWithCustomError(market, "EmptyBatch");
       const { works, deadline } = await worksFor(R, 0);
-      await expect(market.stepRound(orderId, R.addrs, R.layout, [], 0, [], deadline, works.slice(0, 5), NO_AUDIT))
+      await expect(market.stepRound(orderId, R.addrs, R.layout, [], 0, [], deadline,
+        { ...works, commitments: works.commitments.slice(0, 5) }, NO_AUDIT))
         .to.be.revertedWithCustomError(market, "EntryCountMismatch").withArgs(6, 5);
+      // one signature per roster provider, no fewer
+      await expect(market.stepRound(orderId, R.addrs, R.layout, [], 0, [], deadline,
+        { ...works, signatures: works.signatures.slice(0, 2) }, NO_AUDIT))
+        .to.be.revertedWithCustomError(market, "EntryCountMismatch").withArgs(3, 2);
       await market.stepRound(orderId, R.addrs, R.layout, [], 0, [], deadline, works, NO_AUDIT);
       // pending: its openings are required, all of them
       const next = await worksFor(R, 1);
       await expect(market.stepRound(orderId, R.addrs, R.layout, [], 0, [], next.deadline, next.works, NO_AUDIT))
         .to.be.revertedWithCustomError(market, "EntryCountMismatch").withArgs(6, 0);
-      await expect(market.stepRound(orderId, R.addrs, R.layout, openingsFor(R, 0).slice(1), 0, [], 0, [], NO_AUDIT))
+      await expect(market.stepRound(orderId, R.addrs, R.layout, openingsFor(R, 0).slice(1), 0, [], 0, NO_WORK, NO_AUDIT))
         .to.be.revertedWithCustomError(market, "EntryCountMismatch").withArgs(6, 5);
     });
 
     it("refuses a forged work signature and an expired one", async function () {
       const { sys, R } = await load(openedFixture);
       const { market, other } = sys;
-      await expect(step(R, { commit: 0, signerAt: (i) => (i === 4 ? other : undefined) }))
+      await expect(step(R, { commit: 0, signerAt: (p) => (p === 1 ? other : undefined) }))
         .to.be.revertedWithCustomError(market, "InvalidSigner").withArgs(R.addrs[1], other.address);
       const past = (await time.latest()) - 1n;
       await expect(step(R, { commit: 0, deadline: past })).to.be.revertedWithCustomError(market, "SignatureExpired")
         .withArgs(past, anyValue);
       // a malformed compact signature recovers nobody
       const { works, deadline } = await worksFor(R, 0);
-      works[0] = { ...works[0], r: ethers.ZeroHash };
+      works.signatures[0] = { ...works.signatures[0], r: ethers.ZeroHash };
       await expect(market.stepRound(R.orderId, R.addrs, R.layout, [], 0, [], deadline, works, NO_AUDIT))
         .to.be.revertedWithCustomError(market, "InvalidSigner").withArgs(R.addrs[0], ethers.ZeroAddress);
     });
 
-    it("refuses a work signature replayed into another round or another order (its unit id differs)", async function () {
+    it("refuses a round signature replayed into another round or another order, or over another provider's slots",
+      async function () {
       const { sys, orderId, R } = await load(openedFixture);
       const { market } = sys;
-      // round 1's works signed over round 0's unit ids
+      // a provider's signature covers its own slots, in slot order: not another provider's, not reordered
+      await expect(step(R, { commit: 0, slotsOf: (p) => (p === 0 ? [1, 4] : undefined) }))
+        .to.be.revertedWithCustomError(market, "InvalidSigner").withArgs(R.addrs[0], anyValue);
+      await expect(step(R, { commit: 0, slotsOf: (p) => (p === 2 ? [5, 2] : undefined) }))
+        .to.be.revertedWithCustomError(market, "InvalidSigner").withArgs(R.addrs[2], anyValue);
+      const own = await worksFor(R, 0);
+      const swappedSigs = [own.works.signatures[1], own.works.signatures[0], own.works.signatures[2]];
+      await expect(market.stepRound(orderId, R.addrs, R.layout, [], 0, [], own.deadline, { ...own.works, signatures: swappedSigs },
+        NO_AUDIT)).to.be.revertedWithCustomError(market, "InvalidSigner").withArgs(R.addrs[0], anyValue);
+      // provider 0's slots' commitments swapped with each other: its signature no longer matches
+      const c = own.works.commitments;
+      const swappedSlots = [c[3], c[1], c[2], c[0], c[4], c[5]];
+      await expect(market.stepRound(orderId, R.addrs, R.layout, [], 0, [], own.deadline, { ...own.works, commitments: swappedSlots },
+        NO_AUDIT)).to.be.revertedWithCustomError(market, "InvalidSigner").withArgs(R.addrs[0], anyValue);
+      // the signatures name another order
+      await expect(step(R, { commit: 0, orderSigned: BigInt(orderId) + 1n }))
+        .to.be.revertedWithCustomError(market, "InvalidSigner").withArgs(R.addrs[0], anyValue);
+      // round 1's commitments signed as round 0's
       await step(R, { commit: 0 });
       await expect(step(R, { reveal: 0, commit: 1, roundSigned: 0 })).to.be.revertedWithCustomError(market, "InvalidSigner")
         .withArgs(R.addrs[0], anyValue);
@@ -742,17 +771,17 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       const { market } = sys;
       const good = openingsFor(R, 0);
       const badSalt = good.map((o, i) => (i === 2 ? { ...o, salt: h.saltOf("other") } : o));
-      await expect(market.stepRound(orderId, R.addrs, R.layout, badSalt, 0, [], 0, [], NO_AUDIT)).to.be.revertedWithCustomError(market,
+      await expect(market.stepRound(orderId, R.addrs, R.layout, badSalt, 0, [], 0, NO_WORK, NO_AUDIT)).to.be.revertedWithCustomError(market,
         "RoundHashMismatch").withArgs(orderId, 0);
       // a changed digest, even the same one for the whole unit
       const badDigest = good.map((o, i) => (i < 3 ? { ...o, resultDigest: h.digestOf("forged") } : o));
-      await expect(market.stepRound(orderId, R.addrs, R.layout, badDigest, 0, [], 0, [], NO_AUDIT)).to.be.revertedWithCustomError(market,
+      await expect(market.stepRound(orderId, R.addrs, R.layout, badDigest, 0, [], 0, NO_WORK, NO_AUDIT)).to.be.revertedWithCustomError(market,
         "RoundHashMismatch").withArgs(orderId, 0);
       // the right openings in another slot order
       const swapped = [good[1], good[0], ...good.slice(2)];
-      await expect(market.stepRound(orderId, R.addrs, R.layout, swapped, 0, [], 0, [], NO_AUDIT)).to.be.revertedWithCustomError(market,
+      await expect(market.stepRound(orderId, R.addrs, R.layout, swapped, 0, [], 0, NO_WORK, NO_AUDIT)).to.be.revertedWithCustomError(market,
         "RoundHashMismatch").withArgs(orderId, 0);
-      await expect(market.stepRound(orderId, R.addrs, R.layout, good, 0, [], 0, [], NO_AUDIT)).to.emit(market, "RoundRevealed");
+      await expect(market.stepRound(orderId, R.addrs, R.layout, good, 0, [], 0, NO_WORK, NO_AUDIT)).to.emit(market, "RoundRevealed");
     });
 
     it("a non-unanimous unit needs the operator with verifiers (RoundUnitNeedsVerdict drawn=false); not set aside, the round stays pending and unpaid",
@@ -778,7 +807,7 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       expect(await chainState(sys, orderId)).to.deep.equal(pendingBefore);
       // the operator with verifiers would set it aside (see "set-aside units"); nobody does here
       await market.connect(sys.operator).stepRound.staticCall(orderId, R.addrs, R.layout, openingsFor(R, 0), 0,
-        [v1.address, v2.address], 0, [], NO_AUDIT);
+        [v1.address, v2.address], 0, NO_WORK, NO_AUDIT);
       await expect(closeTx(R)).to.be.revertedWithCustomError(market, "RosterNotClosable").withArgs(orderId, deadline);
       await time.increaseTo(deadline + 1n);
       await expect(closeTx(R)).to.emit(market, "RosterClosed").withArgs(orderId, 0, 0);
@@ -864,12 +893,12 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       const { market } = sys;
       const { works, deadline } = await worksFor(R, 0);
       const commit = market.interface.encodeFunctionData("stepRound", [orderId, R.addrs, R.layout, [], 0, [], deadline, works, NO_AUDIT]);
-      const reveal = market.interface.encodeFunctionData("stepRound", [orderId, R.addrs, R.layout, openingsFor(R, 0), 0, [], 0, [], NO_AUDIT]);
+      const reveal = market.interface.encodeFunctionData("stepRound", [orderId, R.addrs, R.layout, openingsFor(R, 0), 0, [], 0, NO_WORK, NO_AUDIT]);
       const nextBlock = BigInt(await ethers.provider.getBlockNumber()) + 1n;
       await expect(market.connect(sys.other).multicall([commit, reveal])).to.be.revertedWithCustomError(market,
         "RoundRevealTooEarly").withArgs(orderId, nextBlock);
       const seedBlock = (await (await market.connect(sys.other).multicall([commit])).wait()).blockNumber;
-      await expect(market.stepRound.staticCall(orderId, R.addrs, R.layout, openingsFor(R, 0), 0, [], 0, [], NO_AUDIT, { blockTag: seedBlock }))
+      await expect(market.stepRound.staticCall(orderId, R.addrs, R.layout, openingsFor(R, 0), 0, [], 0, NO_WORK, NO_AUDIT, { blockTag: seedBlock }))
         .to.be.revertedWithCustomError(market, "RoundRevealTooEarly").withArgs(orderId, seedBlock);
       // two transactions in one block (automine off): the reveal fails, the commit stands
       const R2 = { ...R, digests: {} };
@@ -879,7 +908,7 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       try {
         const commitTx = await market.connect(sys.other).stepRound(orderId, R.addrs, R.layout, [], 0, [], next.deadline, next.works, NO_AUDIT,
           { gasLimit: 2_000_000 });
-        const revealTx = await market.connect(sys.other).stepRound(orderId, R.addrs, R.layout, openingsFor(R2, 1), 0, [], 0, [], NO_AUDIT,
+        const revealTx = await market.connect(sys.other).stepRound(orderId, R.addrs, R.layout, openingsFor(R2, 1), 0, [], 0, NO_WORK, NO_AUDIT,
           { gasLimit: 2_000_000 });
         await network.provider.send("evm_mine", []);
         expect((await commitTx.wait()).status).to.equal(1);
@@ -988,7 +1017,7 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       await step(R, { commit: 0 });
       const { works, deadline } = await worksFor(R, 1);
       // a third party reveals round 0 first with the relayer's openings ...
-      await market.connect(sys.other).stepRound(orderId, R.addrs, R.layout, openingsFor(R, 0), 0, [], 0, [], NO_AUDIT);
+      await market.connect(sys.other).stepRound(orderId, R.addrs, R.layout, openingsFor(R, 0), 0, [], 0, NO_WORK, NO_AUDIT);
       // ... and the relayer's reveal-and-commit still commits round 1
       await expect(market.stepRound(orderId, R.addrs, R.layout, openingsFor(R, 0), 0, [], deadline, works, NO_AUDIT))
         .to.emit(market, "RoundCommitted").withArgs(orderId, 1)
@@ -1547,7 +1576,7 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       await expect(step(R, { reveal: 0, withheld: WITHHELD })).to.be.revertedWithCustomError(market,
         "RoundRevealWindowOpen").withArgs(orderId, until);
       // a step with every opening needs no window
-      await market.stepRound.staticCall(orderId, R.addrs, R.layout, openingsFor(R, 0), 0, [], 0, [], NO_AUDIT);
+      await market.stepRound.staticCall(orderId, R.addrs, R.layout, openingsFor(R, 0), 0, [], 0, NO_WORK, NO_AUDIT);
       // the window's last second is still inside it (sent with a gas limit: mined at exactly `until`)
       await time.setNextBlockTimestamp(until);
       await expect(opStep(R, [v1, v2], { reveal: 0, withheld: WITHHELD, overrides: { gasLimit: 3_000_000 } }))
@@ -1787,7 +1816,7 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       // a withheld entry carrying anything but the slot's commitment (its digest, its opening) fails the round's hash
       const wrong = givenOpenings(R, 0, WITHHELD).map((o, i) => (i === SLOT ? openingsFor(R, 0)[SLOT] : o));
       await expect(market.connect(sys.operator).stepRound(orderId, R.addrs, R.layout, wrong, WITHHELD, [v1.address, v2.address],
-        0, [], NO_AUDIT)).to.be.revertedWithCustomError(market, "RoundHashMismatch").withArgs(orderId, 0);
+        0, NO_WORK, NO_AUDIT)).to.be.revertedWithCustomError(market, "RoundHashMismatch").withArgs(orderId, 0);
       expect(await chainState(sys, orderId)).to.deep.equal(before);
       // the operator with verifiers sets both units aside, b's and c's replicas unrevealed
       const tx = await opStep(R, [v1, v2], { reveal: 0, withheld: (1n << 1n) | WITHHELD });
@@ -1809,7 +1838,7 @@ describe("JobMarket: round path (JobMarketRounds)", function () {
       const accepts = await acceptsFor(R);
       for (const call of [
         () => rounds.connect(sys.operator).openRoster(orderId, R.addrs, R.layout, 3, 2, 3, [], accepts),
-        () => rounds.stepRound(orderId, R.addrs, R.layout, [], 0, [], 0, [], NO_AUDIT),
+        () => rounds.stepRound(orderId, R.addrs, R.layout, [], 0, [], 0, NO_WORK, NO_AUDIT),
         () => rounds.closeRoster(orderId, R.addrs, R.layout, [], []),
       ]) {
         await expect(call()).to.be.revertedWithCustomError(rounds, "NotDelegated");

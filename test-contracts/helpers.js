@@ -48,6 +48,13 @@ const TYPES = {
     { name: "commitment", type: "bytes32" },
     { name: "deadline", type: "uint256" },
   ],
+  RoundCommit: [
+    { name: "orderId", type: "uint256" },
+    { name: "round", type: "uint256" },
+    { name: "provider", type: "address" },
+    { name: "commitmentsHash", type: "bytes32" },
+    { name: "deadline", type: "uint256" },
+  ],
   Verdict: [
     { name: "unitId", type: "uint256" },
     { name: "outcomesHash", type: "bytes32" },

@@ -42,21 +42,29 @@ def _open(world: Any, roster: Roster) -> int:
     return order_id
 
 
+def _sign(
+    world: Any, roster: Roster, order_id: int, round_index: int, commitments: list[bytes], deadline: int
+) -> RoundWork:
+    """The round's work: every slot's commitment with every roster provider's `RoundCommit` over its own."""
+    accounts = {p.address: p for p in world.providers}
+    signers = [accounts[p] for p in roster.providers]
+    return world.client.sign_round_work(signers, roster, order_id, round_index, commitments, deadline)
+
+
 def _round(
     world: Any, roster: Roster, order_id: int, round_index: int, digests: list[bytes], deadline: int
-) -> tuple[list[RoundWork], list[Reveal]]:
-    """Every slot's signed work for `round_index` (unit u's replicas on digests[u]) and its openings."""
+) -> tuple[RoundWork, list[Reveal]]:
+    """The signed work for `round_index` (unit u's replicas on digests[u]) and its openings."""
     client, accounts = world.client, {p.address: p for p in world.providers}
-    works, openings = [], []
+    commitments, openings = [], []
     for unit in range(roster.units_per_round):
         unit_id = eip712.round_unit_id(order_id, round_index, unit)
         for replica in range(roster.replicas):
             provider = accounts[roster.provider_of(unit, replica)]
             salt = os.urandom(32)
-            commitment = client.commitment(digests[unit], salt, provider, unit_id)
-            works.append(client.sign_round_work(provider, order_id, round_index, unit, commitment, deadline))
+            commitments.append(client.commitment(digests[unit], salt, provider, unit_id))
             openings.append(Reveal(provider.address, digests[unit], salt))
-    return works, openings
+    return _sign(world, roster, order_id, round_index, commitments, deadline), openings
 
 
 def test_a_roster_settles_each_round_in_one_step_and_pays_every_slot_at_close(world: Any) -> None:
@@ -81,7 +89,7 @@ def test_a_roster_settles_each_round_in_one_step_and_pays_every_slot_at_close(wo
     assert client.get_roster(order_id).committed == 2
     with pytest.raises(errors.RosterNotClosable):
         client.close_roster(order_id, roster, sender=world.outsider)
-    client.step_round(order_id, roster, openings1, deadline, [])
+    client.step_round(order_id, roster, openings1, deadline, None)
 
     credits_before = {p: earned(client, p) for p in roster.providers}
     valid_before = {p: client.reputation(p).valid for p in roster.providers}
@@ -105,7 +113,7 @@ def test_the_clients_roster_key_and_round_unit_ids_are_the_contracts(world: Any)
     assert market.functions.roundUnitId(7, 3, 2).call() == eip712.round_unit_id(7, 3, 2)
 
 
-def _first_round(world: Any) -> tuple[Roster, int, int, list[RoundWork], list[Reveal]]:
+def _first_round(world: Any) -> tuple[Roster, int, int, RoundWork, list[Reveal]]:
     """An opened roster with round 0 signed: (roster, order id, deadline, works, openings)."""
     deadline = world.client.now() + 3600
     roster = _roster(world)
@@ -117,11 +125,24 @@ def _first_round(world: Any) -> tuple[Roster, int, int, list[RoundWork], list[Re
 def test_bad_steps_are_typed_errors_and_change_nothing(world: Any) -> None:
     client = world.client
     roster, order_id, deadline, works, openings = _first_round(world)
-    forged = [works[0], RoundWork(works[1].commitment, works[0].r, works[0].vs), *works[2:]]
+    sigs = works.signatures
+    forged = RoundWork(works.commitments, (sigs[1], sigs[0], *sigs[2:]))  # provider 1's signature as 0's
     with pytest.raises(errors.InvalidSigner):
         client.step_round(order_id, roster, [], deadline, forged)
     with pytest.raises(errors.EntryCountMismatch):
-        client.step_round(order_id, roster, [], deadline, works[:-1])
+        client.step_round(order_id, roster, [], deadline, RoundWork(works.commitments[:-1], sigs))
+    with pytest.raises(errors.EntryCountMismatch):
+        client.step_round(order_id, roster, [], deadline, RoundWork(works.commitments, sigs[:-1]))
+    # a provider's round signature replayed in another round or order, or over another provider's slots
+    providers = [{p.address: p for p in world.providers}[a] for a in roster.providers]
+    own = [c for c, i in zip(works.commitments, roster.slots, strict=True) if i == 0]
+    theirs = [c for c, i in zip(works.commitments, roster.slots, strict=True) if i == 1]
+    for round_index, order, covered in ((1, order_id, own), (0, order_id + 1, own), (0, order_id, theirs)):
+        replayed = client.sign_round_commit(providers[0], order, round_index, covered, deadline)
+        with pytest.raises(errors.InvalidSigner):
+            client.step_round(
+                order_id, roster, [], deadline, RoundWork(works.commitments, (replayed, *sigs[1:]))
+            )
     other = Roster(roster.providers, roster.slots[::-1], 3, 2, 2)
     with pytest.raises(errors.RosterMismatch):
         client.step_round(order_id, other, [], deadline, works)
@@ -130,10 +151,10 @@ def test_bad_steps_are_typed_errors_and_change_nothing(world: Any) -> None:
     client.step_round(order_id, roster, [], deadline, works)
     tampered = [Reveal(openings[0].provider, os.urandom(32), openings[0].salt), *openings[1:]]
     with pytest.raises(errors.RoundHashMismatch):
-        client.step_round(order_id, roster, tampered, deadline, [])
+        client.step_round(order_id, roster, tampered, deadline, None)
     split = _round(world, roster, order_id, 1, [os.urandom(32), os.urandom(32)], deadline)[1]
     with pytest.raises(errors.RoundHashMismatch):
-        client.step_round(order_id, roster, split, deadline, [])
+        client.step_round(order_id, roster, split, deadline, None)
     assert client.get_roster(order_id).pending_block != 0
     with pytest.raises(errors.RosterExists):
         client.open_roster(order_id, roster, [])
@@ -148,18 +169,20 @@ def test_a_split_unit_is_set_aside_by_the_operators_step_and_settles_by_verdict(
     salt, digest = os.urandom(32), os.urandom(32)
     unit_id = eip712.round_unit_id(order_id, 0, 1)
     commitment = client.commitment(digest, salt, cheater, unit_id)
-    works[5] = client.sign_round_work(cheater, order_id, 0, 1, commitment, deadline)
+    commitments = list(works.commitments)
+    commitments[5] = commitment
+    works = _sign(world, roster, order_id, 0, commitments, deadline)
     openings[5] = Reveal(cheater.address, digest, salt)
     client.step_round(order_id, roster, [], deadline, works)
     with pytest.raises(errors.RoundUnitNeedsVerdict) as refused:  # the operator's verifiers are needed
-        client.step_round(order_id, roster, openings, deadline, [])
+        client.step_round(order_id, roster, openings, deadline, None)
     assert (refused.value.arguments["unit"], refused.value.arguments["drawn"]) == (1, False)
     with pytest.raises(errors.RoundUnitNeedsVerdict):  # and only the operator picks them
         client.step_round(
-            order_id, roster, openings, deadline, [], verifiers=world.verifiers[:2], sender=cheater
+            order_id, roster, openings, deadline, None, verifiers=world.verifiers[:2], sender=cheater
         )
 
-    receipt = client.step_round(order_id, roster, openings, deadline, [], verifiers=world.verifiers[:2])
+    receipt = client.step_round(order_id, roster, openings, deadline, None, verifiers=world.verifiers[:2])
     (set_aside,) = receipt.events_named("UnitSetAside")
     assert (set_aside.args["round"], set_aside.args["unit"]) == (0, 1)
     unit = set_aside.args["unitId"]
@@ -185,7 +208,7 @@ def test_a_split_unit_is_set_aside_by_the_operators_step_and_settles_by_verdict(
     works1, openings1 = _round(world, roster, order_id, 1, [os.urandom(32), os.urandom(32)], deadline)
     client.step_round(order_id, roster, [], deadline, works1)
     before = {p: earned(client, p) for p in roster.providers}
-    receipt = client.step_round(order_id, roster, openings1, deadline, [], verifiers=world.verifiers[:2])
+    receipt = client.step_round(order_id, roster, openings1, deadline, None, verifiers=world.verifiers[:2])
     assert receipt.events_named("UnitSetAside") == []  # the cheater's streak is 0 but the order needs none
     client.close_roster(order_id, roster)
     slots = {p: roster.slots.count(i) for i, p in enumerate(roster.providers)}
@@ -212,18 +235,18 @@ def test_a_replica_that_never_opens_is_set_aside_unrevealed_and_loses_the_withho
     accounts = {p.address: p for p in world.providers}
     silent = accounts[roster.provider_of(1, 2)]
     given = list(openings)
-    given[slot] = Reveal(silent.address, works[slot].commitment, bytes(32))  # its commitment, as signed
+    given[slot] = Reveal(silent.address, works.commitments[slot], bytes(32))  # its commitment, as signed
     with pytest.raises(errors.RoundRevealWindowOpen):
         client.step_round(
-            order_id, roster, given, deadline, [], withheld=1 << slot, verifiers=world.verifiers[:2]
+            order_id, roster, given, deadline, None, withheld=1 << slot, verifiers=world.verifiers[:2]
         )
     world.backend.advance_time(client.params.reveal_window + 1)
     with pytest.raises(errors.InvalidLayout):  # a bit past the round's 6 slots names no slot
         client.step_round(
-            order_id, roster, given, deadline, [], withheld=1 << 6, verifiers=world.verifiers[:2]
+            order_id, roster, given, deadline, None, withheld=1 << 6, verifiers=world.verifiers[:2]
         )
     receipt = client.step_round(
-        order_id, roster, given, deadline, [], withheld=1 << slot, verifiers=world.verifiers[:2]
+        order_id, roster, given, deadline, None, withheld=1 << slot, verifiers=world.verifiers[:2]
     )
     (set_aside,) = receipt.events_named("UnitSetAside")
     unit = set_aside.args["unitId"]
@@ -231,7 +254,7 @@ def test_a_replica_that_never_opens_is_set_aside_unrevealed_and_loses_the_withho
     assert (replica.committed, replica.revealed, replica.commitment_or_digest) == (
         True,
         False,
-        works[slot].commitment,
+        works.commitments[slot],
     )
     assert client.replica(unit, 0).revealed and client.replica(unit, 1).revealed
 
@@ -249,7 +272,7 @@ def test_a_replica_that_never_opens_is_set_aside_unrevealed_and_loses_the_withho
 def test_an_opening_published_on_chain_cannot_be_given_as_withheld(world: Any) -> None:
     client = world.client
     roster, order_id, deadline, works, openings, slot = _withheld_round(world)
-    commitments = [work.commitment for work in works]
+    commitments = list(works.commitments)
     bad = Reveal(openings[slot].provider, openings[slot].result_digest, os.urandom(32))
     with pytest.raises(errors.RevealMismatch):
         client.publish_opening(order_id, roster, slot, bad, commitments)
@@ -259,8 +282,8 @@ def test_an_opening_published_on_chain_cannot_be_given_as_withheld(world: Any) -
 
     world.backend.advance_time(client.params.reveal_window + 1)
     given = list(openings)
-    given[slot] = Reveal(openings[slot].provider, works[slot].commitment, bytes(32))
-    receipt = client.step_round(order_id, roster, given, deadline, [], withheld=1 << slot)
+    given[slot] = Reveal(openings[slot].provider, works.commitments[slot], bytes(32))
+    receipt = client.step_round(order_id, roster, given, deadline, None, withheld=1 << slot)
     assert receipt.events_named("UnitSetAside") == []  # the published opening counts: the unit is unanimous
     assert [bytes(d) for d in receipt.event("RoundRevealed").args["digests"]][1] == openings[
         slot
@@ -320,9 +343,16 @@ def test_deferred_round_audits_pay_drawn_units_and_a_challenge_sets_one_aside(dr
         client.sign_round_audit(world.outsider, roster, order_id, covered)
     audits = [client.sign_round_audit(v, roster, order_id, covered) for v in verifiers[:2]]
     with pytest.raises(errors.RoundHashMismatch):  # the step must carry the pending chain
-        client.step_round(order_id, roster, openings1, deadline, [], audits=audits, sender=world.outsider)
+        client.step_round(order_id, roster, openings1, deadline, None, audits=audits, sender=world.outsider)
     receipt = client.step_round(
-        order_id, roster, openings1, deadline, [], audits=audits, audit_records=records, sender=world.outsider
+        order_id,
+        roster,
+        openings1,
+        deadline,
+        None,
+        audits=audits,
+        audit_records=records,
+        sender=world.outsider,
     )
     posted = receipt.event("AuditPosted").args
     records = audit_records_after(records, receipt)
@@ -400,7 +430,7 @@ def test_pending_round_audits_are_set_aside_by_the_operator_or_dropped_by_anyone
         1,
         digests=[digests0],
         verifiers=unit_verifiers,
-        commitments=[w.commitment for w in works1],
+        commitments=list(works1.commitments),
     )
     set_aside = [int(e.args["unitId"]) for e in receipt.events_named("UnitSetAside")]
     assert len(set_aside) == 2 and all(set_aside)
@@ -413,7 +443,7 @@ def test_pending_round_audits_are_set_aside_by_the_operator_or_dropped_by_anyone
         )
 
     # round 1 revealed (pending), and nobody posts: after the deadline and verdictWindow anyone drops it
-    receipt = client.step_round(order_id, roster, openings1, deadline, [], sender=world.outsider)
+    receipt = client.step_round(order_id, roster, openings1, deadline, None, sender=world.outsider)
     records = audit_records_after(records, receipt)
     assert len(records) == 1
     with pytest.raises(errors.RosterNotClosable):

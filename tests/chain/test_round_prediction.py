@@ -74,7 +74,7 @@ def _run_rounds(
     deadline = client.now() + 86_400
     agreed, set_aside = [], 0
     for round_index, plan in enumerate(plans):
-        works, openings, values, commitments = [], [], [], []
+        openings, values, commitments = [], [], []
         for unit in range(roster.units_per_round):
             unit_id = eip712.round_unit_id(order_id, round_index, unit)
             digest = os.urandom(32)
@@ -83,12 +83,11 @@ def _run_rounds(
                 mine = os.urandom(32) if (unit, replica) == plan.get("split") else digest
                 salt = os.urandom(32)
                 commitment = client.commitment(mine, salt, provider, unit_id)
-                works.append(
-                    client.sign_round_work(provider, order_id, round_index, unit, commitment, deadline)
-                )
                 commitments.append(commitment)
                 openings.append(Reveal(provider.address, mine, salt))
                 values.append("0x" + mine.hex())
+        signers = [accounts[p] for p in roster.providers]
+        works = client.sign_round_work(signers, roster, order_id, round_index, commitments, deadline)
         committed = client.step_round(order_id, roster, [], deadline, works)
         withheld = 0
         if "withheld" in plan:
@@ -98,7 +97,7 @@ def _run_rounds(
             withheld = 1 << slot
             world.backend.advance_time(TEST_PARAMS.reveal_window + 1)
         revealed = client.step_round(
-            order_id, roster, openings, deadline, [], withheld=withheld, verifiers=world.verifiers[:2]
+            order_id, roster, openings, deadline, None, withheld=withheld, verifiers=world.verifiers[:2]
         )
         actual = {event.args["unit"] for event in revealed.events_named("UnitSetAside")}
         seed = _block_hash(world, committed.block_number)

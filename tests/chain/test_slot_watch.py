@@ -61,8 +61,8 @@ def test_an_opening_the_market_leaves_out_is_published_near_the_window_end_and_c
 
     world.backend.advance_time(margin + 1)  # the window ended: the market gives the slot as withheld
     given = list(openings)
-    given[slot] = Reveal(openings[slot].provider, works[slot].commitment, bytes(32))
-    receipt = client.step_round(order_id, roster, given, deadline, [], withheld=1 << slot)
+    given[slot] = Reveal(openings[slot].provider, works.commitments[slot], bytes(32))
+    receipt = client.step_round(order_id, roster, given, deadline, None, withheld=1 << slot)
     assert receipt.events_named("UnitSetAside") == []  # its result counted: unit 1 is unanimous, paid
     assert restarted.tick() == [] and restarted.slots == {}  # revealed: nothing left to do
     assert client.reputation(provider.address).fault == 0
@@ -87,11 +87,11 @@ def test_the_commitments_come_from_the_chain_not_from_whoever_asks(world: Any) -
         0,
         [],
         deadline,
-        [w.as_tuple() for w in works],
+        works.as_tuple(),
         (bytes(32), [], bytes(32), []),
     )
     client.multicall([call])
-    assert client.round_commitments(order_id, 0) == [w.commitment for w in works]
+    assert client.round_commitments(order_id, 0) == list(works.commitments)
     assert client.opened_roster(order_id) == roster
 
 
@@ -139,10 +139,10 @@ def test_a_slot_published_under_a_pending_audit_then_set_aside_and_framed_is_app
 
     world.backend.advance_time(watch.margin_s)
     given = list(openings1)
-    given[0] = Reveal(mine.provider, works1[0].commitment, bytes(32))
+    given[0] = Reveal(mine.provider, works1.commitments[0], bytes(32))
     framers = world.verifiers[:2]
     receipt = client.step_round(
-        order_id, roster, given, deadline, [], withheld=1, verifiers=framers, audit_records=records
+        order_id, roster, given, deadline, None, withheld=1, verifiers=framers, audit_records=records
     )
     unit_id = next(int(e.args["unitId"]) for e in receipt.events_named("UnitSetAside") if e.args["unit"] == 0)
     assert client.set_aside_unit(order_id, 1, 0) == unit_id

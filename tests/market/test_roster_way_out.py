@@ -58,7 +58,7 @@ def reveal_first(market: ChainMarket, order_id: int, round_index: int, sender: L
         works = market.store.roster_works(session, row.id or 0, round_index)
         openings = [Reveal(w.provider, w.result_digest or "", w.salt or "") for w in works]
     records = client.audit_records(chain_order_id)
-    client.step_round(chain_order_id, roster, openings, 0, [], audit_records=records, sender=sender)
+    client.step_round(chain_order_id, roster, openings, 0, None, audit_records=records, sender=sender)
     assert client.get_roster(chain_order_id).audits_pending
 
 

@@ -283,16 +283,41 @@ class Roster:
 
 
 @dataclass(frozen=True)
-class RoundWork:
-    """One replica slot's commitment for a round with its compact `UnitCommit` signature (JobMarket
-    `RoundWork`)."""
+class RoundSignature:
+    """A roster provider's compact (EIP-2098) `RoundCommit` signature over its slots' commitments of one
+    round (JobMarket `CompactSignature`)."""
 
-    commitment: bytes
     r: bytes
     vs: bytes
 
-    def as_tuple(self) -> tuple[bytes, bytes, bytes]:
-        return (self.commitment, self.r, self.vs)
+    def as_tuple(self) -> tuple[bytes, bytes]:
+        return (self.r, self.vs)
+
+    @classmethod
+    def of(cls, signature: bytes) -> RoundSignature:
+        """From a 65-byte signature."""
+        return cls(*eip712.compact_signature(signature))
+
+
+@dataclass(frozen=True)
+class RoundWork:
+    """A round's commitments (every replica slot's, in slot order) and each roster provider's
+    `RoundCommit` signature over its own slots' commitments (in roster provider order): JobMarket
+    `RoundWork`, one signature per provider per round."""
+
+    commitments: tuple[bytes, ...]
+    signatures: tuple[RoundSignature, ...]
+
+    def as_tuple(self) -> tuple[list[bytes], list[tuple[bytes, bytes]]]:
+        return (list(self.commitments), [s.as_tuple() for s in self.signatures])
+
+
+def provider_commitments(roster: Roster, provider_index: int, commitments: Sequence[bytes]) -> list[bytes]:
+    """The commitments of roster provider `provider_index`'s slots, in slot order (what its `RoundCommit`
+    covers), out of every slot's `commitments`."""
+    if len(commitments) != len(roster.slots):
+        raise InvalidInput(f"a round has {len(roster.slots)} slot commitments, got {len(commitments)}")
+    return [c for c, index in zip(commitments, roster.slots, strict=True) if index == provider_index]
 
 
 @dataclass(frozen=True)
@@ -1056,20 +1081,58 @@ class ChainClient:
 
     # ------------------------------------------------------------------ JobMarket: round path
 
-    def sign_round_work(
+    def sign_round_commit(
         self,
         provider: LocalAccount,
         order_id: int,
         round_index: int,
-        unit: int,
-        commitment: bytes | str,
+        commitments: Sequence[bytes | str],
+        deadline: int,
+    ) -> RoundSignature:
+        """The provider's `RoundCommit` for one round: `commitments` its own slots' of the round, in slot
+        order (`provider_commitments`), in compact form."""
+        signature = eip712.sign_typed(
+            provider,
+            self.market_domain,
+            "RoundCommit",
+            self.round_commit_message(provider.address, order_id, round_index, commitments, deadline),
+        )
+        return RoundSignature.of(signature)
+
+    @staticmethod
+    def round_commit_message(
+        provider: str, order_id: int, round_index: int, commitments: Sequence[bytes | str], deadline: int
+    ) -> dict[str, Any]:
+        """The typed `RoundCommit` message of `provider`'s slots' `commitments` (slot order) of a round."""
+        return {
+            "orderId": order_id,
+            "round": round_index,
+            "provider": to_checksum_address(provider),
+            "commitmentsHash": eip712.round_commitments_hash(
+                [eip712.as_bytes32(c, "commitment") for c in commitments]
+            ),
+            "deadline": deadline,
+        }
+
+    def sign_round_work(
+        self,
+        accounts: Sequence[LocalAccount],
+        roster: Roster,
+        order_id: int,
+        round_index: int,
+        commitments: Sequence[bytes | str],
         deadline: int,
     ) -> RoundWork:
-        """The provider's `UnitCommit` for one unit of a round (unit id `roundUnitId`), in compact form."""
-        unit_id = eip712.round_unit_id(order_id, round_index, unit)
-        signed = self.sign_unit_commit(provider, unit_id, commitment, deadline)
-        r, vs = eip712.compact_signature(signed.signature)
-        return RoundWork(signed.commitment, r, vs)
+        """A whole round's `RoundWork` signed by every roster provider (`accounts` in roster provider order),
+        for simulations and tests: `commitments` every slot's, in slot order."""
+        values = tuple(eip712.as_bytes32(c, "commitment") for c in commitments)
+        signatures = tuple(
+            self.sign_round_commit(
+                account, order_id, round_index, provider_commitments(roster, p, values), deadline
+            )
+            for p, account in enumerate(accounts)
+        )
+        return RoundWork(values, signatures)
 
     def open_roster(
         self,
@@ -1122,7 +1185,7 @@ class ChainClient:
         roster: Roster,
         openings: Sequence[Reveal],
         deadline: int,
-        works: Sequence[RoundWork],
+        work: RoundWork | None,
         *,
         withheld: int = 0,
         verifiers: Sequence[str | LocalAccount] = (),
@@ -1131,7 +1194,8 @@ class ChainClient:
         sender: LocalAccount | None = None,
     ) -> Receipt:
         """Reveal the pending round (`openings` per slot in slot order; their `provider` is not sent: the
-        roster fixes it) and commit the next (`works` per slot, signed up to `deadline`); permissionless,
+        roster fixes it) and commit the next (`work`: every slot's commitment and every provider's
+        `RoundCommit`, signed up to `deadline`; None commits nothing); permissionless,
         but a unit that needs a verdict is set aside only by the operator with `verifiers` (the receipt's
         `UnitSetAside` events name the units it became). Bit i of `withheld` gives slot i as not opened
         (after the round's reveal window only): its opening's `result_digest` is then the slot's
@@ -1152,7 +1216,7 @@ class ChainClient:
             withheld,
             sequence_of_addresses(verifiers),
             deadline,
-            [work.as_tuple() for work in works],
+            (work or RoundWork((), ())).as_tuple(),
             (
                 pending,
                 list(roster.verifiers) if audits else [],
@@ -1328,9 +1392,9 @@ class ChainClient:
         if to_checksum_address(tx["to"]) != self.market.address:
             raise ChainError(f"the step committing round {round_index} did not call the JobMarket itself")
         for args in self._step_calls(bytes(tx["input"])):
-            if int(args[0]) == order_id and args[7]:
-                return [bytes(work[0]) for work in args[7]]
-        raise ChainError(f"no stepRound of order {order_id} with works in {committed[0].tx_hash}")
+            if int(args[0]) == order_id and args[7][0]:
+                return [bytes(commitment) for commitment in args[7][0]]
+        raise ChainError(f"no stepRound of order {order_id} with commitments in {committed[0].tx_hash}")
 
     def _step_calls(self, data: bytes) -> list[tuple[Any, ...]]:
         """The decoded arguments of each `stepRound` call in JobMarket calldata `data` (a `multicall`'s

@@ -48,6 +48,15 @@ TYPES: dict[str, tuple[tuple[str, str], ...]] = {
         ("commitment", "bytes32"),
         ("deadline", "uint256"),
     ),
+    # A roster provider's commitments for one round (stepRound): `commitmentsHash` the keccak256 of its
+    # slots' commitments in slot order (`round_commitments_hash`). No nonce: a round is committed once.
+    "RoundCommit": (
+        ("orderId", "uint256"),
+        ("round", "uint256"),
+        ("provider", "address"),
+        ("commitmentsHash", "bytes32"),
+        ("deadline", "uint256"),
+    ),
     # Outcome-only and nonce-free: reasons stay off chain (each verifier measures its own floats), and a
     # unit settles once, so the unit's state makes the signature single-use.
     "Verdict": (
@@ -264,9 +273,15 @@ def compact_signature(signature: bytes) -> tuple[bytes, bytes]:
 
 
 def round_unit_id(order_id: int, round_index: int, unit: int) -> int:
-    """keccak256(abi.encode(orderId, round, unit)): the unit id a round-path unit's commitments and
-    `UnitCommit` signatures name (JobMarket `roundUnitId`)."""
+    """keccak256(abi.encode(orderId, round, unit)): the unit id a round-path unit's commitments name
+    (JobMarket `roundUnitId`)."""
     return int.from_bytes(keccak(abi_encode(["uint256"] * 3, [order_id, round_index, unit])), "big")
+
+
+def round_commitments_hash(commitments: Sequence[bytes]) -> bytes:
+    """A `RoundCommit`'s `commitmentsHash`: keccak256 of one provider's slots' commitments of a round, in
+    slot order (abi.encodePacked of the bytes32s)."""
+    return keccak(b"".join(as_bytes32(c, "commitment") for c in commitments))
 
 
 def round_commitments_chain(order_id: int, round_index: int, commitments: Sequence[bytes]) -> bytes:
