@@ -6,11 +6,11 @@ Why here: the kernel's bench cannot import the market (import layers). The marke
 orders through :class:`market.service.MarketService` on freshly deployed contracts (the in-process EVM, or
 ``--rpc``): a buyer posts an M = 8 order of R = 10 folded rounds without naming a settlement, so the market
 picks its default (the round path for such an order, ``settlement_of``); simulated honest providers answer
-their heartbeats' assignments as the node agent does (the roster's Accept, each slot's signed UnitCommit
-and its opening; Accept, commit and reveal for a unit on the per-unit path, such as a retry); simulated
-verifiers pull their jobs as the verifier agent does and sign accepting verdicts; the worker's passes
-(sweep, roster outbox, per-unit outbox, chain sync, matching, advancing) run until the order completes
-(with its last round: the buyer runs the last outer step itself, so the order escrows and runs no
+their heartbeats' assignments as the node agent does (the roster's Accept, one RoundCommit a round over its
+slots' commitments and each slot's opening; Accept, commit and reveal for a unit on the per-unit path, such
+as a retry); simulated verifiers pull their jobs as the verifier agent does and sign accepting verdicts; the
+worker's passes (sweep, roster outbox, per-unit outbox, chain sync, matching, advancing) run until the order
+completes (with its last round: the buyer runs the last outer step itself, so the order escrows and runs no
 aggregate unit); the buyer closes it (the roster's close paid its providers and verifiers, the order's close
 pays the buyer) and every party with a credit left withdraws it. Every transaction sent to the
 market's contracts in between is counted (the buyer's token approval is not, as in the hand-written
@@ -299,6 +299,8 @@ class _Agents:
     stalled: int = 0
     accepted_rosters: set[tuple[str, str]] = field(default_factory=set)
     done: set[tuple[str, int, int, str]] = field(default_factory=set)
+    # a roster provider's commitments of a round, held until it has one for every slot it holds in the round
+    round_works: dict[tuple[str, int, int], dict[int, str]] = field(default_factory=dict)
     verdicts: set[tuple[str, int]] = field(default_factory=set)
     drawn: set[int] = field(default_factory=set)
 
@@ -374,17 +376,21 @@ class _Agents:
             raise ChainError(f"bench: unit {work.unit_id} is to run without its chain unit or deadline")
         result = _result(work)["result_digest"]
         commitment = client.commitment(result, SALT, provider.address, work.chain_unit_id)
-        signed = client.sign_unit_commit(provider, work.chain_unit_id, commitment, work.commit_deadline)
-        if work.settlement == "rounds":
+        if work.settlement == "rounds":  # one RoundCommit once every slot of ours in the round has run
+            held = self.round_works.setdefault((provider.address, work.order_id, work.round_index), {})
+            held[work.shard] = "0x" + commitment.hex()
+            units = work.round_units or (work.shard,)
+            if any(unit not in held for unit in units):
+                return 0
+            commitments = [held[unit] for unit in units]
+            signature = client.round_commit_signature(
+                provider, work.chain_order_id, work.round_index, commitments, work.commit_deadline
+            )
             market.service.rosters.submit_work(
-                work.order_id,
-                provider.address,
-                work.round_index,
-                work.shard,
-                "0x" + commitment.hex(),
-                "0x" + signed.signature.hex(),
+                work.order_id, provider.address, work.round_index, commitments, "0x" + signature.hex()
             )
         else:
+            signed = client.sign_unit_commit(provider, work.chain_unit_id, commitment, work.commit_deadline)
             market.service.assignments.commit(
                 CommitSubmission(
                     unit_id=work.unit_id,

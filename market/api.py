@@ -192,7 +192,7 @@ def create_app(service: MarketService) -> FastAPI:
         return Ack(detail=f"unit {unit.id} is {unit.state}")
 
     # The round path (market/rosters.py): like the per-unit forms above, each submission is authorized by
-    # what it carries (an Accept or UnitCommit signature of the slot's provider; an opening is its
+    # what it carries (an Accept or RoundCommit signature of the slot's provider; an opening is its
     # commitment's preimage), and checked whole before anything is stored.
     @app.post("/rosters/accept", responses=_ERRORS)
     def roster_accept(submission: RosterAcceptSubmission) -> Ack:
@@ -211,11 +211,10 @@ def create_app(service: MarketService) -> FastAPI:
             submission.order_id,
             submission.provider,
             submission.round_index,
-            submission.unit,
-            submission.commitment,
+            submission.commitments,
             submission.signature,
         )
-        return Ack(detail=f"work of unit {submission.unit} of round {submission.round_index} is held")
+        return Ack(detail=f"{submission.provider}'s work of round {submission.round_index} is held")
 
     @app.post("/rosters/opening", responses=_ERRORS)
     def roster_opening(submission: RosterOpeningSubmission) -> Ack:

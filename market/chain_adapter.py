@@ -25,6 +25,7 @@ from market.ports import (
     SignedAccept,
     SignedAudit,
     SignedCommit,
+    SignedRoundWork,
     SignedVerdict,
 )
 from veritrain.chain import client as chain
@@ -33,6 +34,7 @@ from veritrain.chain.client import (
     AuditSignature,
     ChainClient,
     Roster,
+    RoundSignature,
     RoundWork,
     Signed,
     VerifierSignature,
@@ -207,7 +209,7 @@ class ChainClientSettlement:
         roster: Roster,
         openings: Sequence[RevealForm],
         deadline: int,
-        works: Sequence[SignedCommit],
+        work: SignedRoundWork | None,
         verifiers: Sequence[str],
         withheld: int = 0,
         audits: Sequence[SignedAudit] = (),
@@ -216,10 +218,14 @@ class ChainClientSettlement:
             chain.Reveal(o.provider, as_bytes32(o.result_digest, "result_digest"), as_bytes32(o.salt, "salt"))
             for o in openings
         ]
-        compact = [
-            RoundWork(as_bytes32(w.commitment, "commitment"), *compact_signature(_sig(w.signature)))
-            for w in works
-        ]
+        compact = (
+            None
+            if work is None
+            else RoundWork(
+                tuple(as_bytes32(c, "commitment") for c in work.commitments),
+                tuple(RoundSignature.of(_sig(s)) for s in work.signatures),
+            )
+        )
         signed = [AuditSignature(a.verifier, *compact_signature(_sig(a.signature))) for a in audits]
         receipt = self.client.step_round(
             order_id,

@@ -77,6 +77,15 @@ class SignedCommit:
 
 
 @dataclass(frozen=True, slots=True)
+class SignedRoundWork:
+    """A round's work for stepRound: every slot's commitment (slot order) and each roster provider's
+    `RoundCommit` signature over its own slots' commitments (65 bytes, hex; roster provider order)."""
+
+    commitments: tuple[str, ...]
+    signatures: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class RevealForm:
     """A replica's reveal for revealBatch: its commitment's preimage (the salt is the authorization)."""
 
@@ -206,13 +215,13 @@ class RosterPort(Protocol):
         roster: Roster,
         openings: Sequence[RevealForm],
         deadline: int,
-        works: Sequence[SignedCommit],
+        work: SignedRoundWork | None,
         verifiers: Sequence[str],
         withheld: int = 0,
         audits: Sequence[SignedAudit] = (),
     ) -> str:
         """Reveal the pending round (`openings` in slot order; none when nothing is pending) and commit the
-        next (`works` in slot order; none for the last step or a held round's reveal), setting aside with
+        next (`work`; None for the last step or a held round's reveal), setting aside with
         `verifiers`. Bit i of `withheld`: slot i did not open (its opening's `result_digest` carries its
         commitment; only after the round's reveal window). The roster's pending audit chain is the chain's
         (read from its events); `audits`, when given, post it: a quorum of the roster's verifiers over the

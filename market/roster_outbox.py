@@ -27,7 +27,7 @@ from market.ports import (
     RosterPort,
     SignedAccept,
     SignedAudit,
-    SignedCommit,
+    SignedRoundWork,
 )
 from market.rosters import ASIDE_PREFIX, POST_PREFIX, RosterBook, roster_of, roster_port
 from market.round_audits import pending_records, posting_closes_at
@@ -184,7 +184,7 @@ class RosterOutbox(Lifecycle):
             return self._take_pending(row, roster, int(action.removeprefix(ASIDE_PREFIX)), action_id)
         if action.startswith(POST_PREFIX):  # a step that only posts: a quorum over every pending record
             quorum = self.rosters.audits.posting(row, port.pending_audits(row.chain_order_id))
-            return port.step_round(row.chain_order_id, roster, [], 0, [], [], 0, quorum)
+            return port.step_round(row.chain_order_id, roster, [], 0, None, [], 0, quorum)
         # someone else may have revealed the round already (steps are permissionless): then only commit
         reveal = payload.get("reveal")
         revealing = reveal is not None and chain.pending_block != 0 and chain.committed - 1 == int(reveal)
@@ -198,10 +198,11 @@ class RosterOutbox(Lifecycle):
         withheld = sum(
             1 << i for i, o in enumerate(payload.get("openings", [])) if "withheld" in o and revealing
         )
-        works = [
-            SignedCommit(w["provider"], w["commitment"], payload["deadline"], w["signature"])
-            for w in payload.get("works", [])
-        ]
+        work = (
+            SignedRoundWork(tuple(payload["commitments"]), tuple(payload["signatures"]))
+            if payload.get("commitments")
+            else None
+        )
         verifiers: list[str] = []
         audits: list[SignedAudit] = []
         if revealing:
@@ -213,7 +214,7 @@ class RosterOutbox(Lifecycle):
             if int(after, 16) != 0 and (payload.get("commit") is None or verifiers):
                 audits = self.rosters.audits.posting(row, after)
         return port.step_round(
-            row.chain_order_id, roster, openings, int(payload["deadline"]), works, verifiers, withheld, audits
+            row.chain_order_id, roster, openings, int(payload["deadline"]), work, verifiers, withheld, audits
         )
 
     def _verifiers(

@@ -7,17 +7,19 @@ and each round settles in one `stepRound` instead of per unit.
   collateralize; seeded by the head block's hash and the chain order id.
 - accept: each provider signs `Accept(orderId, rosterKey)` once (whatever its slots); with every one in
   hand the roster outbox opens the roster (market/roster_outbox.py).
-- works and openings: per round, each slot's provider hands its `UnitCommit` for `roundUnitId(order, round,
-  unit)` signed up to the roster's works deadline (one deadline per step: the contract takes one for every
-  work of a step), then its opening, which the market checks against the commitment and keeps off chain.
+- works and openings: per round, each provider hands the commitments of all its slots of the round (each for
+  `roundUnitId(order, round, unit)`) with one `RoundCommit(orderId, round, provider, commitmentsHash,
+  deadline)` signature over them, signed up to the roster's works deadline (one deadline per step: the
+  contract takes one for every signature of a step), then each slot's opening, which the market checks
+  against its commitment and keeps off chain.
 - plan: one step per round (reveal round r-1 and commit round r together) once the market holds both, then
   the close once the last round is revealed and no set-aside unit is open; each an idempotent outbox row.
 - events (called by the chain sync, market/sync.py): the chain's counters replace the market's; a unit the
   step set aside (`UnitSetAside`) becomes an ordinary unit in VERIFYING with a verification job, and
   settles on the per-unit path (verdict, held fraud, expiry) like any other.
 
-Why the providers' signing code needs no new message: the roster key is an Accept's unit key and a round
-unit's id is a UnitCommit's unit id (PLAN, Progress, step 1).
+The roster key is an Accept's unit key (PLAN, Progress, step 1); a round's commitments are signed once per
+provider by `RoundCommit` (one ecrecover per provider a step instead of one per slot).
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ from market.store import (
 )
 from veritrain.chain.client import AuditRecord, Roster
 from veritrain.chain.eip712 import commitment as commitment_of
-from veritrain.chain.eip712 import market_domain, round_unit_id
+from veritrain.chain.eip712 import market_domain, round_commit_message, round_unit_id
 from veritrain.errors import IllegalTransition, InvalidInput, MarketError, NotFound
 from veritrain.messages import (
     AgentRole,
@@ -394,45 +396,59 @@ class RosterBook(Lifecycle):
         self.triggers.settle()
 
     def submit_work(
-        self, order_id: int, provider: str, round_index: int, unit: int, commitment: str, signature: str
+        self, order_id: int, provider: str, round_index: int, commitments: Sequence[str], signature: str
     ) -> None:
-        """A slot's signed commitment for a round: the provider's `UnitCommit(roundUnitId(order, round, unit),
-        provider, commitment, works_deadline)`. A slot takes one; the same again is a no-op."""
+        """A provider's signed commitments for a round: one per slot it holds in the round, in slot order,
+        with its `RoundCommit(orderId, round, provider, keccak256(commitments), works_deadline)` signature
+        (checked before anything is stored: InvalidSignature). A round takes one per provider; the same
+        again is a no-op."""
         with self.store.transaction() as session:
             row = self._roster(session, order_id, for_update=True)
-            slot = self._slot(row, provider, round_index, unit)
+            slots = self._round_slots(row, provider, round_index)
             if row.state not in ("accepting", "opening", "open"):
                 raise IllegalTransition(f"roster of order {order_id} is {row.state}; it takes no work")
             if round_index < row.committed:
                 raise IllegalTransition(f"round {round_index} of order {order_id} is committed already")
-            held = {w.slot: w for w in self.store.roster_works(session, row_id(row), round_index)}
-            if slot in held:
-                if held[slot].commitment == commitment.lower() and held[slot].signature == signature:
-                    return
-                raise InvalidInput(f"slot {slot} of round {round_index} has another commitment already")
-            message = {
-                "unitId": round_unit_id(row.chain_order_id, round_index, unit),
-                "provider": provider,
-                "commitment": bytes.fromhex(commitment.removeprefix("0x")),
-                "deadline": row.works_deadline,
-            }
-            work = RosterWorkRow(
-                roster_id=row_id(row),
-                round_index=round_index,
-                slot=slot,
-                provider=provider,
-                commitment=commitment.lower(),
-                signature=signature,
-            )
-            self._add_signed(session, work, "UnitCommit", message)
-            mirror = self._training_unit(session, order_id, round_index, unit)
-            if mirror is not None:
-                replica = self._move_slot(
-                    session, mirror, provider, ReplicaState.SIGNED, ReplicaState.COMMITTED
+            if len(commitments) != len(slots):
+                raise InvalidInput(
+                    f"{provider} holds {len(slots)} slots of round {round_index}, got {len(commitments)} "
+                    "commitments"
                 )
-                if replica is not None:
-                    replica.commitment, replica.commit_signature = commitment.lower(), signature
-                    session.add(replica)
+            values = [c.lower() for c in commitments]
+            held = {w.slot: w for w in self.store.roster_works(session, row_id(row), round_index)}
+            if any(slot in held for slot in slots):
+                if all(
+                    slot in held and (held[slot].commitment, held[slot].signature) == (value, signature)
+                    for slot, value in zip(slots, values, strict=True)
+                ):
+                    return
+                raise InvalidInput(
+                    f"{provider}'s slots of round {round_index} have other commitments already"
+                )
+            message = round_commit_message(
+                provider, row.chain_order_id, round_index, values, row.works_deadline
+            )
+            domain = market_domain(self.config.chain_id, self.ctx.job_market())
+            require_signer(domain, "RoundCommit", message, signature, provider)
+            for slot, value in zip(slots, values, strict=True):
+                session.add(
+                    RosterWorkRow(
+                        roster_id=row_id(row),
+                        round_index=round_index,
+                        slot=slot,
+                        provider=provider,
+                        commitment=value,
+                        signature=signature,
+                    )
+                )
+                mirror = self._training_unit(session, order_id, round_index, slot // row.replicas)
+                if mirror is not None:
+                    replica = self._move_slot(
+                        session, mirror, provider, ReplicaState.SIGNED, ReplicaState.COMMITTED
+                    )
+                    if replica is not None:
+                        replica.commitment, replica.commit_signature = value, signature
+                        session.add(replica)
         self.triggers.settle()
 
     def submit_opening(
@@ -565,6 +581,9 @@ class RosterBook(Lifecycle):
             "accept_deadline": row.works_deadline,
             "chain_unit_id": round_unit_id(row.chain_order_id, unit.round_index, unit.shard),
             "commit_deadline": row.works_deadline,
+            "round_units": tuple(
+                slot // row.replicas for slot in self._round_slots(row, replica.provider, unit.round_index)
+            ),
             "settlement": SETTLE_BY_ROUNDS,
         }
 
@@ -625,6 +644,16 @@ class RosterBook(Lifecycle):
             if roster.provider_of(unit, replica) == provider:
                 return unit * row.replicas + replica
         raise InvalidInput(f"{provider} holds no slot of unit {unit} of the roster of order {row.order_id}")
+
+    def _round_slots(self, row: RosterRow, provider: str, round_index: int) -> list[int]:
+        """The slots `provider` holds in each round, in slot order (a round's `RoundCommit` covers them)."""
+        if not 0 <= round_index < row.rounds:
+            raise InvalidInput(f"no round {round_index} in a roster of {row.rounds} rounds")
+        roster = roster_of(row)
+        if provider not in roster.providers:
+            raise InvalidInput(f"{provider} holds no slot of the roster of order {row.order_id}")
+        index = roster.providers.index(provider)
+        return [slot for slot, holder in enumerate(roster.slots) if holder == index]
 
     def _add_signed(
         self, session: Session, row: RosterAcceptRow | RosterWorkRow, primary: str, message: dict[str, Any]
@@ -915,7 +944,7 @@ class RosterBook(Lifecycle):
 
     def _step(self, session: Session, row: RosterRow, plan: StepPlan) -> dict[str, Any]:
         """The step's payload, fixed when queued: the revealed round's openings and the committed round's
-        works, each in slot order."""
+        commitments, each in slot order, with its providers' `RoundCommit` signatures (roster order)."""
         payload: dict[str, Any] = {
             "reveal": plan.reveal,
             "commit": plan.commit,
@@ -930,10 +959,11 @@ class RosterBook(Lifecycle):
                 for w in self.store.roster_works(session, row_id(row), plan.reveal)
             ]
         if plan.commit is not None:
-            payload["works"] = [
-                {"provider": w.provider, "commitment": w.commitment, "signature": w.signature}
-                for w in self.store.roster_works(session, row_id(row), plan.commit)
-            ]
+            # every slot's commitment; each provider's one RoundCommit signature (held on each of its slots)
+            works = self.store.roster_works(session, row_id(row), plan.commit)
+            signed = {w.provider: w.signature for w in works}
+            payload["commitments"] = [w.commitment for w in works]
+            payload["signatures"] = [signed[p] for p in roster_of(row).providers]
         return payload
 
     # --- the chain's facts ---

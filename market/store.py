@@ -296,7 +296,8 @@ class RosterAcceptRow(SQLModel, table=True):
 
 
 class RosterWorkRow(SQLModel, table=True):
-    """One replica slot of one round: its provider's signed commitment (UnitCommit for the round unit id),
+    """One replica slot of one round: its provider's commitment (for the round unit id) with the provider's
+    `RoundCommit` signature over all its slots' commitments of the round (the same on each of its slots),
     then its opening (the commitment's preimage), which the market keeps until the step that reveals it."""
 
     __tablename__ = "roster_works"

@@ -531,7 +531,7 @@ class ProviderAgent(AgentPlumbing):
         )
 
     def commit(self, assignment: Assignment, record: UnitRecord) -> None:
-        from veritrain.messages import CommitSubmission, RosterWorkSubmission
+        from veritrain.messages import CommitSubmission
 
         if assignment.chain_unit_id is None:
             return
@@ -539,25 +539,12 @@ class ProviderAgent(AgentPlumbing):
         value = hex32(
             self.chain.commitment(record.result_digest, record.salt, self.address, assignment.chain_unit_id)
         )
-        rostered = assignment.settlement == "rounds"
-        if rostered:  # one deadline for every work of a step: the one the market names
-            assert assignment.commit_deadline is not None
-            deadline = assignment.commit_deadline
+        if assignment.settlement == "rounds":
+            if not self.commit_round(assignment, value):
+                return  # the round's other slots of ours are still training
         else:
             deadline = self.chain.deadline(SIGNATURE_TTL_S)  # the contract's commit window bounds it anyway
-        signed = self.chain.sign_unit_commit(self.account, assignment.chain_unit_id, value, deadline)
-        if rostered:
-            self.market.roster_work(
-                RosterWorkSubmission(
-                    order_id=assignment.order_id,
-                    provider=self.address,
-                    round_index=assignment.round_index,
-                    unit=assignment.shard,
-                    commitment=value,
-                    signature="0x" + signed.signature.hex(),
-                )
-            )
-        else:
+            signed = self.chain.sign_unit_commit(self.account, assignment.chain_unit_id, value, deadline)
             self.market.commit(
                 CommitSubmission(
                     unit_id=assignment.unit_id,
@@ -570,6 +557,55 @@ class ProviderAgent(AgentPlumbing):
         record.committed = True
         record.save(self.unit_dir(assignment.unit_id))
         logger.info("committed unit %d (chain unit %d)", assignment.unit_id, assignment.chain_unit_id)
+
+    def commit_round(self, assignment: Assignment, commitment: str) -> bool:
+        """Hold a roster slot's commitment until every slot this provider holds in the round has one
+        (`round_units`), then sign one `RoundCommit` over them (slot order, the deadline the market names:
+        one for every signature of a step) and hand it in. True once handed in."""
+        from veritrain.messages import RosterWorkSubmission
+
+        assert assignment.commit_deadline is not None
+        path = (
+            self.config.data_dir
+            / "rosters"
+            / f"{assignment.chain_order_id}.round{assignment.round_index}.json"
+        )
+        held: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
+        if held.get(str(assignment.shard)) != commitment:
+            held[str(assignment.shard)] = commitment
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(held, sort_keys=True))
+            os.replace(tmp, path)
+        units = assignment.round_units or (assignment.shard,)
+        waiting = [unit for unit in units if str(unit) not in held]
+        if waiting:
+            logger.info(
+                "unit %d (round %d, shard %d) done; its round commit waits for shards %s",
+                assignment.unit_id,
+                assignment.round_index,
+                assignment.shard,
+                waiting,
+            )
+            return False
+        commitments = [held[str(unit)] for unit in units]
+        signature = self.chain.round_commit_signature(
+            self.account,
+            assignment.chain_order_id,
+            assignment.round_index,
+            commitments,
+            assignment.commit_deadline,
+        )
+        self.market.roster_work(
+            RosterWorkSubmission(
+                order_id=assignment.order_id,
+                provider=self.address,
+                round_index=assignment.round_index,
+                commitments=tuple(commitments),
+                signature="0x" + signature.hex(),
+            )
+        )
+        return True
 
     def reveal(self, assignment: Assignment) -> None:
         """Reveal the result (the commitment's preimage and the state it reports); a roster slot's goes to

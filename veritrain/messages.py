@@ -460,7 +460,7 @@ class OrderRequest(Frozen):
 
 class RosterStatus(Frozen):
     """A round-path order's roster (market/rosters.py): who holds which slot, the Accept's unit key, the
-    deadline every UnitCommit of the roster must carry, and the chain's progress (rounds committed and
+    deadline every RoundCommit of the roster must carry, and the chain's progress (rounds committed and
     revealed by ``stepRound``). ``state``: drawing, accepting, opening, open, closed. Slot ``s`` is unit
     ``s // replicas``'s replica ``s % replicas``, held by ``providers[slots[s]]``."""
 
@@ -595,9 +595,11 @@ class UnitWork(Frozen):
 
 class Assignment(UnitWork):
     """One replica's next step. ``settlement == "rounds"``: a roster slot of a round-path order: the Accept
-    (over ``unit_key``, the roster key; once per roster) goes to ``/rosters/accept``, the UnitCommit for
-    ``chain_unit_id`` (``roundUnitId``) must carry ``commit_deadline`` (one deadline for every work of a
-    step) and goes to ``/rosters/work``, the opening to ``/rosters/opening``."""
+    (over ``unit_key``, the roster key; once per roster) goes to ``/rosters/accept``; the commitment for
+    ``chain_unit_id`` (``roundUnitId``) waits for the provider's other slots of the round (``round_units``,
+    the units whose slots it holds, in slot order): one ``RoundCommit`` over all of them, carrying
+    ``commit_deadline`` (one deadline for every signature of a step), goes to ``/rosters/work``; each
+    opening goes to ``/rosters/opening``."""
 
     replica_index: int
     phase: AssignmentPhase
@@ -607,6 +609,7 @@ class Assignment(UnitWork):
     chain_unit_id: int | None = None
     commit_deadline: int | None = None
     settlement: Literal["units", "rounds"] = "units"
+    round_units: tuple[int, ...] = Field(default=(), max_length=MAX_SHARDS)
 
 
 class Custody(Frozen):
@@ -676,14 +679,15 @@ class RosterAcceptSubmission(Frozen):
 
 
 class RosterWorkSubmission(Frozen):
-    """A roster slot's work for one round: its ``UnitCommit(roundUnitId(order, round, unit), provider,
-    commitment, deadline)`` signature, the deadline the roster's ``works_deadline``."""
+    """A roster provider's work for one round: the commitment of every slot it holds in the round (slot
+    order; each for its unit's ``roundUnitId(order, round, unit)``) and one EIP-712 ``RoundCommit(orderId,
+    round, provider, commitmentsHash, deadline)`` signature over them (``commitmentsHash`` the keccak256 of
+    the commitments, packed), the deadline the roster's ``works_deadline``."""
 
     order_id: RowId
     provider: Address
     round_index: Annotated[int, Field(ge=0, le=2**32 - 1)]
-    unit: Annotated[int, Field(ge=0, le=MAX_SHARDS)]
-    commitment: Bytes32Hex
+    commitments: tuple[Bytes32Hex, ...] = Field(min_length=1, max_length=MAX_SHARDS)
     signature: SignatureHex
 
 

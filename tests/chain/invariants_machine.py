@@ -106,6 +106,8 @@ from veritrain.chain.errors import ContractReverted
 
 BUYERS = ("buyer0", "buyer1")
 PROVIDERS = ("provider0", "provider1", "provider2")
+# stepRound's RoundWork as the ABI takes it: every slot's commitment, each roster provider's (r, vs)
+RoundWorkArg = tuple[list[bytes], list[tuple[bytes, bytes]]]
 VERIFIERS = ("verifier0", "verifier1")
 REFEREE = "referee0"
 # Round audits: a roster may have a third verifier (quorum 2 of 3: a posting signed by a bare majority), and
@@ -1543,14 +1545,15 @@ class MarketMachine(RuleBasedStateMachine):
         deviant: set[int],
         forged: int | None,
         colluding: frozenset[int] = frozenset(),
-    ) -> tuple[list[tuple[bytes, bytes, bytes]], list[tuple[bytes, str]], list[tuple[bytes, bytes]], int]:
-        """Round `round_`'s signed works (honest digests but the `deviant` slots' and the `colluding` units':
-        every replica of those the same forgery, a unanimous fraud only a verifier's re-execution sees; slot
-        `forged` signed by another provider): (the contract's RoundWork tuples, the model's (commitment,
-        signer), each slot's (digest, salt), the signatures' deadline)."""
+    ) -> tuple[RoundWorkArg, list[tuple[bytes, str]], list[tuple[bytes, bytes]], int]:
+        """Round `round_`'s signed work (honest digests but the `deviant` slots' and the `colluding` units':
+        every replica of those the same forgery, a unanimous fraud only a verifier's re-execution sees; the
+        `RoundCommit` of slot `forged`'s provider signed by another provider): (the contract's RoundWork
+        tuple, the model's per slot (commitment, signer of its provider's RoundCommit), each slot's (digest,
+        salt), the signatures' deadline)."""
         order_id, k = roster.order_id, roster.replicas
         deadline = self._sig_deadline()
-        works, model_works, secrets = [], [], []
+        commitments, secrets = [], []
         for slot in range(roster.units_per_round * k):
             unit_id = eip712.round_unit_id(order_id, round_, slot // k)
             provider = roster.provider_of(slot)
@@ -1559,22 +1562,21 @@ class MarketMachine(RuleBasedStateMachine):
             if slot // k in colluding and slot not in deviant:
                 digest = keccak(text=f"forged-{tag}")
             salt = keccak(text=f"salt-{tag}-{slot}")
-            commitment = eip712.commitment(digest, salt, provider, unit_id)
-            signer = provider
-            if slot == forged:
-                signer = next(a for a in (self.address_of[p] for p in PROVIDERS) if a != provider)
-            message = {
-                "unitId": unit_id,
-                "provider": provider,
-                "commitment": commitment,
-                "deadline": deadline,
-            }
-            signature = self.chain.sign_market(self.actors[self.label_of[signer]], "UnitCommit", message)
-            r, vs = eip712.compact_signature(signature)
-            works.append((commitment, r, vs))
-            model_works.append((commitment, signer))
+            commitments.append(eip712.commitment(digest, salt, provider, unit_id))
             secrets.append((digest, salt))
-        return works, model_works, secrets, deadline
+        forger = roster.slots[forged] if forged is not None else None
+        signatures, signers = [], []
+        for p, provider in enumerate(roster.providers):
+            signer = provider
+            if p == forger:
+                signer = next(a for a in (self.address_of[q] for q in PROVIDERS) if a != provider)
+            own = [c for c, holder in zip(commitments, roster.slots, strict=True) if holder == p]
+            message = eip712.round_commit_message(provider, order_id, round_, own, deadline)
+            signature = self.chain.sign_market(self.actors[self.label_of[signer]], "RoundCommit", message)
+            signatures.append(eip712.compact_signature(signature))
+            signers.append(signer)
+        model_works = [(c, signers[holder]) for c, holder in zip(commitments, roster.slots, strict=True)]
+        return (commitments, signatures), model_works, secrets, deadline
 
     def do_step_round(
         self,
@@ -1609,7 +1611,7 @@ class MarketMachine(RuleBasedStateMachine):
                 elif slot == tampered:
                     salt = keccak(salt)
                 openings.append((digest, salt))
-        works: list[tuple[bytes, bytes, bytes]] = []
+        works: RoundWorkArg = ([], [])
         model_works: list[tuple[bytes, str]] = []
         new_secrets: list[tuple[bytes, bytes]] = []
         deadline = self._sig_deadline()
@@ -1658,7 +1660,7 @@ class MarketMachine(RuleBasedStateMachine):
         committed_round = roster.committed if roster is not None else 0
         records_before = list(roster.audit_records) if roster is not None else []
         outcome = self._run(
-            f"stepRound(order {order_id}, reveal={bool(openings)}, works={len(works)}, "
+            f"stepRound(order {order_id}, reveal={bool(openings)}, works={len(works[0])}, "
             f"withheld={withheld:#x}, deviant={sorted(deviant)}, forged={forged}, tampered={tampered}, "
             f"by {sender}, wrong_key={wrong_key})",
             self.actors[sender],
@@ -1679,7 +1681,7 @@ class MarketMachine(RuleBasedStateMachine):
         )
         if outcome.receipt is None or roster is None:
             return
-        if works:
+        if works[0]:
             self.round_secrets[(order_id, committed_round)] = new_secrets
         revealed_round = committed_round - 1
         for offset, unit in enumerate(set_aside):  # the model numbered them as the chain does

@@ -1082,9 +1082,11 @@ class Model:
                 return Expected("SignatureExpired", (deadline, now)), []
             if len(works) != n * k:
                 return Expected("EntryCountMismatch", (n * k, len(works))), []
-            for slot, (_, signer) in enumerate(works):
-                if signer != roster.provider_of(slot):
-                    return Expected("InvalidSigner", (roster.provider_of(slot), signer)), []
+            # one RoundCommit per roster provider over its slots' commitments, checked in roster order
+            for p, provider in enumerate(roster.providers):
+                signer = next(s for (_, s), holder in zip(works, roster.slots, strict=True) if holder == p)
+                if signer != provider:
+                    return Expected("InvalidSigner", (provider, signer)), []
         if record is not None:
             roster.audit_records.append(record)
             roster.revealed[roster.committed - 1] = (list(roster.commitments), digests)

@@ -2,10 +2,11 @@
 node, PostgreSQL, Redis, the market API, a Celery worker and the agents as separate processes (apps.demo).
 
 The market draws the order's roster once; the provider agents sign its Accept, train each round's shard
-units (round 1's fold round 0's outer step, as on the per-unit path), sign each UnitCommit over the
-roster's works deadline and open their results to the market; the worker relays `openRoster`, the steps
-and `closeRoster`; the order runs no aggregate unit after its last round: the buyer runs that outer
-step itself over the last round's results the chain accepted (apps/buyer.py `final_outer_step`). The
+units (round 1's fold round 0's outer step, as on the per-unit path), sign one RoundCommit a round over
+their slots' commitments and the roster's works deadline and open their results to the market; the worker
+relays `openRoster`, the steps and `closeRoster`; the order runs no aggregate unit after its last round:
+the buyer runs that outer step itself over the last round's results the chain accepted (apps/buyer.py
+`final_outer_step`). The
 fresh providers are on probation, so every unit is set aside: each round is revealed by a step of its
 own, its units judged by the verifier, and the next round starts from their verdicts (committed by a step
 of its own).

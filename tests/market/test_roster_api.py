@@ -8,7 +8,7 @@ and leaves the market's state as it was."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -88,18 +88,43 @@ def opening(work: Assignment, provider: str) -> dict[str, Any]:
     }
 
 
-def work_body(market: ChainMarket, account: LocalAccount, work: Assignment, result: str) -> dict[str, Any]:
-    assert work.chain_unit_id is not None and work.commit_deadline is not None
-    commitment = market.client.commitment(result, SALT, account.address, work.chain_unit_id)
-    signed = market.client.sign_unit_commit(account, work.chain_unit_id, commitment, work.commit_deadline)
+def work_body(
+    market: ChainMarket, account: LocalAccount, works: Sequence[Assignment], results: Sequence[str]
+) -> dict[str, Any]:
+    """A provider's work for a round: the commitments of `works` (its slots of the round, taken in slot
+    order) over `results`, and one `RoundCommit` signature of `account` over them."""
+    ordered = sorted(zip(works, results, strict=True), key=lambda pair: pair[0].shard)
+    first = ordered[0][0]
+    assert first.commit_deadline is not None
+    commitments = []
+    for work, result in ordered:
+        assert work.chain_unit_id is not None
+        commitment = market.client.commitment(result, SALT, account.address, work.chain_unit_id)
+        commitments.append("0x" + commitment.hex())
+    signature = market.client.round_commit_signature(
+        account, first.chain_order_id, first.round_index, commitments, first.commit_deadline
+    )
     return {
-        "order_id": work.order_id,
+        "order_id": first.order_id,
         "provider": account.address,
-        "round_index": work.round_index,
-        "unit": work.shard,
-        "commitment": "0x" + commitment.hex(),
-        "signature": "0x" + signed.signature.hex(),
+        "round_index": first.round_index,
+        "commitments": commitments,
+        "signature": "0x" + signature.hex(),
     }
+
+
+def round_body(market: ChainMarket, account: LocalAccount, round_index: int) -> dict[str, Any] | None:
+    """`account`'s work for every slot it runs in `round_index` (None: it runs none now), each over the
+    result it would open."""
+    works = [
+        w
+        for w in heartbeat(market, account)
+        if w.phase == AssignmentPhase.RUN and w.round_index == round_index
+    ]
+    if not works:
+        return None
+    assert {w.round_units for w in works} == {tuple(sorted(w.shard for w in works))}
+    return work_body(market, account, works, [opening(w, account.address)["result_digest"] for w in works])
 
 
 def accept_all(market: ChainMarket, api: TestClient) -> None:
@@ -130,11 +155,14 @@ def run_round(market: ChainMarket, api: TestClient, round_index: int) -> list[As
     once its unit's every slot committed, opens; returns the RUN assignments seen."""
     runs: list[Assignment] = []
     for account in market.providers:
-        for work in heartbeat(market, account):
-            if work.phase == AssignmentPhase.RUN and work.round_index == round_index:
-                runs.append(work)
-                body = work_body(market, account, work, opening(work, account.address)["result_digest"])
-                assert api.post("/rosters/work", json=body).status_code == 200, body
+        runs += [
+            w
+            for w in heartbeat(market, account)
+            if w.phase == AssignmentPhase.RUN and w.round_index == round_index
+        ]
+        body = round_body(market, account, round_index)
+        if body is not None:
+            assert api.post("/rosters/work", json=body).status_code == 200, body
     for account in market.providers:
         for work in heartbeat(market, account):
             assert work.phase == AssignmentPhase.REVEAL and work.round_index == round_index
@@ -227,21 +255,29 @@ def test_the_roster_endpoints_refuse_bad_input_with_a_typed_error_and_change_not
         account.address: [w for w in heartbeat(market, account) if w.phase == AssignmentPhase.RUN]
         for account in market.providers
     }
-    provider, (work, *_) = next((p, w) for p, w in runs.items() if w)
+    provider, works = next((p, w) for p, w in runs.items() if w)
+    work = works[0]
     account = accounts[provider]
-    good = work_body(market, account, work, opening(work, provider)["result_digest"])
-    stranger = next(
-        a
-        for a in market.providers
-        if a.address not in {p for p, w in runs.items() if any(x.shard == work.shard for x in w)}
-    )
+    results = [opening(w, provider)["result_digest"] for w in works]
+    good = work_body(market, account, works, results)
+    stranger = next(a for a in market.providers if a.address != provider)
     before = held(market)
     refusals = [
-        # signed by another key than the slot's provider
-        ("/rosters/work", {**good, "signature": work_body(market, stranger, work, h("x"))["signature"]}, 401),
+        # signed by another key than the slots' provider, or by it for another round, order or results
+        (
+            "/rosters/work",
+            {**good, "signature": work_body(market, stranger, works, results)["signature"]},
+            401,
+        ),
+        ("/rosters/work", {**good, "round_index": work.round_index + 1}, 401),
+        (
+            "/rosters/work",
+            {**good, "signature": work_body(market, account, works, [h("x")] * len(works))["signature"]},
+            401,
+        ),
         ("/rosters/work", {**good, "order_id": order_id + 7}, 404),
-        # a slot the provider does not hold, and a round or unit outside the roster
-        ("/rosters/work", {**work_body(market, stranger, work, h("x")), "provider": stranger.address}, 400),
+        # not one commitment per slot the provider holds in the round, and a round outside the roster
+        ("/rosters/work", {**good, "commitments": [*good["commitments"], good["commitments"][0]]}, 400),
         ("/rosters/work", {**good, "round_index": ROUNDS}, 400),
         # an opening before any work, and with an unbound state
         ("/rosters/opening", opening(work, provider), 409),
@@ -253,7 +289,7 @@ def test_the_roster_endpoints_refuse_bad_input_with_a_typed_error_and_change_not
     assert api.post("/rosters/work", json=good).status_code == 200
     assert api.post("/rosters/work", json=good).status_code == 200  # the same again: a retry, no change
     before = held(market)
-    conflicting = work_body(market, account, work, h("another result"))
+    conflicting = work_body(market, account, works, [h("another result")] * len(works))
     reply = api.post("/rosters/work", json=conflicting)
     assert (reply.status_code, reply.json()["error"]) == (400, "InvalidInput")
     unbound = {**opening(work, provider), "state_digest": h("not the trained state")}

@@ -79,14 +79,19 @@ def run_round(market: ChainMarket, api: TestClient, round_index: int, opener: Op
     returns how many slots ran."""
     ran = 0
     for account in market.providers:
-        for work in heartbeat(market, account):
-            if work.phase == AssignmentPhase.RUN and work.round_index == round_index:
-                ran += 1
-                body = opener(account.address, work) or opening(work, account.address)
-                reply = api.post(
-                    "/rosters/work", json=work_body(market, account, work, body["result_digest"])
-                )
-                assert reply.status_code == 200, reply.json()
+        works = [
+            w
+            for w in heartbeat(market, account)
+            if w.phase == AssignmentPhase.RUN and w.round_index == round_index
+        ]
+        if not works:
+            continue
+        ran += len(works)
+        results = [
+            (opener(account.address, w) or opening(w, account.address))["result_digest"] for w in works
+        ]
+        reply = api.post("/rosters/work", json=work_body(market, account, works, results))
+        assert reply.status_code == 200, reply.json()
     for account in market.providers:
         for work in heartbeat(market, account):
             if work.phase == AssignmentPhase.REVEAL and work.round_index == round_index:

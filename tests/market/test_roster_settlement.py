@@ -87,16 +87,19 @@ def work(
     """Every slot's provider signs its commitment for `round_index` (unit u's result `results[(u, p)]`,
     else the unit's common one) over the roster's works deadline and hands it to the market."""
     for provider in view.providers:
-        for unit, _ in view.units_of(provider):
+        commitments = []
+        for unit, _ in sorted(view.units_of(provider)):  # slot order: one slot of a unit per provider
             value = results.get((unit, provider), digest(f"{round_index}:{unit}"))
             unit_id = round_unit_id(view.chain_order_id, round_index, unit)
-            commitment = market.client.commitment(value, SALT, provider, unit_id)
-            signed = market.client.sign_unit_commit(
-                accounts[provider], unit_id, commitment, view.works_deadline
-            )
-            market.service.rosters.submit_work(
-                order_id, provider, round_index, unit, "0x" + commitment.hex(), "0x" + signed.signature.hex()
-            )
+            commitments.append("0x" + market.client.commitment(value, SALT, provider, unit_id).hex())
+        if not commitments:
+            continue
+        signature = market.client.round_commit_signature(
+            accounts[provider], view.chain_order_id, round_index, commitments, view.works_deadline
+        )
+        market.service.rosters.submit_work(
+            order_id, provider, round_index, commitments, "0x" + signature.hex()
+        )
 
 
 def open_round(

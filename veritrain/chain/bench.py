@@ -562,22 +562,20 @@ class _Parties:
         openings: list[Reveal] = []
         records: list[AuditRecord] = []  # the roster's audit records, as its steps emit them
         for round_index in range(rounds + 1):
-            works = []
+            works = None
             if round_index < rounds:
-                pending = []
+                pending, commitments = [], []
                 for unit in range(units_per_round):
                     unit_id = eip712.round_unit_id(order_id, round_index, unit)
                     digest = self.fresh()
                     for provider in providers:
-                        commitment = self.commitment(unit_id, provider, digest)
-                        works.append(
-                            self.client.sign_round_work(
-                                provider, order_id, round_index, unit, commitment, FAR_DEADLINE
-                            )
-                        )
+                        commitments.append(self.commitment(unit_id, provider, digest))
                         pending.append(
                             Reveal(provider.address, digest, self.salts[(unit_id, provider.address)])
                         )
+                works = self.client.sign_round_work(
+                    providers, roster, order_id, round_index, commitments, FAR_DEADLINE
+                )
             if two_step and round_index < rounds:
                 receipt = self.client.step_round(
                     order_id, roster, [], FAR_DEADLINE, works, audit_records=records
@@ -600,7 +598,7 @@ class _Parties:
                     roster,
                     pending,
                     FAR_DEADLINE,
-                    [],
+                    None,
                     verifiers=verifiers,
                     audits=audits,
                     audit_records=records,

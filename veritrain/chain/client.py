@@ -1091,28 +1091,22 @@ class ChainClient:
     ) -> RoundSignature:
         """The provider's `RoundCommit` for one round: `commitments` its own slots' of the round, in slot
         order (`provider_commitments`), in compact form."""
-        signature = eip712.sign_typed(
-            provider,
-            self.market_domain,
-            "RoundCommit",
-            self.round_commit_message(provider.address, order_id, round_index, commitments, deadline),
+        return RoundSignature.of(
+            self.round_commit_signature(provider, order_id, round_index, commitments, deadline)
         )
-        return RoundSignature.of(signature)
 
-    @staticmethod
-    def round_commit_message(
-        provider: str, order_id: int, round_index: int, commitments: Sequence[bytes | str], deadline: int
-    ) -> dict[str, Any]:
-        """The typed `RoundCommit` message of `provider`'s slots' `commitments` (slot order) of a round."""
-        return {
-            "orderId": order_id,
-            "round": round_index,
-            "provider": to_checksum_address(provider),
-            "commitmentsHash": eip712.round_commitments_hash(
-                [eip712.as_bytes32(c, "commitment") for c in commitments]
-            ),
-            "deadline": deadline,
-        }
+    def round_commit_signature(
+        self,
+        provider: LocalAccount,
+        order_id: int,
+        round_index: int,
+        commitments: Sequence[bytes | str],
+        deadline: int,
+    ) -> bytes:
+        """The provider's 65-byte `RoundCommit` signature over its own slots' `commitments` of a round (slot
+        order), as the market takes it (`/rosters/work`)."""
+        message = eip712.round_commit_message(provider.address, order_id, round_index, commitments, deadline)
+        return eip712.sign_typed(provider, self.market_domain, "RoundCommit", message)
 
     def sign_round_work(
         self,

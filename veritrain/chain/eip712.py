@@ -278,10 +278,23 @@ def round_unit_id(order_id: int, round_index: int, unit: int) -> int:
     return int.from_bytes(keccak(abi_encode(["uint256"] * 3, [order_id, round_index, unit])), "big")
 
 
-def round_commitments_hash(commitments: Sequence[bytes]) -> bytes:
+def round_commitments_hash(commitments: Sequence[bytes | str]) -> bytes:
     """A `RoundCommit`'s `commitmentsHash`: keccak256 of one provider's slots' commitments of a round, in
     slot order (abi.encodePacked of the bytes32s)."""
     return keccak(b"".join(as_bytes32(c, "commitment") for c in commitments))
+
+
+def round_commit_message(
+    provider: str, order_id: int, round_index: int, commitments: Sequence[bytes | str], deadline: int
+) -> dict[str, Any]:
+    """The typed `RoundCommit` message of `provider`'s slots' `commitments` (slot order) of a round."""
+    return {
+        "orderId": order_id,
+        "round": round_index,
+        "provider": to_checksum_address(provider),
+        "commitmentsHash": round_commitments_hash(commitments),
+        "deadline": deadline,
+    }
 
 
 def round_commitments_chain(order_id: int, round_index: int, commitments: Sequence[bytes]) -> bytes:
