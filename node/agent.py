@@ -571,7 +571,8 @@ class ProviderAgent(AgentPlumbing):
             / f"{assignment.chain_order_id}.round{assignment.round_index}.json"
         )
         held: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
-        if held.get(str(assignment.shard)) != commitment:
+        fresh = held.get(str(assignment.shard)) != commitment
+        if fresh:
             held[str(assignment.shard)] = commitment
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
@@ -580,6 +581,8 @@ class ProviderAgent(AgentPlumbing):
         units = assignment.round_units or (assignment.shard,)
         waiting = [unit for unit in units if str(unit) not in held]
         if waiting:
+            if not fresh:  # asked again on a later heartbeat: still waiting, already said so
+                return False
             logger.info(
                 "unit %d (round %d, shard %d) done; its round commit waits for shards %s",
                 assignment.unit_id,
