@@ -25,6 +25,8 @@ from veritrain.errors import DigestMismatch, InvalidOrderSpec, UnderfundedOrder,
 from veritrain.wallet import TOKEN, veri
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from eth_account.signers.local import LocalAccount
 
     from market.domain.pricing import EscrowPlan
@@ -428,7 +430,9 @@ def _hex(value: Any) -> str:
 
 @dataclass
 class TrainingResult:
-    """The verified training: per accepted unit its losses, and the final state's model weights."""
+    """The verified training: per accepted training unit its losses (in training order; `round_boundaries`:
+    where each unit starts, on the round path where each round starts, the first left out), and the final
+    state's model weights."""
 
     losses: list[float]
     round_boundaries: list[int]
@@ -446,6 +450,7 @@ def collect_training(
     final_digest: str,
     aggregates: frozenset[int] = frozenset(),
     final: FinalState | None = None,
+    round_units: Sequence[AcceptedUnit] | None = None,
 ) -> TrainingResult:
     """Fetch each accepted training unit's PoL manifest from a provider the chain accepted (`peers`:
     address → libp2p address), each checked against the result digest the chain settled, then the order's
@@ -455,7 +460,10 @@ def collect_training(
     the last accepted unit's chain-verified manifest names. M > 1: the last unit the chain accepted must be
     an aggregate; its output is taken by `final_digest`, which the fetched bytes must hash to (the buyer does
     not re-derive the aggregate's result digest from the round's inputs yet). A round-path order has no
-    final aggregate unit: `final` is the buyer's own last outer step (`final_outer_step`), taken as is."""
+    final aggregate unit: `final` is the buyer's own last outer step (`final_outer_step`), taken as is, and
+    its losses are those of `round_units` (`round_path_units`: every training unit the chain accepted, the
+    roster's unanimous units included, which have no chain unit in `units`), not of `units`. Every manifest's
+    losses must hash to the PoL root its result digest binds (`_opening_problem`)."""
     from safetensors.torch import save_file
 
     from veritrain.agentkit import decode_state
@@ -464,15 +472,19 @@ def collect_training(
     boundaries: list[int] = []
     last_manifest: UnitManifest | None = None
     last: UnitOutcome | None = None
-    for unit in units:
-        if not unit.accepted:
-            continue
-        last = unit
-        if unit.chain_unit_id in aggregates:
-            continue
-        last_manifest = _fetch_manifest(plane, unit, peers)
-        boundaries.append(len(losses))
-        losses.extend(float(loss) for loss in last_manifest.transcript["losses"])
+    if round_units is not None:
+        losses, boundaries = _round_path_losses(plane, round_units, peers)
+    else:
+        for unit in units:
+            if not unit.accepted:
+                continue
+            last = unit
+            if unit.chain_unit_id in aggregates:
+                continue
+            last_manifest = _fetch_manifest(plane, unit, peers)
+            boundaries.append(len(losses))
+            losses.extend(float(loss) for loss in last_manifest.transcript["losses"])
+        boundaries = boundaries[1:]
     if final is not None:
         state, final_digest = final.state, final.digest
     else:
@@ -498,7 +510,28 @@ def collect_training(
         if name.startswith("model.")
     }
     save_file(weights, str(out), metadata={"state_digest": final_digest, "recipe": recipe})
-    return TrainingResult(losses, boundaries[1:], final_digest, out)
+    return TrainingResult(losses, boundaries, final_digest, out)
+
+
+def _round_path_losses(
+    plane: BlobPlane, round_units: Sequence[AcceptedUnit], peers: dict[str, str]
+) -> tuple[list[float], list[int]]:
+    """A round-path order's losses, unit after unit in training order, each from a manifest that opens the
+    result digest the chain accepted for it (asked first of the providers that worked it, then of the other
+    peers: the digest, not the peer, makes it the unit's), and where each round after the first starts."""
+    losses: list[float] = []
+    boundaries: list[int] = []
+    for index, unit in enumerate(round_units):
+        if index and unit.round_index != round_units[index - 1].round_index:
+            boundaries.append(len(losses))
+        holders = [peers[p] for p in unit.providers if p in peers]
+        holders += [address for address in peers.values() if address not in holders]
+        try:
+            manifest = _manifest_of(plane, holders, unit.result_digest)
+        except DigestMismatch as err:
+            raise DigestMismatch(f"round {unit.round_index}, shard {unit.shard}: {err}") from None
+        losses.extend(float(loss) for loss in manifest.transcript["losses"])
+    return losses, boundaries
 
 
 @dataclass(frozen=True)
@@ -515,15 +548,44 @@ def round_path_final(
     peers: dict[str, str],
     status: OrderStatus,
     units: list[UnitOutcome],
+    events: list[Event],
 ) -> FinalState | None:
-    """A round-path order's final state, run by the buyer (`final_outer_step`); None for an order that ends
-    with an aggregate unit (per unit, or M = 1: `market.domain.rounds.final_aggregate`)."""
+    """A round-path order's final state, run by the buyer (`final_outer_step`) from the chain's `events`;
+    None for an order that ends with an aggregate unit (per unit, or M = 1:
+    `market.domain.rounds.final_aggregate`)."""
+    spec = _round_path_spec(status)
+    if spec is None:
+        return None
+    return final_outer_step(client, plane, peers, spec, status.chain_order_id, events, units)
+
+
+def round_path_units(
+    client: ChainClient, status: OrderStatus, units: list[UnitOutcome], events: list[Event]
+) -> list[AcceptedUnit] | None:
+    """Every training unit the chain accepted for a round-path order, round by round and shard by shard
+    (`accepted_round_results`; a shard left out has none): what its loss curve is made of, the units its
+    rounds' steps paid included (they have no chain unit of their own, so `units` lacks them). None for an
+    order that ends with an aggregate unit, whose units are all chain units (`collect_training` reads
+    them)."""
+    spec = _round_path_spec(status)
+    if spec is None:
+        return None
+    return [
+        unit
+        for round_index in range(spec.rounds)
+        for unit in accepted_round_results(client, events, units, status.chain_order_id, round_index, spec)
+        if unit is not None
+    ]
+
+
+def _round_path_spec(status: OrderStatus) -> OrderSpec | None:
+    """The spec of an order the round path settles with no aggregate unit after its last round, else None."""
     from market.domain.rounds import final_aggregate
 
     spec = status.spec
     if status.roster is None or spec is None or spec.shards < 2 or final_aggregate(spec, rounds_path=True):
         return None
-    return final_outer_step(client, plane, peers, spec, status.chain_order_id, client.events(), units)
+    return spec
 
 
 def final_outer_step(
@@ -556,7 +618,7 @@ def final_outer_step(
     last = spec.rounds - 1
     accepted = accepted_round_results(client, events, units, chain_order_id, last, spec)
     everyone = list(peers.values())
-    manifests = [None if not d else _manifest_of(plane, everyone, _majority(d)) for d in accepted]
+    manifests = [None if a is None else _manifest_of(plane, everyone, a.result_digest) for a in accepted]
     results = tuple(
         None if m is None else _verified_state(plane, everyone, m.state_digest) for m in manifests
     )
@@ -573,6 +635,23 @@ def final_outer_step(
     return FinalState("0x" + step.output_digest.hex(), step.output_state)
 
 
+@dataclass(frozen=True)
+class AcceptedUnit:
+    """A training unit (round, shard) of a round-path order as the chain accepted it: the result digests of
+    its accepted replicas, in replica order, and the providers that worked it (its accepted replicas' for a
+    chain unit, the roster's slots of the unit for one its round's step paid)."""
+
+    round_index: int
+    shard: int
+    digests: tuple[str, ...]
+    providers: tuple[str, ...]
+
+    @property
+    def result_digest(self) -> str:
+        """The result the next round (or the final outer step) took: the most accepted one."""
+        return _majority(list(self.digests))
+
+
 def accepted_round_results(
     client: ChainClient,
     events: list[Event],
@@ -580,12 +659,12 @@ def accepted_round_results(
     chain_order_id: int,
     round_index: int,
     spec: OrderSpec,
-) -> list[list[str] | None]:
-    """Per shard of a round-path order's round, the result digests the chain accepted (one per accepted
-    replica, in replica order; None: no accepted result, a shard left out under the quorum): a retry's on the
-    per-unit path if one was accepted (known by its unit key), else a unit the step set aside, by its
-    verdict, else the digest `RoundRevealed` names (every replica's: the unit was unanimous, and a closed
-    roster has no audit pending). DigestMismatch unless the roster is closed with the round revealed."""
+) -> list[AcceptedUnit | None]:
+    """Per shard of a round-path order's round, what the chain accepted (None: no accepted result, a shard
+    left out under the quorum or dropped): a retry's on the per-unit path if one was accepted (known by its
+    unit key), else a unit the step set aside, by its verdict, else the digest `RoundRevealed` names (every
+    replica's: the unit was unanimous, and a closed roster has no audit pending), worked by the slots
+    `RosterOpened` gave the unit. DigestMismatch unless the roster is closed with the round revealed."""
     from market.orders import unit_key_for
 
     info = client.get_roster(chain_order_id)
@@ -596,20 +675,26 @@ def accepted_round_results(
     revealed: list[str] | None = None
     set_aside: dict[int, int] = {}  # unit of the round -> its chain unit id
     keys: dict[str, int] = {}  # unit key -> chain unit id, of the order's per-unit units
+    roster: dict[str, Any] | None = None
     for event in events:
         args = event.args
         if int(args.get("orderId", -1)) != chain_order_id:
             continue
-        if event.name == "RoundRevealed" and int(args["round"]) == round_index:
+        if event.name == "RosterOpened":
+            roster = dict(args)
+        elif event.name == "RoundRevealed" and int(args["round"]) == round_index:
             revealed = [_hex(digest) for digest in args["digests"]]
         elif event.name == "UnitSetAside" and int(args["round"]) == round_index:
             set_aside[int(args["unit"])] = int(args["unitId"])
         elif event.name == "UnitAssigned":
             keys[_hex(args["unitKey"])] = int(args["unitId"])
-    if revealed is None:
-        raise DigestMismatch(f"no RoundRevealed for round {round_index} of order {chain_order_id}")
+    if revealed is None or roster is None:
+        raise DigestMismatch(
+            f"no RosterOpened and RoundRevealed for round {round_index} of order {chain_order_id}"
+        )
+    providers, layout, replicas = list(roster["providers"]), int(roster["layout"]), int(roster["replicas"])
     outcomes = {unit.chain_unit_id: unit for unit in units}
-    found: list[list[str] | None] = []
+    found: list[AcceptedUnit | None] = []
     for shard in range(spec.shards):
         attempts = range(len(keys), 0, -1)  # a per-unit retry's attempt is 1, 2, ... (latest first)
         chain_units = [
@@ -617,14 +702,20 @@ def accepted_round_results(
         ]
         if shard in set_aside:
             chain_units.append(set_aside[shard])
-        digests: list[str] | None = None if chain_units else [revealed[shard]]
+        accepted_unit: AcceptedUnit | None = None
+        if not chain_units:
+            slots = range(shard * replicas, (shard + 1) * replicas)
+            workers = tuple(str(providers[(layout >> (5 * slot)) & 31]) for slot in slots)
+            accepted_unit = AcceptedUnit(round_index, shard, (revealed[shard],) * replicas, workers)
         for unit_id in chain_units:
             outcome = outcomes.get(unit_id)
             accepted = [i for i, o in enumerate(outcome.outcomes if outcome else []) if o == "accept"]
-            if accepted:
+            if outcome is not None and accepted:
                 digests = ["0x" + client.replica(unit_id, i).commitment_or_digest.hex() for i in accepted]
+                workers = tuple(outcome.providers[i] for i in accepted)
+                accepted_unit = AcceptedUnit(round_index, shard, tuple(digests), workers)
                 break
-        found.append(digests)
+        found.append(accepted_unit)
     return found
 
 
@@ -644,10 +735,32 @@ def _manifest_of(plane: BlobPlane, peers: list[str], result_digest: str) -> Unit
         except (VeritrainError, ValueError) as err:
             errors.append(f"{peer}: {type(err).__name__}: {err}")
             continue
-        if manifest.result_digest == result_digest == manifest.opened_result_digest():
+        problem = _opening_problem(manifest, result_digest)
+        if problem is None:
             return manifest
-        errors.append(f"{peer}: its manifest does not hash to {result_digest}")
+        errors.append(f"{peer}: {problem}")
     raise DigestMismatch(f"no peer served a manifest of result {result_digest}: {errors}")
+
+
+def _opening_problem(manifest: UnitManifest, result_digest: str) -> str | None:
+    """Why `manifest` does not open `result_digest`, or None when it does: its state digest, PoL root (and a
+    folded unit's outer step) hash to that digest, and its transcript, losses included, hashes to that root
+    and ends at that state (the digest binds the root alone: without this the losses are the peer's word)."""
+    from veritrain.agentkit import unhex32
+    from veritrain.pol import Transcript
+
+    try:
+        if not manifest.result_digest == result_digest == manifest.opened_result_digest():
+            return f"its manifest does not hash to the result digest {result_digest}"
+        transcript = Transcript.from_json(manifest.transcript)
+        root, state = unhex32(manifest.transcript_root), unhex32(manifest.state_digest)
+    except VeritrainError as err:
+        return f"its manifest is malformed: {type(err).__name__}: {err}"
+    if transcript.merkle_root() != root:
+        return f"its transcript (losses included) does not hash to the PoL root of {result_digest}"
+    if transcript.final_digest != state:
+        return f"its transcript does not end at the state of {result_digest}"
+    return None
 
 
 def _verified_state(plane: BlobPlane, peers: list[str], digest: str) -> State:
@@ -663,8 +776,8 @@ def _verified_state(plane: BlobPlane, peers: list[str], digest: str) -> State:
 
 def _fetch_manifest(plane: BlobPlane, unit: UnitOutcome, peers: dict[str, str]) -> UnitManifest:
     """The manifest of an accepted replica whose result digest is the one revealed on chain and is
-    sha256(domain, its state digest, its PoL root) (and a folded unit's outer step): a peer cannot hand us
-    another state."""
+    sha256(domain, its state digest, its PoL root) (and a folded unit's outer step), its transcript hashing
+    to that root (`_opening_problem`): a peer cannot hand us another state or other losses."""
     from veritrain.agentkit import UnitManifest
 
     errors = []
@@ -673,13 +786,13 @@ def _fetch_manifest(plane: BlobPlane, unit: UnitOutcome, peers: dict[str, str]) 
             onchain = unit.result_digests[provider]
             peer = peers[provider]
             manifest = UnitManifest.from_bytes(plane.fetch(peer, plane.lookup_manifest(peer, onchain)))
-            derived = manifest.opened_result_digest()
+            problem = _opening_problem(manifest, onchain)
         except (VeritrainError, KeyError, ValueError) as err:
             errors.append(f"{provider}: {type(err).__name__}: {err}")
             continue
-        if manifest.result_digest == onchain and derived == onchain:
+        if problem is None:
             return manifest
-        errors.append(f"{provider}: its manifest does not hash to the result digest {onchain} on chain")
+        errors.append(f"{provider}: {problem} (on chain)")
     raise DigestMismatch(
         f"unit {unit.chain_unit_id}: no accepted replica served a verified manifest: {errors}"
     )

@@ -781,7 +781,7 @@ def collect_training(
     """Fetch the verified results from the providers over libp2p (apps.buyer.collect_training): each
     training unit's PoL manifest and the order's final state (for M > 1 the last aggregate's output, or on
     the round path the buyer's own last outer step)."""
-    from apps.buyer import round_path_final, set_aside_digests
+    from apps.buyer import round_path_final, round_path_units, set_aside_digests
     from veritrain.agentkit import BlobPlane
     from veritrain.blobstore import BlobStore
     from veritrain.messages import OrderStatus
@@ -790,9 +790,10 @@ def collect_training(
     peers = {party.address: party.peer_addr for party in market.providers()}
     plane = BlobPlane(BlobStore(folder / "blobs"), market.parties["buyer"].account, free_port(), folder)
     set_aside_digests(market.client, units)
+    events, order = market.client.events(), OrderStatus.model_validate(status)
     plane.start()
     try:
-        final = round_path_final(market.client, plane, peers, OrderStatus.model_validate(status), units)
+        final = round_path_final(market.client, plane, peers, order, units, events)
         return collect_training_from(
             plane,
             units,
@@ -802,6 +803,7 @@ def collect_training(
             final_digest=str(status["current_state_digest"]),
             aggregates=frozenset(u["chain_unit_id"] for u in status["units"] if u["kind"] == "aggregate"),
             final=final,
+            round_units=round_path_units(market.client, order, units, events),
         )
     finally:
         plane.stop()

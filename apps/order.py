@@ -290,7 +290,13 @@ def configure_fetch(parser: argparse.ArgumentParser) -> None:
 
 
 def run_fetch(args: argparse.Namespace) -> int:
-    from apps.buyer import collect_training, order_money, round_path_final, set_aside_digests
+    from apps.buyer import (
+        collect_training,
+        order_money,
+        round_path_final,
+        round_path_units,
+        set_aside_digests,
+    )
     from apps.demo_report import write_loss_curve
     from veritrain.agentkit import BlobPlane
     from veritrain.blobstore import BlobStore
@@ -303,7 +309,8 @@ def run_fetch(args: argparse.Namespace) -> int:
         dashboard = api.dashboard_data()
     if status.state != "completed":
         raise InvalidInput(f"order {args.order_id} is {status.state}, not completed: nothing final to fetch")
-    money, units = order_money(client.events(), status.chain_order_id)
+    events = client.events()
+    money, units = order_money(events, status.chain_order_id)
     set_aside_digests(client, units)
     recipe = next((o["recipe"] for o in dashboard["orders"] if o["id"] == args.order_id), "")
     out: Path = args.out.resolve()
@@ -312,7 +319,7 @@ def run_fetch(args: argparse.Namespace) -> int:
     plane = BlobPlane(BlobStore(folder / "blobs"), session.signer(), 0, folder)
     plane.start()
     try:
-        final = round_path_final(client, plane, peers, status, units)
+        final = round_path_final(client, plane, peers, status, units, events)
         training = collect_training(
             plane,
             units,
@@ -324,6 +331,7 @@ def run_fetch(args: argparse.Namespace) -> int:
                 u.chain_unit_id for u in status.units if u.kind == "aggregate" and u.chain_unit_id is not None
             ),
             final=final,
+            round_units=round_path_units(client, status, units, events),
         )
     finally:
         plane.stop()

@@ -13,6 +13,7 @@ from veritrain.agentkit import UnitManifest
 from veritrain.chain.client import AuditRecord
 from veritrain.chain.tx import Event
 from veritrain.errors import BlobNotFound, DigestMismatch
+from veritrain.pol import Transcript, UnitSpec, result_digest
 
 BUYER, P1, P2, CHEAT, V1, V2 = "0xB", "0x1", "0x2", "0xC", "0xV1", "0xV2"
 PRICE, FEE, SLASH = 100, 10, 50
@@ -208,9 +209,12 @@ class _Plane:
 
 
 def _honest_manifest() -> UnitManifest:
-    draft = UnitManifest({"losses": [2.0, 1.5]}, "", "0x" + "11" * 32, "0x" + "22" * 32)
+    """A manifest whose transcript hashes to its root, which with its state its result digest binds."""
+    spec = UnitSpec("digits-mlp", 1, 1, 1, 2, 1, num_shards=2)
+    transcript = Transcript(spec, spec.checkpoint_steps(), (b"\x11" * 32,) * 3, (2.0, 1.5), b"\x07" * 32)
+    root, state = transcript.merkle_root(), transcript.final_digest
     return UnitManifest(
-        draft.transcript, draft.opened_result_digest(), draft.state_digest, draft.transcript_root
+        transcript.to_json(), "0x" + result_digest(state, root).hex(), "0x" + state.hex(), "0x" + root.hex()
     )
 
 
@@ -230,7 +234,7 @@ def test_the_buyer_fetches_a_split_units_honest_replica_by_its_own_digest() -> N
     chain = _Chain({(SPLIT, 0): _Replica(CHEAT, _digest(0xCC)), (SPLIT, 1): _Replica(P1, honest)})
     set_aside_digests(chain, units)  # type: ignore[arg-type]
     assert split.result_digests == {CHEAT: "0x" + _digest(0xCC).hex(), P1: manifest.result_digest}
-    assert _fetch_manifest(plane, split, peers) == manifest  # type: ignore[arg-type]
+    assert _fetch_manifest(plane, split, peers).to_bytes() == manifest.to_bytes()  # type: ignore[arg-type]
 
 
 def test_a_replica_that_never_opened_has_no_result_digest() -> None:

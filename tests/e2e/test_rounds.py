@@ -148,8 +148,17 @@ def test_a_folded_order_on_the_round_path_completes_through_real_processes(
     # the buyer's final weights: its own outer step over the last round, recomputed here bit for bit (the
     # market's current state is the last round's start, which that step began from)
     assert final == training.final_state_digest != status["current_state_digest"]
+    assert_whole_curve(config, training.losses, training.round_boundaries)
     for name in ("parties_conserved", "supply_conserved", "providers_paid_exactly"):
         assert closed.checks.results[name], (name, closed.checks.details.get(name))
+
+
+def assert_whole_curve(config: Any, losses: list[float], boundaries: list[int]) -> None:
+    """The buyer's verified loss curve: every training unit the chain accepted, round by round and shard by
+    shard (each unit's steps), a boundary where each round after the first starts."""
+    per_round = config.shards * config.unit_steps
+    assert len(losses) == config.rounds * per_round, (len(losses), boundaries)
+    assert boundaries == [r * per_round for r in range(1, config.rounds)]
 
 
 def operator_gas(market: Marketplace, from_block: int, roster_txs: set[str]) -> tuple[int, int]:
@@ -230,6 +239,8 @@ def test_a_rounds_order_with_round_audits_pays_its_verifier_and_sets_nothing_asi
     assert paid[verifier] == config.rounds * config.shards * fee  # every audited unit, nothing else
     assert not closed.money.slashed and not closed.units  # no unit on the per-unit path
     assert final == training.final_state_digest
+    # no unit on the per-unit path: every unit of the curve is one its round's step paid
+    assert_whole_curve(config, training.losses, training.round_boundaries)
     assert closed.money.audit_fees == paid[verifier]  # the buyer's view of the close's audit fees
     units = config.rounds * config.shards  # the roster's units: the order has no aggregate unit
     emit(
