@@ -160,6 +160,8 @@ class RosterOutbox(Lifecycle):
             return None if int(action.removeprefix(ASIDE_PREFIX)) in pending else "confirmed"
         if chain.exists and action_landed(action, row.rounds, chain.committed, chain.pending_block != 0):
             return "confirmed"
+        if chain.closed:  # closed with the round pending (RosterBook._closable_at_deadline): it cannot land
+            return "reverted"
         return None
 
     def _send(

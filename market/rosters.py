@@ -755,13 +755,25 @@ class RosterBook(Lifecycle):
     def _closable_at_deadline(
         self, session: Session, row: RosterRow, chain: RosterChainState | None, now: int
     ) -> bool:
-        """Whether the order's deadline passed (and a pending round's reveal window after it, as the chain
-        requires): the roster is then closed whatever is left, so that the budget of the rounds not run
-        returns to the order (its set-aside units settle or expire first: the outbox waits for them)."""
+        """Whether the order's deadline passed: the roster is then closed whatever is left, so that the
+        budget of the rounds not run returns to the order (its set-aside units settle or expire first: the
+        outbox waits for them). A round pending its reveal is revealed first, by a step of its own
+        (:func:`next_roster_action` past the deadline): the close pays nothing for a pending round, so its
+        honest providers would lose their pay and its silent slots their penalty. Only if that step, once
+        queued, has not landed within `verdictWindow` (no verifier to take a unit it sets aside, say) is the
+        roster closed with the round pending, as the chain allows after the round's reveal window."""
         if now <= self.store.get_order(session, row.order_id).deadline:
             return False
-        pending = chain is not None and chain.pending_block != 0
-        return not pending or chain is None or now > chain.pending_since + self.config.reveal_window_s
+        if chain is None or chain.pending_block == 0:
+            return True
+        assert self.chain is not None
+        reveal = StepPlan(chain.committed, chain.committed - 1, None, held=chain.committed < row.rounds)
+        queued = self.store.roster_action(session, row_id(row), reveal.action)
+        return (
+            queued is not None
+            and now > queued.created_at + self.chain.terms().verdict_window_s
+            and now > chain.pending_since + self.config.reveal_window_s
+        )
 
     def _read(self, row: RosterRow) -> RosterChainState | None:
         """The roster as the chain holds it, once a round was committed (None before, or not on chain)."""
@@ -935,6 +947,7 @@ class RosterBook(Lifecycle):
             committed=row.committed,
             pending=row.committed > row.revealed,
             closed=row.state == "closed",
+            expired=now > self.store.get_order(session, row.order_id).deadline,
             works_ready=frozenset(works),
             openings_ready=frozenset(openings),
             open_set_aside=open_set_aside,

@@ -101,6 +101,9 @@ class RosterProgress:
     # rounds whose drawn units the roster's verifiers are still auditing (market/round_audits.py): the step
     # revealing one waits, since it leaves the units pending only with the audit signed
     auditing: frozenset[int] = frozenset()
+    # the order's deadline passed: the chain commits no round any more (`OrderExpired`), so a pending round is
+    # revealed alone rather than waiting for the next round's works (the close pays nothing for it)
+    expired: bool = False
 
 
 @dataclass(frozen=True)
@@ -114,7 +117,8 @@ class StepPlan:
     index: int
     reveal: int | None
     commit: int | None
-    held: bool = False  # it reveals a held round before the last, and commits nothing
+    # it reveals a round before the last alone (held, or past the order's deadline), and commits nothing
+    held: bool = False
 
     @property
     def action(self) -> str:
@@ -134,7 +138,9 @@ def next_roster_action(progress: RosterProgress) -> StepPlan | str | None:
     step only reveals. A held round (one of its units waits for a verdict: round r cannot start from it
     before) is revealed alone, as soon as its openings are ready (every slot opened, or the reveal window
     passed: the rest are given as withheld), so that its set-aside units exist and can be judged; round r
-    is then committed by a step of its own once its works are in. A round whose drawn units the roster's
+    is then committed by a step of its own once its works are in. Past the order's deadline (`expired`) no
+    round is committed: a pending round is revealed alone as a held one is, and with none pending nothing is
+    planned here (market/rosters.py plans the close at the deadline). A round whose drawn units the roster's
     verifiers are auditing waits for the audit's answer. Then the close, once no set-aside unit is
     open (the chain refuses it before)."""
     if progress.closed:
@@ -148,8 +154,10 @@ def next_roster_action(progress: RosterProgress) -> StepPlan | str | None:
     commit = progress.committed if progress.committed < progress.rounds else None
     if reveal is not None and (reveal not in progress.openings_ready or reveal in progress.auditing):
         return None
-    if reveal is not None and commit is not None and reveal in progress.held:
+    if reveal is not None and commit is not None and (reveal in progress.held or progress.expired):
         return StepPlan(progress.committed, reveal, None, held=True)
+    if progress.expired and reveal is None:
+        return None
     if commit is not None and commit not in progress.works_ready:
         return None
     return StepPlan(progress.committed, reveal, commit)

@@ -278,11 +278,12 @@ def test_a_provider_that_commits_and_never_opens_is_withheld_after_the_reveal_wi
     assert (status["state"], status["rounds_accepted"]) == ("completed", ROUNDS)  # no aggregate unit
 
 
-def test_a_rounds_order_past_its_deadline_expires_and_its_roster_closes_returning_the_budget(
+def test_a_rounds_order_past_its_deadline_expires_its_pending_round_revealed_and_the_rest_returned(
     market: ChainMarket,
 ) -> None:
     api, order_id, view = opened(market)
     client = market.client
+    earned_before = {p: earned(client, p) for p in view.providers}
     run_round(market, api, 0)
     drive(market)  # round 0 committed, its units accepted; round 1 never runs
     market.service.orders.advance_orders()
@@ -295,9 +296,14 @@ def test_a_rounds_order_past_its_deadline_expires_and_its_roster_closes_returnin
     assert runs_of(market, 1) == []  # no more work handed out for an expired order
     client.advance_time(client.params.reveal_window + 1)  # round 0's reveal window, after the deadline
     drive(market)
+    assert actions(market, order_id)[-2:] == ["reveal:0", "close"]  # round 0 revealed alone, then closed
     assert client.get_roster(view.chain_order_id).closed
     assert market.service.rosters.view(order_id).state == "closed"
-    # round 0 was never revealed: its budget and round 1's return to the order, for the buyer to close it
-    price = client.get_order(view.chain_order_id).price_per_replica
-    returned = client.get_order(view.chain_order_id).balance - balance
-    assert returned >= ROUNDS * SHARDS * REPLICAS * price
+    # round 0's providers are paid (the close pays nothing for a round left pending); round 1's budget and
+    # every verifier fee return to the order, for the buyer to close it
+    order = client.get_order(view.chain_order_id)
+    price, fee = order.price_per_replica, order.verifier_fee_per_unit
+    for provider in view.providers:
+        slots = view.slots.count(view.providers.index(provider))
+        assert earned(client, provider) - earned_before[provider] == slots * price, provider
+    assert order.balance - balance == ROUNDS * SHARDS * (REPLICAS * price + fee) - SHARDS * REPLICAS * price

@@ -6,7 +6,9 @@ verifiers: its drawn units are then pending on chain whether or not the market h
 quorum. The market waits while the round's audit collects (the verifiers still sign: the same record) and
 goes on as usual; on a refusal or no quorum it sets the record aside for verdicts (the cheat slashed, the
 honest paid); past the order's deadline + verdictWindow with nobody to judge them it drops them and closes.
-A close is sent once, after the last posting's challenge window."""
+A close is sent once, after the last posting's challenge window. A round pending its reveal at the deadline
+whose next round's works never came is revealed by a step of its own before the close (the close pays
+nothing for a pending round), so its honest providers and verifiers are paid and a forgery in it judged."""
 
 from __future__ import annotations
 
@@ -16,10 +18,13 @@ from pathlib import Path
 import pytest
 from earned import earned
 from eth_account.signers.local import LocalAccount
+from fastapi.testclient import TestClient
 
 from apps.protocol_harness import ChainMarket
+from market.api import create_app
+from market.rosters import RosterView
 from tests.market.test_chain_settlement import chain_market
-from tests.market.test_roster_api import REPLICAS, ROUNDS, SHARDS
+from tests.market.test_roster_api import REPLICAS, ROUNDS, SHARDS, accept_all, heartbeat, opening, work_body
 from tests.market.test_roster_audits import (
     audit_rows,
     close_attempts,
@@ -29,10 +34,18 @@ from tests.market.test_roster_audits import (
     sign_all,
     submission,
 )
-from tests.market.test_roster_liveness import actions, judge, opened, run_round, runs_of, trains
+from tests.market.test_roster_liveness import (
+    actions,
+    judge,
+    opened,
+    run_round,
+    runs_of,
+    trains,
+)
 from tests.market.test_roster_settlement import drive
 from veritrain.chain.client import Outcome, Reveal
 from veritrain.chain.deployment import MarketParams
+from veritrain.messages import AssignmentPhase
 
 pytestmark = pytest.mark.chain
 
@@ -245,3 +258,199 @@ def test_a_last_round_someone_else_reveals_is_posted_by_a_step_of_its_own(market
     drive(market)
     assert client.get_roster(view.chain_order_id).closed
     assert close_attempts(market, order_id) == (1, None)
+
+
+def opened_for(market: ChainMarket, rounds: int) -> tuple[TestClient, int, RosterView]:
+    """A folded 2 x 2 order (k = 2) of `rounds` rounds through the API, its roster accepted and open."""
+    api = TestClient(create_app(market.service))
+    order_id = market.post_order(
+        rounds=rounds, settlement="rounds", shards=SHARDS, outer_step="folded", replicas=REPLICAS
+    )
+    market.heartbeats()
+    assert market.service.rosters.draw_pending() == 1
+    market.service.orders.advance_orders()
+    accept_all(market, api)
+    drive(market)
+    return api, order_id, market.service.rosters.view(order_id)
+
+
+def escrow_of(market: ChainMarket, chain_order: int) -> int:
+    order = market.client.get_order(chain_order)
+    return order.units * (order.replicas * order.price_per_replica + order.verifier_fee_per_unit)
+
+
+def past_deadline(market: ChainMarket, chain_order: int) -> None:
+    """Past the order's deadline and the pending round's reveal window (the chain would take a close)."""
+    client = market.client
+    client.advance_time(
+        client.get_order(chain_order).deadline + client.params.reveal_window + 1 - client.now()
+    )
+    market.heartbeats()
+
+
+def test_a_pending_round_whose_next_works_never_come_is_revealed_posted_and_paid(market: ChainMarket) -> None:
+    """Three rounds: round 0 audited and revealed pending by step 1, round 1 committed, opened and audited,
+    and round 2's works never come (the providers vanish). The market reveals round 1 alone past the
+    deadline, posting its quorum over both records, and closes once after the challenge window: every
+    provider paid its two rounds' slots, each verifier its audit fees, every lock released, the rest of the
+    escrow the buyer's. (Before, no step revealed round 1 and the close waited on the pending records: the
+    order stalled with its escrow and every lock held for ever.)"""
+    client = market.client
+    api, order_id, view = opened_for(market, 3)
+    chain_order = view.chain_order_id
+    escrow = escrow_of(market, chain_order)
+    roster = market.service.rosters.roster(order_id)
+    everyone = [*market.providers, *market.verifiers, market.buyer]
+    before = {a.address: earned(client, a) for a in everyone}
+    for round_index in (0, 1):
+        run_round(market, api, round_index)
+        drive(market)
+        sign_all(market, round_index)
+        drive(market)
+        market.service.orders.advance_orders()
+    info = client.get_roster(chain_order)
+    assert (info.committed, info.pending_block != 0, info.audits_pending) == (2, True, True)
+    assert len(runs_of(market, 2)) == SHARDS * REPLICAS  # round 2 handed out; its works never come
+    past_deadline(market, chain_order)
+    drive(market)
+    assert actions(market, order_id)[-1] == "reveal:1"
+    assert [r.posting for r in client.audit_records(chain_order)] == [False, False, True]
+    info = client.get_roster(chain_order)
+    assert (info.pending_block, info.audits_pending, info.set_aside_units) == (0, False, 0)
+    client.advance_time(client.params.verdict_window + 1)
+    market.heartbeats()
+    drive(market)
+    assert client.get_roster(chain_order).closed
+    assert close_attempts(market, order_id) == (1, None)
+    order = client.get_order(chain_order)
+    price, fee = order.price_per_replica, order.verifier_fee_per_unit // len(roster.verifiers)
+    for provider in view.providers:
+        slots = view.slots.count(view.providers.index(provider))
+        assert earned(client, provider) - before[provider] == 2 * slots * price
+    for verifier in roster.verifiers:
+        assert earned(client, verifier) - before[verifier] == 2 * SHARDS * fee
+    assert [client.stake_of(p).locked for p in roster.providers + roster.verifiers] == [0] * len(
+        roster.providers + roster.verifiers
+    )
+    paid = 2 * SHARDS * (REPLICAS * price + fee * len(roster.verifiers))
+    assert (order.open_units, order.delivered, order.balance) == (0, 2 * SHARDS, escrow - paid)
+    client.close_order(chain_order, sender=market.buyer)
+    assert earned(client, market.buyer) - before[market.buyer.address] == escrow - paid
+
+
+def test_a_provider_withholding_its_next_works_does_not_cut_off_the_others_pay(market: ChainMarket) -> None:
+    """Two rounds: round 0 opened and audited, then one provider never signs round 1's works (a griefer, or
+    a buyer's accomplice: the close pays nothing for a round left pending, so the buyer would get round 0's
+    budget back). At the deadline the market reveals round 0 alone and posts its quorum, then closes: every
+    provider is paid round 0's slots and the verifiers their fees. (Before, the close at the deadline left
+    round 0 pending and unpaid.)"""
+    client = market.client
+    api, order_id, view = opened(market)
+    chain_order = view.chain_order_id
+    escrow = escrow_of(market, chain_order)
+    roster = market.service.rosters.roster(order_id)
+    before = {a: earned(client, a) for a in [*view.providers, *roster.verifiers]}
+    run_round(market, api, 0)
+    drive(market)
+    sign_all(market, 0)
+    drive(market)
+    market.service.orders.advance_orders()
+    griefer = view.providers[0]
+    for account in market.providers:  # every other provider hands in round 1's works
+        works = [
+            w for w in heartbeat(market, account) if w.phase == AssignmentPhase.RUN and w.round_index == 1
+        ]
+        if works and account.address != griefer:
+            results = [opening(w, account.address)["result_digest"] for w in works]
+            reply = api.post("/rosters/work", json=work_body(market, account, works, results))
+            assert reply.status_code == 200
+    drive(market)
+    assert client.get_roster(chain_order).committed == 1  # round 1 never committed
+    past_deadline(market, chain_order)
+    drive(market)
+    assert actions(market, order_id)[-1] == "reveal:0"
+    assert [r.posting for r in client.audit_records(chain_order)] == [False, True]
+    client.advance_time(client.params.verdict_window + 1)
+    market.heartbeats()
+    drive(market)
+    assert client.get_roster(chain_order).closed
+    assert close_attempts(market, order_id) == (1, None)
+    order = client.get_order(chain_order)
+    price, fee = order.price_per_replica, order.verifier_fee_per_unit // len(roster.verifiers)
+    for provider in view.providers:
+        slots = view.slots.count(view.providers.index(provider))
+        assert earned(client, provider) - before[provider] == slots * price
+    for verifier in roster.verifiers:
+        assert earned(client, verifier) - before[verifier] == SHARDS * fee
+    assert all(client.stake_of(p).locked == 0 for p in roster.providers + roster.verifiers)
+    paid = SHARDS * (REPLICAS * price + fee * len(roster.verifiers))
+    assert (order.open_units, order.delivered, order.balance) == (0, SHARDS, escrow - paid)
+
+
+def test_a_forgery_whose_audit_lapses_at_the_deadline_is_judged_not_closed_away(market: ChainMarket) -> None:
+    """A colluding pair opens one forged result for unit 1 of round 0 and then nobody sends round 1's works;
+    the verifiers never answer the audit. Past the deadline the audit has lapsed: the market reveals round 0
+    alone with verifiers (both units set aside) before any close, the pair is judged fraud and slashed, the
+    honest pair paid by its verdict. (Before, the close at the deadline left round 0 pending: the forgery
+    never judged, the honest pair unpaid.)"""
+    client = market.client
+    api, order_id, view = opened(market)
+    chain_order = view.chain_order_id
+    pair = {view.providers[view.slots[1 * REPLICAS + r]] for r in range(REPLICAS)}
+    honest_pair = {view.providers[view.slots[0 * REPLICAS + r]] for r in range(REPLICAS)}
+    stakes = {p: client.stake_of(p).bonded for p in pair}
+    before = {p: earned(client, p) for p in honest_pair}
+    run_round(market, api, 0, forge_unit_1)
+    drive(market)
+    assert audit_rows(market) == [(0, "collecting", 0)]
+    past_deadline(market, chain_order)
+    drive(market)
+    assert actions(market, order_id)[-2:] == ["reveal:0", "close"]  # the close waits for the verdicts
+    info = client.get_roster(chain_order)
+    assert (info.closed, info.set_aside_units, info.open_set_aside) == (False, SHARDS, SHARDS)
+    unit0, unit1 = trains(api, order_id, 0)
+    judge(market, unit0, lambda _: Outcome.ACCEPT)
+    judge(market, unit1, lambda _: Outcome.FRAUD)
+    client.advance_time(client.params.verdict_window + client.deployment.appeal_params.appeal_window + 1)
+    market.heartbeats()
+    market.send_outbox()
+    market.service.sync.sync_chain_events()
+    drive(market)
+    assert client.get_roster(chain_order).closed
+    for provider in pair:
+        assert client.reputation(provider).fraud == 1
+        assert client.stake_of(provider).bonded < stakes[provider]
+    price = client.get_order(chain_order).price_per_replica
+    for provider in honest_pair:
+        assert earned(client, provider) - before[provider] == price
+
+
+def test_a_pending_round_nobody_can_judge_is_closed_unpaid_a_verdict_window_after_its_reveal_queued(
+    market: ChainMarket,
+) -> None:
+    """As above, but every verifier is offline past the deadline: the step revealing round 0 needs verifiers
+    for its set-aside units and none can be drawn, so it is retried; a `verdictWindow` after it was queued the
+    market closes the roster with round 0 pending (unpaid), so that the budget and every lock come back."""
+    client = market.client
+    api, order_id, view = opened(market)
+    chain_order = view.chain_order_id
+    escrow = escrow_of(market, chain_order)
+    roster = market.service.rosters.roster(order_id)
+    run_round(market, api, 0, forge_unit_1)
+    drive(market)
+    client.advance_time(
+        client.get_order(chain_order).deadline + client.params.reveal_window + 1 - client.now()
+    )
+    market.service.agents.sweep()  # nobody heartbeats: every verifier is offline
+    drive(market)
+    assert actions(market, order_id)[-1] == "reveal:0"
+    assert not client.get_roster(chain_order).closed  # retried: a verifier may come back
+    client.advance_time(client.params.verdict_window + 1)
+    market.service.agents.sweep()
+    drive(market)
+    info = client.get_roster(chain_order)
+    assert (info.closed, info.pending_block != 0, info.set_aside_units) == (True, True, 0)
+    parties = [*roster.providers, *roster.verifiers]
+    assert [client.stake_of(p).locked for p in parties] == [0] * len(parties)
+    order = client.get_order(chain_order)
+    assert (order.balance, order.open_units, order.delivered) == (escrow, 0, 0)

@@ -165,6 +165,7 @@ def _progress(
         openings_ready=frozenset(openings),
         open_set_aside=rest.get("open_set_aside", 0),
         held=held,
+        expired=bool(rest.get("expired", 0)),
     )
 
 
@@ -205,3 +206,15 @@ def test_a_held_round_is_revealed_by_a_step_of_its_own_and_the_next_round_commit
     assert not action_landed("reveal:0", 3, 1, True)
     assert action_landed("reveal:0", 3, 1, False) and action_landed("reveal:0", 3, 2, True)
     assert action_landed("step:1", 3, 2, True) and not action_landed("step:1", 3, 1, False)
+
+
+def test_past_the_deadline_a_pending_round_is_revealed_alone_and_nothing_committed() -> None:
+    # the chain commits no round past the order's deadline, and its close pays nothing for a pending round:
+    # the pending round is revealed alone (its next round's works in or not), once its openings are ready
+    assert next_roster_action(_progress(1, True, {0}, {0}, expired=1)) == StepPlan(1, 0, None, held=True)
+    assert next_roster_action(_progress(1, True, {0, 1}, {0}, expired=1)) == StepPlan(1, 0, None, held=True)
+    assert next_roster_action(_progress(1, True, {0}, set(), expired=1)) is None  # openings not ready
+    assert next_roster_action(_progress(3, True, {2}, {2}, expired=1)) == StepPlan(3, 2, None)  # the last
+    # nothing pending: no commit (the market plans the close at the deadline)
+    assert next_roster_action(_progress(1, False, {1}, set(), expired=1)) is None
+    assert next_roster_action(_progress(3, False, set(), set(), expired=1)) == CLOSE_ACTION
