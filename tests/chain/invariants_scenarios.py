@@ -489,8 +489,8 @@ def roster_pending_way_out(m: MarketMachine) -> None:
 def roster_thin_posting(m: MarketMachine) -> None:
     """Round audits by three verifiers with the chain's seed gone (every unit drawn): a roster of 1 unit x 2
     replicas x 2 rounds. Round 0's pending unit is posted by one verifier (QuorumNotReached: a majority of
-    three is two), then by a bare quorum (verifier0 and verifier2); round 1 is posted by all three; the
-    roster and the order close."""
+    three is two), then by a bare quorum (verifier0 and verifier2); round 1 is posted by all three; once the
+    last posting's challenge window (verdictWindow) is over, the roster and the order close."""
     _stake_everyone(m)
     m.do_stake(AUDITORS_OF_THREE[2], 1_000)
     m.check_step()
@@ -504,6 +504,7 @@ def roster_thin_posting(m: MarketMachine) -> None:
     _step(m, 1, post=True, signers=0b101)  # round 0 pending and posted by a bare quorum; round 1 committed
     m.chain.mine(257)
     _step(m, 1, commit=False, post=True)  # round 1 posted by all three
+    m.chain.advance(m.chain.params.verdict_window + 1)
     m.do_close_roster(1)
     m.check_step()
     m.do_close_order(1)
