@@ -11,7 +11,9 @@
 // (./ imports, transitively) is patched, or its own file inside its own body or a base's (a file with
 // several contracts: see patchReaches), and the others are the original's (their code is unchanged; only the
 // metadata hash of the sources would differ). viaIR optimisation of JobMarket.sol's three contracts is most
-// of the time.
+// of the time. VerdictAppeals.sol imports JobMarket.sol and StakeManager.sol (for their types, to call
+// them), so a patch of either compiles VerdictAppeals again too, and a patch of VerdictAppeals.sol compiles
+// VerdictAppeals alone.
 //
 // --reuse-shipped: the unmutated contracts (--original, and a mutant's untouched ones) are not compiled to
 // bytecode at all: their bytecode is the shipped veritrain/contracts_data/<Name>.json (which
@@ -37,7 +39,14 @@ process.env.HARDHAT_DISABLE_TELEMETRY_PROMPT = "true";
 
 const ROOT = path.resolve(__dirname, "..");
 // contract name -> the source file (contracts/<file>.sol) that defines it
-const SOURCES = { VeriToken: "VeriToken", StakeManager: "StakeManager", JobMarket: "JobMarket", JobMarketExtension: "JobMarket", JobMarketRoundsExtension: "JobMarket" };
+const SOURCES = {
+  VeriToken: "VeriToken",
+  StakeManager: "StakeManager",
+  JobMarket: "JobMarket",
+  JobMarketExtension: "JobMarket",
+  JobMarketRoundsExtension: "JobMarket",
+  VerdictAppeals: "VerdictAppeals",
+};
 const CONTRACTS = Object.keys(SOURCES);
 const ORIGINAL = "--original";
 const DEFAULT_MUTANTS = path.join(ROOT, "tests", "chain", "mutants", "mutants.json");

@@ -42,11 +42,17 @@ from veritrain.chain.errors import ContractReverted, UnknownRevert
 from veritrain.chain.revert import RevertDecoder, abi_signature, canonical_type
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-CONTRACT_NAMES = ("VeriToken", "StakeManager", "JobMarket", "JobMarketExtension", "JobMarketRoundsExtension")
-# Deployed too (it alone settles JobMarket's held fraud: settleHeld), but never mutated: compile-mutant.js
-# compiles CONTRACT_NAMES only, so every variant runs the shipped VerdictAppeals bytecode, which depends
-# on JobMarket's ABI, not its code.
+# What every variant deploys, compile-mutant.js compiles and the mutant cache holds: a mutant of any of
+# them runs in place of the original (VerdictAppeals alone settles JobMarket's held fraud: settleHeld).
 APPEALS_NAME = "VerdictAppeals"
+CONTRACT_NAMES = (
+    "VeriToken",
+    "StakeManager",
+    "JobMarket",
+    "JobMarketExtension",
+    "JobMarketRoundsExtension",
+    APPEALS_NAME,
+)
 TX_GAS = 3_000_000
 # Every example starts at this instant, and every block's timestamp is set by the harness, never taken
 # from the wall clock: an example that started at another time could take another path on replay (CI once
@@ -104,18 +110,10 @@ class AppealParams:
 def load_package_artifacts() -> dict[str, dict[str, Any]]:
     """ABI + bytecode as exported by scripts/export-abi.js into the Python package."""
     artifacts: dict[str, dict[str, Any]] = {}
-    for name in (*CONTRACT_NAMES, APPEALS_NAME):
+    for name in CONTRACT_NAMES:
         data = load_contract(name)
         artifacts[name] = {"abi": list(data.abi), "bytecode": "0x" + data.bytecode.hex()}
     return artifacts
-
-
-def with_appeals(artifacts: Artifacts) -> dict[str, Mapping[str, Any]]:
-    """`artifacts` plus the shipped VerdictAppeals where they lack it (a compiled variant)."""
-    if APPEALS_NAME in artifacts:
-        return dict(artifacts)
-    data = load_contract(APPEALS_NAME)
-    return {**artifacts, APPEALS_NAME: {"abi": list(data.abi), "bytecode": "0x" + data.bytecode.hex()}}
 
 
 _compiled: dict[str, dict[str, dict[str, Any]]] = {}
@@ -314,7 +312,6 @@ class Chain:
     ) -> None:
         self.params = params
         self.appeal_params = appeal_params or AppealParams()
-        artifacts = with_appeals(artifacts)
         self.rpc = _Node.fresh()
         self.w3 = Web3()  # offline: ABI encoding only, every request goes through `rpc`
         keys = dev_accounts()
@@ -322,7 +319,7 @@ class Chain:
             raise HarnessError(f"the node unlocks {len(keys)} accounts, need {len(labels) + 1}")
         self.deployer = Actor("deployer", keys[0])
         self.actors = {label: Actor(label, key) for label, key in zip(labels, keys[1:], strict=False)}
-        self.decoder = RevertDecoder([artifacts[name]["abi"] for name in (*CONTRACT_NAMES, APPEALS_NAME)])
+        self.decoder = RevertDecoder([artifacts[name]["abi"] for name in CONTRACT_NAMES])
         # (contract address, function) -> (selector, input types, output types): web3's encode_abi looks
         # the function up in the ABI on every call, which cost more than the node's work.
         self._functions: dict[tuple[str, str], tuple[bytes, list[str], list[str]]] = {}

@@ -59,8 +59,9 @@ the seeded bug trips the one it targets):
   storage before the step, or the committing block's hash gone) is set aside by that step
   (`UnitSetAside`), never paid by count.
 - pending_audits: a roster's round hash holds exactly the model's pending audit chain (with the committed
-  round's commitments) and its audit key the model's verifiers and posted chain, and no roster closes with a
-  record pending: a drawn unit is paid only once a quorum's posting covers it, and a record taken off the
+  round's commitments) and its audit key the model's verifiers and posted chain, every posting the chain
+  accepts (its AuditPosted event) is signed by a majority of the roster's verifiers, and no roster closes with
+  a record pending: a drawn unit is paid only once a quorum's posting covers it, and a record taken off the
   pending chain (setAsidePending: set aside for verdicts, or dropped unpaid after the deadline +
   verdictWindow) can never be posted or paid again.
 - audit_challenges: the round audits' dispute path (challengeAudit, slashRoundAudit, releaseAuditSigners):
@@ -148,6 +149,7 @@ STAKE_SLASHED = keccak(text="StakeSlashed(address,uint256,address)")
 HELD_SETTLED = keccak(text="HeldSettled(uint256,uint8[])")
 UNIT_SET_ASIDE = keccak(text="UnitSetAside(uint256,uint32,uint256,uint256)")
 ROUND_REVEALED = keccak(text="RoundRevealed(uint256,uint32,bytes32[],uint256)")
+AUDIT_POSTED = keccak(text="AuditPosted(uint256,uint256,bytes32)")
 VERIFIER_SLASHED = keccak(text="VerifierSlashed(uint256,address,uint256,address)")
 
 
@@ -1722,6 +1724,17 @@ class MarketMachine(RuleBasedStateMachine):
                 f"them pending a posting (a unit of a provider below the streak only set aside): the roster "
                 f"pays them by count, unchecked",
             )
+        quorum = len(roster.verifiers) // 2 + 1
+        for log in outcome.receipt["logs"]:  # AuditPosted's info: bits 64..71 the signers' mask
+            if _raw(log["topics"][0]) == AUDIT_POSTED:
+                signed = len(bits(int.from_bytes(_raw(log["data"])[:32], "big") >> 64 & 0xFF))
+                if signed < quorum:
+                    self._fail(
+                        "pending_audits",
+                        f"order {order_id}: a posting signed by {signed} of the roster's "
+                        f"{len(roster.verifiers)} verifiers was accepted (a majority is {quorum}): its "
+                        f"records are paid on less than a quorum's word",
+                    )
 
     def _audit_chains(self, order_id: int) -> tuple[bytes, bytes]:
         """The roster's posted and pending audit chains, from the model's records."""

@@ -164,14 +164,19 @@ def _settle_after_appeal_window(m: MarketMachine, unit_id: int) -> None:
     m.check_step()
 
 
-def fraud_held(m: MarketMachine) -> None:
-    """A deviant replica judged fraud is held: no slash and no bounty at the verdict, its collateral
-    locked and its price in escrow; settling before the appeal window closed is refused, after it the
-    verdict stands and the fraud is slashed (bounty to the signers)."""
+def _fraud_verdict(m: MarketMachine) -> None:
+    """Unit 1: provider0 honest, provider1 deviant, the verdict rightly calls provider1 fraud (held)."""
     _one_unit(m, ["provider0", "provider1"])
     _work_unit(m, 1, (False, True))
     m.do_submit_verdict(1, [ACCEPT, FRAUD], list(VERIFIERS))
     m.check_step()
+
+
+def fraud_held(m: MarketMachine) -> None:
+    """A deviant replica judged fraud is held: no slash and no bounty at the verdict, its collateral
+    locked and its price in escrow; settling before the appeal window closed is refused, after it the
+    verdict stands and the fraud is slashed (bounty to the signers)."""
+    _fraud_verdict(m)
     m.do_close_order(1)  # the held price stays in escrow past the order's close
     m.check_step()
     m.do_settle_verdict(1, [ACCEPT, FRAUD])  # TruthNotFixed
@@ -193,6 +198,49 @@ def framed_overturned(m: MarketMachine) -> None:
     m.do_vote(1, [ACCEPT, ACCEPT, ACCEPT], REFEREE)
     m.check_step()
     m.do_resolve(1, [ACCEPT, ACCEPT, FRAUD], [ACCEPT, ACCEPT, ACCEPT])
+    m.check_step()
+
+
+def appeal_confirmed(m: MarketMachine) -> None:
+    """The fraud appeals a right verdict; the panel confirms it: the appellant's bond is slashed to the
+    referee who voted the decision, and the decision settles the held fraud."""
+    _fraud_verdict(m)
+    m.do_appeal(1, "provider1")
+    m.check_step()
+    m.do_draw_panel(1)
+    m.check_step()
+    m.do_vote(1, [ACCEPT, FRAUD], REFEREE)
+    m.check_step()
+    m.do_resolve(1, [ACCEPT, FRAUD], [ACCEPT, FRAUD])
+    m.check_step()
+
+
+def appeal_lapsed(m: MarketMachine) -> None:
+    """The fraud appeals to stall; the panel is drawn but nobody votes: a lapse before the vote deadline is
+    refused, after it the appeal lapses (the bond released, no truth) and the verdict settles the held
+    fraud."""
+    _fraud_verdict(m)
+    m.do_appeal(1, "provider1")
+    m.check_step()
+    m.do_draw_panel(1)
+    m.check_step()
+    m.do_lapse(1)  # AppealNotLapsed
+    m.check_step()
+    m.chain.advance(m.model.appeals[1].vote_deadline - m.chain.now() + 1)
+    m.do_lapse(1)
+    m.check_step()
+    m.do_settle_verdict(1, [ACCEPT, FRAUD])
+    m.check_step()
+
+
+def appeal_too_late(m: MarketMachine) -> None:
+    """Nobody appeals within the appeal window (the unit's verdict deadline + appealWindow): the verdict
+    stands and settles the held fraud, and a later appeal is refused (AppealWindowClosed)."""
+    _fraud_verdict(m)
+    m.chain.advance(m.model.appeal_closes(m.model.units[1]) - m.chain.now() + 1)
+    m.do_settle_verdict(1, [ACCEPT, FRAUD])
+    m.check_step()
+    m.do_appeal(1, "provider0")
     m.check_step()
 
 
@@ -438,6 +486,31 @@ def roster_pending_way_out(m: MarketMachine) -> None:
     m.check_step()
 
 
+def roster_thin_posting(m: MarketMachine) -> None:
+    """Round audits by three verifiers with the chain's seed gone (every unit drawn): a roster of 1 unit x 2
+    replicas x 2 rounds. Round 0's pending unit is posted by one verifier (QuorumNotReached: a majority of
+    three is two), then by a bare quorum (verifier0 and verifier2); round 1 is posted by all three; once the
+    last posting's challenge window (verdictWindow) is over, the roster and the order close."""
+    _stake_everyone(m)
+    m.do_stake(AUDITORS_OF_THREE[2], 1_000)
+    m.check_step()
+    m.do_post_order("buyer0", 2, 2, 100, 50, 3_000)
+    m.check_step()
+    m.do_open_roster(1, [["provider0", "provider1"]], 2, verifiers=AUDITORS_OF_THREE)
+    m.check_step()
+    _step(m, 1, reveal=False)  # round 0 committed
+    m.chain.mine(257)
+    _step(m, 1, commit=False, post=True, signers=0b100)  # QuorumNotReached: one signature of three
+    _step(m, 1, post=True, signers=0b101)  # round 0 pending and posted by a bare quorum; round 1 committed
+    m.chain.mine(257)
+    _step(m, 1, commit=False, post=True)  # round 1 posted by all three
+    m.chain.advance(m.chain.params.verdict_window + 1)
+    m.do_close_roster(1)
+    m.check_step()
+    m.do_close_order(1)
+    m.check_step()
+
+
 def roster_audit_challenged(m: MarketMachine) -> None:
     """The round audits' dispute path with the chain's seed gone (every unit drawn): a roster of 1 unit x 2
     replicas x 8 rounds audited by three verifiers (the last 4 never committed: the close after the deadline).
@@ -526,10 +599,14 @@ SCENARIOS: dict[str, Scenario] = {
     "reduced_unit": reduced_unit,
     "fraud_held": fraud_held,
     "framed_overturned": framed_overturned,
+    "appeal_confirmed": appeal_confirmed,
+    "appeal_lapsed": appeal_lapsed,
+    "appeal_too_late": appeal_too_late,
     "roster_rounds": roster_rounds,
     "roster_split": roster_split,
     "roster_withheld_then_drawn": roster_withheld_then_drawn,
     "roster_overturn_slashes_missed_fraud": roster_overturn_slashes_missed_fraud,
     "roster_pending_way_out": roster_pending_way_out,
+    "roster_thin_posting": roster_thin_posting,
     "roster_audit_challenged": roster_audit_challenged,
 }
