@@ -40,6 +40,7 @@ from tests.market.test_roster_liveness import (
     opened,
     run_round,
     runs_of,
+    settle_held_and_close,
     trains,
 )
 from tests.market.test_roster_settlement import drive
@@ -288,6 +289,33 @@ def past_deadline(market: ChainMarket, chain_order: int) -> None:
     market.heartbeats()
 
 
+def closes_paying_rounds(
+    market: ChainMarket, order_id: int, view: RosterView, before: dict[str, int], escrow: int, rounds: int
+) -> int:
+    """After the last posting's challenge window the market closes the roster once, paying each provider its
+    slots and each roster verifier its fees for the first `rounds` rounds (earned since `before`), releasing
+    every lock and leaving the order the rest of `escrow`. Returns what the close paid."""
+    client = market.client
+    roster = market.service.rosters.roster(order_id)
+    client.advance_time(client.params.verdict_window + 1)
+    market.heartbeats()
+    drive(market)
+    assert client.get_roster(view.chain_order_id).closed
+    assert close_attempts(market, order_id) == (1, None)
+    order = client.get_order(view.chain_order_id)
+    price, fee = order.price_per_replica, order.verifier_fee_per_unit // len(roster.verifiers)
+    for provider in view.providers:
+        slots = view.slots.count(view.providers.index(provider))
+        assert earned(client, provider) - before[provider] == rounds * slots * price
+    for verifier in roster.verifiers:
+        assert earned(client, verifier) - before[verifier] == rounds * SHARDS * fee
+    parties = [*roster.providers, *roster.verifiers]
+    assert [client.stake_of(p).locked for p in parties] == [0] * len(parties)
+    paid = rounds * SHARDS * (REPLICAS * price + fee * len(roster.verifiers))
+    assert (order.open_units, order.delivered, order.balance) == (0, rounds * SHARDS, escrow - paid)
+    return paid
+
+
 def test_a_pending_round_whose_next_works_never_come_is_revealed_posted_and_paid(market: ChainMarket) -> None:
     """Three rounds: round 0 audited and revealed pending by step 1, round 1 committed, opened and audited,
     and round 2's works never come (the providers vanish). The market reveals round 1 alone past the
@@ -299,7 +327,6 @@ def test_a_pending_round_whose_next_works_never_come_is_revealed_posted_and_paid
     api, order_id, view = opened_for(market, 3)
     chain_order = view.chain_order_id
     escrow = escrow_of(market, chain_order)
-    roster = market.service.rosters.roster(order_id)
     everyone = [*market.providers, *market.verifiers, market.buyer]
     before = {a.address: earned(client, a) for a in everyone}
     for round_index in (0, 1):
@@ -317,23 +344,7 @@ def test_a_pending_round_whose_next_works_never_come_is_revealed_posted_and_paid
     assert [r.posting for r in client.audit_records(chain_order)] == [False, False, True]
     info = client.get_roster(chain_order)
     assert (info.pending_block, info.audits_pending, info.set_aside_units) == (0, False, 0)
-    client.advance_time(client.params.verdict_window + 1)
-    market.heartbeats()
-    drive(market)
-    assert client.get_roster(chain_order).closed
-    assert close_attempts(market, order_id) == (1, None)
-    order = client.get_order(chain_order)
-    price, fee = order.price_per_replica, order.verifier_fee_per_unit // len(roster.verifiers)
-    for provider in view.providers:
-        slots = view.slots.count(view.providers.index(provider))
-        assert earned(client, provider) - before[provider] == 2 * slots * price
-    for verifier in roster.verifiers:
-        assert earned(client, verifier) - before[verifier] == 2 * SHARDS * fee
-    assert [client.stake_of(p).locked for p in roster.providers + roster.verifiers] == [0] * len(
-        roster.providers + roster.verifiers
-    )
-    paid = 2 * SHARDS * (REPLICAS * price + fee * len(roster.verifiers))
-    assert (order.open_units, order.delivered, order.balance) == (0, 2 * SHARDS, escrow - paid)
+    paid = closes_paying_rounds(market, order_id, view, before, escrow, 2)
     client.close_order(chain_order, sender=market.buyer)
     assert earned(client, market.buyer) - before[market.buyer.address] == escrow - paid
 
@@ -370,21 +381,7 @@ def test_a_provider_withholding_its_next_works_does_not_cut_off_the_others_pay(m
     drive(market)
     assert actions(market, order_id)[-1] == "reveal:0"
     assert [r.posting for r in client.audit_records(chain_order)] == [False, True]
-    client.advance_time(client.params.verdict_window + 1)
-    market.heartbeats()
-    drive(market)
-    assert client.get_roster(chain_order).closed
-    assert close_attempts(market, order_id) == (1, None)
-    order = client.get_order(chain_order)
-    price, fee = order.price_per_replica, order.verifier_fee_per_unit // len(roster.verifiers)
-    for provider in view.providers:
-        slots = view.slots.count(view.providers.index(provider))
-        assert earned(client, provider) - before[provider] == slots * price
-    for verifier in roster.verifiers:
-        assert earned(client, verifier) - before[verifier] == SHARDS * fee
-    assert all(client.stake_of(p).locked == 0 for p in roster.providers + roster.verifiers)
-    paid = SHARDS * (REPLICAS * price + fee * len(roster.verifiers))
-    assert (order.open_units, order.delivered, order.balance) == (0, SHARDS, escrow - paid)
+    closes_paying_rounds(market, order_id, view, before, escrow, 1)
 
 
 def test_a_forgery_whose_audit_lapses_at_the_deadline_is_judged_not_closed_away(market: ChainMarket) -> None:
@@ -411,12 +408,7 @@ def test_a_forgery_whose_audit_lapses_at_the_deadline_is_judged_not_closed_away(
     unit0, unit1 = trains(api, order_id, 0)
     judge(market, unit0, lambda _: Outcome.ACCEPT)
     judge(market, unit1, lambda _: Outcome.FRAUD)
-    client.advance_time(client.params.verdict_window + client.deployment.appeal_params.appeal_window + 1)
-    market.heartbeats()
-    market.send_outbox()
-    market.service.sync.sync_chain_events()
-    drive(market)
-    assert client.get_roster(chain_order).closed
+    settle_held_and_close(market, chain_order)
     for provider in pair:
         assert client.reputation(provider).fraud == 1
         assert client.stake_of(provider).bonded < stakes[provider]
