@@ -12,6 +12,7 @@ from typing import Any
 
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
+from eth_typing import HexStr
 
 from market.domain.pricing import EscrowPlan
 from market.domain.replication import Reputation
@@ -75,9 +76,7 @@ class ChainClientSettlement:
         info = self.client.get_order(order_id)
         if int(info.buyer, 16) == 0 or info.closed:
             return None
-        posted = [
-            e for e in self.client.events() if e.name == "OrderPosted" and int(e.args["orderId"]) == order_id
-        ]
+        posted = self.client.unit_events("OrderPosted", order_id)
         if not posted:
             return None
         return ChainOrder(
@@ -91,6 +90,7 @@ class ChainClientSettlement:
             deadline=info.deadline,
             min_replicas=info.min_replicas,
             trusted_streak=info.trusted_streak,
+            posted_block=posted[0].block_number,
         )
 
     def free_stake(self, account: str) -> int:
@@ -98,6 +98,9 @@ class ChainClientSettlement:
 
     def bonded_stake(self, account: str) -> int:
         return self.client.stake_of(account).bonded
+
+    def last_staked_block(self, account: str) -> int:
+        return self.client.last_staked_block(account)
 
     def reputation_of(self, account: str) -> Reputation:
         rep = self.client.reputation(account)
@@ -289,6 +292,9 @@ class ChainClientSettlement:
 
     def block_hash(self, block_number: int) -> str:
         return "0x" + bytes(self.client.w3.eth.get_block(block_number)["hash"]).hex()
+
+    def tx_block(self, tx_hash: str) -> int:
+        return int(self.client.w3.eth.get_transaction_receipt(HexStr(tx_hash))["blockNumber"])
 
     def events(self, from_block: int, to_block: int) -> list[ChainEvent]:
         start = max(from_block, self.client.deployment.block)

@@ -14,10 +14,18 @@ from typing import Any
 from sqlmodel import Session
 
 from market.context import Lifecycle, MarketContext, row_id
-from market.domain.matching import CandidatePool, Match, ProviderCandidate, UnitDemand, match_plant
+from market.domain.matching import (
+    CandidatePool,
+    DeclineReason,
+    Match,
+    ProviderCandidate,
+    UnitDemand,
+    match_plant,
+)
 from market.domain.replication import Reputation
-from market.domain.selection import NO_BLOCK_HASH, ROLE_VERIFIERS, sample, selection_seed
+from market.domain.selection import ROLE_VERIFIERS, sample, selection_seed
 from market.domain.states import OrderState, ReplicaState, UnitState, advance
+from market.seed_blocks import SeedBlocks, late_stake_block, staked_by
 from market.store import AgentRow, OfferRow, OrderRow, ReplicaRow, UnitRow
 from veritrain.errors import UnknownRecipe
 from veritrain.messages import TRUSTED_STREAK, AgentRole
@@ -91,6 +99,7 @@ class Matchmaker(Lifecycle):
             active_units=load,
             capacity=agent.capacity,
             bonded_stake=agent.bonded_stake,
+            stake_block=agent.stake_block or 0,
         )
 
     def refresh_candidate(self, agent: AgentRow, offer: OfferRow | None, load: int) -> None:
@@ -119,7 +128,7 @@ class Matchmaker(Lifecycle):
                 units = self.store.units_in(session, [UnitState.PENDING.value], limit)
                 if not units:
                     return []
-                block = self._pass_block()
+                seeds = SeedBlocks(self.chain)
                 verifiers = [
                     a
                     for a in self.store.agents(session, AgentRole.VERIFIER.value)
@@ -148,7 +157,7 @@ class Matchmaker(Lifecycle):
                         replicas.get(row_id(unit), []),
                         collateral,
                         verifiers,
-                        block,
+                        seeds.of(unit),
                         now,
                         writes,
                         plants if unit.order_id in planted else None,
@@ -165,17 +174,6 @@ class Matchmaker(Lifecycle):
                 self.pool.release(address)
             raise
         return results
-
-    def _pass_block(self) -> tuple[int, str]:
-        """B and its hash for this pass: every unit drawn now uses the head's hash, recorded with the unit
-        and in the match log, so anyone can recompute the draw; a unit still pending at a later pass (short
-        of candidates, or back for a refill) is drawn with that pass's head, never with a seed that has
-        been public long enough to grind a key for. The operator's lever, the moment of the pass, is
-        described in docs/TRUST.md."""
-        if self.chain is None:
-            return 0, NO_BLOCK_HASH
-        block = self.chain.block_number()
-        return block, self.chain.block_hash(block)
 
     def _plants(self, session: Session) -> dict[str, ProviderCandidate]:
         """The operator's registered plant agents as candidates, with their current load."""
@@ -231,6 +229,7 @@ class Matchmaker(Lifecycle):
             adaptive=adaptive,
             excluded=frozenset(r.provider for r in replicas),
             taken_operators=kept_operators,
+            seed_block=block[0],
         )
         block_number, block_hash = block
         seed = selection_seed(block_hash, unit.unit_key)
@@ -252,7 +251,7 @@ class Matchmaker(Lifecycle):
         )
         providers = {r.provider for r in kept} | set(match.selected)
         operators = set(kept_operators) | {self._operator_of(session, a) for a in match.selected}
-        chosen_verifiers = self._pick_verifiers(verifiers, providers, operators, block_hash, seed)
+        chosen_verifiers = self._pick_verifiers(verifiers, providers, operators, block, seed)
         short_of_verifiers = len(chosen_verifiers) < self.config.min_verifiers
         if match.complete and short_of_verifiers:
             # the contract needs a quorum of independent verifiers on every unit: wait for them
@@ -262,6 +261,7 @@ class Matchmaker(Lifecycle):
         if not match.complete or short_of_verifiers:
             for address in match.selected:
                 self.pool.release(address)
+            self._reseed_if_late(session, unit, match, verifiers, block_number)
             return Match(match.unit_id, (), match.k, match.declines)
         for offset, address in enumerate(match.selected):
             writes.replicas.append(
@@ -289,19 +289,37 @@ class Matchmaker(Lifecycle):
             writes.orders_started.add(row_id(order))
         return match
 
+    def _reseed_if_late(
+        self, session: Session, unit: UnitRow, match: Match, verifiers: list[AgentRow], block_number: int
+    ) -> None:
+        """A unit that came up short while stake that grew after its seed block waits is seeded next by the
+        block of the latest such stake (market/seed_blocks.py): an order posted before enough providers
+        staked starts once they have."""
+        late_providers = (
+            candidate.stake_block
+            for address, reason in match.declines
+            if reason == DeclineReason.STAKED_AFTER_SEED and (candidate := self.pool.get(address)) is not None
+        )
+        late_verifiers = (v.stake_block or 0 for v in verifiers)
+        late = late_stake_block([*late_providers, *late_verifiers], block_number)
+        if late is not None:
+            unit.selection_block = late
+            session.add(unit)
+
     def _pick_verifiers(
         self,
         verifiers: list[AgentRow],
         providers: set[str],
         operators: set[str],
-        block_hash: str,
+        block: tuple[int, str],
         seed: str,
     ) -> list[str]:
-        """Verifiers independent of the unit's providers, drawn by bonded stake from the unit's seed (a
-        draw separate from the replicas')."""
+        """Verifiers independent of the unit's providers whose stake did not grow after the seed block,
+        drawn by bonded stake from the unit's seed (a draw separate from the replicas')."""
+        block_number, block_hash = block
         stakes = {
             v.address: v.bonded_stake
             for v in verifiers
-            if v.address not in providers and v.operator not in operators
+            if v.address not in providers and v.operator not in operators and staked_by(v, block_number)
         }
         return list(sample(block_hash, seed, ROLE_VERIFIERS, stakes, self.config.verifiers_per_unit))

@@ -120,6 +120,7 @@ class OrderBook(Lifecycle):
                 max_price_per_pflop=spec.max_price_per_pflop,
                 deadline=spec.deadline,
                 created_at=now,
+                posted_block=on_chain.posted_block or None,
             )
             session.add(order)
             session.flush()
@@ -139,12 +140,26 @@ class OrderBook(Lifecycle):
         start_state: str | None,
         now: int,
     ) -> RoundRow:
+        seed_block = self._round_seed_block(session, order, index)
         round_row = RoundRow(order_id=row_id(order), index=index, start_state_digest=start_state)
         session.add(round_row)
         session.flush()
         for plan in plan_round(spec, index):
-            self._new_unit(session, order, round_row, spec, plan, 0, now)
+            self._new_unit(session, order, round_row, spec, plan, 0, seed_block, now)
         return round_row
+
+    def _round_seed_block(self, session: Session, order: OrderRow, index: int) -> int | None:
+        """The block whose hash seeds round ``index``'s draws: the order's `OrderPosted` block for round 0,
+        else the block of the chain event that settled the last of the previous round's units. Both are
+        fixed by the chain, not by when the market runs its passes; neither hash was known when the
+        transaction that made it was sent (docs/TRUST.md, "Replica and verifier selection")."""
+        if index > 0:
+            previous = self.store.round_of(session, row_id(order), index - 1)
+            units = self.store.units_of_round(session, row_id(previous)) if previous is not None else []
+            settled = _settled_after(units)
+            if settled is not None:
+                return settled
+        return order.posted_block
 
     def _new_unit(
         self,
@@ -154,6 +169,7 @@ class OrderBook(Lifecycle):
         spec: OrderSpec,
         plan: UnitPlan,
         attempt: int,
+        seed_block: int | None,
         now: int,
     ) -> UnitRow:
         unit = UnitRow(
@@ -167,6 +183,7 @@ class OrderBook(Lifecycle):
             k=spec.replicas,
             start_step=plan.start_step,
             steps=plan.steps,
+            selection_block=seed_block,
             updated_at=now,
         )
         session.add(unit)
@@ -265,7 +282,9 @@ class OrderBook(Lifecycle):
             for shard in decision.retry:  # migrate: a new attempt under a new unit key
                 unit = shards[shard]
                 retry = UnitPlan(round_row.index, shard, unit.start_step, unit.steps)
-                self._new_unit(session, order, round_row, spec, retry, unit.attempt + 1, now)
+                self._new_unit(
+                    session, order, round_row, spec, retry, unit.attempt + 1, _seed_after(unit), now
+                )
             if decision.aggregate_over is None:
                 return len(decision.retry)
             if folds(spec, round_row.index):  # the shard units' outer step made the round's state
@@ -275,7 +294,8 @@ class OrderBook(Lifecycle):
                 session.add_all([round_row, order])
             if aggregates_after(spec, round_row.index, rounds_path=roster is not None):
                 plan = plan_aggregate(spec, round_row.index)
-                self._new_unit(session, order, round_row, spec, plan, 0, now)
+                seed_block = _settled_after(shards.values()) or _seed_after(shards[0])
+                self._new_unit(session, order, round_row, spec, plan, 0, seed_block, now)
                 return len(decision.retry) + 1
             if spec.shards > 1:  # folded: the next round's units run this round's outer step
                 return len(decision.retry) + self._close_round(session, order, spec, round_row, None, now)
@@ -285,7 +305,9 @@ class OrderBook(Lifecycle):
             closing_state, bound = self._settled(session, closing)
             if closing_state == UnitState.FAILED:
                 plan = plan_aggregate(spec, round_row.index)
-                self._new_unit(session, order, round_row, spec, plan, closing.attempt + 1, now)
+                self._new_unit(
+                    session, order, round_row, spec, plan, closing.attempt + 1, _seed_after(closing), now
+                )
                 return 1
         if closing_state != UnitState.ACCEPTED:
             return 0
@@ -507,3 +529,13 @@ def _latest(units: Iterable[UnitRow]) -> dict[int, UnitRow]:
         if unit.shard not in latest or unit.attempt > latest[unit.shard].attempt:
             latest[unit.shard] = unit
     return latest
+
+
+def _settled_after(units: Iterable[UnitRow]) -> int | None:
+    """The block of the chain event that settled the last of ``units`` (None: none settled on chain)."""
+    return max((u.settled_block for u in units if u.settled_block is not None), default=None)
+
+
+def _seed_after(unit: UnitRow) -> int | None:
+    """The seed block of what replaces or follows ``unit`` alone: the block that settled it, else its own."""
+    return unit.settled_block if unit.settled_block is not None else unit.selection_block

@@ -360,6 +360,9 @@ class SettlementOutbox(Lifecycle):
                     self._apply_chain_settlement(session, unit, chain_state, now)
                 else:
                     self._apply_settlement(session, entry, unit, result, now)
+                    if self.chain is not None and entry.action in SETTLING_ACTIONS and result:
+                        # what follows the unit is drawn from this block (market.orders), as the sync does
+                        unit.settled_block = self.chain.tx_block(result)
                 session.add(unit)
             session.add(entry)
             recorded = OutboxResult(entry_id, entry.state, outcome == "sent", error)

@@ -33,6 +33,7 @@ class ChainOrder:
     deadline: int
     min_replicas: int  # = replicas for a fixed order
     trusted_streak: int  # consecutive valid units for a unit below `replicas` (0 for a fixed order)
+    posted_block: int = 0  # the block of its OrderPosted event, which seeds its first draw (0: unknown)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +127,11 @@ class SettlementPort(Protocol):
         """The account's bonded stake in the StakeManager (locked collateral included): its draw weight."""
         ...
 
+    def last_staked_block(self, account: str) -> int:
+        """The block of the account's latest `Staked` event (0: never staked). A draw seeded by block B
+        counts only accounts below B: a stake raised once B's hash was public cannot buy a better key."""
+        ...
+
     def reputation_of(self, account: str) -> Reputation: ...
     def terms(self) -> MarketTerms: ...
     def assign(
@@ -179,6 +185,10 @@ class SettlementPort(Protocol):
 
     def block_number(self) -> int: ...
     def block_hash(self, block_number: int) -> str: ...
+    def tx_block(self, tx_hash: str) -> int:
+        """The block that included the transaction ``tx_hash`` (one this port sent and returned)."""
+        ...
+
     def events(self, from_block: int, to_block: int) -> list[ChainEvent]: ...
 
 

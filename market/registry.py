@@ -40,6 +40,7 @@ class AgentRegistry(Lifecycle):
         with self.store.transaction() as session:  # a replay is refused before any RPC call is spent
             self.ctx.accept_agent_message(session, message, now)
         free_stake, bonded_stake, reputation = self._chain_facts(message.agent)
+        stake_block = self.chain.last_staked_block(message.agent) if self.chain is not None else None
         with self.store.transaction() as session:
             row = self.store.find_agent(session, message.agent) or AgentRow(
                 address=message.agent,
@@ -59,6 +60,7 @@ class AgentRegistry(Lifecycle):
             row.p2p_addr = message.p2p_addr
             row.online = True
             row.free_stake, row.bonded_stake = free_stake, bonded_stake
+            row.stake_block = stake_block
             row.rep_valid, row.rep_fault = reputation.valid, reputation.fault
             row.rep_fraud, row.rep_consecutive_valid = reputation.fraud, reputation.consecutive_valid
             session.add(row)
@@ -150,16 +152,25 @@ class AgentRegistry(Lifecycle):
         if self.chain is None or not accounts:
             return
         with self.store.transaction() as session:
-            known = [
-                a.address
+            known = {
+                a.address: a.bonded_stake
                 for a in (self.store.find_agent(session, account) for account in sorted(accounts))
                 if a is not None
-            ]
+            }
         facts = {address: self._chain_facts(address) for address in known}
+        # a stake that grew counts in a draw only from its block on (market/seed_blocks.py): read that block
+        # now rather than wait for the chain sync to apply its Staked event
+        grown = {
+            address: self.chain.last_staked_block(address)
+            for address, (_, bonded_stake, _) in facts.items()
+            if bonded_stake > known[address]
+        }
         refreshed = []
         with self.store.transaction() as session:
             for address, (free_stake, bonded_stake, reputation) in facts.items():
                 agent = self.store.get_agent(session, address)
+                if address in grown:
+                    agent.stake_block = max(agent.stake_block or 0, grown[address])
                 agent.free_stake, agent.bonded_stake = free_stake, bonded_stake
                 agent.rep_valid, agent.rep_fault = reputation.valid, reputation.fault
                 agent.rep_fraud, agent.rep_consecutive_valid = reputation.fraud, reputation.consecutive_valid

@@ -31,6 +31,7 @@ from market.ports import (
 )
 from market.rosters import ASIDE_PREFIX, POST_PREFIX, RosterBook, roster_of, roster_port
 from market.round_audits import pending_records, posting_closes_at
+from market.seed_blocks import SeedBlocks
 from market.store import RosterRow
 from veritrain.chain.client import Roster
 from veritrain.chain.eip712 import round_unit_id
@@ -242,7 +243,7 @@ class RosterOutbox(Lifecycle):
         if not reasons and not payload.get("force_verifiers"):
             return []
         seed_key = f"0x{round_unit_id(row.chain_order_id, round_index, 0):064x}"
-        verifiers = self.rosters.choose_verifiers(roster, block_hash, seed_key)
+        verifiers = self.rosters.choose_verifiers(roster, (chain.pending_block, block_hash), seed_key)
         self._remember(
             action_id,
             verifiers=verifiers,
@@ -262,8 +263,9 @@ class RosterOutbox(Lifecycle):
         taken = rounds[rounds.index(round_index) :]
         seed_key = f"0x{round_unit_id(row.chain_order_id, round_index, 0):064x}"
         try:
-            head_hash = self.chain.block_hash(self.chain.block_number())
-            verifiers = self.rosters.choose_verifiers(roster, head_hash, seed_key)
+            # seeded by the roster's own seed block (the order's posting), not by when this runs
+            seed = SeedBlocks(self.chain).at(row.selection_block)
+            verifiers = self.rosters.choose_verifiers(roster, seed, seed_key)
         except MarketError:
             with self.store.transaction() as session:
                 deadline = self.store.get_order(session, row.order_id).deadline

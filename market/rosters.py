@@ -4,7 +4,8 @@ and each round settles in one `stepRound` instead of per unit.
 
 - draw: the roster's providers per slot by the stake-weighted draw (market/domain/rosters.py), from the
   registered, online providers that serve the order's recipe, each within the slots its free stake can
-  collateralize; seeded by the head block's hash and the chain order id.
+  collateralize and whose stake last grew before the seed block; seeded by the hash of the order's
+  `OrderPosted` block (market/seed_blocks.py) and the chain order id.
 - accept: each provider signs `Accept(orderId, rosterKey)` once (whatever its slots); with every one in
   hand the roster outbox opens the roster (market/roster_outbox.py).
 - works and openings: per round, each provider hands the commitments of all its slots of the round (each for
@@ -53,6 +54,7 @@ from market.domain.selection import ROLE_VERIFIERS, sample, selection_seed
 from market.domain.states import OrderState, ReplicaState, UnitState, advance
 from market.ports import ChainEvent, RosterChainState, RosterPort
 from market.round_audits import REFUSED, RoundAudits, pending_records, posting_closes_at, verifiers_of
+from market.seed_blocks import SeedBlocks, late_stake_block, staked_by
 from market.store import (
     OrderRow,
     ReplicaRow,
@@ -154,6 +156,7 @@ class RosterBook(Lifecycle):
             units_per_round=shape.units_per_round,
             rounds=shape.rounds,
             works_deadline=order.deadline,
+            selection_block=order.posted_block,  # the draw's seed block (a short draw moves it: draw_pending)
             created_at=now,
             updated_at=now,
         )
@@ -171,8 +174,7 @@ class RosterBook(Lifecycle):
         with self.store.transaction() as session:
             if not self.store.rosters_in(session, ["drawing"]):
                 return 0  # no chain read for nothing: this runs at every tick
-        head = self.chain.block_number()
-        block_hash = self.chain.block_hash(head)
+        seeds = SeedBlocks(self.chain)
         terms = self.chain.terms()
         collateral = terms.provider_collateral
         drawn = 0
@@ -180,7 +182,10 @@ class RosterBook(Lifecycle):
         with self.store.transaction() as session:
             for row in self.store.rosters_in(session, ["drawing"]):
                 order = self.store.get_order(session, row.order_id)
-                stakes, capacity = self._provider_pool(session, order, collateral)
+                # seeded by the order's posting block, which the chain fixed before anyone saw its hash (or by
+                # a later stake's block, once a draw came up short while that stake waited)
+                seed_block, block_hash = seeds.at(row.selection_block)
+                stakes, capacity = self._provider_pool(session, order, collateral, seed_block)
                 for provider in excluded_of(row):
                     stakes.pop(provider, None)
                 try:
@@ -195,7 +200,11 @@ class RosterBook(Lifecycle):
                     )
                     if self.config.round_audits:
                         verifiers = self._draw_verifiers(
-                            session, roster, block_hash, terms.verifier_collateral, set(excluded_of(row))
+                            session,
+                            roster,
+                            (seed_block, block_hash),
+                            terms.verifier_collateral,
+                            set(excluded_of(row)),
                         )
                         roster = replace(roster, verifiers=verifiers)
                 except MarketError as exc:
@@ -204,13 +213,18 @@ class RosterBook(Lifecycle):
                         continue
                     row.last_error = str(exc)
                     row.updated_at = now
+                    late = late_stake_block(
+                        (a.stake_block or 0 for a in self.store.agents(session) if a.online), seed_block
+                    )
+                    if late is not None:  # stake that came after the seed block: seeded again by its block
+                        row.selection_block = late
                     session.add(row)
                     continue
                 row.providers_json = json.dumps(list(roster.providers))
                 row.verifiers_json = json.dumps(list(roster.verifiers))
                 row.slots_json = json.dumps(list(roster.slots))
                 row.roster_key = "0x" + roster.key.hex()
-                row.selection_block = head
+                row.selection_block = seed_block
                 row.state = "accepting"
                 row.drawn_at = now
                 row.updated_at = now
@@ -262,23 +276,23 @@ class RosterBook(Lifecycle):
         self.triggers.match(False)
 
     def _provider_pool(
-        self, session: Session, order: OrderRow, collateral: int
+        self, session: Session, order: OrderRow, collateral: int, seed_block: int
     ) -> tuple[dict[str, int], dict[str, int]]:
         """Draw weights (bonded stake) and slot capacity (free stake / collateral) of the online providers
-        that serve the order's recipe with enough memory."""
+        that serve the order's recipe with enough memory and whose stake last grew by ``seed_block``."""
         stakes: dict[str, int] = {}
         capacity: dict[str, int] = {}
         for agent in self.store.agents(session, AgentRole.PROVIDER.value):
             if not agent.online or order.recipe not in agent.recipes or agent.memory_mb < order.min_memory_mb:
                 continue
-            if self.ctx.is_plant(agent.address):  # plants work planted canaries only
-                continue
+            if self.ctx.is_plant(agent.address) or not staked_by(agent, seed_block):
+                continue  # plants work planted canaries only
             stakes[agent.address] = agent.bonded_stake
             capacity[agent.address] = agent.free_stake // collateral if collateral else 1 << 32
         return stakes, capacity
 
     def _draw_verifiers(
-        self, session: Session, roster: Roster, block_hash: str, collateral: int, excluded: set[str]
+        self, session: Session, roster: Roster, block: tuple[int, str], collateral: int, excluded: set[str]
     ) -> tuple[str, ...]:
         """The roster's verifiers, who audit its drawn units (market/round_audits.py): online registered
         verifiers with free stake for the verifier collateral, none a provider of the roster or run by a
@@ -300,7 +314,9 @@ class RosterBook(Lifecycle):
             and agent.address not in excluded
             and agent.operator.lower() not in operators
             and agent.free_stake >= collateral
+            and staked_by(agent, block[0])
         }
+        block_hash = block[1]
         wanted = min(max(self.config.verifiers_per_unit, self.config.min_verifiers, 1), MAX_ROSTER_VERIFIERS)
         seed = selection_seed(block_hash, "0x" + roster.key.hex())
         chosen = sample(block_hash, seed, ROLE_VERIFIERS, pool, wanted)
@@ -308,17 +324,19 @@ class RosterBook(Lifecycle):
             raise MarketError(f"only {len(chosen)} verifiers with free stake can audit the roster")
         return tuple(chosen)
 
-    def choose_verifiers(self, roster: Roster, block_hash: str, seed_key: str) -> list[str]:
+    def choose_verifiers(self, roster: Roster, block: tuple[int, str], seed_key: str) -> list[str]:
         """The verifiers a step sets its units aside with: registered online verifiers that are none of the
-        roster's providers, by the stake-weighted draw seeded by `block_hash` (the revealed round's commit
-        block) and `seed_key`, as many as the config asks (at least the contract's minimum)."""
+        roster's providers and whose stake last grew before the seed block, by the stake-weighted draw
+        seeded by `block` (number and hash: the revealed round's commit block) and `seed_key`, as many as
+        the config asks (at least the contract's minimum)."""
         count = max(self.config.verifiers_per_unit, self.config.min_verifiers)
         providers = {p.lower() for p in roster.providers}
+        block_number, block_hash = block
         with self.store.transaction() as session:
             pool = {
                 agent.address: agent.bonded_stake
                 for agent in self.store.agents(session, AgentRole.VERIFIER.value)
-                if agent.online and agent.address.lower() not in providers
+                if agent.online and agent.address.lower() not in providers and staked_by(agent, block_number)
             }
         chosen = sample(block_hash, selection_seed(block_hash, seed_key), ROLE_VERIFIERS, pool, count)
         if len(chosen) < max(self.config.min_verifiers, 1):

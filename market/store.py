@@ -60,6 +60,9 @@ class AgentRow(SQLModel, table=True):
     capacity: int = 1  # concurrent units; the current load is counted from replicas, never stored
     free_stake: int = Field(default=0, sa_type=Uint256Text)
     bonded_stake: int = Field(default=0, sa_type=Uint256Text)  # the selection draw's weight
+    # the block of its latest `Staked` event (None: unknown, read before the field existed): a draw seeded by
+    # block B counts it only when this is below B (market.domain.selection)
+    stake_block: int | None = None
     rep_valid: int = 0
     rep_fault: int = 0
     rep_fraud: int = 0
@@ -120,6 +123,7 @@ class OrderRow(SQLModel, table=True):
     max_price_per_pflop: int = Field(sa_type=Uint256Text)
     deadline: int
     created_at: int
+    posted_block: int | None = None  # its OrderPosted event's block: the seed block of its first round
 
 
 class RoundRow(SQLModel, table=True):
@@ -155,11 +159,13 @@ class UnitRow(SQLModel, table=True):
     verifiers_json: str = "[]"
     randomness: str | None = Field(default=None, max_length=66)
     # the draw that chose its replicas and verifiers: seed = keccak(blockhash(selection_block) ‖ unit_key),
-    # selection_block being the head at that matching pass (market.domain.selection)
+    # selection_block fixed by the chain when the unit was created (market.orders.OrderBook.seed_block);
+    # None only for a unit created before that, drawn with the head of its matching pass
     selection_block: int | None = None
     selection_seed: str | None = Field(default=None, max_length=66)
     spot_checked: bool = False
     updated_at: int = 0
+    settled_block: int | None = None  # the block of the chain event that settled it (seeds what follows it)
 
 
 class ReplicaRow(SQLModel, table=True):
@@ -188,7 +194,7 @@ class ReplicaRow(SQLModel, table=True):
 
 class MatchLogRow(SQLModel, table=True):
     """Every matching decision with the reason each examined candidate was declined, and the seed it drew
-    with (a refill draws with a new one)."""
+    with (a refill draws with the unit's own seed again, past the candidates it already had)."""
 
     __tablename__ = "match_log"
 

@@ -13,6 +13,7 @@ from market.assignments import Assignments
 from market.context import Lifecycle, MarketContext, row_id
 from market.domain.states import ReplicaState, UnitState
 from market.outbox import SETTLE_HELD, SLASH_VERIFIER
+from market.ports import ChainEvent
 from market.registry import AgentRegistry
 from market.rosters import ROSTER_EVENTS, RosterBook
 from market.store import UnitRow
@@ -65,7 +66,7 @@ class ChainSync(Lifecycle):
                     touched |= self.rosters.apply_event(session, chain_event, now)
                     continue
                 touched |= self._accounts_touched(session, chain_event.name, chain_event.args)
-                self._apply_event(session, chain_event.name, chain_event.args, now)
+                self._apply_event(session, chain_event, now)
             cursor.next_block = to_block + 1
             session.add(cursor)
         self.agents.refresh_chain_facts(touched)
@@ -90,7 +91,14 @@ class ChainSync(Lifecycle):
             return set()
         return {r.provider for r in self.ctx.live_replicas(session, unit)}
 
-    def _apply_event(self, session: Session, name: str, args: dict[str, Any], now: int) -> None:
+    def _apply_event(self, session: Session, event: ChainEvent, now: int) -> None:
+        name, args = event.name, event.args
+        if name == "Staked":  # the account's stake grew: draws seeded before this block do not count it
+            agent = self.store.find_agent(session, to_checksum_address(args["account"]))
+            if agent is not None:
+                agent.stake_block = max(agent.stake_block or 0, event.block_number)
+                session.add(agent)
+            return
         if name == "UnitAssigned":
             unit = self.store.unit_by_key(session, _hex32(args["unitKey"]))
             if unit is None:
@@ -107,6 +115,8 @@ class ChainSync(Lifecycle):
         unit = self.store.unit_by_chain_id(session, int(unit_id)) if unit_id is not None else None
         if unit is None:
             return
+        if name in SETTLED_EVENTS:  # what follows the unit (a retry, the next round) is drawn from this block
+            unit.settled_block = event.block_number
         if name in ("ReplicaCommitted", "ReplicaRevealed"):
             # A worker may crash after the transaction landed but before recording it; its retry then
             # reverts (nonce used / already revealed), so the chain event is what confirms the intent.

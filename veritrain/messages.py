@@ -511,7 +511,8 @@ class UnitStatus(Frozen):
     shard: int = 0
     kind: UnitKind = UnitKind.TRAIN
     verifiers: tuple[str, ...] = ()
-    # the stake-weighted draw: seed = keccak(blockhash(selection_block) ‖ unit key), so anyone can redo it
+    # the stake-weighted draw: seed = keccak(blockhash(selection_block) ‖ unit key), so anyone can redo it;
+    # selection_block is fixed by the chain (the order's posting, or the settlement the unit follows)
     selection_block: int | None = None
     selection_seed: str | None = None
 

@@ -2,8 +2,9 @@
 
 Hard constraints (a candidate failing one is declined with a :class:`DeclineReason`): online with spare
 capacity, supports the recipe, enough memory, measured speed fast enough for the unit's time budget,
-free stake ≥ the collateral, a live offer at or under the order's max price per PFLOP, and an operator
-not already running another replica of the same unit (replicas must be independent).
+free stake ≥ the collateral, a live offer at or under the order's max price per PFLOP, an operator
+not already running another replica of the same unit (replicas must be independent), and stake that did
+not grow after the unit's seed block.
 
 Order: candidates are drawn by bonded stake from the unit's public seed (:mod:`market.domain.selection`),
 never ranked by the market, so the operator cannot steer who runs a unit and a party's share of replicas
@@ -38,6 +39,8 @@ from market.domain.selection import (
     unit_tweak,
 )
 
+HASHED_BLOCKS = 8  # seed blocks whose candidate hashes a recipe's slots keep
+
 
 class DeclineReason(StrEnum):
     OFFLINE = "offline"
@@ -52,6 +55,7 @@ class DeclineReason(StrEnum):
     PRICE_ABOVE_MAX = "price_above_max"
     OPERATOR_ALREADY_ON_UNIT = "operator_already_on_unit"
     OTHER_HARDWARE_CLASS = "other_hardware_class"
+    STAKED_AFTER_SEED = "staked_after_seed"  # its stake grew after the seed block, whose hash was public
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +73,7 @@ class ProviderCandidate:
     active_units: int = 0
     capacity: int = 1
     bonded_stake: int = 0  # the draw weight (free stake only gates the collateral)
+    stake_block: int = 0  # the block of its latest `Staked` event (0: none known)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +91,7 @@ class UnitDemand:
     adaptive: bool = False
     excluded: frozenset[str] = frozenset()
     taken_operators: frozenset[str] = frozenset()
+    seed_block: int = 0  # the block whose hash seeds the draw (0: none, no chain): stake after it is late
 
     @property
     def min_gflops(self) -> int:
@@ -115,6 +121,10 @@ def decline_reason(
         return DeclineReason.AT_CAPACITY
     if candidate.address in demand.excluded:
         return DeclineReason.EXCLUDED
+    if demand.seed_block and candidate.stake_block > demand.seed_block:
+        # a key whose stake grew once the seed's hash could be known may have been ground or topped up for
+        # it (selection.py): it waits for a draw seeded later
+        return DeclineReason.STAKED_AFTER_SEED
     if candidate.reputation.fraud > 0:
         # A fraud verdict is never a distance alone: re-execution confirmed it. Buyers' work does not go
         # back to a proven cheat; slashing alone leaves it enough stake to keep undercutting honest peers.
@@ -205,15 +215,14 @@ def draw(block_hash: str, seed: str, candidates: Sequence[ProviderCandidate]) ->
 @dataclass
 class _RecipeSlots:
     """One recipe's candidates as arrays (a slot per address ever listed), so a draw is a few vector
-    operations; ``listed`` marks who is available now, ``hashes`` are the current pass's."""
+    operations; ``listed`` marks who is available now, ``hashes`` holds the candidate hashes of the seed
+    blocks drawn with lately (a unit's seed block is fixed by the chain, so one pass meets a few)."""
 
     addresses: list[str] = field(default_factory=list)
     slot: dict[str, int] = field(default_factory=dict)
     listed: npt.NDArray[np.bool_] = field(default_factory=lambda: np.zeros(16, dtype=np.bool_))
     stakes: npt.NDArray[np.float64] = field(default_factory=lambda: np.zeros(16, dtype=np.float64))
-    hashes: Hashes = field(default_factory=lambda: np.zeros(16, dtype=np.uint64))
-    block_hash: str | None = None
-    hashed: int = 0  # slots whose hash is for block_hash
+    hashes: dict[str, Hashes] = field(default_factory=dict)  # least recently used first
 
     def put(self, address: str, stake: int) -> None:
         i = self.slot.get(address)
@@ -224,9 +233,19 @@ class _RecipeSlots:
             if i == len(self.listed):  # double the capacity
                 self.listed = np.concatenate([self.listed, np.zeros_like(self.listed)])
                 self.stakes = np.concatenate([self.stakes, np.zeros_like(self.stakes)])
-                self.hashes = np.concatenate([self.hashes, np.zeros_like(self.hashes)])
         self.listed[i] = True
         self.stakes[i] = float(stake)
+
+    def _hashes(self, block_hash: str) -> Hashes:
+        """Every slot's candidate hash for ``block_hash`` (computed for slots new since the last use)."""
+        n = len(self.addresses)
+        known = self.hashes.pop(block_hash, np.zeros(0, dtype=np.uint64))
+        if len(known) < n:
+            known = np.concatenate([known, candidate_hashes(block_hash, self.addresses[len(known) : n])])
+        self.hashes[block_hash] = known
+        while len(self.hashes) > HASHED_BLOCKS:
+            del self.hashes[next(iter(self.hashes))]
+        return known
 
     def unlist(self, address: str) -> None:
         i = self.slot.get(address)
@@ -239,12 +258,7 @@ class _RecipeSlots:
     def order(self, block_hash: str, seed: str) -> Iterator[str]:
         """Listed addresses in the unit's replica draw order."""
         n = len(self.addresses)
-        if self.block_hash != block_hash:
-            self.block_hash, self.hashed = block_hash, 0
-        if self.hashed < n:
-            self.hashes[self.hashed : n] = candidate_hashes(block_hash, self.addresses[self.hashed : n])
-            self.hashed = n
-        keys = draw_keys(self.hashes[:n], self.stakes[:n], unit_tweak(seed, ROLE_REPLICAS))
+        keys = draw_keys(self._hashes(block_hash), self.stakes[:n], unit_tweak(seed, ROLE_REPLICAS))
         return (self.addresses[i] for i in draw_order(keys, self.positions()))
 
 

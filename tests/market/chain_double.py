@@ -17,7 +17,7 @@ import fcntl
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -89,17 +89,31 @@ class LedgerChain:
 
     def _mine(self, state: dict[str, Any], name: str, args: dict[str, Any]) -> str:
         state["blocks"].append({"name": name, "args": args})
-        return "0x" + keccak(text=f"{len(state['blocks'])}:{name}").hex()
+        tx_hash = "0x" + keccak(text=f"{len(state['blocks'])}:{name}").hex()
+        state.setdefault("tx_blocks", {})[tx_hash] = len(state["blocks"])
+        return tx_hash
 
     # --- test helpers ---
 
     def add_order(self, order: ChainOrder) -> None:
+        """Post ``order`` as `postOrder` does: in a block of its own, which seeds its first draw."""
         with self._state() as state:
-            state["orders"][str(order.order_id)] = asdict(order)
+            self._mine(state, "OrderPosted", {"orderId": order.order_id, "buyer": order.buyer})
+            posted = replace(order, posted_block=len(state["blocks"]))
+            state["orders"][str(order.order_id)] = asdict(posted)
 
     def set_free_stake(self, account: str, amount: int) -> None:
+        """Set the account's stake as of before the ledger's first block (no `Staked` event)."""
         with self._state() as state:
             state["stake"][_key(account)] = amount
+
+    def stake(self, account: str, amount: int) -> None:
+        """Add ``amount`` to the account's bonded stake in a block of its own, as `StakeManager.stake`."""
+        with self._state() as state:
+            bonded = int(state["stake"].get(_key(account), DEFAULT_FREE_STAKE))
+            state["stake"][_key(account)] = bonded + amount
+            self._mine(state, "Staked", {"account": account, "amount": amount})
+            state.setdefault("staked_block", {})[_key(account)] = len(state["blocks"])
 
     def slash(self, account: str, amount: int) -> None:
         """Take ``amount`` of the account's bonded stake, as the StakeManager does for a fraud verdict."""
@@ -204,6 +218,10 @@ class LedgerChain:
     def bonded_stake(self, account: str) -> int:
         with self._state() as state:
             return int(state["stake"].get(_key(account), DEFAULT_FREE_STAKE))
+
+    def last_staked_block(self, account: str) -> int:
+        with self._state() as state:
+            return int(state.get("staked_block", {}).get(_key(account), 0))
 
     def reputation_of(self, account: str) -> Reputation:
         with self._state() as state:
@@ -429,6 +447,10 @@ class LedgerChain:
 
     def block_hash(self, block_number: int) -> str:
         return "0x" + keccak(text=f"block:{block_number}").hex()
+
+    def tx_block(self, tx_hash: str) -> int:
+        with self._state() as state:
+            return int(state["tx_blocks"][tx_hash])
 
     def events(self, from_block: int, to_block: int) -> list[ChainEvent]:
         with self._state() as state:

@@ -17,12 +17,13 @@ from agents import Clock
 from chain_double import LedgerChain
 from eth_hash.auto import keccak
 from fastapi.testclient import TestClient
-from market_flow import post_order, register_market
+from market_flow import post_order, register_market, run_unit
 from sqlmodel import col, select
+from test_api import no_audit
 
 from market.api import create_app
 from market.context import row_id
-from market.domain.matching import CandidatePool, ProviderCandidate, UnitDemand, draw
+from market.domain.matching import CandidatePool, DeclineReason, ProviderCandidate, UnitDemand, draw
 from market.domain.selection import ROLE_REPLICAS, ROLE_VERIFIERS, sample, selection_seed
 from market.service import MarketService
 from market.store import MatchLogRow
@@ -209,39 +210,131 @@ def test_the_market_records_the_seed_and_draws_replicas_and_verifiers_from_it(
     service.agents.refresh_chain_facts(set(stakes))
     service.matching.refresh_pool(force=True)
     order = post_order(client, ledger, make_agent(), clock)
-    head = ledger.block_number()
+    posted = ledger.block_number()  # the order's OrderPosted block
+    for _ in range(3):  # the operator runs its pass blocks later: the seed does not move with it
+        ledger.slash(verifiers[0].address, 0)
     (match,) = service.matching.match_pending()
     assert match.complete
     (unit,) = client.get(f"/orders/{order['order_id']}").json()["units"]
-    # anyone recomputes the draw from the block, the unit key and the stakes
-    assert unit["selection_block"] == head
+    # anyone recomputes the draw from the posting block, the unit key and the stakes
+    assert unit["selection_block"] == posted
     with service.store.transaction() as session:
         unit_key = service.store.units_of_order(session, order["order_id"])[0].unit_key
-    seed = selection_seed(ledger.block_hash(head), unit_key)
+    block_hash = ledger.block_hash(posted)
+    seed = selection_seed(block_hash, unit_key)
     assert unit["selection_seed"] == seed
     provider_stakes = {k.address: stakes[k.address] for k in providers}
-    block_hash = ledger.block_hash(head)
     drawn = sample(block_hash, seed, ROLE_REPLICAS, provider_stakes, 3)
     assert set(unit["providers"]) == set(drawn)
     verifier_stakes = {k.address: stakes[k.address] for k in verifiers}
     assert tuple(unit["verifiers"]) == sample(block_hash, seed, ROLE_VERIFIERS, verifier_stakes, 2)
 
-    # a dropped replica sends the unit back for a refill, drawn with the seed of the head at that pass
+    # a dropped replica sends the unit back for a refill: the same seed, the next provider in its draw
     ledger.slash(verifiers[0].address, 0)  # any transaction: the chain moves on by a block
     with service.store.transaction() as session:
         row = service.store.units_of_order(session, order["order_id"])[0]
         replica = service.store.replica(session, row_id(row), drawn[0])
         service.assignments.drop_replica(session, row, replica, clock())
     (refill,) = service.matching.match_pending()
-    refill_block = ledger.block_hash(head + 1)
-    refill_seed = selection_seed(refill_block, unit_key)
-    others = {a: w for a, w in provider_stakes.items() if a not in drawn}
-    assert refill.selected == sample(refill_block, refill_seed, ROLE_REPLICAS, others, 1)
+    assert refill.selected == sample(block_hash, seed, ROLE_REPLICAS, provider_stakes, 4)[3:]
     (unit,) = client.get(f"/orders/{order['order_id']}").json()["units"]
-    assert (unit["selection_block"], unit["selection_seed"]) == (head + 1, refill_seed)
+    assert (unit["selection_block"], unit["selection_seed"]) == (posted, seed)
     with service.store.transaction() as session:
         logs = session.exec(select(MatchLogRow).order_by(col(MatchLogRow.id))).all()
-        assert [(log.selection_block, log.selection_seed) for log in logs] == [
-            (head, seed),
-            (head + 1, refill_seed),
-        ]
+        assert [(log.selection_block, log.selection_seed) for log in logs] == [(posted, seed)] * 2
+
+
+def test_stake_grown_from_the_seed_block_on_waits_for_a_draw_seeded_later(
+    client: TestClient, service: MarketService, ledger: LedgerChain, make_agent: Any, clock: Clock
+) -> None:
+    """A key staked, or a stake topped up, once the seed block's hash was public could have been ground or
+    sized for that seed: it is declined for the draws that block seeds, and drawn as any other from a seed
+    block after its stake."""
+    providers, _ = register_market(client, make_agent, providers=6, verifiers=2)
+    for key in providers:
+        ledger.set_free_stake(key.address, 10 * TOKEN)
+    service.agents.refresh_chain_facts({k.address for k in providers})
+    first = post_order(client, ledger, make_agent(), clock, chain_order_id=1)
+    # after the posting: a registered provider tops up (the market learns it from the chain's events) and a
+    # new key stakes and registers, each with a stake that puts it first in nearly every draw
+    topped_up, newcomer = providers[0], make_agent()
+    ledger.stake(topped_up.address, 10**6 * TOKEN)
+    ledger.stake(newcomer.address, 10**6 * TOKEN)
+    service.sync.sync_chain_events()
+    body = newcomer.registration().model_dump(mode="json")
+    assert client.post("/agents/register", json=body).status_code == 200
+    offer = newcomer.offer(price_per_pflop=10**17)
+    assert client.post("/agents/offer", json=offer.model_dump(mode="json")).status_code == 200
+    service.matching.refresh_pool(force=True)
+
+    (match,) = service.matching.match_pending()
+    assert match.complete and not {topped_up.address, newcomer.address} & set(match.selected)
+    late = {address for address, reason in match.declines if reason == DeclineReason.STAKED_AFTER_SEED}
+    assert late == {topped_up.address, newcomer.address}
+
+    second = post_order(client, ledger, make_agent(), clock, chain_order_id=2)
+    (match,) = service.matching.match_pending()
+    assert {topped_up.address, newcomer.address} <= set(match.selected)
+    first_block, second_block = (
+        client.get(f"/orders/{o['order_id']}").json()["units"][0]["selection_block"] for o in (first, second)
+    )
+    assert first_block < second_block == ledger.block_number()
+
+
+def test_the_next_round_is_seeded_by_the_block_that_settled_the_last_one(
+    client: TestClient, service: MarketService, ledger: LedgerChain, make_agent: Any, clock: Clock
+) -> None:
+    """Round 1's draw uses the block of the transaction that finalized round 0's unit: fixed by the chain,
+    its hash unknown when that transaction was sent, whenever the market then opens and matches the round."""
+    no_audit(service)
+    providers, _ = register_market(client, make_agent)
+    keys = {k.address: k for k in providers}
+    order = post_order(client, ledger, make_agent(), clock)
+    service.matching.match_pending()
+    run_unit(client, service, keys, {"default": "0x" + "a1" * 32})
+    (finalized,) = [e for e in ledger.events(1, ledger.block_number()) if e.name == "UnitFinalized"]
+    ledger.slash(providers[0].address, 0)  # the chain moves on before the round opens
+    assert service.orders.advance_orders() == 1
+    service.matching.match_pending()
+    units = client.get(f"/orders/{order['order_id']}").json()["units"]
+    assert [u["round_index"] for u in units] == [0, 1]
+    assert units[1]["selection_block"] == finalized.block_number < ledger.block_number()
+    with service.store.transaction() as session:
+        unit_key = service.store.units_of_order(session, order["order_id"])[1].unit_key
+    assert units[1]["selection_seed"] == selection_seed(ledger.block_hash(finalized.block_number), unit_key)
+
+
+def test_a_draw_short_of_providers_is_seeded_again_by_the_stake_that_came_late(
+    client: TestClient, service: MarketService, ledger: LedgerChain, make_agent: Any, clock: Clock
+) -> None:
+    """An order posted before enough providers staked: its unit comes up short at the posting block, then
+    is seeded by the block of the latest stake that grew after it, and drawn from that block."""
+    providers, _ = register_market(client, make_agent, providers=2, verifiers=2)
+    order = post_order(client, ledger, make_agent(), clock)
+    posted = ledger.block_number()
+    latecomer = make_agent()
+    ledger.stake(latecomer.address, 10 * TOKEN)
+    staked = ledger.block_number()
+    assert (
+        client.post("/agents/register", json=latecomer.registration().model_dump(mode="json")).status_code
+        == 200
+    )
+    offer = latecomer.offer(price_per_pflop=10**17)
+    assert client.post("/agents/offer", json=offer.model_dump(mode="json")).status_code == 200
+    service.matching.refresh_pool(force=True)
+
+    (short,) = service.matching.match_pending()
+    assert not short.complete
+    assert (latecomer.address, DeclineReason.STAKED_AFTER_SEED) in short.declines
+    (unit,) = client.get(f"/orders/{order['order_id']}").json()["units"]
+    assert unit["selection_block"] == staked > posted
+    ledger.slash(providers[0].address, 0)  # the chain moves on: the new seed is the stake's block still
+    (match,) = service.matching.match_pending()
+    assert match.complete and set(match.selected) == {*(p.address for p in providers), latecomer.address}
+    (unit,) = client.get(f"/orders/{order['order_id']}").json()["units"]
+    with service.store.transaction() as session:
+        unit_key = service.store.units_of_order(session, order["order_id"])[0].unit_key
+    assert (unit["selection_block"], unit["selection_seed"]) == (
+        staked,
+        selection_seed(ledger.block_hash(staked), unit_key),
+    )

@@ -91,6 +91,7 @@ class Harness:
     advance_time: Callable[[int], None]
     now: Callable[[], int]
     draw: Callable[[int], None]  # the operator's requestVerification (not a port method: the chain draws)
+    stake: Callable[[LocalAccount, int], None]  # the account bonds more stake (StakeManager.stake)
 
     def accept(self, provider: LocalAccount, order_id: int, unit_key: str) -> SignedAccept:
         deadline = self.now() + 3600
@@ -209,6 +210,11 @@ def real_harness(name: str, world: RealWorld) -> Harness:
     def draw(unit_id: int) -> None:
         client.request_verification(unit_id)
 
+    def stake(account: LocalAccount, amount: int) -> None:
+        client.mint(account, amount)
+        client.approve(account, client.deployment.stake_manager, amount)
+        client.stake(account, amount)
+
     def post_order(units: int, replicas: int) -> int:
         deadline = client.now() + DAY
         order_id, _ = client.post_order(buyer, os.urandom(32), units, replicas, PRICE, FEE, deadline)
@@ -226,6 +232,7 @@ def real_harness(name: str, world: RealWorld) -> Harness:
         advance_time=advance_time,
         now=client.now,
         draw=draw,
+        stake=stake,
     )
 
 
@@ -264,6 +271,7 @@ def double_harness(path: Path) -> Harness:
         advance_time=advance_time,
         now=lambda: clock[0],
         draw=ledger.draw,
+        stake=lambda account, amount: ledger.stake(account.address, amount),
     )
 
 
@@ -335,6 +343,36 @@ def test_get_order_returns_the_escrowed_order_and_none_for_an_unknown_id(harness
     assert re.fullmatch(r"0x[0-9a-f]{64}", order.spec_hash)
     assert order.deadline > harness.now()
     assert harness.port.get_order(order_id + 1000) is None
+
+
+def test_an_order_knows_the_block_it_was_posted_in(harness: Harness) -> None:
+    """The block of its OrderPosted event, which seeds the order's first draw (market.orders)."""
+    order_id = harness.post_order(1, 3)
+    order = harness.port.get_order(order_id)
+    assert order is not None and 0 < order.posted_block <= harness.port.block_number()
+    events = harness.port.events(order.posted_block, order.posted_block)
+    assert [int(e.args["orderId"]) for e in events if e.name == "OrderPosted"] == [order_id]
+
+
+def test_the_last_staked_block_is_the_accounts_latest_staked_event(harness: Harness) -> None:
+    never = "0x" + "00" * 19 + "01"
+    assert harness.port.last_staked_block(never) == 0
+    for _ in range(2):
+        harness.stake(harness.outsider, TOKEN)
+        head = harness.port.block_number()
+        assert harness.port.last_staked_block(harness.outsider.address) == head
+        (staked,) = [e for e in harness.port.events(head, head) if e.name == "Staked"]
+        assert staked.args["account"].lower() == harness.outsider.address.lower()
+
+
+def test_a_sent_transaction_is_found_in_its_block(harness: Harness) -> None:
+    unit_id, _ = harness.assign(harness.post_order(1, 3))
+    salt = "0x" + "a7" * 32
+    tx_hash = harness.port.commit_batch(
+        unit_id, [harness.signed_commit(unit_id, harness.providers[0], DIGEST, salt)]
+    )
+    block = harness.port.tx_block(tx_hash)
+    assert [e.name for e in harness.port.events(block, block)] == ["ReplicaCommitted"]
 
 
 def test_untouched_account_has_its_stake_free_and_no_reputation(harness: Harness) -> None:

@@ -195,7 +195,7 @@ def test_worker_on_the_embedded_filesystem_broker_runs_tasks(
         register_market(client, make_agent)
         post_order(client, ledger, make_agent(), clock, total_steps=20)
         assert worker.call("market.match_units") == 1
-        assert worker.call("market.sync_chain_events") == 0
+        assert worker.call("market.sync_chain_events") == 1  # the order's posting
         swept = worker.call("market.sweep_heartbeats")
         assert swept["lost_agents"] == []
         status = service.orders.order_status(1)

@@ -723,8 +723,10 @@ class ChainClient:
     # ------------------------------------------------------------------ plumbing
 
     def unit_events(self, name: str, unit_id: int, from_block: int | None = None) -> list[Event]:
-        """Decoded `name` events of one unit (indexed `unitId` first), from any of the contracts: one
-        filtered log query (by event signature and unit), not a scan of every event since deployment."""
+        """Decoded `name` events of one unit (indexed `unitId` first; also an order's `OrderPosted` or an
+        account's `Staked`, whose first indexed argument is the order id or the address), from any of the
+        contracts: one filtered log query (by event signature and that argument), not a scan of every event
+        since deployment."""
         items = [
             item
             for data in self.contracts.values()
@@ -883,6 +885,12 @@ class ChainClient:
 
     def free_stake(self, account: str | LocalAccount) -> int:
         return int(self._view(self.stakes, "freeStake", _address(account)))
+
+    def last_staked_block(self, account: str | LocalAccount) -> int:
+        """The block of the account's latest `Staked` event (0: it never staked): the only way its bonded
+        stake grows, so a draw seeded by block B may count it only when this is below B."""
+        staked = self.unit_events("Staked", int(_address(account), 16))
+        return max((event.block_number for event in staked), default=0)
 
     def total_staked(self) -> int:
         return int(self._view(self.stakes, "totalStaked"))
