@@ -161,7 +161,10 @@ def _served(*extra: tuple[str, UnitManifest]) -> dict[str, dict[str, UnitManifes
     return served
 
 
-def _status(roster: object = "drawn") -> Any:
+CLOSED = SimpleNamespace(state="closed")  # the market's RosterStatus, as far as the buyer reads it
+
+
+def _status(roster: object = CLOSED) -> Any:
     spec = SimpleNamespace(shards=2, rounds=2, outer_step="folded")
     return SimpleNamespace(spec=spec, roster=roster, chain_order_id=ORDER)
 
