@@ -549,16 +549,25 @@ def round_path_final(
     status: OrderStatus,
     units: list[UnitOutcome],
     events: list[Event],
+    round_units: Sequence[AcceptedUnit] | None = None,
 ) -> FinalState | None:
     """A round-path order's final state, run by the buyer (`final_outer_step`) from the chain's `events`;
     None for an order that ends with an aggregate unit (per unit, or M = 1:
-    `market.domain.rounds.final_aggregate`)."""
+    `market.domain.rounds.final_aggregate`). `round_units`: what `round_path_units` found for the order,
+    whose last round's units the step takes rather than reading the chain for them again (None: read
+    here, `accepted_round_results`)."""
     spec = _round_path_spec(status)
     if spec is None:
         return None
-    return final_outer_step(
-        client, plane, peers, spec, status.chain_order_id, events, units, on_roster=_on_roster(status)
-    )
+    last = spec.rounds - 1
+    if round_units is None:
+        accepted = accepted_round_results(
+            client, events, units, status.chain_order_id, last, spec, on_roster=_on_roster(status)
+        )
+    else:
+        found = {unit.shard: unit for unit in round_units if unit.round_index == last}
+        accepted = [found.get(shard) for shard in range(spec.shards)]
+    return final_outer_step(plane, peers, spec, status.chain_order_id, events, accepted)
 
 
 def round_path_units(
@@ -604,25 +613,21 @@ def _on_roster(status: OrderStatus) -> bool:
 
 
 def final_outer_step(
-    client: ChainClient,
     plane: BlobPlane,
     peers: dict[str, str],
     spec: OrderSpec,
     chain_order_id: int,
     events: list[Event],
-    units: list[UnitOutcome],
-    *,
-    on_roster: bool = True,
+    accepted: Sequence[AcceptedUnit | None],
 ) -> FinalState:
     """The last outer step of a folded order settled on the round path, which escrows no aggregate unit for
     it (market.domain.rounds `final_aggregate`): `diloco.aggregate` over the last round's state and each
     shard's accepted result, as that unit would have run it (bitwise: the outer step is deterministic).
 
-    Nothing is the market's word: `spec` must be the escrowed one (its hash on chain), each shard's result is
-    one the chain accepted (`accepted_round_results`; `on_roster`: False for an order whose roster failed,
-    read from its per-unit units), its manifest must hash to that digest and its state to the manifest's
-    state digest, and the round's state is the one every last-round result binds (its fold), or for a
-    one-round order the spec's genesis."""
+    Nothing is the market's word: `spec` must be the escrowed one (its hash on chain), each shard's result
+    (`accepted`, per shard of the last round: `accepted_round_results`) is one the chain accepted, its
+    manifest must hash to that digest and its state to the manifest's state digest, and the round's state
+    is the one every last-round result binds (its fold), or for a one-round order the spec's genesis."""
     from veritrain.diloco import AggregateInputs, aggregate, order_genesis
     from veritrain.recipes import get_recipe
 
@@ -634,7 +639,8 @@ def final_outer_step(
     if posted != [spec.spec_hash()]:
         raise DigestMismatch(f"order {chain_order_id} on chain does not escrow this spec")
     last = spec.rounds - 1
-    accepted = accepted_round_results(client, events, units, chain_order_id, last, spec, on_roster=on_roster)
+    if len(accepted) != spec.shards or any(a is not None and a.round_index != last for a in accepted):
+        raise ValueError(f"the outer step takes one result per shard of round {last}")
     everyone = list(peers.values())
     manifests = [None if a is None else _manifest_of(plane, everyone, a.result_digest) for a in accepted]
     results = tuple(

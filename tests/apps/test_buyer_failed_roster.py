@@ -19,7 +19,13 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from apps.buyer import collect_training, order_money, round_path_final, round_path_units
+from apps.buyer import (
+    collect_training,
+    order_money,
+    round_path_final,
+    round_path_units,
+    set_aside_digests,
+)
 from market.orders import unit_key_for
 from veritrain.agentkit import UnitManifest, encode_state
 from veritrain.chain.tx import Event
@@ -162,6 +168,42 @@ def _events() -> list[Event]:
     return events
 
 
+SLOTS = [0, 1, 1, 2]  # the roster's slots: unit 0 on (P1, P2), unit 1 on (P2, P3)
+LAYOUT = sum(index << (5 * slot) for slot, index in enumerate(SLOTS))
+
+
+def _roster_events() -> list[Event]:
+    """The same training on a roster that opened and closed (slots: unit 0 on P1, P2, unit 1 on P2, P3):
+    its steps paid three units; round 1's unit 1 was set aside as chain unit 14, P2 cheated (replica 0, whose
+    digest alone `RoundRevealed` names) and the verdict accepted P3."""
+    posted, *_ = _events()
+    digests = [[GOOD[(r, 0)].result_digest, GOOD[(r, 1)].result_digest] for r in range(2)]
+    digests[1][1] = WRONG
+    return [
+        posted,
+        _event(
+            "RosterOpened",
+            orderId=ORDER,
+            providers=[P1, P2, P3],
+            layout=LAYOUT,
+            replicas=2,
+            unitsPerRound=2,
+            rounds=2,
+        ),
+        _event("RoundCommitted", orderId=ORDER, round=0),
+        _event("RoundRevealed", orderId=ORDER, round=0, digests=digests[0], audited=0),
+        _event("RoundCommitted", orderId=ORDER, round=1),
+        _event("RoundRevealed", orderId=ORDER, round=1, digests=digests[1], audited=0),
+        _event(
+            "UnitAssigned", unitId=14, orderId=ORDER, unitKey=b"\x01" * 32, providers=[P2, P3], verifiers=[V1]
+        ),
+        _event("UnitSetAside", orderId=ORDER, round=1, unit=1, unitId=14),
+        _event("VerdictRecorded", unitId=14, outcomes=[2, 0], verifiers=[V1]),
+        _event("HeldSettled", unitId=14, truth=[2, 0]),
+        _event("RosterClosed", orderId=ORDER, settledRounds=2, paid=6 * PRICE),
+    ]
+
+
 @dataclass(frozen=True)
 class _Replica:
     commitment_or_digest: bytes
@@ -169,18 +211,23 @@ class _Replica:
 
 
 class _Chain:
-    """What the buyer reads by call: the order's roster (none on chain: zero key, never closed) and each
-    unit's replicas."""
+    """What the buyer reads by call, counted: the order's roster (closed with both rounds revealed, or, as
+    for a failed one, none: zero key, never closed) and each unit's replicas."""
 
-    def __init__(self) -> None:
+    def __init__(self, roster: bool = False) -> None:
+        self.roster = roster
         self.roster_reads = 0
+        self.replica_reads = 0
 
     def get_roster(self, order_id: int) -> SimpleNamespace:
         assert order_id == ORDER
         self.roster_reads += 1
+        if self.roster:
+            return SimpleNamespace(key=b"\x09" * 32, closed=True, committed=2)
         return SimpleNamespace(key=bytes(32), closed=False, committed=0)
 
     def replica(self, unit_id: int, index: int) -> _Replica:
+        self.replica_reads += 1
         unit = next(u for u in UNITS if u.unit_id == unit_id)
         return _Replica(bytes.fromhex(unit.digests[index].removeprefix("0x")))
 
@@ -213,22 +260,24 @@ class _Plane:
         return self.states[digest]
 
 
-def _status() -> OrderStatus:
-    """The market's word on the order (its API model): completed, its roster "failed" (no providers, no
-    slots, nothing committed) and its current state round 1's (no aggregate unit followed the last round)."""
+def _status(roster_state: str = "failed") -> OrderStatus:
+    """The market's word on the order (its API model): completed, its current state round 1's (no aggregate
+    unit followed the last round), its roster "failed" (no providers, no slots, nothing committed) or
+    "closed"."""
+    failed = roster_state == "failed"
     roster = RosterStatus(
         order_id=1,
         chain_order_id=ORDER,
-        state="failed",
-        roster_key="",
-        providers=(),
-        slots=(),
+        state=roster_state,
+        roster_key="" if failed else "0x" + "09" * 32,
+        providers=() if failed else (P1, P2, P3),
+        slots=() if failed else tuple(SLOTS),
         replicas=2,
         units_per_round=2,
         rounds=2,
         works_deadline=0,
-        committed=0,
-        revealed=0,
+        committed=0 if failed else 2,
+        revealed=0 if failed else 2,
     )
     return OrderStatus(
         order_id=1,
@@ -243,12 +292,14 @@ def _status() -> OrderStatus:
     )
 
 
-def _fetch(chain: _Chain, events: list[Event], out: Path) -> Any:
+def _fetch(chain: _Chain, events: list[Event], out: Path, roster_state: str = "failed") -> Any:
     """What `order fetch` (apps/order.py `run_fetch`) does with the order, from its events on."""
-    status = _status()
+    status = _status(roster_state)
     _, units = order_money(events, ORDER)
+    set_aside_digests(chain, units)  # type: ignore[arg-type]
     plane = _Plane()
-    final = round_path_final(chain, plane, PEERS, status, units, events)  # type: ignore[arg-type]
+    round_units = round_path_units(chain, status, units, events)  # type: ignore[arg-type]
+    final = round_path_final(chain, plane, PEERS, status, units, events, round_units)  # type: ignore[arg-type]
     assert final is not None
     return collect_training(
         plane,  # type: ignore[arg-type]
@@ -258,25 +309,46 @@ def _fetch(chain: _Chain, events: list[Event], out: Path) -> Any:
         recipe=SPEC.recipe,
         final_digest=str(status.current_state_digest),
         final=final,
-        round_units=round_path_units(chain, status, units, events),  # type: ignore[arg-type]
+        round_units=round_units,
     )
+
+
+# the final state: the outer step over round 1's state and its accepted results (for a failed roster's
+# order, shard 0's retry's)
+EXPECTED = aggregate(AggregateInputs(1, ROUND1_STATE, (RESULTS[(1, 0)], RESULTS[(1, 1)]), CONFIG))
+LOSSES = [float(loss) for key in [(0, 0), (0, 1), (1, 0), (1, 1)] for loss in GOOD[key].transcript["losses"]]
 
 
 def test_a_failed_rosters_order_is_fetched_from_its_per_unit_chain_units(tmp_path: Path) -> None:
     chain = _Chain()
     training = _fetch(chain, _events(), tmp_path)
-    # the final state: the outer step over round 1's state and its accepted results (the retry's for shard 0)
-    expected = aggregate(AggregateInputs(1, ROUND1_STATE, (RESULTS[(1, 0)], RESULTS[(1, 1)]), CONFIG))
-    assert training.final_state_digest == _hex(expected.output_digest)
+    assert training.final_state_digest == _hex(EXPECTED.output_digest)
     with safe_open(str(tmp_path / "w.safetensors"), "pt") as saved:
-        assert saved.metadata()["state_digest"] == _hex(expected.output_digest)
+        assert saved.metadata()["state_digest"] == _hex(EXPECTED.output_digest)
         for name in saved.keys():  # noqa: SIM118 (safe_open is not a mapping)
-            assert torch.equal(saved.get_tensor(name), expected.output_state["model." + name])
+            assert torch.equal(saved.get_tensor(name), EXPECTED.output_state["model." + name])
     # the loss curve: each accepted chain unit's, round by round, shard by shard
-    keys = [(0, 0), (0, 1), (1, 0), (1, 1)]
-    assert training.losses == [float(loss) for key in keys for loss in GOOD[key].transcript["losses"]]
-    assert training.round_boundaries == [2 * STEPS]
+    assert training.losses == LOSSES and training.round_boundaries == [2 * STEPS]
     assert chain.roster_reads == 0  # no roster on chain to read
+    # each accepted replica of units 11, 12, 15 (two each) and 14 (one) read once, not again for round 1
+    assert chain.replica_reads == 7
+
+
+def test_a_closed_rosters_order_reads_each_round_from_the_chain_once(tmp_path: Path) -> None:
+    """The same order on its roster: the final step takes the last round's units `round_path_units` read
+    (a get_roster per round, the set-aside unit's accepted replica once), not reading them again."""
+    chain = _Chain(roster=True)
+    training = _fetch(chain, _roster_events(), tmp_path, roster_state="closed")
+    assert training.final_state_digest == _hex(EXPECTED.output_digest)
+    assert training.losses == LOSSES and training.round_boundaries == [2 * STEPS]
+    assert chain.roster_reads == SPEC.rounds
+    assert chain.replica_reads == 2 + 1  # set_aside_digests' two, then its accepted replica's digest
+    # without them it reads the last round itself, to the same state
+    events = _roster_events()
+    _, units = order_money(events, ORDER)
+    alone = round_path_final(chain, _Plane(), PEERS, _status("closed"), units, events)  # type: ignore[arg-type]
+    assert alone is not None and alone.digest == training.final_state_digest
+    assert chain.roster_reads == SPEC.rounds + 1
 
 
 def test_the_chain_accepted_units_of_a_failed_rosters_order_are_its_latest_accepted_attempts() -> None:
