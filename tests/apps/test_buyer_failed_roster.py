@@ -10,7 +10,7 @@ outer step, are the real ones."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -27,15 +27,16 @@ from apps.buyer import (
     set_aside_digests,
 )
 from market.orders import unit_key_for
-from veritrain.agentkit import UnitManifest, encode_state
+from tests.apps.buyer_fixtures import FEE, ORDER, PRICE, Plane, honest_manifest, layout
+from tests.apps.buyer_fixtures import event as _event
+from veritrain.agentkit import UnitManifest
 from veritrain.chain.tx import Event
 from veritrain.diloco import AggregateInputs, aggregate, order_genesis, outer_step
-from veritrain.errors import BlobNotFound, DigestMismatch
+from veritrain.errors import DigestMismatch
 from veritrain.messages import OrderSpec, OrderStatus, RosterStatus
-from veritrain.pol import State, Transcript, UnitSpec, state_digest
+from veritrain.pol import State, state_digest
 from veritrain.recipes import get_recipe
 
-ORDER, PRICE, FEE = 3, 100, 10
 P1, P2, P3, V1 = "0x1", "0x2", "0x3", "0xV1"
 PEERS = {P1: "peer-1", P2: "peer-2", P3: "peer-3"}
 STEPS = 4
@@ -75,28 +76,16 @@ def _hex(raw: bytes) -> str:
 
 
 def _manifest(round_index: int, shard: int, first_loss: float) -> UnitManifest:
-    """An honest manifest of unit (round, shard): a transcript ending at its result state, and for round 1
-    the fold its result binds (round 1's state and round 0's inputs commitment)."""
-    spec = UnitSpec(SPEC.recipe, SPEC.seed, round_index, shard, STEPS, 2, num_shards=SPEC.shards)
-    steps = spec.checkpoint_steps()
-    digests = [bytes([10 * round_index + shard, i]) * 16 for i in range(len(steps) - 1)]
-    transcript = Transcript(
-        spec=spec,
-        checkpoint_steps=steps,
-        checkpoint_digests=(*digests, state_digest(RESULTS[(round_index, shard)])),
-        losses=tuple(first_loss - 0.1 * step for step in range(STEPS)),
-        data_order_commitment=b"\x07" * 32,
+    """An honest manifest of unit (round, shard) (the spec's recipe, seed and shards): a transcript ending
+    at its result state, and for round 1 the fold its result binds (round 1's state and round 0's inputs
+    commitment)."""
+    return honest_manifest(
+        round_index,
+        shard,
+        [first_loss - 0.1 * step for step in range(STEPS)],
+        state=state_digest(RESULTS[(round_index, shard)]),
+        fold=(_hex(state_digest(ROUND1_STATE)), _hex(ROUND0.commitment())) if round_index else None,
     )
-    fold = (_hex(state_digest(ROUND1_STATE)), _hex(ROUND0.commitment())) if round_index else (None, None)
-    manifest = UnitManifest(
-        transcript.to_json(),
-        "",
-        _hex(transcript.final_digest),
-        _hex(transcript.merkle_root()),
-        round_state_digest=fold[0],
-        inputs_commitment=fold[1],
-    )
-    return replace(manifest, result_digest=manifest.opened_result_digest())
 
 
 GOOD = {key: _manifest(*key, first_loss=3.0 - key[0] - 0.5 * key[1]) for key in RESULTS}
@@ -123,10 +112,6 @@ UNITS = [
     _Unit(14, 1, 1, 0, (P2, P3), (WRONG, GOOD[(1, 1)].result_digest)),  # P2 cheated: fraud, P3 accepted
     _Unit(15, 1, 0, 1, (P1, P2), (GOOD[(1, 0)].result_digest,) * 2),  # shard 0's retry
 ]
-
-
-def _event(name: str, **args: object) -> Event:
-    return Event(name=name, address="0xJobMarket", args=dict(args))
 
 
 def _events() -> list[Event]:
@@ -169,7 +154,7 @@ def _events() -> list[Event]:
 
 
 SLOTS = [0, 1, 1, 2]  # the roster's slots: unit 0 on (P1, P2), unit 1 on (P2, P3)
-LAYOUT = sum(index << (5 * slot) for slot, index in enumerate(SLOTS))
+LAYOUT = layout(SLOTS)
 
 
 def _roster_events() -> list[Event]:
@@ -232,32 +217,15 @@ class _Chain:
         return _Replica(bytes.fromhex(unit.digests[index].removeprefix("0x")))
 
 
-class _Plane:
+def _plane() -> Plane:
     """Every peer serves the manifests of the units it was accepted for, and the states: round 1's and
     the last round's results (what the buyer's outer step reads)."""
-
-    def __init__(self) -> None:
-        self.manifests: dict[str, dict[str, UnitManifest]] = {peer: {} for peer in PEERS.values()}
-        accepted = {(0, 0): [P1, P2], (0, 1): [P2, P3], (1, 0): [P1, P2], (1, 1): [P3]}
-        for key, providers in accepted.items():
-            for provider in providers:
-                self.manifests[PEERS[provider]][GOOD[key].result_digest] = GOOD[key]
-        self.states = {
-            state_digest(state).hex(): encode_state(state) for state in [ROUND1_STATE, *RESULTS.values()]
-        }
-
-    def lookup_manifest(self, peer: str, digest: str) -> str:
-        if digest not in self.manifests[peer]:
-            raise BlobNotFound(f"{peer} has no manifest of {digest}")
-        return digest
-
-    def fetch(self, peer: str, key: str) -> bytes:
-        return self.manifests[peer][key].to_bytes()
-
-    def fetch_any(self, peers: list[str], digest: str) -> bytes:
-        if digest not in self.states:
-            raise BlobNotFound(f"nobody serves state {digest}")
-        return self.states[digest]
+    served: dict[str, dict[str, UnitManifest]] = {peer: {} for peer in PEERS.values()}
+    accepted = {(0, 0): [P1, P2], (0, 1): [P2, P3], (1, 0): [P1, P2], (1, 1): [P3]}
+    for key, providers in accepted.items():
+        for provider in providers:
+            served[PEERS[provider]][GOOD[key].result_digest] = GOOD[key]
+    return Plane(served, [ROUND1_STATE, *RESULTS.values()])
 
 
 def _status(roster_state: str = "failed") -> OrderStatus:
@@ -297,7 +265,7 @@ def _fetch(chain: _Chain, events: list[Event], out: Path, roster_state: str = "f
     status = _status(roster_state)
     _, units = order_money(events, ORDER)
     set_aside_digests(chain, units)  # type: ignore[arg-type]
-    plane = _Plane()
+    plane = _plane()
     round_units = round_path_units(chain, status, units, events)  # type: ignore[arg-type]
     final = round_path_final(chain, plane, PEERS, status, units, events, round_units)  # type: ignore[arg-type]
     assert final is not None
@@ -346,7 +314,7 @@ def test_a_closed_rosters_order_reads_each_round_from_the_chain_once(tmp_path: P
     # without them it reads the last round itself, to the same state
     events = _roster_events()
     _, units = order_money(events, ORDER)
-    alone = round_path_final(chain, _Plane(), PEERS, _status("closed"), units, events)  # type: ignore[arg-type]
+    alone = round_path_final(chain, _plane(), PEERS, _status("closed"), units, events)  # type: ignore[arg-type]
     assert alone is not None and alone.digest == training.final_state_digest
     assert chain.roster_reads == SPEC.rounds + 1
 
