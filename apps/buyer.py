@@ -543,30 +543,22 @@ class FinalState:
 
 
 def round_path_final(
-    client: ChainClient,
     plane: BlobPlane,
     peers: dict[str, str],
     status: OrderStatus,
-    units: list[UnitOutcome],
     events: list[Event],
-    round_units: Sequence[AcceptedUnit] | None = None,
+    round_units: Sequence[AcceptedUnit] | None,
 ) -> FinalState | None:
-    """A round-path order's final state, run by the buyer (`final_outer_step`) from the chain's `events`;
+    """A round-path order's final state, run by the buyer (`final_outer_step`) from the chain's `events`
+    over the last round's units of `round_units` (what `round_path_units` found: the chain is read once);
     None for an order that ends with an aggregate unit (per unit, or M = 1:
-    `market.domain.rounds.final_aggregate`). `round_units`: what `round_path_units` found for the order,
-    whose last round's units the step takes rather than reading the chain for them again (None: read
-    here, `accepted_round_results`)."""
+    `market.domain.rounds.final_aggregate`), for which `round_path_units` finds None too."""
     spec = _round_path_spec(status)
-    if spec is None:
+    if spec is None or round_units is None:
         return None
     last = spec.rounds - 1
-    if round_units is None:
-        accepted = accepted_round_results(
-            client, events, units, status.chain_order_id, last, spec, on_roster=_on_roster(status)
-        )
-    else:
-        found = {unit.shard: unit for unit in round_units if unit.round_index == last}
-        accepted = [found.get(shard) for shard in range(spec.shards)]
+    found = {unit.shard: unit for unit in round_units if unit.round_index == last}
+    accepted = [found.get(shard) for shard in range(spec.shards)]
     return final_outer_step(plane, peers, spec, status.chain_order_id, events, accepted)
 
 

@@ -794,7 +794,7 @@ def collect_training(
     plane.start()
     try:
         round_units = round_path_units(market.client, order, units, events)
-        final = round_path_final(market.client, plane, peers, order, units, events, round_units)
+        final = round_path_final(plane, peers, order, events, round_units)
         return collect_training_from(
             plane,
             units,

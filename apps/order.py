@@ -320,7 +320,7 @@ def run_fetch(args: argparse.Namespace) -> int:
     plane.start()
     try:
         round_units = round_path_units(client, status, units, events)  # the final step reuses its last round
-        final = round_path_final(client, plane, peers, status, units, events, round_units)
+        final = round_path_final(plane, peers, status, events, round_units)
         training = collect_training(
             plane,
             units,

@@ -267,7 +267,7 @@ def _fetch(chain: _Chain, events: list[Event], out: Path, roster_state: str = "f
     set_aside_digests(chain, units)  # type: ignore[arg-type]
     plane = _plane()
     round_units = round_path_units(chain, status, units, events)  # type: ignore[arg-type]
-    final = round_path_final(chain, plane, PEERS, status, units, events, round_units)  # type: ignore[arg-type]
+    final = round_path_final(plane, PEERS, status, events, round_units)
     assert final is not None
     return collect_training(
         plane,  # type: ignore[arg-type]
@@ -311,12 +311,6 @@ def test_a_closed_rosters_order_reads_each_round_from_the_chain_once(tmp_path: P
     assert training.losses == LOSSES and training.round_boundaries == [2 * STEPS]
     assert chain.roster_reads == SPEC.rounds
     assert chain.replica_reads == 2 + 1  # set_aside_digests' two, then its accepted replica's digest
-    # without them it reads the last round itself, to the same state
-    events = _roster_events()
-    _, units = order_money(events, ORDER)
-    alone = round_path_final(chain, _plane(), PEERS, _status("closed"), units, events)  # type: ignore[arg-type]
-    assert alone is not None and alone.digest == training.final_state_digest
-    assert chain.roster_reads == SPEC.rounds + 1
 
 
 def test_the_chain_accepted_units_of_a_failed_rosters_order_are_its_latest_accepted_attempts() -> None:
