@@ -543,20 +543,23 @@ class FinalState:
 
 
 def round_path_final(
-    client: ChainClient,
     plane: BlobPlane,
     peers: dict[str, str],
     status: OrderStatus,
-    units: list[UnitOutcome],
     events: list[Event],
+    round_units: Sequence[AcceptedUnit] | None,
 ) -> FinalState | None:
-    """A round-path order's final state, run by the buyer (`final_outer_step`) from the chain's `events`;
+    """A round-path order's final state, run by the buyer (`final_outer_step`) from the chain's `events`
+    over the last round's units of `round_units` (what `round_path_units` found: the chain is read once);
     None for an order that ends with an aggregate unit (per unit, or M = 1:
-    `market.domain.rounds.final_aggregate`)."""
+    `market.domain.rounds.final_aggregate`), for which `round_path_units` finds None too."""
     spec = _round_path_spec(status)
-    if spec is None:
+    if spec is None or round_units is None:
         return None
-    return final_outer_step(client, plane, peers, spec, status.chain_order_id, events, units)
+    last = spec.rounds - 1
+    found = {unit.shard: unit for unit in round_units if unit.round_index == last}
+    accepted = [found.get(shard) for shard in range(spec.shards)]
+    return final_outer_step(plane, peers, spec, status.chain_order_id, events, accepted)
 
 
 def round_path_units(
@@ -564,22 +567,28 @@ def round_path_units(
 ) -> list[AcceptedUnit] | None:
     """Every training unit the chain accepted for a round-path order, round by round and shard by shard
     (`accepted_round_results`; a shard left out has none): what its loss curve is made of, the units its
-    rounds' steps paid included (they have no chain unit of their own, so `units` lacks them). None for an
-    order that ends with an aggregate unit, whose units are all chain units (`collect_training` reads
-    them)."""
+    rounds' steps paid included (they have no chain unit of their own, so `units` lacks them); of an order
+    whose roster failed, its per-unit chain units. None for an order that ends with an aggregate unit,
+    whose units are all chain units (`collect_training` reads them)."""
     spec = _round_path_spec(status)
     if spec is None:
         return None
+    on_roster = _on_roster(status)
     return [
         unit
         for round_index in range(spec.rounds)
-        for unit in accepted_round_results(client, events, units, status.chain_order_id, round_index, spec)
+        for unit in accepted_round_results(
+            client, events, units, status.chain_order_id, round_index, spec, on_roster=on_roster
+        )
         if unit is not None
     ]
 
 
 def _round_path_spec(status: OrderStatus) -> OrderSpec | None:
-    """The spec of an order the round path settles with no aggregate unit after its last round, else None."""
+    """The spec of an order the round path settles with no aggregate unit after its last round, else None.
+    An order whose roster failed is one too: the market settles every order that has a roster, failed or
+    not, by `final_aggregate(spec, rounds_path=True)` (market/orders.py), so none of them has a final
+    aggregate unit, and the buyer runs that outer step (over per-unit units: `_on_roster`)."""
     from market.domain.rounds import final_aggregate
 
     spec = status.spec
@@ -588,23 +597,29 @@ def _round_path_spec(status: OrderStatus) -> OrderSpec | None:
     return spec
 
 
+def _on_roster(status: OrderStatus) -> bool:
+    """Whether the order's units ran on its roster: not when the roster failed before it opened
+    (market/rosters.py `fall_back`: nothing of it reached the chain, every unit ran on the per-unit path).
+    The market's "failed" is its word; `accepted_round_results` checks it against the chain's events."""
+    return status.roster is None or status.roster.state != "failed"
+
+
 def final_outer_step(
-    client: ChainClient,
     plane: BlobPlane,
     peers: dict[str, str],
     spec: OrderSpec,
     chain_order_id: int,
     events: list[Event],
-    units: list[UnitOutcome],
+    accepted: Sequence[AcceptedUnit | None],
 ) -> FinalState:
     """The last outer step of a folded order settled on the round path, which escrows no aggregate unit for
     it (market.domain.rounds `final_aggregate`): `diloco.aggregate` over the last round's state and each
     shard's accepted result, as that unit would have run it (bitwise: the outer step is deterministic).
 
-    Nothing is the market's word: `spec` must be the escrowed one (its hash on chain), each shard's result is
-    one the chain accepted (`accepted_round_results`), its manifest must hash to that digest and its state to
-    the manifest's state digest, and the round's state is the one every last-round result binds (its fold),
-    or for a one-round order the spec's genesis."""
+    Nothing is the market's word: `spec` must be the escrowed one (its hash on chain), each shard's result
+    (`accepted`, per shard of the last round: `accepted_round_results`) is one the chain accepted, its
+    manifest must hash to that digest and its state to the manifest's state digest, and the round's state
+    is the one every last-round result binds (its fold), or for a one-round order the spec's genesis."""
     from veritrain.diloco import AggregateInputs, aggregate, order_genesis
     from veritrain.recipes import get_recipe
 
@@ -616,7 +631,8 @@ def final_outer_step(
     if posted != [spec.spec_hash()]:
         raise DigestMismatch(f"order {chain_order_id} on chain does not escrow this spec")
     last = spec.rounds - 1
-    accepted = accepted_round_results(client, events, units, chain_order_id, last, spec)
+    if len(accepted) != spec.shards or any(a is not None and a.round_index != last for a in accepted):
+        raise ValueError(f"the outer step takes one result per shard of round {last}")
     everyone = list(peers.values())
     manifests = [None if a is None else _manifest_of(plane, everyone, a.result_digest) for a in accepted]
     results = tuple(
@@ -659,19 +675,26 @@ def accepted_round_results(
     chain_order_id: int,
     round_index: int,
     spec: OrderSpec,
+    *,
+    on_roster: bool = True,
 ) -> list[AcceptedUnit | None]:
     """Per shard of a round-path order's round, what the chain accepted (None: no accepted result, a shard
     left out under the quorum or dropped): a retry's on the per-unit path if one was accepted (known by its
     unit key), else a unit the step set aside, by its verdict, else the digest `RoundRevealed` names (every
     replica's: the unit was unanimous, and a closed roster has no audit pending), worked by the slots
-    `RosterOpened` gave the unit. DigestMismatch unless the roster is closed with the round revealed."""
+    `RosterOpened` gave the unit. DigestMismatch unless the roster is closed with the round revealed.
+
+    `on_roster` False: the order's roster failed before it opened (market/rosters.py `fall_back`), so every
+    unit ran on the per-unit path: a shard's result is its latest accepted attempt's, attempt 0 included,
+    and no roster is read (DigestMismatch if the chain's events say one opened)."""
     from market.orders import unit_key_for
 
-    info = client.get_roster(chain_order_id)
-    if not info.closed or info.committed <= round_index:
-        raise DigestMismatch(
-            f"order {chain_order_id}'s roster is not closed with round {round_index} revealed"
-        )
+    if on_roster:
+        info = client.get_roster(chain_order_id)
+        if not info.closed or info.committed <= round_index:
+            raise DigestMismatch(
+                f"order {chain_order_id}'s roster is not closed with round {round_index} revealed"
+            )
     revealed: list[str] | None = None
     set_aside: dict[int, int] = {}  # unit of the round -> its chain unit id
     keys: dict[str, int] = {}  # unit key -> chain unit id, of the order's per-unit units
@@ -688,24 +711,28 @@ def accepted_round_results(
             set_aside[int(args["unit"])] = int(args["unitId"])
         elif event.name == "UnitAssigned":
             keys[_hex(args["unitKey"])] = int(args["unitId"])
-    if revealed is None or roster is None:
+    if not on_roster:
+        if roster is not None:
+            raise DigestMismatch(f"order {chain_order_id}'s roster opened on chain: it did not fail")
+    elif revealed is None or roster is None:
         raise DigestMismatch(
             f"no RosterOpened and RoundRevealed for round {round_index} of order {chain_order_id}"
         )
-    providers, layout, replicas = list(roster["providers"]), int(roster["layout"]), int(roster["replicas"])
     outcomes = {unit.chain_unit_id: unit for unit in units}
     found: list[AcceptedUnit | None] = []
     for shard in range(spec.shards):
-        attempts = range(len(keys), 0, -1)  # a per-unit retry's attempt is 1, 2, ... (latest first)
+        # a per-unit retry's attempt is 1, 2, ... (latest first); without a roster attempt 0 is a chain unit
+        attempts = range(len(keys), 0 if on_roster else -1, -1)
         chain_units = [
             keys[k] for a in attempts if (k := unit_key_for(chain_order_id, round_index, shard, a)) in keys
         ]
         if shard in set_aside:
             chain_units.append(set_aside[shard])
         accepted_unit: AcceptedUnit | None = None
-        if not chain_units:
+        if not chain_units and roster is not None and revealed is not None:
+            replicas, layout = int(roster["replicas"]), int(roster["layout"])
             slots = range(shard * replicas, (shard + 1) * replicas)
-            workers = tuple(str(providers[(layout >> (5 * slot)) & 31]) for slot in slots)
+            workers = tuple(str(roster["providers"][(layout >> (5 * slot)) & 31]) for slot in slots)
             accepted_unit = AcceptedUnit(round_index, shard, (revealed[shard],) * replicas, workers)
         for unit_id in chain_units:
             outcome = outcomes.get(unit_id)

@@ -793,7 +793,8 @@ def collect_training(
     events, order = market.client.events(), OrderStatus.model_validate(status)
     plane.start()
     try:
-        final = round_path_final(market.client, plane, peers, order, units, events)
+        round_units = round_path_units(market.client, order, units, events)
+        final = round_path_final(plane, peers, order, events, round_units)
         return collect_training_from(
             plane,
             units,
@@ -803,7 +804,7 @@ def collect_training(
             final_digest=str(status["current_state_digest"]),
             aggregates=frozenset(u["chain_unit_id"] for u in status["units"] if u["kind"] == "aggregate"),
             final=final,
-            round_units=round_path_units(market.client, order, units, events),
+            round_units=round_units,
         )
     finally:
         plane.stop()

@@ -319,7 +319,8 @@ def run_fetch(args: argparse.Namespace) -> int:
     plane = BlobPlane(BlobStore(folder / "blobs"), session.signer(), 0, folder)
     plane.start()
     try:
-        final = round_path_final(client, plane, peers, status, units, events)
+        round_units = round_path_units(client, status, units, events)  # the final step reuses its last round
+        final = round_path_final(plane, peers, status, events, round_units)
         training = collect_training(
             plane,
             units,
@@ -331,7 +332,7 @@ def run_fetch(args: argparse.Namespace) -> int:
                 u.chain_unit_id for u in status.units if u.kind == "aggregate" and u.chain_unit_id is not None
             ),
             final=final,
-            round_units=round_path_units(client, status, units, events),
+            round_units=round_units,
         )
     finally:
         plane.stop()

@@ -9,22 +9,16 @@ import pytest
 
 from apps.buyer import RosterMismatch, _fetch_manifest, order_money, set_aside_digests
 from apps.demo_report import Checks, Holdings, conservation_checks
-from veritrain.agentkit import UnitManifest
+from tests.apps.buyer_fixtures import FEE, LAYOUT, ORDER, PRICE, SPLIT, Plane, honest_manifest
+from tests.apps.buyer_fixtures import event as _event
 from veritrain.chain.client import AuditRecord
 from veritrain.chain.tx import Event
-from veritrain.errors import BlobNotFound, DigestMismatch
-from veritrain.pol import Transcript, UnitSpec, result_digest
+from veritrain.errors import DigestMismatch
 
 BUYER, P1, P2, CHEAT, V1, V2 = "0xB", "0x1", "0x2", "0xC", "0xV1", "0xV2"
-PRICE, FEE, SLASH = 100, 10, 50
-ORDER, SPLIT = 3, 7  # the chain order, the chain unit the split unit became
-# 2 units a round, 2 replicas: slots (unit 0: P1, P2), (unit 1: CHEAT, P1)
-PROVIDERS, SLOTS = [P1, P2, CHEAT], [0, 1, 2, 0]
-LAYOUT = sum(index << (5 * slot) for slot, index in enumerate(SLOTS))
-
-
-def _event(name: str, **args: object) -> Event:
-    return Event(name=name, address="0xJobMarket", args=dict(args))
+SLASH = 50
+# 2 units a round, 2 replicas (SLOTS): unit 0 on (P1, P2), unit 1 on (CHEAT, P1); SPLIT: the split unit
+PROVIDERS = [P1, P2, CHEAT]
 
 
 def _digest(byte: int) -> bytes:
@@ -192,42 +186,17 @@ class _Chain:
         return self.replicas[(unit_id, index)]
 
 
-class _Plane:
-    """Peers serving manifests by result digest (the cheat serves nothing)."""
-
-    def __init__(self, served: dict[str, dict[str, bytes]]) -> None:
-        self.served = served
-
-    def lookup_manifest(self, peer: str, result_digest: str) -> str:
-        if result_digest not in self.served.get(peer, {}):
-            raise BlobNotFound(f"{peer} has no manifest of {result_digest}")
-        return f"{peer}/{result_digest}"
-
-    def fetch(self, peer: str, key: str) -> bytes:
-        peer_name, digest = key.split("/")
-        return self.served[peer_name][digest]
-
-
-def _honest_manifest() -> UnitManifest:
-    """A manifest whose transcript hashes to its root, which with its state its result digest binds."""
-    spec = UnitSpec("digits-mlp", 1, 1, 1, 2, 1, num_shards=2)
-    transcript = Transcript(spec, spec.checkpoint_steps(), (b"\x11" * 32,) * 3, (2.0, 1.5), b"\x07" * 32)
-    root, state = transcript.merkle_root(), transcript.final_digest
-    return UnitManifest(
-        transcript.to_json(), "0x" + result_digest(state, root).hex(), "0x" + state.hex(), "0x" + root.hex()
-    )
-
-
 def test_the_buyer_fetches_a_split_units_honest_replica_by_its_own_digest() -> None:
     """A cheat holds replica 0 of a split unit: `RoundRevealed` names its digest only, the verdict accepted
     the honest replica 1, whose manifest hashes to its own digest (on chain in the unit's replica)."""
-    manifest = _honest_manifest()
+    # a manifest whose transcript hashes to its root, which with its state its result digest binds
+    manifest = honest_manifest(1, 1, (2.0, 1.5), checkpoint_every=1)
     honest = bytes.fromhex(manifest.result_digest.removeprefix("0x"))
     _, units = order_money(_rounds_order(), ORDER)
     (split,) = units
     assert split.accepted == [P1]
     assert split.result_digests == {CHEAT: "0x" + _digest(0xCC).hex()}  # no guess for P1
-    plane = _Plane({"p1-peer": {manifest.result_digest: manifest.to_bytes()}})
+    plane = Plane({"p1-peer": {manifest.result_digest: manifest}})  # the cheat serves nothing
     peers = {P1: "p1-peer", CHEAT: "cheat-peer"}
     with pytest.raises(DigestMismatch):
         _fetch_manifest(plane, split, peers)  # type: ignore[arg-type]

@@ -24,40 +24,30 @@ from apps.buyer import (
     round_path_units,
     set_aside_digests,
 )
+from tests.apps.buyer_fixtures import (
+    FEE,
+    LAYOUT,
+    ORDER,
+    PRICE,
+    SLOTS,
+    SPLIT,
+    Plane,
+    honest_manifest,
+)
+from tests.apps.buyer_fixtures import event as _event
 from veritrain.agentkit import UnitManifest
 from veritrain.chain.tx import Event
-from veritrain.errors import BlobNotFound, DigestMismatch
-from veritrain.pol import Transcript, UnitSpec, result_digest
+from veritrain.errors import DigestMismatch
 
-ORDER, SPLIT, PRICE, FEE = 3, 7, 100, 10
 P1, P2, P3, V1 = "0x1", "0x2", "0x3", "0xV1"
-PROVIDERS = [P1, P2, P3]
-SLOTS = [0, 1, 2, 0]  # 2 units a round, k = 2: unit 0 on (P1, P2), unit 1 on (P3, P1)
-LAYOUT = sum(index << (5 * slot) for slot, index in enumerate(SLOTS))
+PROVIDERS = [P1, P2, P3]  # SLOTS: unit 0 on (P1, P2), unit 1 on (P3, P1)
 PEERS = {P1: "peer-1", P2: "peer-2", P3: "peer-3"}
 STEPS = 4
 
 
-def _event(name: str, **args: object) -> Event:
-    return Event(name=name, address="0xJobMarket", args=dict(args))
-
-
 def _manifest(round_index: int, shard: int, first_loss: float) -> UnitManifest:
     """A replica's honest manifest of unit (round, shard): a real transcript, its root and result digest."""
-    spec = UnitSpec("digits-mlp", 1, round_index, shard, STEPS, 2, num_shards=2)
-    steps = spec.checkpoint_steps()
-    transcript = Transcript(
-        spec=spec,
-        checkpoint_steps=steps,
-        checkpoint_digests=tuple(bytes([10 * round_index + shard, i]) * 16 for i in range(len(steps))),
-        losses=tuple(first_loss - 0.1 * step for step in range(STEPS)),
-        data_order_commitment=b"\x07" * 32,
-    )
-    root = transcript.merkle_root()
-    digest = result_digest(transcript.final_digest, root)
-    return UnitManifest(
-        transcript.to_json(), "0x" + digest.hex(), "0x" + transcript.final_digest.hex(), "0x" + root.hex()
-    )
+    return honest_manifest(round_index, shard, [first_loss - 0.1 * step for step in range(STEPS)])
 
 
 def _raw(manifest: UnitManifest) -> bytes:
@@ -131,23 +121,6 @@ class _Chain:
         return _Replica([bytes.fromhex("cc" * 32), _raw(GOOD[(1, 1)])][index])
 
 
-class _Plane:
-    """Peers serving manifests by result digest; `asked` records who was asked for which digest."""
-
-    def __init__(self, served: dict[str, dict[str, UnitManifest]]) -> None:
-        self.served = served
-        self.asked: list[tuple[str, str]] = []
-
-    def lookup_manifest(self, peer: str, digest: str) -> str:
-        self.asked.append((peer, digest))
-        if digest not in self.served.get(peer, {}):
-            raise BlobNotFound(f"{peer} has no manifest of {digest}")
-        return digest
-
-    def fetch(self, peer: str, key: str) -> bytes:
-        return self.served[peer][key].to_bytes()
-
-
 def _served(*extra: tuple[str, UnitManifest]) -> dict[str, dict[str, UnitManifest]]:
     """Each provider serves the manifests of the units it worked and was accepted for."""
     served: dict[str, dict[str, UnitManifest]] = {peer: {} for peer in PEERS.values()}
@@ -161,7 +134,10 @@ def _served(*extra: tuple[str, UnitManifest]) -> dict[str, dict[str, UnitManifes
     return served
 
 
-def _status(roster: object = "drawn") -> Any:
+CLOSED = SimpleNamespace(state="closed")  # the market's RosterStatus, as far as the buyer reads it
+
+
+def _status(roster: object = CLOSED) -> Any:
     spec = SimpleNamespace(shards=2, rounds=2, outer_step="folded")
     return SimpleNamespace(spec=spec, roster=roster, chain_order_id=ORDER)
 
@@ -173,7 +149,7 @@ def _units(events: list[Event]) -> list[UnitOutcome]:
 
 
 def _collect(
-    plane: _Plane, round_units: list[AcceptedUnit] | None, units: list[UnitOutcome], out: Path
+    plane: Plane, round_units: list[AcceptedUnit] | None, units: list[UnitOutcome], out: Path
 ) -> Any:
     final = FinalState("0x" + "ff" * 32, {"model.w": torch.zeros(2)})
     return collect_training(
@@ -203,7 +179,7 @@ def test_the_curve_holds_every_unit_the_chain_accepted_round_by_round_shard_by_s
     ]
     # a unit its step paid: every slot's provider; the split unit: its accepted replica only
     assert [u.providers for u in found] == [(P1, P2), (P3, P1), (P1, P2), (P1,)]
-    plane = _Plane(_served())
+    plane = Plane(_served())
     training = _collect(plane, found, units, tmp_path)
     assert training.losses == _losses((0, 0), (0, 1), (1, 0), (1, 1))
     assert len(training.losses) == 4 * STEPS and training.round_boundaries == [2 * STEPS]
@@ -216,7 +192,7 @@ def test_without_round_units_the_curve_is_the_chain_units_alone(tmp_path: Path) 
     losses of its chain units only, here the one set-aside unit of four (none at all when nothing is set
     aside)."""
     events = _events()
-    training = _collect(_Plane(_served()), None, _units(events), tmp_path)
+    training = _collect(Plane(_served()), None, _units(events), tmp_path)
     assert training.losses == _losses((1, 1))
 
 
@@ -246,7 +222,7 @@ def test_a_roster_unit_nobody_serves_a_matching_manifest_for_is_a_digest_mismatc
         if wanted in served[peer]:
             served[peer][wanted] = GOOD[(0, 0)]
     with pytest.raises(DigestMismatch, match="round 1, shard 0"):
-        _collect(_Plane(served), found, units, tmp_path)
+        _collect(Plane(served), found, units, tmp_path)
 
 
 def _forged_losses(manifest: UnitManifest) -> UnitManifest:
@@ -264,14 +240,14 @@ def test_losses_that_do_not_hash_to_the_pol_root_are_refused_on_both_paths(tmp_p
     served = _served()
     digest = GOOD[(0, 0)].result_digest
     served[PEERS[P1]][digest] = _forged_losses(GOOD[(0, 0)])
-    training = _collect(_Plane(served), found, units, tmp_path)
+    training = _collect(Plane(served), found, units, tmp_path)
     assert training.losses[:STEPS] == _losses((0, 0))
     served[PEERS[P2]][digest] = _forged_losses(GOOD[(0, 0)])
     with pytest.raises(DigestMismatch, match="does not hash to the PoL root"):
-        _collect(_Plane(served), found, units, tmp_path)
+        _collect(Plane(served), found, units, tmp_path)
     # the per-unit path: the split unit's accepted replica (P1) serves forged losses
     (split,) = units
     served = _served()
     served[PEERS[P1]][GOOD[(1, 1)].result_digest] = _forged_losses(GOOD[(1, 1)])
     with pytest.raises(DigestMismatch, match="does not hash to the PoL root"):
-        _fetch_manifest(_Plane(served), split, PEERS)  # type: ignore[arg-type]
+        _fetch_manifest(Plane(served), split, PEERS)  # type: ignore[arg-type]
