@@ -1478,7 +1478,8 @@ class MarketMachine(RuleBasedStateMachine):
     def _progress_appeal(self, unit_id: int, data: st.DataObject) -> None:
         """Maybe appeal the unit's fresh verdict (mostly when it is wrong: the framed provider or the
         honest minority pays the bond; rarely when it is right), and mostly carry the appeal through at
-        once: draw, vote (mostly the truth), resolve; sometimes it is left for later steps, or to lapse."""
+        once: draw, vote (mostly the truth), resolve; sometimes it is left for later steps, or to lapse
+        (always for a unit whose id is 7 mod 8)."""
         unit = self.model.units[unit_id]
         verdict, truth = list(unit.verdict or ()), self._truth(unit)
         wrong = [
@@ -1502,6 +1503,8 @@ class MarketMachine(RuleBasedStateMachine):
         self.do_appeal(unit_id, data.draw(st.sampled_from(appellants), label="appellant"))
         filed = self.model.appeals.get(unit_id)
         path = data.draw(st.sampled_from(["decide"] * 7 + ["later", "lapse", "lapse"]), label="appeal path")
+        if unit_id % 8 == 7:  # whatever the draw: a run's data often repeats one choice throughout
+            path = "lapse"
         if filed is None or path == "later":
             return  # left for later steps (or to lapse)
         if path == "lapse":  # nobody draws or votes in time
@@ -2231,7 +2234,7 @@ class MarketMachine(RuleBasedStateMachine):
             colluding = frozenset(
                 u
                 for u in range(roster.units_per_round)
-                if not _mostly(data, 1 if audited else 4, "no collusion")
+                if (_usually(data, 2, "collusion") if audited else not _mostly(data, 4, "no collusion"))
             )
         if not roster.pending_block:
             self.do_step_round(order_id, reveal=False, deviant=deviant, colluding=colluding)
