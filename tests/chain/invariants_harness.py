@@ -96,7 +96,8 @@ class AppealParams:
     """VerdictAppeals' parameters: the market's commit, reveal and verdict windows + appeal + vote windows
     stay below the unbonding period (its constructor checks). A panel of one, drawn from a pool whose only
     member is a referee that is never a unit's party, so the draw does not depend on block hashes (which
-    change from run to run)."""
+    change from run to run); PANEL_OF_THREE's pool has exactly three such referees, so the hash decides only
+    their seats."""
 
     appeal_window: int = 100
     vote_window: int = 200
@@ -105,6 +106,11 @@ class AppealParams:
     appeal_bond: int = 300
     referee_stake: int = 500
     verifier_slash: int = 200
+
+
+# A panel of three referees, drawn from a pool of exactly three (tests/chain/invariants_machine.py): a
+# majority of two decides over a dissenting minority.
+PANEL_OF_THREE = AppealParams(panel_size=3)
 
 
 def load_package_artifacts() -> dict[str, dict[str, Any]]:

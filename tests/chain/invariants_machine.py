@@ -17,7 +17,8 @@ refused calls (forged works, tampered openings, early withheld slots, another ro
 closes, steps by a provider or with too few verifiers). Rosters, their per-provider set-aside slots and
 roster locks are compared with the model after every step.
 Actors: operator, 2 buyers, 3 providers, 2 verifiers and a referee, the only member of VerdictAppeals'
-referee pool (a panel of one, never a unit's party, so the draw does not hang on block hashes); the
+referee pool (a panel of one, never a unit's party, so the draw does not hang on block hashes; on a chain
+deployed with PANEL_OF_THREE, three referees, the whole pool, so only their seats hang on it); the
 deployer also holds MARKET_ROLE on the StakeManager, acting as a second market that slashes directly
 (SECURITY.md A7).
 
@@ -66,10 +67,15 @@ the seeded bug trips the one it targets):
   verdictWindow) can never be posted or paid again.
 - audit_challenges: the round audits' dispute path (challengeAudit, slashRoundAudit, releaseAuditSigners):
   each signer of a challenged audit is slashed at most once per unit, only if it signed the posting that
-  paid the unit, and only when the unit's truth holds fraud; each roster verifier's collateral is released
-  exactly once (early, before a slash of its audit, or at the close; never both); and the close pays each
-  roster verifier no more fees than its share of the audited units it signed that no challenge took back
-  (a challenged unit's slots: no_double_settlement).
+  paid the unit, and only when the unit's truth holds fraud, and the slash that succeeds first takes every
+  one of that posting's signers (as the step gave them, not as the chain recorded them); each roster
+  verifier's collateral is released exactly once (early, before a slash of its audit, or at the close;
+  never both); and the close pays each roster verifier no more fees than its share of the audited units it
+  signed that no challenge took back (a challenged unit's slots: no_double_settlement).
+- panel_majority: read from VerdictAppeals' own record of an appeal (getAppeal's panel, votes, decided)
+  after every appeal action: the decision is the outcome vector more than half of the panel's seats voted,
+  and there is none while no vector has that many (a dissent cast before, between or after the majority's
+  votes never decides, nor delays the majority's decision).
 - model_agreement: everything else the model predicts (success vs typed revert and its arguments,
   balances, stakes, credits, reputation, nonces, order and unit fields).
 """
@@ -77,6 +83,7 @@ the seeded bug trips the one it targets):
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -86,7 +93,7 @@ from eth_utils import keccak
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from tests.chain.invariants_harness import Actor, Chain, MarketParams, TxOutcome
+from tests.chain.invariants_harness import Actor, AppealParams, Chain, MarketParams, TxOutcome
 from tests.chain.invariants_model import (
     ACCEPT,
     FAULT,
@@ -111,15 +118,22 @@ PROVIDERS = ("provider0", "provider1", "provider2")
 RoundWorkArg = tuple[list[bytes], list[tuple[bytes, bytes]]]
 VERIFIERS = ("verifier0", "verifier1")
 REFEREE = "referee0"
+# A panel of three (AppealParams.panel_size 3, PANEL_OF_THREE) draws from a pool of exactly three referees, so
+# the panel is the same three whatever the block hash (only their seats differ): referee1 and referee2 join
+# the pool only on such a chain (they are funded on every chain, their stake rules never pick them).
+EXTRA_REFEREES = ("referee1", "referee2")
+REFEREES = (REFEREE, *EXTRA_REFEREES)
 # Round audits: a roster may have a third verifier (quorum 2 of 3: a posting signed by a bare majority), and
 # a challenge needs two verifiers none of whom signed the posting: the spares, staked on demand.
 SPARE_VERIFIERS = ("verifier2", "verifier3")
 AUDITORS_OF_THREE = (*VERIFIERS, SPARE_VERIFIERS[0])
 ALL_VERIFIERS = (*VERIFIERS, *SPARE_VERIFIERS)
-ACTOR_LABELS = ("operator", *BUYERS, *PROVIDERS, *VERIFIERS, REFEREE, *SPARE_VERIFIERS)
+ACTOR_LABELS = ("operator", *BUYERS, *PROVIDERS, *VERIFIERS, REFEREE, *SPARE_VERIFIERS, *EXTRA_REFEREES)
 STAKERS = (*PROVIDERS, *VERIFIERS)  # the stake rules' accounts; the referee's stake sits in the pool
-ALL_STAKERS = (*STAKERS, REFEREE, *SPARE_VERIFIERS)
-FUNDED = (*BUYERS, *PROVIDERS, *VERIFIERS, REFEREE, *SPARE_VERIFIERS)
+ALL_STAKERS = (*STAKERS, REFEREE, *SPARE_VERIFIERS, *EXTRA_REFEREES)
+# withdraw_credit's accounts when it picks any: not the extra referees, so a panel of one draws as before
+CREDIT_HOLDERS = (*BUYERS, *PROVIDERS, *VERIFIERS, REFEREE, *SPARE_VERIFIERS)
+FUNDED = (*CREDIT_HOLDERS, *EXTRA_REFEREES)
 INITIAL_TOKENS = 1_000_000
 REFEREE_DEPOSIT = 1_000  # staked and joined to the referee pool at deployment (the pool locks part of it)
 SIG_LIFETIME = 10**6
@@ -139,6 +153,7 @@ INVARIANTS = (
     "framed_made_whole",
     "pending_audits",
     "audit_challenges",
+    "panel_majority",
 )
 SETTLEMENT_EVENTS = {
     keccak(text="UnitFinalized(uint256,bytes32)"),
@@ -165,13 +180,18 @@ def build_chain(
     artifacts: dict[str, dict[str, Any]],
     storage_layouts: dict[str, Any],
     params: MarketParams | None = None,
+    appeal_params: AppealParams | None = None,
 ) -> Chain:
-    """Deploy, fund every actor, approve both contracts, and snapshot: the start of every example.
+    """Deploy, fund every actor, approve both contracts, put `panel_size` referees in the pool, and
+    snapshot: the start of every example.
 
     `storage_layouts` (solc's, per contract) must describe the deployed bytecode; each example's
     final cross-check against the views enforces that.
     """
-    chain = Chain(artifacts, params or MarketParams(), ACTOR_LABELS)
+    appeal_params = appeal_params or AppealParams()
+    if appeal_params.panel_size > len(REFEREES):
+        raise AssertionError(f"a panel of {appeal_params.panel_size}: only {len(REFEREES)} referees")
+    chain = Chain(artifacts, params or MarketParams(), ACTOR_LABELS, appeal_params)
     chain.storage_layouts = storage_layouts
     for label in FUNDED:
         actor = chain.actors[label]
@@ -181,13 +201,14 @@ def build_chain(
         for outcome in (minted, approved_sm, approved_jm):
             if outcome.error is not None:
                 raise AssertionError(f"setting up {label} failed: {outcome.error}")
-    referee = chain.actors[REFEREE]
-    for outcome in (
-        chain.transact(referee, chain.stakes, "stake", [REFEREE_DEPOSIT]),
-        chain.transact(referee, chain.appeals, "joinPool", []),
-    ):
-        if outcome.error is not None:
-            raise AssertionError(f"setting up the referee failed: {outcome.error}")
+    for label in REFEREES[: appeal_params.panel_size]:
+        referee = chain.actors[label]
+        for outcome in (
+            chain.transact(referee, chain.stakes, "stake", [REFEREE_DEPOSIT]),
+            chain.transact(referee, chain.appeals, "joinPool", []),
+        ):
+            if outcome.error is not None:
+                raise AssertionError(f"setting up {label} failed: {outcome.error}")
     chain.mark_initial_state()
     return chain
 
@@ -195,6 +216,13 @@ def build_chain(
 def _mostly(data: st.DataObject, odds: int, label: str) -> bool:
     """True with probability odds/(odds+1): the usual choice, leaving room for the unusual one."""
     return data.draw(st.integers(0, odds), label=label) > 0
+
+
+def _usually(data: st.DataObject, odds: int, label: str) -> bool:
+    """True with probability odds/(odds+1) (odds >= 2) as `_mostly`, but True at both ends of the draw's
+    range, which Hypothesis favours (`_mostly` is False at 0): for a path a run should take often whatever
+    the data's bias. False only at the middle value."""
+    return data.draw(st.integers(0, odds), label=label) != odds // 2
 
 
 def _raw(value: str) -> bytes:
@@ -283,11 +311,16 @@ class MarketMachine(RuleBasedStateMachine):
         for label in FUNDED:
             self.model.tokens[self.address_of[label]] = INITIAL_TOKENS
         self.ghosts = Ghosts()
-        # build_chain's referee: staked, and in the pool
-        referee = self.address_of[REFEREE]
-        self.model.stake(referee, REFEREE_DEPOSIT, 0)
-        self.model.join_pool(referee)
-        self.ghosts.deposited[referee] = REFEREE_DEPOSIT
+        # build_chain's referees, one per seat of the panel: staked, and in the pool
+        self.referees = REFEREES[: chain.appeal_params.panel_size]
+        for label in self.referees:
+            referee = self.address_of[label]
+            self.model.stake(referee, REFEREE_DEPOSIT, 0)
+            self.model.join_pool(referee)
+            self.ghosts.deposited[referee] = REFEREE_DEPOSIT
+        self.vote_order: dict[int, list[bytes]] = {}  # per appealed unit: the outcome hashes voted, in order
+        self.dissenter: dict[int, int | None] = {}  # per appeal on a larger panel: whose vote dissents
+        self.draining = False  # drain_everything runs (call stats tell its calls from the rules')
         self.secrets: dict[int, UnitSecrets] = {}
         self.failures: list[tuple[str, str]] = []
         self.storage = StorageReader(chain, chain.storage_layouts)
@@ -819,6 +852,8 @@ class MarketMachine(RuleBasedStateMachine):
         sm_before = self._sm_balance()
         pre = {account: self.storage.stake_of(account) for account in slashes or {}}
         rostered = [r.provider for r in unit.replicas] if unit is not None and unit.rostered else []
+        if fn == "slashRoundAudit":  # pays no slot: its bounty goes to the caller, maybe a roster provider
+            rostered = [p for p in rostered if p != sender.address]
         credits = {provider: self._earned(provider) for provider in rostered}
         outcome = self._run(what, sender, contract, fn, args, model_action)
         if outcome.receipt is not None:
@@ -1059,8 +1094,49 @@ class MarketMachine(RuleBasedStateMachine):
             outcomes = list(unit.verdict)
         else:
             outcomes = self._other_outcomes(data, unit)
-        referee = REFEREE if _mostly(data, 6, "the referee") else data.draw(st.sampled_from(STAKERS))
+        if not _mostly(data, 6, "the referee"):
+            referee = data.draw(st.sampled_from(STAKERS))
+        elif len(self.referees) > 1:
+            referee = data.draw(st.sampled_from(self.referees), label="referee")
+        else:
+            referee = REFEREE
         self.do_vote(unit_id, outcomes, referee)
+
+    def _dissent(self, unit: Unit, truth: list[int], verdict: list[int]) -> list[int]:
+        """What a referee of a larger panel votes when not the truth: the verdict when it is wrong, else the
+        truth with its first revealed replica's outcome flipped (accept <-> fraud)."""
+        if verdict and verdict != truth:
+            return verdict
+        flipped = list(truth)
+        revealed = next((i for i, r in enumerate(unit.replicas) if r.digest is not None), None)
+        if revealed is not None:
+            flipped[revealed] = FRAUD if truth[revealed] == ACCEPT else ACCEPT
+        return flipped
+
+    def _cast_votes(self, unit_id: int, data: st.DataObject, odds: int, until_decided: bool) -> None:
+        """The votes of the panel's referees that have not voted, in label order (the block hash orders their
+        seats): on a panel of one the truth at `odds` to 1, else the verdict; on a larger one the truth but
+        from the appeal's dissenter (drawn once: referee0, referee1 or none), whose vote is a dissent; one
+        vote, or votes until the appeal is decided. So on a panel of three a dissent comes first, between
+        the majority's two votes, or not at all."""
+        unit, appeal = self.model.units[unit_id], self.model.appeals[unit_id]
+        verdict, truth = list(unit.verdict or ()), self._truth(unit)
+        dissent = verdict if len(self.referees) == 1 else self._dissent(unit, truth, verdict)
+        for label in self.referees:
+            address = self.address_of[label]
+            if appeal.decided is not None or appeal.state != AppealState.PENDING:
+                return
+            if address in appeal.panel and appeal.votes[appeal.panel.index(address)] is not None:
+                continue
+            if len(self.referees) == 1:
+                honest = _mostly(data, odds, "honest vote")
+            else:
+                if unit_id not in self.dissenter:  # drawn once per appeal; the ends favoured: dissents
+                    self.dissenter[unit_id] = data.draw(st.sampled_from([0, None, 1]), label="dissenter")
+                honest = self.referees.index(label) != self.dissenter[unit_id]
+            self.do_vote(unit_id, truth if honest else dissent, label)
+            if not until_decided:
+                return
 
     def do_vote(self, unit_id: int, outcomes: list[int], referee: str) -> None:
         actor = self.actors[referee]
@@ -1068,7 +1144,9 @@ class MarketMachine(RuleBasedStateMachine):
         deadline = now + SIG_LIFETIME
         message = {"unitId": unit_id, "outcomesHash": eip712.outcomes_hash(outcomes), "deadline": deadline}
         signature = self.chain.sign_appeals(actor, "RefereeVote", message)
-        self._run(
+        appeal = self.model.appeals.get(unit_id)
+        undecided = appeal is not None and appeal.decided is None
+        outcome = self._run(
             f"vote(unit {unit_id}, {outcomes}, {referee})",
             self.actors["operator"],
             "appeals",
@@ -1076,6 +1154,14 @@ class MarketMachine(RuleBasedStateMachine):
             [unit_id, outcomes, (actor.address, deadline, signature)],
             lambda: self.model.vote(unit_id, outcomes, actor.address, now),
         )
+        if outcome.receipt is not None:
+            order = self.vote_order.setdefault(unit_id, [])
+            order.append(eip712.outcomes_hash(outcomes))
+            if undecided and appeal is not None and appeal.decided is not None:  # this vote decided it
+                dissents = [i for i, voted in enumerate(order) if voted != order[-1]]
+                if dissents:
+                    where = "first" if dissents[0] == 0 else "between the majority's votes"
+                    self.call_stats.setdefault(f"vote (decided over a dissent cast {where})", [0, 0])[0] += 1
         self._compare_appeal(unit_id)
 
     def _any_resolve(self, data: st.DataObject) -> None:
@@ -1247,6 +1333,25 @@ class MarketMachine(RuleBasedStateMachine):
         )
         if have != want:
             self._fail("model_agreement", f"appeal of unit {unit_id}: {have}, model {want}")
+        self._check_panel_majority(unit_id, got)
+
+    def _check_panel_majority(self, unit_id: int, got: dict[str, Any]) -> None:
+        """panel_majority: from the chain's own record of the appeal, its decision is the outcome vector a
+        majority of the panel's seats voted, and none while no vector has a majority."""
+        seats = len(got["panel"])
+        if not seats:
+            return
+        cast = [bytes(v) for v in got["votes"] if bytes(v) != b"\x00" * 32]
+        majority = next((v for v in cast if cast.count(v) > seats // 2), b"\x00" * 32)
+        decided = bytes(got["decided"])
+        if decided != majority:
+            tally = {v.hex()[:8]: cast.count(v) for v in cast}
+            self._fail(
+                "panel_majority",
+                f"appeal of unit {unit_id}: a panel of {seats} voted {tally}, decided "
+                f"{decided.hex()[:8] if any(decided) else 'nothing'}, its majority "
+                f"{majority.hex()[:8] if any(majority) else 'none'}",
+            )
 
     # ------------------------------------------------------------------------------------------
     # Rules: credits and time
@@ -1256,7 +1361,7 @@ class MarketMachine(RuleBasedStateMachine):
     def withdraw_credit(self, data: st.DataObject, signed: bool) -> None:
         """Mostly an account that has credit, sometimes any (a second withdrawal must revert)."""
         with_credit = [label for label in FUNDED if self.model.credits.get(self.address_of[label], 0)]
-        pool = with_credit if with_credit and _mostly(data, 3, "prefer credit") else FUNDED
+        pool = with_credit if with_credit and _mostly(data, 3, "prefer credit") else CREDIT_HOLDERS
         self.do_withdraw_credit(data.draw(st.sampled_from(pool), label="account"), signed)
 
     def do_withdraw_credit(self, account: str, signed: bool = False) -> None:
@@ -1366,15 +1471,15 @@ class MarketMachine(RuleBasedStateMachine):
         elif not appeal.panel:
             self.do_draw_panel(unit_id)
         else:
-            honest = _mostly(data, 4, "honest vote")
-            self.do_vote(unit_id, self._truth(unit) if honest else verdict, REFEREE)
+            self._cast_votes(unit_id, data, 4, until_decided=False)
             if appeal.decided is not None and _mostly(data, 3, "resolve at once"):
                 self.do_resolve(unit_id, verdict, list(appeal.decided))
 
     def _progress_appeal(self, unit_id: int, data: st.DataObject) -> None:
         """Maybe appeal the unit's fresh verdict (mostly when it is wrong: the framed provider or the
         honest minority pays the bond; rarely when it is right), and mostly carry the appeal through at
-        once: draw, vote (mostly the truth), resolve; sometimes it is left for later steps, or to lapse."""
+        once: draw, vote (mostly the truth), resolve; sometimes it is left for later steps, or to lapse
+        (always for a unit whose id is 7 mod 8)."""
         unit = self.model.units[unit_id]
         verdict, truth = list(unit.verdict or ()), self._truth(unit)
         wrong = [
@@ -1398,6 +1503,8 @@ class MarketMachine(RuleBasedStateMachine):
         self.do_appeal(unit_id, data.draw(st.sampled_from(appellants), label="appellant"))
         filed = self.model.appeals.get(unit_id)
         path = data.draw(st.sampled_from(["decide"] * 7 + ["later", "lapse", "lapse"]), label="appeal path")
+        if unit_id % 8 == 7:  # whatever the draw: a run's data often repeats one choice throughout
+            path = "lapse"
         if filed is None or path == "later":
             return  # left for later steps (or to lapse)
         if path == "lapse":  # nobody draws or votes in time
@@ -1406,7 +1513,7 @@ class MarketMachine(RuleBasedStateMachine):
             return
         self.do_draw_panel(unit_id)
         if filed.panel and _mostly(data, 9, "vote at once"):
-            self.do_vote(unit_id, truth if _mostly(data, 9, "honest vote") else verdict, REFEREE)
+            self._cast_votes(unit_id, data, 9, until_decided=True)
             if filed.decided is not None and _mostly(data, 9, "resolve at once"):
                 self.do_resolve(unit_id, verdict, list(filed.decided))
 
@@ -1827,7 +1934,7 @@ class MarketMachine(RuleBasedStateMachine):
         """(record index, unit) of every audited unit a posting paid on the roster that no challenge took
         back yet (its posting's challenge window may have closed)."""
         roster = self.model.rosters[order_id]
-        last = max((i for i, (info, _) in enumerate(roster.audit_records) if info >> 255), default=-1)
+        last = max((i for i, (info, _) in enumerate(roster.audit_records) if info >> 255), default=0)
         return [
             (index, unit)
             for index, (info, _) in enumerate(roster.audit_records[:last])
@@ -1916,6 +2023,7 @@ class MarketMachine(RuleBasedStateMachine):
         unit = self.model.units[unit_id]
         roster = self.model.rosters.get(unit.order_id)
         slash = self.chain.appeal_params.verifier_slash
+        first = not unit.audit_slashed  # a success now must slash every signer
         slashes = {} if unit.audit_slashed else dict.fromkeys(unit.audit_signers, slash)
         auditors = list(roster.verifiers) if roster is not None else []
         pre = {v: self.storage.stake_of(v) for v in auditors}
@@ -1933,13 +2041,14 @@ class MarketMachine(RuleBasedStateMachine):
         )
         if outcome.receipt is None:
             return
-        self.call_stats.setdefault("slashRoundAudit (signers slashed)", [0, 0])[0] += 1
+        where = "at the drain" if self.draining else "by a rule"
+        self.call_stats.setdefault(f"slashRoundAudit (signers slashed {where})", [0, 0])[0] += 1
         slashed = [
             "0x" + _raw(log["topics"][2])[-20:].hex()
             for log in outcome.receipt["logs"]
             if _raw(log["topics"][0]) == VERIFIER_SLASHED
         ]
-        signers = {a.lower() for a in unit.audit_signers}
+        signers = {a.lower() for a in unit.audit_signers}  # the posting's signers, as the step gave them
         truth_now = self._fixed_truth(unit)
         for account in slashed:
             self._add(self.ghosts.audit_slashes, (unit_id, account), 1)
@@ -1949,6 +2058,14 @@ class MarketMachine(RuleBasedStateMachine):
                     f"slashRoundAudit(unit {unit_id}) slashed {account}, which did not sign the posting that "
                     f"paid it (signers {sorted(signers)})",
                 )
+        missed = signers - set(slashed)
+        if first and missed:
+            labels = {a.lower(): label for a, label in self.label_of.items()}
+            self._fail(
+                "audit_challenges",
+                f"slashRoundAudit(unit {unit_id}) slashed {sorted(labels.get(a, a) for a in set(slashed))} "
+                f"but not {sorted(labels.get(a, a) for a in missed)}, which signed the posting that paid it",
+            )
         if slashed and FRAUD not in truth_now:
             self._fail(
                 "audit_challenges",
@@ -2009,7 +2126,7 @@ class MarketMachine(RuleBasedStateMachine):
             self.actors["operator"],
             "market",
             "publishOpening",
-            [order_id, providers, layout, slot, digest, salt, commitments, b"\x00" * 32],
+            [order_id, providers, layout, slot, digest, salt, commitments, self._audit_chains(order_id)[1]],
             lambda: self.model.publish_opening(order_id, True, slot, digest, salt, commitments),
         )
 
@@ -2117,7 +2234,7 @@ class MarketMachine(RuleBasedStateMachine):
             colluding = frozenset(
                 u
                 for u in range(roster.units_per_round)
-                if not _mostly(data, 1 if audited else 4, "no collusion")
+                if (_usually(data, 2, "collusion") if audited else not _mostly(data, 4, "no collusion"))
             )
         if not roster.pending_block:
             self.do_step_round(order_id, reveal=False, deviant=deviant, colluding=colluding)
@@ -2188,9 +2305,15 @@ class MarketMachine(RuleBasedStateMachine):
             for u, unit in self.model.units.items()
             if unit.order_id == order_id and unit.audit_signers and unit.state == UnitState.VERDICTED
         ]
-        if disputed and _mostly(data, 2, "slash an audit"):
-            caught = [u for u in disputed if FRAUD in self._fixed_truth(self.model.units[u])]
-            pool = caught if caught and _mostly(data, 3, "a caught audit") else disputed
+        caught = [  # slashable once the truth is fixed: the others only refuse (slashed, or no fraud)
+            u
+            for u in disputed
+            if FRAUD in self._fixed_truth(self.model.units[u]) and not self.model.units[u].audit_slashed
+        ]
+        if (caught and _usually(data, 2, "slash an audit")) or (
+            disputed and not _usually(data, 5, "no refused slash")
+        ):
+            pool = caught if caught and _usually(data, 3, "a caught audit") else disputed
             unit_id = data.draw(st.sampled_from(pool), label="challenged unit")
             unit = self.model.units[unit_id]
             truth = self._fixed_truth(unit) if _mostly(data, 5, "its truth") else self._truth(unit)
@@ -2208,13 +2331,15 @@ class MarketMachine(RuleBasedStateMachine):
             return (posting >> 72 & (2**40 - 1)) + vw
 
         in_time = [c for c in candidates if now <= window_end(c[0])]
-        if not in_time or not _mostly(data, 1, "challenge"):
+        forged = [c for c in in_time if self._forged(order_id, *c)]  # what a re-execution would catch
+        if not in_time or not _usually(data, 3 if forged else 2, "challenge"):
             return False
         kind = data.draw(
             st.sampled_from(["in time"] * 8 + ["late", "a signer", "again", "by a provider"]),
             label="challenge",
         )
-        index, unit = data.draw(st.sampled_from(in_time), label="audited unit")
+        pool = forged if forged and _usually(data, 3, "a forged unit") else in_time
+        index, unit = data.draw(st.sampled_from(pool), label="audited unit")
         posting = next(i for i, _ in roster.audit_records[index:] if i >> 255)
         signers = [self.label_of[roster.verifiers[i]] for i in bits(posting >> 64 & 0xFF)]
         others = [v for v in ALL_VERIFIERS if v not in signers]
@@ -2227,10 +2352,36 @@ class MarketMachine(RuleBasedStateMachine):
             self._ensure_stake(verifier, self.chain.params.verifier_collateral)
         sender = "operator" if kind != "by a provider" else data.draw(st.sampled_from(PROVIDERS))
         from_posting = _mostly(data, 1, "records from the posting")
+        units_before = len(self.model.units)
         self.do_challenge_audit(order_id, index, unit, verifiers, sender, from_posting)
         if kind == "again":
             self.do_challenge_audit(order_id, index, unit, verifiers, sender, not from_posting)  # NotAudited
+        if len(self.model.units) > units_before and (index, unit) in forged:
+            self.call_stats.setdefault("challengeAudit (a forged unit)", [0, 0])[0] += 1
+        if len(self.model.units) > units_before:
+            self._carry_dispute(units_before + 1, data)
         return True
+
+    def _forged(self, order_id: int, index: int, unit: int) -> bool:
+        """Whether unit `unit` of the roster's record `index` was audited on a forged digest."""
+        roster = self.model.rosters[order_id]
+        round_ = roster.audit_records[index][0] >> 176 & 0xFFFFFFFF
+        digests = roster.revealed[round_][1] if round_ in roster.revealed else []
+        return unit < len(digests) and digests[unit] != keccak(text=f"honest-r{order_id}-{round_}-{unit}")
+
+    def _carry_dispute(self, unit_id: int, data: st.DataObject) -> None:
+        """A challenged unit's dispute at once: its verifiers' verdict (what re-executing it shows), then
+        usually its truth fixed (nobody appeals within the appeal window) and the challenged audit's signers
+        slashed by anyone (refused when the truth holds no fraud); else the slash is left to later steps
+        (`_audit_dispute_phase`: early, late, with another truth). Without it a random run seldom lines up
+        the half dozen steps of a dispute (the 60 x 40 CI run slashed once or twice)."""
+        unit = self.model.units[unit_id]
+        self.do_submit_verdict(unit_id, self._truth(unit), [self.label_of[v] for v in unit.verifiers])
+        if unit.state != UnitState.VERDICTED or not _usually(data, 3, "truth fixed at once"):
+            return
+        self.chain.advance(max(0, self.model.appeal_closes(unit) - self._now() + 1))
+        sender = data.draw(st.sampled_from(["operator", *BUYERS, *PROVIDERS]), label="slasher")
+        self.do_slash_round_audit(unit_id, self._fixed_truth(unit), sender)
 
     def _audit_phase(self, order_id: int, data: st.DataObject) -> None:
         """A roster with pending round records: a posting alone (no round to reveal), the operator setting
@@ -2798,6 +2949,7 @@ class MarketMachine(RuleBasedStateMachine):
         Decisions come from the chain's own state (not the model), so a seeded bug that already made
         the model disagree still gets its funds-exit verdict.
         """
+        self.draining = True
         storage = self.storage
         horizon = max(
             [self.model.appeal_closes(u) for u in self.model.units.values()]
@@ -2849,15 +3001,16 @@ class MarketMachine(RuleBasedStateMachine):
         for order_id in self.model.orders:
             if not storage.order(order_id)["closed"]:
                 self.do_close_order(order_id, by_buyer=False)
-        referee = self.actors[REFEREE]
-        self._run(
-            f"leavePool({REFEREE})",
-            referee,
-            "appeals",
-            "leavePool",
-            [],
-            lambda: self.model.leave_pool(referee.address),
-        )
+        for label in self.referees:
+            referee = self.actors[label]
+            self._run(
+                f"leavePool({label})",
+                referee,
+                "appeals",
+                "leavePool",
+                [],
+                functools.partial(self.model.leave_pool, referee.address),
+            )
         for index, label in enumerate(FUNDED):  # alternate plain and relayed (signed) withdrawals
             if storage.account(self.address_of[label])[0]:
                 self.do_withdraw_credit(label, signed=index % 2 == 1)

@@ -11,9 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from tests.chain.invariants_harness import PANEL_OF_THREE, AppealParams
 from tests.chain.invariants_machine import (
     AUDITORS_OF_THREE,
     REFEREE,
+    REFEREES,
     SPARE_VERIFIERS,
     VERIFIERS,
     InvariantViolation,
@@ -212,6 +214,53 @@ def appeal_confirmed(m: MarketMachine) -> None:
     m.do_vote(1, [ACCEPT, FRAUD], REFEREE)
     m.check_step()
     m.do_resolve(1, [ACCEPT, FRAUD], [ACCEPT, FRAUD])
+    m.check_step()
+
+
+def panel_majority(m: MarketMachine) -> None:
+    """A panel of three referees (PANEL_OF_THREE: the scenario's chain), two appeals each decided 2 to 1, the
+    dissent cast first on one and between the majority's votes on the other: each is decided by the
+    majority's second vote, never by the dissent nor before. Unit 1: a colluding majority calls an honest
+    replica fraud, its provider appeals; referee0 votes the verdict, referee1 and referee2 the truth:
+    overturned (then referee0 again: AlreadyDecided). Unit 2: the fraud appeals a right verdict; referee0
+    votes it, referee1 dissents (accepts the fraud), referee2 votes it: confirmed, the bond to the two."""
+    referee0, referee1, referee2 = REFEREES
+    _stake_everyone(m)
+    m.do_post_order("buyer0", 1, 3, 100, 50, 3_000)
+    m.check_step()
+    m.do_assign(1, ["provider0", "provider1", "provider2"], list(VERIFIERS))
+    m.check_step()
+    m.do_post_order("buyer1", 1, 2, 100, 50, 3_000)
+    m.check_step()
+    m.do_assign(2, ["provider0", "provider1"], list(VERIFIERS))
+    m.check_step()
+    _work_unit(m, 1, (False, False, False))
+    _work_unit(m, 2, (False, True))
+    m.do_submit_verdict(1, [ACCEPT, ACCEPT, FRAUD], list(VERIFIERS))
+    m.check_step()
+    m.do_submit_verdict(2, [ACCEPT, FRAUD], list(VERIFIERS))
+    m.check_step()
+    m.do_appeal(1, "provider2")
+    m.check_step()
+    m.do_appeal(2, "provider1")
+    m.check_step()
+    for unit_id in (1, 2):
+        m.do_draw_panel(unit_id)
+        m.check_step()
+    for unit_id, outcomes, referee in (
+        (1, [ACCEPT, ACCEPT, FRAUD], referee0),  # the dissent first
+        (1, [ACCEPT, ACCEPT, ACCEPT], referee1),
+        (1, [ACCEPT, ACCEPT, ACCEPT], referee2),  # decides: overturned
+        (1, [ACCEPT, ACCEPT, FRAUD], referee0),  # AlreadyDecided
+        (2, [ACCEPT, FRAUD], referee0),
+        (2, [ACCEPT, ACCEPT], referee1),  # the dissent between
+        (2, [ACCEPT, FRAUD], referee2),  # decides: confirmed
+    ):
+        m.do_vote(unit_id, outcomes, referee)
+        m.check_step()
+    m.do_resolve(1, [ACCEPT, ACCEPT, FRAUD], [ACCEPT, ACCEPT, ACCEPT])
+    m.check_step()
+    m.do_resolve(2, [ACCEPT, FRAUD], [ACCEPT, FRAUD])
     m.check_step()
 
 
@@ -600,6 +649,7 @@ SCENARIOS: dict[str, Scenario] = {
     "fraud_held": fraud_held,
     "framed_overturned": framed_overturned,
     "appeal_confirmed": appeal_confirmed,
+    "panel_majority": panel_majority,
     "appeal_lapsed": appeal_lapsed,
     "appeal_too_late": appeal_too_late,
     "roster_rounds": roster_rounds,
@@ -610,3 +660,10 @@ SCENARIOS: dict[str, Scenario] = {
     "roster_thin_posting": roster_thin_posting,
     "roster_audit_challenged": roster_audit_challenged,
 }
+# The appeal parameters of a scenario's chain where not the default (a panel of one).
+SCENARIO_APPEAL_PARAMS: dict[str, AppealParams] = {"panel_majority": PANEL_OF_THREE}
+
+
+def appeal_params_of(scenario: str) -> AppealParams:
+    """The VerdictAppeals parameters the chain that runs `scenario` must be deployed with."""
+    return SCENARIO_APPEAL_PARAMS.get(scenario, AppealParams())
