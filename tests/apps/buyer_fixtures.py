@@ -6,7 +6,7 @@ own providers and builds its own events and chain from these."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from veritrain.agentkit import UnitManifest, encode_state
 from veritrain.chain.tx import Event
@@ -24,6 +24,14 @@ def layout(slots: Sequence[int]) -> int:
 
 
 LAYOUT = layout(SLOTS)
+
+
+@dataclass(frozen=True)
+class Replica:
+    """A replica as `ChainClient.replica` reads it (what the buyer's set-aside digests come from)."""
+
+    commitment_or_digest: bytes
+    revealed: bool = True
 
 
 def event(name: str, **args: object) -> Event:

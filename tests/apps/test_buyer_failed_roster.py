@@ -27,7 +27,7 @@ from apps.buyer import (
     set_aside_digests,
 )
 from market.orders import unit_key_for
-from tests.apps.buyer_fixtures import FEE, ORDER, PRICE, Plane, honest_manifest, layout
+from tests.apps.buyer_fixtures import FEE, ORDER, PRICE, Plane, Replica, honest_manifest, layout
 from tests.apps.buyer_fixtures import event as _event
 from veritrain.agentkit import UnitManifest
 from veritrain.chain.tx import Event
@@ -189,12 +189,6 @@ def _roster_events() -> list[Event]:
     ]
 
 
-@dataclass(frozen=True)
-class _Replica:
-    commitment_or_digest: bytes
-    revealed: bool = True
-
-
 class _Chain:
     """What the buyer reads by call, counted: the order's roster (closed with both rounds revealed, or, as
     for a failed one, none: zero key, never closed) and each unit's replicas."""
@@ -211,10 +205,10 @@ class _Chain:
             return SimpleNamespace(key=b"\x09" * 32, closed=True, committed=2)
         return SimpleNamespace(key=bytes(32), closed=False, committed=0)
 
-    def replica(self, unit_id: int, index: int) -> _Replica:
+    def replica(self, unit_id: int, index: int) -> Replica:
         self.replica_reads += 1
         unit = next(u for u in UNITS if u.unit_id == unit_id)
-        return _Replica(bytes.fromhex(unit.digests[index].removeprefix("0x")))
+        return Replica(bytes.fromhex(unit.digests[index].removeprefix("0x")))
 
 
 def _plane() -> Plane:

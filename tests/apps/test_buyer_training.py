@@ -6,7 +6,7 @@ are fakes; the manifests, transcripts and digests are the real ones."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -32,6 +32,7 @@ from tests.apps.buyer_fixtures import (
     SLOTS,
     SPLIT,
     Plane,
+    Replica,
     honest_manifest,
 )
 from tests.apps.buyer_fixtures import event as _event
@@ -100,12 +101,6 @@ def _events() -> list[Event]:
     ]
 
 
-@dataclass(frozen=True)
-class _Replica:
-    commitment_or_digest: bytes
-    revealed: bool = True
-
-
 class _Chain:
     """What the buyer reads by call: the roster's progress and the split unit's replicas."""
 
@@ -116,9 +111,9 @@ class _Chain:
         assert order_id == ORDER
         return SimpleNamespace(closed=self.closed, committed=2)
 
-    def replica(self, unit_id: int, index: int) -> _Replica:
+    def replica(self, unit_id: int, index: int) -> Replica:
         assert unit_id == SPLIT
-        return _Replica([bytes.fromhex("cc" * 32), _raw(GOOD[(1, 1)])][index])
+        return Replica([bytes.fromhex("cc" * 32), _raw(GOOD[(1, 1)])][index])
 
 
 def _served(*extra: tuple[str, UnitManifest]) -> dict[str, dict[str, UnitManifest]]:
