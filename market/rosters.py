@@ -4,7 +4,7 @@ and each round settles in one `stepRound` instead of per unit.
 
 - draw: the roster's providers per slot by the stake-weighted draw (market/domain/rosters.py), from the
   registered, online providers that serve the order's recipe, each within the slots its free stake can
-  collateralize and whose stake last grew before the seed block; seeded by the hash of the order's
+  collateralize and whose stake last grew in or before the seed block; seeded by the hash of the order's
   `OrderPosted` block (market/seed_blocks.py) and the chain order id.
 - accept: each provider signs `Accept(orderId, rosterKey)` once (whatever its slots); with every one in
   hand the roster outbox opens the roster (market/roster_outbox.py).
@@ -285,8 +285,10 @@ class RosterBook(Lifecycle):
         for agent in self.store.agents(session, AgentRole.PROVIDER.value):
             if not agent.online or order.recipe not in agent.recipes or agent.memory_mb < order.min_memory_mb:
                 continue
-            if self.ctx.is_plant(agent.address) or not staked_by(agent, seed_block):
-                continue  # plants work planted canaries only
+            if self.ctx.is_plant(agent.address):  # plants work planted canaries only
+                continue
+            if not staked_by(agent, seed_block):  # its stake grew once the seed's hash was public
+                continue
             stakes[agent.address] = agent.bonded_stake
             capacity[agent.address] = agent.free_stake // collateral if collateral else 1 << 32
         return stakes, capacity
@@ -326,7 +328,7 @@ class RosterBook(Lifecycle):
 
     def choose_verifiers(self, roster: Roster, block: tuple[int, str], seed_key: str) -> list[str]:
         """The verifiers a step sets its units aside with: registered online verifiers that are none of the
-        roster's providers and whose stake last grew before the seed block, by the stake-weighted draw
+        roster's providers and whose stake last grew in or before the seed block, by the stake-weighted draw
         seeded by `block` (number and hash: the revealed round's commit block) and `seed_key`, as many as
         the config asks (at least the contract's minimum)."""
         count = max(self.config.verifiers_per_unit, self.config.min_verifiers)
